@@ -1,0 +1,564 @@
+/* ember.h: the one public header of Ember, a deep-learning library in C11.
+ *
+ * This header is the documentation. Conventions that hold for every function below, unless its
+ * own comment says otherwise:
+ *
+ *  - Ownership. Every function that returns a new em_tensor * returns it owned by the innermost
+ *    open scope of the calling thread (em_scope_begin / em_scope_end): model code never releases
+ *    results by hand. A thread that never opened a scope uses its base scope, which lives until
+ *    em_thread_cleanup() or thread exit. em_keep() moves a tensor to the enclosing scope;
+ *    em_retain() / em_release() manage a reference by hand.
+ *  - Errors are sticky, in the style of cairo. A function that fails returns NULL (or a
+ *    documented sentinel) and records one message naming the op, its operands' dtypes and shapes,
+ *    and the caller's file:line, e.g.
+ *        model.c:42: em_matmul: inner dimensions differ: a is f32[128,784], b is f32[512,784]
+ *    The first message is kept until em_clear_error(); em_last_error() reads it. A function handed
+ *    a NULL tensor returns NULL at once (the error that made it NULL is already recorded).
+ *    Nothing aborts on bad input; nothing leaks on any error path, allocation failure included.
+ *  - Call sites. Public ops are macros over `_at` functions that take an em_site, so errors (and,
+ *    later, graph-break reports) name the user's own source line. Call the macros.
+ *  - Shapes broadcast as in NumPy/PyTorch: sizes are aligned from the right; a dimension of size
+ *    1 (or a missing one) stretches to match. "[..]" below means any shape.
+ *  - Type promotion follows torch.result_type: bool < integer (u8 < i32 < i64) < floating
+ *    (f32 < f64); a Python-style scalar argument (double) does not widen a tensor's dtype within
+ *    its category, but an integer or bool tensor combined with a scalar becomes f32.
+ *  - Dimensions (axes) may be negative, counting from the end as in PyTorch.
+ *  - Views share storage with their base (reshape when possible, permute, transpose, expand,
+ *    slice, squeeze, unsqueeze). In-place ops (suffix _) write into their first argument, bump its
+ *    version counter, and return it (no new reference).
+ *  - dtypes f16 and bf16 are storage types only on the CPU: em_cast converts to and from them;
+ *    arithmetic on them is an error until the CUDA backend arrives.
+ */
+#ifndef EMBER_H
+#define EMBER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------------------------ */
+/* Basic types                                                                                 */
+
+/* Element types. Sizes in bytes: f32 4, f64 8, i32 4, i64 8, bool 1 (0 or 1), u8 1, f16 2,
+ * bf16 2. */
+typedef enum em_dtype {
+  EM_F32,
+  EM_F64,
+  EM_I32,
+  EM_I64,
+  EM_BOOL,
+  EM_U8,
+  EM_F16,
+  EM_BF16,
+  EM_DTYPE_COUNT
+} em_dtype;
+
+/* Devices. Only EM_CPU exists in this release; EM_CUDA is reserved for the CUDA runtime. */
+typedef enum em_device { EM_CPU, EM_CUDA } em_device;
+
+/* A user's source location, filled by EM_HERE at each public macro's call site. */
+typedef struct em_site {
+  const char *file;
+  int line;
+  const char *func;
+} em_site;
+#define EM_HERE ((em_site){__FILE__, __LINE__, __func__})
+
+/* The most dimensions a tensor may have. */
+#define EM_MAX_DIMS 8
+
+/* A tensor: a strided view of reference-counted storage. Opaque; read it with the accessors. */
+typedef struct em_tensor em_tensor;
+
+/* Passed where a tensor argument is optional (a convolution's bias) to say "none". NULL is not
+ * accepted there: NULL means an earlier op failed, and must not silently turn into "no bias". */
+extern struct em_tensor em_none_sentinel;
+#define EM_NONE (&em_none_sentinel)
+
+/* Helpers to pass a literal shape or axis list: em_zeros(EM_F32, EM_SHAPE(3, 4)) expands to
+ * em_zeros(EM_F32, 2, (int64_t[]){3, 4}). */
+#define EM_SHAPE(...) \
+  (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (const int64_t[]){__VA_ARGS__}
+#define EM_AXES(...) EM_SHAPE(__VA_ARGS__)
+
+/* ------------------------------------------------------------------------------------------ */
+/* Scopes and lifetime                                                                         */
+
+/* Opens a scope on the calling thread. Tensors returned by ops until the matching em_scope_end
+ * belong to it. Returns false (and records an error) if the scope cannot be allocated. */
+#define em_scope_begin() em_scope_begin_at(EM_HERE)
+bool em_scope_begin_at(em_site site);
+
+/* Closes the innermost scope, releasing the scope's reference to every tensor it owns. A tensor
+ * that is still referenced elsewhere (em_keep, em_retain, a view's base) stays alive. Closing the
+ * base scope (no scope open) is an error and does nothing. */
+#define em_scope_end() em_scope_end_at(EM_HERE)
+void em_scope_end_at(em_site site);
+
+/* Gives the enclosing scope (the one around the innermost) a reference to t, so t outlives the
+ * innermost scope. Returns t (borrowed, now owned by the enclosing scope too), or NULL if t is
+ * NULL or the reference cannot be recorded. With no scope open, t stays in the base scope. */
+#define em_keep(t) em_keep_at((t), EM_HERE)
+em_tensor *em_keep_at(em_tensor *t, em_site site);
+
+/* Adds one reference that the caller owns and must drop with em_release. Returns t. NULL-safe. */
+em_tensor *em_retain(em_tensor *t);
+
+/* Drops one reference taken with em_retain (or inherited from a scope via em_keep the caller
+ * manages). The tensor and its storage are freed when the last reference goes. NULL-safe. */
+void em_release(em_tensor *t);
+
+/* Releases every scope of the calling thread, the base scope included. Call at thread end or
+ * before checking leak counters in a test. */
+void em_thread_cleanup(void);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Errors                                                                                      */
+
+/* The first error message recorded on this thread since the last em_clear_error, or NULL when
+ * there is none. Borrowed; valid until the next em_clear_error. */
+const char *em_last_error(void);
+
+/* Forgets the recorded error, so the next failure is recorded. */
+void em_clear_error(void);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Allocation, threads and debug counters                                                      */
+
+/* A pluggable allocator for every allocation Ember makes (tensor data, tensor headers, scopes).
+ * alloc returns memory aligned to `align` bytes (a power of two, at least 64 for tensor data) or
+ * NULL; free releases it. ctx is passed through. */
+typedef struct em_allocator {
+  void *(*alloc)(void *ctx, size_t bytes, size_t align);
+  void (*free)(void *ctx, void *ptr);
+  void *ctx;
+} em_allocator;
+
+/* Installs an allocator for the whole process, or the default one (aligned_alloc) when a is NULL.
+ * Only call it while no Ember allocation is alive. */
+void em_set_allocator(const em_allocator *a);
+
+/* Fault injection for tests: the n-th allocation from now (n >= 1) fails as if out of memory,
+ * and so does nothing else. n = 0 disables it. Counts allocations of all threads. */
+void em_debug_fail_alloc(int64_t n);
+
+/* Number of allocations made through Ember's allocator since process start. */
+int64_t em_debug_alloc_count(void);
+
+/* Live tensor headers, live bytes of tensor storage, and the peak of live storage bytes since
+ * process start (or the last em_debug_reset_peak). Tests check the first two are 0 at the end. */
+int64_t em_debug_live_tensors(void);
+int64_t em_debug_live_bytes(void);
+int64_t em_debug_peak_bytes(void);
+void em_debug_reset_peak(void);
+
+/* Threads used by Ember's own parallel loops and by oneDNN (OpenMP). n <= 0 restores the
+ * default (OMP_NUM_THREADS or the number of cores). */
+void em_set_num_threads(int n);
+int em_get_num_threads(void);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Random numbers: one process-wide Philox4x32-10 generator (Salmon et al., "Parallel random
+ * numbers: as easy as 1, 2, 3", SC 2011), addressed by (seed, offset) as PyTorch's CUDA
+ * generator is. Each random op consumes a block of counters and advances the offset, so a
+ * result depends only on the seed, the offset at the call and the shape. Default seed: 0.     */
+
+/* Sets the seed and resets the offset to 0. */
+void em_manual_seed(uint64_t seed);
+/* Reads and restores the generator state. */
+void em_rng_get_state(uint64_t *seed, uint64_t *offset);
+void em_rng_set_state(uint64_t seed, uint64_t offset);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Tensor metadata (borrowed reads; t must not be NULL, except where noted)                    */
+
+int em_ndim(const em_tensor *t);
+/* Size of dimension dim (negative counts from the end); -1 when dim is out of range. */
+int64_t em_size(const em_tensor *t, int dim);
+/* Arrays of em_ndim(t) sizes and strides (strides in elements, as in PyTorch). Borrowed; valid
+ * while t lives. */
+const int64_t *em_sizes(const em_tensor *t);
+const int64_t *em_strides(const em_tensor *t);
+int64_t em_numel(const em_tensor *t);
+int64_t em_storage_offset(const em_tensor *t);
+em_dtype em_dtype_of(const em_tensor *t);
+em_device em_device_of(const em_tensor *t);
+bool em_is_contiguous(const em_tensor *t);
+/* Version counter of t's storage: bumped by every in-place op on t or on a view of it. */
+int64_t em_version(const em_tensor *t);
+/* Pointer to element 0 (storage offset applied). Borrowed; valid while t lives. Writing through
+ * it does not bump the version counter. */
+void *em_data_ptr(const em_tensor *t);
+/* Whether a and b share storage (one is a view of the other, or both of one base). */
+bool em_shares_storage(const em_tensor *a, const em_tensor *b);
+
+/* "f32", "f64", "i32", "i64", "bool", "u8", "f16", "bf16"; "?" for an invalid value. */
+const char *em_dtype_name(em_dtype dt);
+/* Bytes per element; 0 for an invalid value. */
+size_t em_dtype_size(em_dtype dt);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Creation. Sizes must be >= 0 (0-size dims are allowed); ndim in [0, EM_MAX_DIMS]. Results are
+ * contiguous, on the CPU, owned by the current scope. Errors: negative size, too many dims,
+ * invalid dtype, allocation failure.                                                          */
+
+/* Uninitialised tensor of the given shape. Matches torch.empty. */
+#define em_empty(...) em_empty_at(__VA_ARGS__, EM_HERE)
+em_tensor *em_empty_at(em_dtype dt, int ndim, const int64_t *sizes, em_site site);
+/* Filled with 0, 1, or value (converted to dt). Match torch.zeros, torch.ones, torch.full. */
+#define em_zeros(...) em_zeros_at(__VA_ARGS__, EM_HERE)
+em_tensor *em_zeros_at(em_dtype dt, int ndim, const int64_t *sizes, em_site site);
+#define em_ones(...) em_ones_at(__VA_ARGS__, EM_HERE)
+em_tensor *em_ones_at(em_dtype dt, int ndim, const int64_t *sizes, em_site site);
+#define em_full(...) em_full_at(__VA_ARGS__, EM_HERE)
+em_tensor *em_full_at(em_dtype dt, int ndim, const int64_t *sizes, double value, em_site site);
+/* 0-dim tensor holding value. Matches torch.tensor(value, dtype=dt). */
+#define em_scalar(...) em_scalar_at(__VA_ARGS__, EM_HERE)
+em_tensor *em_scalar_at(em_dtype dt, double value, em_site site);
+/* 1-D [ceil((end - start) / step)] values start, start + step, ... Matches torch.arange.
+ * Errors: step == 0, or the sign of step disagrees with end - start. */
+#define em_arange(...) em_arange_at(__VA_ARGS__, EM_HERE)
+em_tensor *em_arange_at(em_dtype dt, double start, double end, double step, em_site site);
+/* [n, m] identity (ones on the main diagonal). Matches torch.eye(n, m). */
+#define em_eye(...) em_eye_at(__VA_ARGS__, EM_HERE)
+em_tensor *em_eye_at(em_dtype dt, int64_t n, int64_t m, em_site site);
+/* Copies prod(sizes) elements of dtype dt from data (row-major, C order) into a new tensor.
+ * data is borrowed for the call only. Matches torch.tensor(list). Errors: data NULL with a
+ * non-empty shape. */
+#define em_from_data(...) em_from_data_at(__VA_ARGS__, EM_HERE)
+em_tensor *em_from_data_at(const void *data, em_dtype dt, int ndim, const int64_t *sizes,
+                           em_site site);
+/* Uniform in [0, 1) (em_rand), standard normal (em_randn, Box-Muller on Philox uniforms), or
+ * uniform integers in [low, high) as i64 (em_randint). dt must be f32 or f64 for rand/randn.
+ * Match torch.rand, torch.randn, torch.randint (values differ from PyTorch's CPU generator). */
+#define em_rand(...) em_rand_at(__VA_ARGS__, EM_HERE)
+em_tensor *em_rand_at(em_dtype dt, int ndim, const int64_t *sizes, em_site site);
+#define em_randn(...) em_randn_at(__VA_ARGS__, EM_HERE)
+em_tensor *em_randn_at(em_dtype dt, int ndim, const int64_t *sizes, em_site site);
+#define em_randint(...) em_randint_at(__VA_ARGS__, EM_HERE)
+em_tensor *em_randint_at(int64_t low, int64_t high, int ndim, const int64_t *sizes, em_site site);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Pointwise ops. Inputs broadcast to a common shape; the result has that shape and is a new
+ * contiguous tensor. dtypes as stated; integer/bool inputs to floating functions are promoted to
+ * f32 (as torch does). Errors: NULL input, shapes that do not broadcast, unsupported dtype.    */
+
+/* Unary, [..] -> [..]. Float functions (f32, f64; ints promote to f32): exp log log1p expm1 sqrt
+ * rsqrt sin cos tanh erf reciprocal (torch.exp, ...; rsqrt = 1/sqrt). Any numeric dtype: neg
+ * (not bool) abs sign floor ceil (identity on integers). logical_not: any dtype -> bool. */
+#define em_neg(x) em_neg_at((x), EM_HERE)
+em_tensor *em_neg_at(em_tensor *x, em_site site);
+#define em_abs(x) em_abs_at((x), EM_HERE)
+em_tensor *em_abs_at(em_tensor *x, em_site site);
+#define em_exp(x) em_exp_at((x), EM_HERE)
+em_tensor *em_exp_at(em_tensor *x, em_site site);
+#define em_log(x) em_log_at((x), EM_HERE)
+em_tensor *em_log_at(em_tensor *x, em_site site);
+#define em_log1p(x) em_log1p_at((x), EM_HERE)
+em_tensor *em_log1p_at(em_tensor *x, em_site site);
+#define em_expm1(x) em_expm1_at((x), EM_HERE)
+em_tensor *em_expm1_at(em_tensor *x, em_site site);
+#define em_sqrt(x) em_sqrt_at((x), EM_HERE)
+em_tensor *em_sqrt_at(em_tensor *x, em_site site);
+#define em_rsqrt(x) em_rsqrt_at((x), EM_HERE)
+em_tensor *em_rsqrt_at(em_tensor *x, em_site site);
+#define em_sin(x) em_sin_at((x), EM_HERE)
+em_tensor *em_sin_at(em_tensor *x, em_site site);
+#define em_cos(x) em_cos_at((x), EM_HERE)
+em_tensor *em_cos_at(em_tensor *x, em_site site);
+#define em_tanh(x) em_tanh_at((x), EM_HERE)
+em_tensor *em_tanh_at(em_tensor *x, em_site site);
+#define em_erf(x) em_erf_at((x), EM_HERE)
+em_tensor *em_erf_at(em_tensor *x, em_site site);
+#define em_sign(x) em_sign_at((x), EM_HERE)
+em_tensor *em_sign_at(em_tensor *x, em_site site);
+#define em_floor(x) em_floor_at((x), EM_HERE)
+em_tensor *em_floor_at(em_tensor *x, em_site site);
+#define em_ceil(x) em_ceil_at((x), EM_HERE)
+em_tensor *em_ceil_at(em_tensor *x, em_site site);
+#define em_reciprocal(x) em_reciprocal_at((x), EM_HERE)
+em_tensor *em_reciprocal_at(em_tensor *x, em_site site);
+#define em_logical_not(x) em_logical_not_at((x), EM_HERE)
+em_tensor *em_logical_not_at(em_tensor *x, em_site site);
+
+/* Binary, a [..] and b [..] broadcast -> [..], dtype torch.result_type(a, b). add sub mul
+ * maximum minimum: any numeric dtype (sub and neg reject bool, as torch does). div: true
+ * division (integers promote to f32; torch.div). pow: torch.pow (integer pow integer stays
+ * integer; negative integer exponents are an error for integer bases, as in torch). remainder:
+ * torch.remainder (result has the sign of b; integer remainder by 0 is an error). Comparisons
+ * eq ne lt le gt ge: compare in the promoted dtype, result bool. logical_and logical_or: nonzero
+ * is true, result bool. */
+#define em_add(a, b) em_add_at((a), (b), EM_HERE)
+em_tensor *em_add_at(em_tensor *a, em_tensor *b, em_site site);
+#define em_sub(a, b) em_sub_at((a), (b), EM_HERE)
+em_tensor *em_sub_at(em_tensor *a, em_tensor *b, em_site site);
+#define em_mul(a, b) em_mul_at((a), (b), EM_HERE)
+em_tensor *em_mul_at(em_tensor *a, em_tensor *b, em_site site);
+#define em_div(a, b) em_div_at((a), (b), EM_HERE)
+em_tensor *em_div_at(em_tensor *a, em_tensor *b, em_site site);
+#define em_pow(a, b) em_pow_at((a), (b), EM_HERE)
+em_tensor *em_pow_at(em_tensor *a, em_tensor *b, em_site site);
+#define em_maximum(a, b) em_maximum_at((a), (b), EM_HERE)
+em_tensor *em_maximum_at(em_tensor *a, em_tensor *b, em_site site);
+#define em_minimum(a, b) em_minimum_at((a), (b), EM_HERE)
+em_tensor *em_minimum_at(em_tensor *a, em_tensor *b, em_site site);
+#define em_remainder(a, b) em_remainder_at((a), (b), EM_HERE)
+em_tensor *em_remainder_at(em_tensor *a, em_tensor *b, em_site site);
+#define em_eq(a, b) em_eq_at((a), (b), EM_HERE)
+em_tensor *em_eq_at(em_tensor *a, em_tensor *b, em_site site);
+#define em_ne(a, b) em_ne_at((a), (b), EM_HERE)
+em_tensor *em_ne_at(em_tensor *a, em_tensor *b, em_site site);
+#define em_lt(a, b) em_lt_at((a), (b), EM_HERE)
+em_tensor *em_lt_at(em_tensor *a, em_tensor *b, em_site site);
+#define em_le(a, b) em_le_at((a), (b), EM_HERE)
+em_tensor *em_le_at(em_tensor *a, em_tensor *b, em_site site);
+#define em_gt(a, b) em_gt_at((a), (b), EM_HERE)
+em_tensor *em_gt_at(em_tensor *a, em_tensor *b, em_site site);
+#define em_ge(a, b) em_ge_at((a), (b), EM_HERE)
+em_tensor *em_ge_at(em_tensor *a, em_tensor *b, em_site site);
+#define em_logical_and(a, b) em_logical_and_at((a), (b), EM_HERE)
+em_tensor *em_logical_and_at(em_tensor *a, em_tensor *b, em_site site);
+#define em_logical_or(a, b) em_logical_or_at((a), (b), EM_HERE)
+em_tensor *em_logical_or_at(em_tensor *a, em_tensor *b, em_site site);
+
+/* Scalar variants: the binary op with b a Python-style scalar (see type promotion above), e.g.
+ * em_mul_scalar(x, 0.5) is torch's x * 0.5. Same shapes, dtypes and errors as the binary op. */
+#define em_add_scalar(a, s) em_add_scalar_at((a), (s), EM_HERE)
+em_tensor *em_add_scalar_at(em_tensor *a, double s, em_site site);
+#define em_sub_scalar(a, s) em_sub_scalar_at((a), (s), EM_HERE)
+em_tensor *em_sub_scalar_at(em_tensor *a, double s, em_site site);
+#define em_mul_scalar(a, s) em_mul_scalar_at((a), (s), EM_HERE)
+em_tensor *em_mul_scalar_at(em_tensor *a, double s, em_site site);
+#define em_div_scalar(a, s) em_div_scalar_at((a), (s), EM_HERE)
+em_tensor *em_div_scalar_at(em_tensor *a, double s, em_site site);
+#define em_pow_scalar(a, s) em_pow_scalar_at((a), (s), EM_HERE)
+em_tensor *em_pow_scalar_at(em_tensor *a, double s, em_site site);
+#define em_maximum_scalar(a, s) em_maximum_scalar_at((a), (s), EM_HERE)
+em_tensor *em_maximum_scalar_at(em_tensor *a, double s, em_site site);
+#define em_minimum_scalar(a, s) em_minimum_scalar_at((a), (s), EM_HERE)
+em_tensor *em_minimum_scalar_at(em_tensor *a, double s, em_site site);
+#define em_remainder_scalar(a, s) em_remainder_scalar_at((a), (s), EM_HERE)
+em_tensor *em_remainder_scalar_at(em_tensor *a, double s, em_site site);
+#define em_eq_scalar(a, s) em_eq_scalar_at((a), (s), EM_HERE)
+em_tensor *em_eq_scalar_at(em_tensor *a, double s, em_site site);
+#define em_ne_scalar(a, s) em_ne_scalar_at((a), (s), EM_HERE)
+em_tensor *em_ne_scalar_at(em_tensor *a, double s, em_site site);
+#define em_lt_scalar(a, s) em_lt_scalar_at((a), (s), EM_HERE)
+em_tensor *em_lt_scalar_at(em_tensor *a, double s, em_site site);
+#define em_le_scalar(a, s) em_le_scalar_at((a), (s), EM_HERE)
+em_tensor *em_le_scalar_at(em_tensor *a, double s, em_site site);
+#define em_gt_scalar(a, s) em_gt_scalar_at((a), (s), EM_HERE)
+em_tensor *em_gt_scalar_at(em_tensor *a, double s, em_site site);
+#define em_ge_scalar(a, s) em_ge_scalar_at((a), (s), EM_HERE)
+em_tensor *em_ge_scalar_at(em_tensor *a, double s, em_site site);
+
+/* cond [..] (any dtype; nonzero is true), a [..], b [..] broadcast together -> [..] with dtype
+ * result_type(a, b): a where cond, else b. Matches torch.where(cond, a, b). */
+#define em_where(c, a, b) em_where_at((c), (a), (b), EM_HERE)
+em_tensor *em_where_at(em_tensor *cond, em_tensor *a, em_tensor *b, em_site site);
+
+/* x [..] converted to dtype dt (prims.convert_element_type; float -> int truncates toward zero,
+ * -> bool is x != 0, f16/bf16 round to nearest even). Returns a new tensor even when the dtype
+ * is unchanged. Matches x.to(dt). */
+#define em_cast(x, dt) em_cast_at((x), (dt), EM_HERE)
+em_tensor *em_cast_at(em_tensor *x, em_dtype dt, em_site site);
+
+/* A contiguous copy of x (torch.clone), and x itself with a new reference in the current scope
+ * when already contiguous, else a contiguous copy (Tensor.contiguous). */
+#define em_clone(x) em_clone_at((x), EM_HERE)
+em_tensor *em_clone_at(em_tensor *x, em_site site);
+#define em_contiguous(x) em_contiguous_at((x), EM_HERE)
+em_tensor *em_contiguous_at(em_tensor *x, em_site site);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Reductions over a set of axes (n_axes entries of axes, each in range, no repeats); n_axes = 0
+ * reduces over all axes, as torch.sum(x) does. keepdim keeps reduced axes with size 1.
+ * Reducing a 0-size axis: sum 0, prod 1; amax/amin/argmax/argmin error, as in torch. Errors:
+ * NULL input, axis out of range, repeated axis.                                              */
+
+/* Sum and product. dtype: floats keep theirs; integers and bool give i64 (torch.sum,
+ * torch.prod). f32 sums accumulate in blocks of f32 lanes combined in f64. */
+#define em_sum(...) em_sum_at(__VA_ARGS__, EM_HERE)
+em_tensor *em_sum_at(em_tensor *x, int n_axes, const int64_t *axes, bool keepdim, em_site site);
+#define em_prod(...) em_prod_at(__VA_ARGS__, EM_HERE)
+em_tensor *em_prod_at(em_tensor *x, int n_axes, const int64_t *axes, bool keepdim, em_site site);
+/* Maximum and minimum, dtype kept; NaN propagates (torch.amax, torch.amin). */
+#define em_amax(...) em_amax_at(__VA_ARGS__, EM_HERE)
+em_tensor *em_amax_at(em_tensor *x, int n_axes, const int64_t *axes, bool keepdim, em_site site);
+#define em_amin(...) em_amin_at(__VA_ARGS__, EM_HERE)
+em_tensor *em_amin_at(em_tensor *x, int n_axes, const int64_t *axes, bool keepdim, em_site site);
+/* Index (i64) of the first maximum / minimum along axis; axis = EM_ALL_AXES flattens x first and
+ * returns a 0-dim index (keepdim then keeps all dims as 1). NaN counts as the maximum (and
+ * minimum), as in torch.argmax / torch.argmin. Not differentiable. */
+#define EM_ALL_AXES INT32_MIN
+#define em_argmax(...) em_argmax_at(__VA_ARGS__, EM_HERE)
+em_tensor *em_argmax_at(em_tensor *x, int axis, bool keepdim, em_site site);
+#define em_argmin(...) em_argmin_at(__VA_ARGS__, EM_HERE)
+em_tensor *em_argmin_at(em_tensor *x, int axis, bool keepdim, em_site site);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Movement. Views where the strides allow (the result shares x's storage), copies otherwise.  */
+
+/* x viewed (or copied, when no view exists) with the given shape; one size may be -1 and is
+ * inferred. Errors: element count differs, more than one -1. Matches torch.reshape. */
+#define em_reshape(...) em_reshape_at(__VA_ARGS__, EM_HERE)
+em_tensor *em_reshape_at(em_tensor *x, int ndim, const int64_t *sizes, em_site site);
+/* View with dimensions reordered: result dim i is x's dim perm[i]. Errors: perm is not a
+ * permutation of 0..ndim-1. Matches torch.permute. */
+#define em_permute(...) em_permute_at(__VA_ARGS__, EM_HERE)
+em_tensor *em_permute_at(em_tensor *x, int ndim, const int64_t *perm, em_site site);
+/* View with dims d0 and d1 swapped. Matches torch.transpose. */
+#define em_transpose(x, d0, d1) em_transpose_at((x), (d0), (d1), EM_HERE)
+em_tensor *em_transpose_at(em_tensor *x, int d0, int d1, em_site site);
+/* View of x broadcast to sizes (stride 0 on stretched dims); -1 keeps a size; new leading dims
+ * allowed. Errors: a non-1 size differs. Matches torch.expand. */
+#define em_expand(...) em_expand_at(__VA_ARGS__, EM_HERE)
+em_tensor *em_expand_at(em_tensor *x, int ndim, const int64_t *sizes, em_site site);
+/* View of x[..., start:stop:step, ...] along axis, with Python's clamping of start and stop
+ * (negative values count from the end). step >= 1. Matches torch.narrow / basic slicing. */
+#define em_slice(x, axis, start, stop, step) em_slice_at((x), (axis), (start), (stop), (step), EM_HERE)
+em_tensor *em_slice_at(em_tensor *x, int axis, int64_t start, int64_t stop, int64_t step,
+                       em_site site);
+/* View without the given size-1 axes (n_axes = 0: all size-1 axes). Errors: an axis whose size
+ * is not 1 (torch ignores it; we refuse, since it is almost always a bug). */
+#define em_squeeze(...) em_squeeze_at(__VA_ARGS__, EM_HERE)
+em_tensor *em_squeeze_at(em_tensor *x, int n_axes, const int64_t *axes, em_site site);
+/* View with a size-1 axis inserted at position axis in [-(ndim+1), ndim]. torch.unsqueeze. */
+#define em_unsqueeze(x, axis) em_unsqueeze_at((x), (axis), EM_HERE)
+em_tensor *em_unsqueeze_at(em_tensor *x, int axis, em_site site);
+/* Copy of x reversed along the given axes. Matches torch.flip. */
+#define em_flip(...) em_flip_at(__VA_ARGS__, EM_HERE)
+em_tensor *em_flip_at(em_tensor *x, int n_axes, const int64_t *axes, em_site site);
+/* Constant padding. pads holds n_pads (even, <= 2 * ndim) amounts, last dim first, as
+ * torch.nn.functional.pad: (left, right) of the last dim, then (top, bottom) of the one before,
+ * ... Amounts must be >= 0. The result is a new tensor filled with value outside x. */
+#define em_pad(...) em_pad_at(__VA_ARGS__, EM_HERE)
+em_tensor *em_pad_at(em_tensor *x, int n_pads, const int64_t *pads, double value, em_site site);
+/* Concatenation of n >= 1 tensors along axis; other sizes must agree; dtype result_type of
+ * all. Matches torch.cat. */
+#define em_cat(n, xs, axis) em_cat_at((n), (xs), (axis), EM_HERE)
+em_tensor *em_cat_at(int n, em_tensor *const *xs, int axis, em_site site);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Indexing. index tensors are i64 (i32 is accepted and widened); an index out of range is an
+ * error naming the bad value.                                                                 */
+
+/* out[i][j][k] = x[index[i][j][k]][j][k] for axis 0 (and likewise for other axes); index has
+ * x's ndim and sizes <= x's on every other axis; result has index's shape. torch.gather. */
+#define em_gather(x, axis, index) em_gather_at((x), (axis), (index), EM_HERE)
+em_tensor *em_gather_at(em_tensor *x, int axis, em_tensor *index, em_site site);
+/* x with axis replaced by the 1-D index's entries: out.size(axis) = index.numel().
+ * torch.index_select. */
+#define em_index_select(x, axis, index) em_index_select_at((x), (axis), (index), EM_HERE)
+em_tensor *em_index_select_at(em_tensor *x, int axis, em_tensor *index, em_site site);
+/* A copy of x with src added at index along axis: out[index[i][j]][j] += src[i][j] (axis 0).
+ * index and src have one shape, <= x's off axis; src's dtype is converted to x's.
+ * torch.scatter_add (out of place). */
+#define em_scatter_add(x, axis, index, src) em_scatter_add_at((x), (axis), (index), (src), EM_HERE)
+em_tensor *em_scatter_add_at(em_tensor *x, int axis, em_tensor *index, em_tensor *src,
+                             em_site site);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Extern kernels: GEMM and convolution through oneDNN (f32) and OpenBLAS (f64).               */
+
+/* Matrix product with torch.matmul's rules: a [..., m, k] @ b [..., k, n] -> [..., m, n], batch
+ * dims broadcast; a 1-D a is [1, k] (that dim removed after), a 1-D b is [k, 1] (likewise).
+ * dtypes: f32, f64, i32, i64 (both alike; integers use a plain loop). Errors: k differs, dtypes
+ * differ, 0-dim input, batch dims that do not broadcast. */
+#define em_matmul(a, b) em_matmul_at((a), (b), EM_HERE)
+em_tensor *em_matmul_at(em_tensor *a, em_tensor *b, em_site site);
+
+/* Convolution parameters, (height, width) pairs: stride >= 1, padding >= 0 (zeros),
+ * dilation >= 1, groups >= 1 dividing both channel counts. */
+typedef struct em_conv2d_params {
+  int64_t stride[2];
+  int64_t padding[2];
+  int64_t dilation[2];
+  int64_t groups;
+} em_conv2d_params;
+/* Default parameters: stride 1, padding 0, dilation 1, groups 1. */
+#define EM_CONV2D_DEFAULT ((em_conv2d_params){{1, 1}, {0, 0}, {1, 1}, 1})
+
+/* 2-D cross-correlation, torch.nn.functional.conv2d. x [N, C, H, W], w [O, C/groups, kh, kw],
+ * bias [O] or EM_NONE -> [N, O, Ho, Wo], Ho = (H + 2 ph - dh (kh - 1) - 1) / sh + 1 (likewise Wo).
+ * dtypes f32 (oneDNN) or f64 (reference loop), all alike. Errors: ranks, channel mismatch,
+ * groups not dividing, bad params, output size < 1. */
+#define em_conv2d(x, w, bias, p) em_conv2d_at((x), (w), (bias), (p), EM_HERE)
+em_tensor *em_conv2d_at(em_tensor *x, em_tensor *w, em_tensor *bias, em_conv2d_params p,
+                        em_site site);
+/* Gradient of conv2d with respect to its input: grad_out [N, O, Ho, Wo], w [O, C/g, kh, kw] ->
+ * [N, C, H, W] where input_hw = {H, W} (needed since several H give one Ho).
+ * torch.nn.grad.conv2d_input. */
+#define em_conv2d_backward_input(g, w, hw, p) em_conv2d_backward_input_at((g), (w), (hw), (p), EM_HERE)
+em_tensor *em_conv2d_backward_input_at(em_tensor *grad_out, em_tensor *w,
+                                       const int64_t input_hw[2], em_conv2d_params p,
+                                       em_site site);
+/* Gradient of conv2d with respect to its weight: x [N, C, H, W], grad_out [N, O, Ho, Wo] ->
+ * [O, C/g, kh, kw] where kernel_hw = {kh, kw}. torch.nn.grad.conv2d_weight. */
+#define em_conv2d_backward_weight(x, g, khw, p) em_conv2d_backward_weight_at((x), (g), (khw), (p), EM_HERE)
+em_tensor *em_conv2d_backward_weight_at(em_tensor *x, em_tensor *grad_out,
+                                        const int64_t kernel_hw[2], em_conv2d_params p,
+                                        em_site site);
+
+/* ------------------------------------------------------------------------------------------ */
+/* In-place ops: write into dst (which keeps its shape and dtype; the other operand broadcasts
+ * to dst's shape and is converted to dst's dtype, which must be able to hold the result as
+ * torch requires: an integer dst cannot take a float result). Each bumps dst's version counter
+ * and returns dst (borrowed, no new reference). Errors: dst is an expanded view (several
+ * elements share memory), shapes do not broadcast to dst, dtype cannot be cast. Match
+ * Tensor.add_, sub_, mul_, div_, zero_, fill_, copy_.                                          */
+
+#define em_add_(dst, b) em_add__at((dst), (b), EM_HERE)
+em_tensor *em_add__at(em_tensor *dst, em_tensor *b, em_site site);
+#define em_sub_(dst, b) em_sub__at((dst), (b), EM_HERE)
+em_tensor *em_sub__at(em_tensor *dst, em_tensor *b, em_site site);
+#define em_mul_(dst, b) em_mul__at((dst), (b), EM_HERE)
+em_tensor *em_mul__at(em_tensor *dst, em_tensor *b, em_site site);
+#define em_div_(dst, b) em_div__at((dst), (b), EM_HERE)
+em_tensor *em_div__at(em_tensor *dst, em_tensor *b, em_site site);
+/* dst += s and dst *= s for a scalar s. */
+#define em_add_scalar_(dst, s) em_add_scalar__at((dst), (s), EM_HERE)
+em_tensor *em_add_scalar__at(em_tensor *dst, double s, em_site site);
+#define em_mul_scalar_(dst, s) em_mul_scalar__at((dst), (s), EM_HERE)
+em_tensor *em_mul_scalar__at(em_tensor *dst, double s, em_site site);
+#define em_zero_(dst) em_zero__at((dst), EM_HERE)
+em_tensor *em_zero__at(em_tensor *dst, em_site site);
+#define em_fill_(dst, v) em_fill__at((dst), (v), EM_HERE)
+em_tensor *em_fill__at(em_tensor *dst, double value, em_site site);
+/* Copies src (broadcast to dst's shape, converted to dst's dtype) into dst. Overlapping src and
+ * dst are handled (src is read fully before dst is written). */
+#define em_copy_(dst, src) em_copy__at((dst), (src), EM_HERE)
+em_tensor *em_copy__at(em_tensor *dst, em_tensor *src, em_site site);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Reading values and printing                                                                 */
+
+/* The single value of a 1-element tensor, as a double. Errors (returns NaN): NULL input, numel
+ * != 1. Matches Tensor.item. */
+#define em_item(x) em_item_at((x), EM_HERE)
+double em_item_at(em_tensor *x, em_site site);
+
+/* Copies x's elements in row-major order, converted to dtype dt, into dst, which holds at least
+ * dst_bytes bytes. Returns false (and records an error) if dst is too small. Works for any
+ * strides. */
+#define em_to_buffer(x, dt, dst, bytes) em_to_buffer_at((x), (dt), (dst), (bytes), EM_HERE)
+bool em_to_buffer_at(em_tensor *x, em_dtype dt, void *dst, size_t dst_bytes, em_site site);
+
+/* The tensor as PyTorch prints it, e.g. "tensor([[1., 2.],\n        [3., 4.]])", followed by
+ * ", dtype=f64" when the dtype is not f32 (i64 for integer tensors, as PyTorch), with more than
+ * 1000 elements summarised to 3 edge items per dimension ("..."). Returns a string the caller
+ * frees with free(), or NULL (error recorded) for NULL input or allocation failure. */
+#define em_format(x) em_format_at((x), EM_HERE)
+char *em_format_at(em_tensor *x, em_site site);
+/* Prints em_format(x) and a newline to stdout. */
+#define em_print(x) em_print_at((x), EM_HERE)
+void em_print_at(em_tensor *x, em_site site);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* EMBER_H */

@@ -1,0 +1,147 @@
+/* prims/prims.h: the private header of the prims/ layer.
+ *
+ * A primitive is defined once: its row in prims.def (name, arity, flags, attribute schema), its
+ * meta function (output dtype and shape from input dtypes and shapes, or a message saying why
+ * not) and its reference CPU kernel over raw strided buffers. The reference kernels are the
+ * oracle every compiled kernel is tested against, and what eager mode runs.
+ *
+ * Sections: prims.c (table, meta functions, view rules), loop.c (the strided N-d iterator),
+ * pointwise.c, reduce.c, movement.c (copies, indexing), creation.c (full, iota, Philox),
+ * extern.c (GEMM and convolution through oneDNN / OpenBLAS, with plain-loop references). */
+#ifndef EMBER_PRIMS_H
+#define EMBER_PRIMS_H
+
+#include "../ir/ir.h"
+
+typedef enum em_prim {
+#define PRIM(name, arity, flags, attrs) EM_PRIM_##name,
+#include "prims.def"
+#undef PRIM
+  EM_PRIM_COUNT
+} em_prim;
+
+enum {
+  P_POINTWISE = 1 << 0,
+  P_REDUCTION = 1 << 1,
+  P_VIEW = 1 << 2,
+  P_MOVEMENT = 1 << 3,
+  P_INDEXING = 1 << 4,
+  P_CREATION = 1 << 5,
+  P_EXTERN = 1 << 6,
+  P_FLOAT_ONLY = 1 << 7,
+  P_BOOL_OUT = 1 << 8,
+  P_NO_BOOL = 1 << 9,
+  P_NONDIFF = 1 << 10,
+  P_RANDOM = 1 << 11,
+  P_COMMUTATIVE = 1 << 12,
+};
+
+typedef struct prim_info {
+  const char *name;  /* lower case, as in IR text: "add" */
+  int arity;         /* tensor operands; -1 variadic */
+  unsigned flags;
+  const char *attrs; /* attribute schema: names of the prim_attrs fields read */
+} prim_info;
+
+const prim_info *prim_get(em_prim op);
+
+/* Attributes of one prim application. Each prim reads only the fields its schema names. */
+typedef struct prim_attrs {
+  int n_axes;                   /* axes: reductions, permute, squeeze, flip; one axis for */
+  int64_t axes[EM_MAX_DIMS];    /*   slice, unsqueeze, cat, gather, index_select, scatter_add */
+  bool keepdim;                 /* reductions */
+  ir_shape shape;               /* reshape, expand, creation; conv backward: result shape */
+  em_dtype dtype;               /* convert, creation */
+  int64_t start, stop, step;    /* slice (normalised: 0 <= start <= stop <= size, step >= 1) */
+  int n_pads;                   /* pad: torch.nn.functional.pad order, last dim first */
+  int64_t pads[2 * EM_MAX_DIMS];
+  double value, value2;         /* full: value; pad: fill; iota: start, step */
+  uint64_t seed, offset;        /* philox: key and first counter */
+  em_conv2d_params conv;        /* convolutions */
+} prim_attrs;
+
+/* Dtype and shape of an operand or result, and for views, its strides and storage offset. */
+typedef struct prim_meta {
+  em_dtype dtype;
+  int ndim;
+  int64_t sizes[EM_MAX_DIMS];
+  int64_t strides[EM_MAX_DIMS];
+  int64_t offset;
+} prim_meta;
+
+/* Meta function: fills out's dtype, ndim and sizes from the operands', or writes a reason (no
+ * op name, no location: the caller adds those) into err and returns false. For P_VIEW prims it
+ * also fills out's strides and offset from the operand's (prim_meta of the operand must then
+ * carry strides and offset); RESHAPE fails with err "no view" when no view exists. */
+bool prim_meta_fn(em_prim op, const prim_attrs *at, const prim_meta *in, int n_in, prim_meta *out,
+                  char *err, size_t cap);
+
+/* ---- loop.c ------------------------------------------------------------------------------ */
+
+/* A raw strided buffer: data points at element 0; strides are in elements. */
+typedef struct prim_buf {
+  char *data;
+  em_dtype dtype;
+  int ndim;
+  int64_t sizes[EM_MAX_DIMS];
+  int64_t strides[EM_MAX_DIMS];
+} prim_buf;
+
+/* A 1-D inner loop over n elements: p[i] points at operand i's first element, s[i] is its
+ * stride in bytes. Operand 0 is the output. */
+typedef void (*prim_loop1d)(char **p, const int64_t *s, int64_t n, const void *ctx);
+
+/* Runs fn over every element of nops buffers that all have bufs[0]'s sizes, coalescing
+ * dimensions and splitting the index space across OpenMP threads when large. */
+void prim_foreach(int nops, const prim_buf *bufs, prim_loop1d fn, const void *ctx);
+
+/* The same on the calling thread only, for loops whose ctx is written (checks, reductions). */
+void prim_foreach_serial(int nops, const prim_buf *bufs, prim_loop1d fn, const void *ctx);
+
+/* Elements per thread below which loops stay serial. */
+#define PRIM_PARALLEL_GRAIN 32768
+
+/* ---- kernels ----------------------------------------------------------------------------- */
+
+/* Runs op's reference kernel: out is allocated with the meta function's dtype and sizes and is
+ * contiguous, except for pointwise prims, whose out may have any non-overlapping strides (the
+ * in-place ops write through it); in are the operands, with any strides (0 for expanded dims). Returns false with a reason in err on a data-dependent error
+ * (index out of range, integer division by zero) or a failure inside an extern library. */
+bool prim_run(em_prim op, const prim_attrs *at, const prim_buf *out, const prim_buf *in, int n_in,
+              char *err, size_t cap);
+
+bool prim_run_pointwise(em_prim op, const prim_attrs *at, const prim_buf *out, const prim_buf *in,
+                        char *err, size_t cap);
+bool prim_run_reduce(em_prim op, const prim_attrs *at, const prim_buf *out, const prim_buf *in,
+                     char *err, size_t cap);
+bool prim_run_movement(em_prim op, const prim_attrs *at, const prim_buf *out, const prim_buf *in,
+                       int n_in, char *err, size_t cap);
+bool prim_run_creation(em_prim op, const prim_attrs *at, const prim_buf *out, char *err,
+                       size_t cap);
+bool prim_run_extern(em_prim op, const prim_attrs *at, const prim_buf *out, const prim_buf *in,
+                     char *err, size_t cap);
+
+/* Plain-loop references for the extern prims, kept as the oracle for the library paths. */
+void prim_matmul_ref(const prim_buf *out, const prim_buf *a, const prim_buf *b);
+void prim_conv2d_ref(em_prim op, const prim_attrs *at, const prim_buf *out, const prim_buf *a,
+                     const prim_buf *b);
+
+/* Element access as double, for printing, item() and the slow paths. */
+double prim_load(const char *p, em_dtype dt);
+void prim_store(char *p, em_dtype dt, double v);
+
+/* Philox4x32-10: four 32-bit outputs for counter ctr (128 bits) and key (64 bits). */
+void prim_philox(uint64_t ctr_lo, uint64_t ctr_hi, uint64_t key, uint32_t out[4]);
+/* Philox calls (counters) a PHILOX_UNIFORM / PHILOX_NORMAL result of numel elements of dtype
+ * dt consumes: ceil(numel/4) for f32, ceil(numel/2) for f64, 0 for other prims and dtypes. The
+ * runtime advances the generator's offset by this after each random op (creation.c documents
+ * the stream). */
+uint64_t prim_philox_calls(em_prim op, em_dtype dt, int64_t numel);
+
+/* IEEE half and bfloat16 conversions (round to nearest even). */
+float prim_half_to_float(uint16_t h);
+uint16_t prim_float_to_half(float f);
+float prim_bf16_to_float(uint16_t h);
+uint16_t prim_float_to_bf16(float f);
+
+#endif /* EMBER_PRIMS_H */

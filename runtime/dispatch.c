@@ -1,0 +1,97 @@
+/* runtime/dispatch.c: the one entry every op goes through.
+ *
+ * In eager mode a prim application is: operand checks, the prim's meta function (which also
+ * produces the user-facing reason on bad input), then either a new view header or a freshly
+ * allocated result filled by the reference kernel. Keeping this in one function is what will
+ * let the tracer (record a node, return a proxy) and autograd (record a grad_fn) hook in at one
+ * place later. */
+#include "rt.h"
+
+#include <string.h>
+
+/* Arithmetic kernels exist on the CPU only for the compute dtypes; f16/bf16 are storage types. */
+static bool needs_compute(em_prim op) {
+  unsigned f = prim_get(op)->flags;
+  if (op == EM_PRIM_CONVERT) return false;
+  return (f & (P_POINTWISE | P_REDUCTION | P_EXTERN)) || op == EM_PRIM_SCATTER_ADD;
+}
+
+static bool check_operands(const char *name, em_prim op, em_tensor *const *in, int n_in,
+                           prim_meta *metas, em_site site) {
+  for (int i = 0; i < n_in; i++) {
+    metas[i] = rt_meta(in[i]);
+    if (needs_compute(op) && !ir_dtype(in[i]->dtype)->cpu_compute) {
+      char b[128];
+      rt_error(site, name, "%s has no CPU kernels (f16 and bf16 are storage types on the CPU; cast first)",
+               rt_fmt(b, sizeof b, in[i]));
+      return false;
+    }
+  }
+  return true;
+}
+
+em_tensor *rt_dispatch(const char *name, em_prim op, em_tensor *const *in, int n_in,
+                       const prim_attrs *at, em_site site) {
+  for (int i = 0; i < n_in; i++)
+    if (!in[i]) return NULL;
+  enum { MAX_IN = 64 };
+  prim_meta metas_small[4], *metas = metas_small, out_meta;
+  if (n_in > 4) {
+    if (n_in > MAX_IN) return rt_error(site, name, "takes at most %d operands, got %d", MAX_IN, n_in);
+    metas = rt_alloc(sizeof(prim_meta) * (size_t)n_in, 16);
+    if (!metas) return rt_error(site, name, "out of memory");
+  }
+  em_tensor *out = NULL;
+  char err[512];
+  if (!check_operands(name, op, in, n_in, metas, site)) goto done;
+  if (!prim_meta_fn(op, at, metas, n_in, &out_meta, err, sizeof err)) {
+    rt_error(site, name, "%s", err);
+    goto done;
+  }
+  if (prim_get(op)->flags & P_VIEW) {
+    out = rt_new_view(in[0], out_meta.ndim, out_meta.sizes, out_meta.strides, out_meta.offset, name, site);
+    goto done;
+  }
+  out = rt_new(out_meta.dtype, out_meta.ndim, out_meta.sizes, name, site);
+  if (!out) goto done;
+  prim_buf bufs_small[4], *bufs = bufs_small;
+  if (n_in > 4) {
+    bufs = rt_alloc(sizeof(prim_buf) * (size_t)n_in, 16);
+    if (!bufs) {
+      em_release(out);
+      out = rt_error(site, name, "out of memory");
+      goto done;
+    }
+  }
+  for (int i = 0; i < n_in; i++) bufs[i] = rt_buf(in[i]);
+  prim_buf ob = rt_buf(out);
+  if (!prim_run(op, at, &ob, bufs, n_in, err, sizeof err)) {
+    em_release(out);
+    out = rt_error(site, name, "%s", err);
+  }
+  if (bufs != bufs_small) rt_free(bufs);
+done:
+  if (metas != metas_small) rt_free(metas);
+  return out;
+}
+
+bool rt_dispatch_out(const char *name, em_prim op, em_tensor *const *in, int n_in,
+                     const prim_attrs *at, em_tensor *out, em_site site) {
+  EM_ASSERT(prim_get(op)->flags & P_POINTWISE);
+  EM_ASSERT(n_in <= 4);
+  if (!out) return false;
+  for (int i = 0; i < n_in; i++)
+    if (!in[i]) return false;
+  prim_meta metas[4], m;
+  char err[512], b0[128], b1[128];
+  if (!check_operands(name, op, in, n_in, metas, site)) return false;
+  if (!prim_meta_fn(op, at, metas, n_in, &m, err, sizeof err)) return rt_error(site, name, "%s", err), false;
+  if (m.dtype != out->dtype || m.ndim != out->ndim || memcmp(m.sizes, out->sizes, sizeof(int64_t) * (size_t)m.ndim))
+    return rt_error(site, name, "result %s does not fit the destination %s",
+                    ir_fmt_type(b0, sizeof b0, m.dtype, m.ndim, m.sizes), rt_fmt(b1, sizeof b1, out)), false;
+  prim_buf bufs[4], ob = rt_buf(out);
+  for (int i = 0; i < n_in; i++) bufs[i] = rt_buf(in[i]);
+  if (!prim_run(op, at, &ob, bufs, n_in, err, sizeof err)) return rt_error(site, name, "%s", err), false;
+  rt_bump_version(out);
+  return true;
+}

@@ -1,0 +1,218 @@
+/* runtime/tensor.c: tensors, storage, reference counts and scopes.
+ *
+ * A tensor is a header (sizes, strides, offset, dtype) over reference-counted storage; views
+ * are new headers over the same storage. Storage and its data are one allocation (header, then
+ * the data 64-byte aligned), so a new tensor costs two allocations, which keeps eager dispatch
+ * cheap. Scopes (a thread-local stack of tensor lists) own op results so model code never
+ * releases by hand, as DESIGN.md's C conventions say. */
+#include "rt.h"
+
+#include <string.h>
+
+#define STORAGE_HEADER 64 /* rt_storage padded so data stays 64-byte aligned */
+_Static_assert(sizeof(rt_storage) <= STORAGE_HEADER, "storage header outgrew its padding");
+
+typedef struct scope {
+  em_tensor **items;
+  int64_t n, cap;
+} scope;
+
+/* EM_NONE's address; never read. */
+struct em_tensor em_none_sentinel;
+
+static _Thread_local scope *scopes; /* scopes[0] is the base scope */
+static _Thread_local int n_scopes, cap_scopes;
+
+static void storage_release(rt_storage *s) {
+  if (__atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
+    rt_count_storage(-(int64_t)s->bytes);
+    rt_free(s);
+  }
+}
+
+em_tensor *em_retain(em_tensor *t) {
+  if (t) __atomic_add_fetch(&t->refcount, 1, __ATOMIC_RELAXED);
+  return t;
+}
+
+void em_release(em_tensor *t) {
+  if (!t) return;
+  if (__atomic_sub_fetch(&t->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
+    storage_release(t->storage);
+    rt_count_tensor(-1);
+    rt_free(t);
+  }
+}
+
+static em_tensor *new_header(rt_storage *s, em_dtype dt, int ndim, const int64_t *sizes,
+                             const char *op, em_site site) {
+  em_tensor *t = rt_alloc(sizeof *t, 16);
+  if (!t) {
+    char b[128];
+    return rt_error(site, op, "out of memory allocating the header of %s",
+                    ir_fmt_type(b, sizeof b, dt, ndim, sizes));
+  }
+  memset(t, 0, sizeof *t);
+  t->refcount = 1;
+  t->storage = s;
+  t->dtype = dt;
+  t->ndim = ndim;
+  memcpy(t->sizes, sizes, sizeof(int64_t) * (size_t)ndim);
+  t->numel = ir_numel(ndim, sizes);
+  rt_count_tensor(1);
+  return t;
+}
+
+em_tensor *rt_new(em_dtype dt, int ndim, const int64_t *sizes, const char *op, em_site site) {
+  char b[128];
+  if (!ir_dtype_valid(dt)) return rt_error(site, op, "invalid dtype %d", (int)dt);
+  if (ndim < 0 || ndim > EM_MAX_DIMS)
+    return rt_error(site, op, "%d dims requested; a tensor has 0 to %d", ndim, EM_MAX_DIMS);
+  if (ndim > 0 && !sizes) return rt_error(site, op, "sizes is NULL for %d dims", ndim);
+  for (int i = 0; i < ndim; i++)
+    if (sizes[i] < 0)
+      return rt_error(site, op, "size %lld of dim %d is negative", (long long)sizes[i], i);
+  int64_t numel = ir_numel(ndim, sizes);
+  size_t esize = ir_dtype(dt)->size;
+  if (numel == INT64_MAX || (uint64_t)numel > (SIZE_MAX - 2 * STORAGE_HEADER) / esize)
+    return rt_error(site, op, "%s is too large to address", ir_fmt_type(b, sizeof b, dt, ndim, sizes));
+  size_t bytes = (size_t)numel * esize;
+  rt_storage *s = rt_alloc(STORAGE_HEADER + (bytes ? bytes : 1), 64);
+  if (!s)
+    return rt_error(site, op, "out of memory allocating %s (%zu bytes)",
+                    ir_fmt_type(b, sizeof b, dt, ndim, sizes), bytes);
+  *s = (rt_storage){.refcount = 1, .bytes = bytes, .device = EM_CPU,
+                    .data = (char *)s + STORAGE_HEADER};
+  rt_count_storage((int64_t)bytes);
+  em_tensor *t = new_header(s, dt, ndim, sizes, op, site);
+  if (!t) {
+    storage_release(s);
+    return NULL;
+  }
+  ir_contiguous_strides(ndim, sizes, t->strides);
+  return t;
+}
+
+em_tensor *rt_new_view(em_tensor *base, int ndim, const int64_t *sizes, const int64_t *strides,
+                       int64_t offset, const char *op, em_site site) {
+  em_tensor *t = new_header(base->storage, base->dtype, ndim, sizes, op, site);
+  if (!t) return NULL;
+  __atomic_add_fetch(&base->storage->refcount, 1, __ATOMIC_RELAXED);
+  memcpy(t->strides, strides, sizeof(int64_t) * (size_t)ndim);
+  t->offset = offset;
+  return t;
+}
+
+/* ---- scopes ---- */
+
+static bool push_scope(void) {
+  if (n_scopes == cap_scopes) {
+    int cap = cap_scopes ? cap_scopes * 2 : 8;
+    scope *s = rt_alloc(sizeof(scope) * (size_t)cap, 16);
+    if (!s) return false;
+    if (n_scopes) memcpy(s, scopes, sizeof(scope) * (size_t)n_scopes);
+    rt_free(scopes);
+    scopes = s;
+    cap_scopes = cap;
+  }
+  scopes[n_scopes++] = (scope){0};
+  return true;
+}
+
+static bool scope_append(scope *s, em_tensor *t) {
+  if (s->n == s->cap) {
+    int64_t cap = s->cap ? s->cap * 2 : 64;
+    em_tensor **items = rt_alloc(sizeof(em_tensor *) * (size_t)cap, 16);
+    if (!items) return false;
+    if (s->n) memcpy(items, s->items, sizeof(em_tensor *) * (size_t)s->n);
+    rt_free(s->items);
+    s->items = items;
+    s->cap = cap;
+  }
+  s->items[s->n++] = t;
+  return true;
+}
+
+static void pop_scope(void) {
+  scope *s = &scopes[--n_scopes];
+  /* Release newest first, so views go before their bases in the common case. */
+  for (int64_t i = s->n - 1; i >= 0; i--) em_release(s->items[i]);
+  rt_free(s->items);
+}
+
+em_tensor *rt_scope_add(em_tensor *t, const char *op, em_site site) {
+  if (!t) return NULL;
+  if ((n_scopes == 0 && !push_scope()) || !scope_append(&scopes[n_scopes - 1], t)) {
+    char b[128];
+    rt_error(site, op, "out of memory recording the result %s in the current scope", rt_fmt(b, sizeof b, t));
+    em_release(t);
+    return NULL;
+  }
+  return t;
+}
+
+bool em_scope_begin_at(em_site site) {
+  if ((n_scopes == 0 && !push_scope()) || !push_scope()) {
+    rt_error(site, "em_scope_begin", "out of memory opening a scope");
+    return false;
+  }
+  return true;
+}
+
+void em_scope_end_at(em_site site) {
+  if (n_scopes <= 1) {
+    rt_error(site, "em_scope_end", "no scope is open (em_scope_end without em_scope_begin)");
+    return;
+  }
+  pop_scope();
+}
+
+em_tensor *em_keep_at(em_tensor *t, em_site site) {
+  if (!t) return NULL;
+  if (n_scopes <= 1) return t; /* already in the base scope, which outlives everything */
+  if (!scope_append(&scopes[n_scopes - 2], t)) {
+    char b[128];
+    return rt_error(site, "em_keep", "out of memory moving %s to the enclosing scope", rt_fmt(b, sizeof b, t));
+  }
+  em_retain(t);
+  return t;
+}
+
+void em_thread_cleanup(void) {
+  while (n_scopes > 0) pop_scope();
+  rt_free(scopes);
+  scopes = NULL;
+  cap_scopes = 0;
+}
+
+/* ---- metadata ---- */
+
+int em_ndim(const em_tensor *t) { return t->ndim; }
+int64_t em_size(const em_tensor *t, int dim) {
+  int d = ir_norm_axis(dim, t->ndim);
+  return d < 0 ? -1 : t->sizes[d];
+}
+const int64_t *em_sizes(const em_tensor *t) { return t->sizes; }
+const int64_t *em_strides(const em_tensor *t) { return t->strides; }
+int64_t em_numel(const em_tensor *t) { return t->numel; }
+int64_t em_storage_offset(const em_tensor *t) { return t->offset; }
+em_dtype em_dtype_of(const em_tensor *t) { return t->dtype; }
+em_device em_device_of(const em_tensor *t) { return t->storage->device; }
+bool em_is_contiguous(const em_tensor *t) { return ir_is_contiguous(t->ndim, t->sizes, t->strides); }
+int64_t em_version(const em_tensor *t) { return __atomic_load_n(&t->storage->version, __ATOMIC_RELAXED); }
+void *em_data_ptr(const em_tensor *t) { return rt_data(t); }
+bool em_shares_storage(const em_tensor *a, const em_tensor *b) { return a->storage == b->storage; }
+
+prim_buf rt_buf(const em_tensor *t) {
+  prim_buf b = {.data = rt_data(t), .dtype = t->dtype, .ndim = t->ndim};
+  memcpy(b.sizes, t->sizes, sizeof b.sizes);
+  memcpy(b.strides, t->strides, sizeof b.strides);
+  return b;
+}
+
+prim_meta rt_meta(const em_tensor *t) {
+  prim_meta m = {.dtype = t->dtype, .ndim = t->ndim, .offset = t->offset};
+  memcpy(m.sizes, t->sizes, sizeof m.sizes);
+  memcpy(m.strides, t->strides, sizeof m.strides);
+  return m;
+}

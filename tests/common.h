@@ -1,0 +1,122 @@
+/* tests/common.h: what every Ember test file shares.
+ *
+ * ETEST wraps Criterion's Test so that every test runs inside a scope and ends by checking that
+ * no tensor and no byte of storage is left alive and that no error is left unread: a test that
+ * leaks fails, whatever it asserted before. Helpers build tensors from literals and compare
+ * values with a tolerance. */
+#ifndef EMBER_TEST_COMMON_H
+#define EMBER_TEST_COMMON_H
+
+#include <criterion/criterion.h>
+#include <ember.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static inline void etest_begin(void) {
+  em_clear_error();
+  em_debug_fail_alloc(0);
+  cr_assert(em_scope_begin(), "could not open a scope");
+}
+
+static inline void etest_end(void) {
+  em_scope_end();
+  em_thread_cleanup();
+  cr_assert_eq(em_debug_live_tensors(), 0, "%lld tensors leaked", (long long)em_debug_live_tensors());
+  cr_assert_eq(em_debug_live_bytes(), 0, "%lld bytes leaked", (long long)em_debug_live_bytes());
+  const char *e = em_last_error();
+  cr_assert_null(e, "unexpected error left recorded: %s", e ? e : "");
+}
+
+#define ETEST(suite, name, ...)                    \
+  static void suite##_##name##_body(void);         \
+  Test(suite, name, ##__VA_ARGS__) {               \
+    etest_begin();                                 \
+    suite##_##name##_body();                       \
+    etest_end();                                   \
+  }                                                \
+  static void suite##_##name##_body(void)
+
+/* A tensor from a literal list of doubles, converted to dt. */
+#define T(dt, shape, ...) etest_tensor((dt), (shape), (const double[]){__VA_ARGS__}, \
+  (int)(sizeof((double[]){__VA_ARGS__}) / sizeof(double)))
+#define SHAPE(...) ((etest_shape){(int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), {__VA_ARGS__}})
+#define SCALAR_SHAPE ((etest_shape){0, {0}})
+typedef struct {
+  int ndim;
+  int64_t sizes[EM_MAX_DIMS];
+} etest_shape;
+
+static inline em_tensor *etest_tensor(em_dtype dt, etest_shape s, const double *v, int n) {
+  em_tensor *d = em_from_data(v, EM_F64, s.ndim, s.sizes);
+  cr_assert_not_null(d, "%s", em_last_error() ? em_last_error() : "");
+  cr_assert_eq(em_numel(d), n, "literal has %d values for %lld elements", n, (long long)em_numel(d));
+  return dt == EM_F64 ? d : em_cast(d, dt);
+}
+
+/* Element i (row-major) of any tensor, as double. */
+static inline double etest_at(em_tensor *t, int64_t i) {
+  int64_t n = em_numel(t);
+  cr_assert(i < n);
+  double *buf = malloc(sizeof(double) * (size_t)(n ? n : 1));
+  cr_assert(em_to_buffer(t, EM_F64, buf, sizeof(double) * (size_t)n), "%s", em_last_error());
+  double v = buf[i];
+  free(buf);
+  return v;
+}
+
+/* Asserts t has dtype dt, the given shape and values (within tol; NaN matches NaN). */
+static inline void etest_expect(em_tensor *t, em_dtype dt, etest_shape s, const double *v, int n, double tol,
+                                const char *file, int line) {
+  cr_assert_not_null(t, "%s:%d: result is NULL: %s", file, line, em_last_error() ? em_last_error() : "");
+  cr_assert_eq(em_dtype_of(t), dt, "%s:%d: dtype %s, expected %s", file, line, em_dtype_name(em_dtype_of(t)),
+               em_dtype_name(dt));
+  cr_assert_eq(em_ndim(t), s.ndim, "%s:%d: ndim %d, expected %d", file, line, em_ndim(t), s.ndim);
+  for (int i = 0; i < s.ndim; i++)
+    cr_assert_eq(em_size(t, i), s.sizes[i], "%s:%d: size %d is %lld, expected %lld", file, line, i,
+                 (long long)em_size(t, i), (long long)s.sizes[i]);
+  cr_assert_eq(em_numel(t), n, "%s:%d: %lld elements, expected %d", file, line, (long long)em_numel(t), n);
+  double *buf = malloc(sizeof(double) * (size_t)(n ? n : 1));
+  cr_assert(em_to_buffer(t, EM_F64, buf, sizeof(double) * (size_t)n));
+  for (int i = 0; i < n; i++) {
+    bool ok = (isnan(v[i]) && isnan(buf[i])) || buf[i] == v[i] ||
+              fabs(buf[i] - v[i]) <= tol * (1 + fabs(v[i]));
+    if (!ok) {
+      double got = buf[i];
+      free(buf);
+      cr_assert_fail("%s:%d: element %d is %.17g, expected %.17g", file, line, i, got, v[i]);
+    }
+  }
+  free(buf);
+}
+#define EXPECT(t, dt, shape, tol, ...) etest_expect((t), (dt), (shape), (const double[]){__VA_ARGS__}, \
+  (int)(sizeof((double[]){__VA_ARGS__}) / sizeof(double)), (tol), __FILE__, __LINE__)
+
+/* Asserts t has dtype dt and the given shape (any number of elements, 0 included), and that every
+ * element equals v within tol. */
+static inline void etest_expect_all(em_tensor *t, em_dtype dt, etest_shape s, double v, double tol, const char *file,
+                                    int line) {
+  cr_assert_not_null(t, "%s:%d: result is NULL: %s", file, line, em_last_error() ? em_last_error() : "");
+  int64_t n = 1;
+  for (int i = 0; i < s.ndim; i++) n *= s.sizes[i];
+  double *want = calloc((size_t)(n ? n : 1), sizeof(double));
+  for (int64_t i = 0; i < n; i++) want[i] = v;
+  etest_expect(t, dt, s, want, (int)n, tol, file, line);
+  free(want);
+}
+#define EXPECT_ALL(t, dt, shape, tol, v) etest_expect_all((t), (dt), (shape), (v), (tol), __FILE__, __LINE__)
+
+/* Asserts that expr returned NULL and recorded an error containing `needle`, then clears it. */
+#define EXPECT_ERROR(expr, needle)                                                            \
+  do {                                                                                        \
+    em_clear_error();                                                                         \
+    const void *r_ = (const void *)(expr);                                                    \
+    const char *e_ = em_last_error();                                                         \
+    cr_assert_null(r_, "%s:%d: expected an error", __FILE__, __LINE__);                       \
+    cr_assert_not_null(e_, "%s:%d: no error recorded", __FILE__, __LINE__);                   \
+    cr_assert(strstr(e_, (needle)) != NULL, "%s:%d: error '%s' lacks '%s'", __FILE__, __LINE__, e_, (needle)); \
+    em_clear_error();                                                                         \
+  } while (0)
+
+#endif

@@ -1,0 +1,181 @@
+/* tests/test_errors.c: bad input gives one clear, located error and leaks nothing; NULL operands
+ * propagate silently; every allocation of an op can fail without leaking (the fault-injection
+ * loop of libuv and SQLite). */
+#include "common.h"
+
+#define F EM_F32
+
+ETEST(errors, located_messages) {
+  em_tensor *a = em_zeros(F, EM_SHAPE(128, 784)), *b = em_zeros(F, EM_SHAPE(512, 784));
+  em_clear_error();
+  int line = __LINE__ + 1;
+  em_tensor *r = em_matmul(a, b);
+  cr_assert_null(r);
+  char want[256];
+  snprintf(want, sizeof want, "test_errors.c:%d: em_matmul: inner dimensions differ: a is f32[128,784], b is f32[512,784]", line);
+  cr_assert(strstr(em_last_error(), want), "got '%s'", em_last_error());
+  em_clear_error();
+}
+
+ETEST(errors, first_error_is_kept) {
+  em_tensor *x = em_zeros(F, EM_SHAPE(2));
+  em_clear_error();
+  em_reshape(x, EM_SHAPE(3));
+  em_transpose(x, 0, 5);
+  cr_assert(strstr(em_last_error(), "em_reshape"), "sticky: the first error stays, got %s", em_last_error());
+  em_clear_error();
+  cr_assert_null(em_last_error());
+}
+
+ETEST(errors, null_operands_return_null_silently) {
+  em_tensor *x = em_ones(F, EM_SHAPE(2));
+  cr_assert_null(em_add(NULL, x));
+  cr_assert_null(em_exp(NULL));
+  cr_assert_null(em_sum(NULL, 0, NULL, false));
+  cr_assert_null(em_reshape(NULL, EM_SHAPE(2)));
+  cr_assert_null(em_matmul(x, NULL));
+  cr_assert_null(em_where(NULL, x, x));
+  cr_assert_null(em_cat(2, ((em_tensor *[]){x, NULL}), 0));
+  cr_assert_null(em_gather(x, 0, NULL));
+  cr_assert_null(em_conv2d(NULL, x, EM_NONE, EM_CONV2D_DEFAULT));
+  cr_assert_null(em_conv2d(x, x, NULL, EM_CONV2D_DEFAULT)); /* a failed bias is not "no bias" */
+  cr_assert_null(em_add_(NULL, x));
+  cr_assert_null(em_copy_(x, NULL));
+  cr_assert_null(em_format(NULL));
+  cr_assert(isnan(em_item(NULL)));
+  cr_assert_null(em_last_error(), "a NULL operand records nothing new");
+  /* a chain stops at the first failure and reports it */
+  em_tensor *y = em_exp(em_add(em_reshape(x, EM_SHAPE(3)), x));
+  cr_assert_null(y);
+  cr_assert(strstr(em_last_error(), "em_reshape: cannot reshape f32[2] to f32[3]"), "%s", em_last_error());
+  em_clear_error();
+}
+
+ETEST(errors, bad_input_catalogue) {
+  em_tensor *m = em_zeros(F, EM_SHAPE(2, 3)), *v = em_zeros(F, EM_SHAPE(4));
+  em_tensor *i64 = em_zeros(EM_I64, EM_SHAPE(2, 3));
+  EXPECT_ERROR(em_add(m, v), "em_add: shapes cannot broadcast: f32[2,3], f32[4]");
+  EXPECT_ERROR(em_where(em_ones(EM_BOOL, EM_SHAPE(5)), m, m), "em_where: shapes cannot broadcast");
+  EXPECT_ERROR(em_sum(m, EM_AXES(2), false), "em_sum: axis 2 out of range for f32[2,3]");
+  EXPECT_ERROR(em_sum(m, EM_AXES(0, -2), false), "axis 0 repeated");
+  EXPECT_ERROR(em_argmax(m, 3, false), "em_argmax: axis 3 out of range");
+  EXPECT_ERROR(em_amax(em_zeros(F, EM_SHAPE(0, 2)), EM_AXES(0), false), "size 0");
+  EXPECT_ERROR(em_reshape(m, EM_SHAPE(4, -1)), "cannot infer the -1 size");
+  EXPECT_ERROR(em_reshape(m, EM_SHAPE(-1, -1)), "only one size may be -1");
+  EXPECT_ERROR(em_permute(m, EM_AXES(0, 0)), "not a permutation");
+  EXPECT_ERROR(em_transpose(m, 0, 2), "em_transpose: dims (0, 2) out of range for f32[2,3]");
+  EXPECT_ERROR(em_expand(m, EM_SHAPE(4, 3)), "em_expand: cannot expand f32[2,3] to f32[4,3]");
+  EXPECT_ERROR(em_slice(m, 1, 0, 2, 0), "step must be >= 1");
+  EXPECT_ERROR(em_slice(m, 4, 0, 2, 1), "axis 4 out of range");
+  EXPECT_ERROR(em_squeeze(m, EM_AXES(0)), "axis 0 of f32[2,3] has size 2, not 1");
+  EXPECT_ERROR(em_unsqueeze(m, 4), "axis 4 out of range");
+  EXPECT_ERROR(em_flip(m, EM_AXES(1, 1)), "repeated");
+  EXPECT_ERROR(em_pad(m, 3, (int64_t[]){1, 1, 1}, 0), "even number of pads");
+  EXPECT_ERROR(em_pad(m, 2, (int64_t[]){-1, 1}, 0), ">= 0");
+  EXPECT_ERROR(em_cat(2, ((em_tensor *[]){m, v}), 0), "em_cat: operand 1 is f32[4] but operand 0 is f32[2,3]");
+  EXPECT_ERROR(em_cat(0, NULL, 0), "at least one tensor");
+  EXPECT_ERROR(em_gather(m, 0, em_zeros(F, EM_SHAPE(2, 3))), "index must be i64 or i32, got f32[2,3]");
+  EXPECT_ERROR(em_gather(m, 1, em_full(EM_I64, EM_SHAPE(2, 1), 3)), "out of bounds");
+  EXPECT_ERROR(em_index_select(m, 0, em_full(EM_I64, EM_SHAPE(1), -1)), "out of bounds");
+  EXPECT_ERROR(em_matmul(m, i64), "em_matmul: operands differ in dtype: a is f32[2,3], b is i64[2,3]");
+  EXPECT_ERROR(em_matmul(em_scalar(F, 1), m), "at least 1 dim");
+  EXPECT_ERROR(em_matmul(em_zeros(F, EM_SHAPE(2, 2, 3)), em_zeros(F, EM_SHAPE(3, 3, 4))), "batch dims do not broadcast");
+  EXPECT_ERROR(em_conv2d(m, m, EM_NONE, EM_CONV2D_DEFAULT), "em_conv2d: needs 4-D operands");
+  em_tensor *x = em_zeros(F, EM_SHAPE(1, 3, 8, 8)), *w = em_zeros(F, EM_SHAPE(4, 2, 3, 3));
+  EXPECT_ERROR(em_conv2d(x, w, EM_NONE, EM_CONV2D_DEFAULT), "input has 3 channels but weight expects 2");
+  em_conv2d_params p = EM_CONV2D_DEFAULT;
+  p.stride[0] = 0;
+  EXPECT_ERROR(em_conv2d(x, em_zeros(F, EM_SHAPE(4, 3, 3, 3)), EM_NONE, p), "stride and dilation must be >= 1");
+  EXPECT_ERROR(em_conv2d(x, em_zeros(F, EM_SHAPE(4, 3, 9, 9)), EM_NONE, EM_CONV2D_DEFAULT), "larger than the padded input");
+  EXPECT_ERROR(em_conv2d(x, em_zeros(F, EM_SHAPE(4, 3, 3, 3)), em_zeros(F, EM_SHAPE(5)), EM_CONV2D_DEFAULT),
+               "bias must be f32[4]");
+  EXPECT_ERROR(em_exp(em_zeros(EM_BF16, EM_SHAPE(2))), "bf16[2] has no CPU kernels");
+  EXPECT_ERROR(em_cast(m, (em_dtype)42), "invalid dtype");
+  EXPECT_ERROR(em_neg(em_ones(EM_BOOL, EM_SHAPE(1))), "em_neg: is not defined for bool");
+}
+
+ETEST(errors, nothing_computed_is_lost) {
+  em_tensor *good = em_add(em_ones(F, EM_SHAPE(3)), em_ones(F, EM_SHAPE(3)));
+  em_clear_error();
+  cr_assert_null(em_matmul(good, em_zeros(F, EM_SHAPE(2, 2))));
+  em_clear_error();
+  EXPECT(good, F, SHAPE(3), 0, 2, 2, 2);
+}
+
+/* ---- fault injection ---- */
+
+typedef em_tensor *(*op_fn)(void);
+static em_tensor *op_promote_broadcast(void) {
+  return em_add(em_ones(EM_I32, EM_SHAPE(3, 1)), em_ones(F, EM_SHAPE(4)));
+}
+static em_tensor *op_matmul(void) {
+  return em_matmul(em_ones(F, EM_SHAPE(2, 3, 4)), em_ones(F, EM_SHAPE(4)));
+}
+static em_tensor *op_reshape_copy(void) {
+  return em_reshape(em_transpose(em_ones(F, EM_SHAPE(3, 4)), 0, 1), EM_SHAPE(12));
+}
+static em_tensor *op_cat(void) {
+  em_tensor *xs[3] = {em_ones(F, EM_SHAPE(2)), em_ones(EM_I64, EM_SHAPE(3)), em_ones(EM_F64, EM_SHAPE(1))};
+  return em_cat(3, xs, 0);
+}
+static em_tensor *op_conv(void) {
+  return em_conv2d(em_ones(F, EM_SHAPE(1, 2, 6, 6)), em_ones(F, EM_SHAPE(3, 2, 3, 3)),
+                   em_ones(F, EM_SHAPE(3)), EM_CONV2D_DEFAULT);
+}
+static em_tensor *op_reduce(void) { return em_sum(em_ones(EM_I32, EM_SHAPE(4, 5)), EM_AXES(1), true); }
+static em_tensor *op_where(void) {
+  return em_where(em_ones(EM_U8, EM_SHAPE(2, 1)), em_ones(F, EM_SHAPE(3)), em_scalar(EM_F64, 2));
+}
+static em_tensor *op_randint(void) { return em_randint(2, 9, EM_SHAPE(10)); }
+static em_tensor *op_eye(void) { return em_eye(EM_F64, 3, 4); }
+static em_tensor *op_scatter(void) {
+  return em_scatter_add(em_zeros(F, EM_SHAPE(3)), 0, em_zeros(EM_I32, EM_SHAPE(2)), em_ones(EM_I64, EM_SHAPE(2)));
+}
+static em_tensor *op_inplace(void) {
+  em_tensor *x = em_ones(F, EM_SHAPE(4));
+  return em_mul_(em_slice(x, 0, 1, 4, 1), em_slice(x, 0, 0, 3, 1));
+}
+static em_tensor *op_keep(void) {
+  em_tensor *k = NULL;
+  if (!em_scope_begin()) return NULL;
+  k = em_keep(em_exp(em_ones(F, EM_SHAPE(2))));
+  em_scope_end();
+  return k;
+}
+
+ETEST(fault_injection, every_allocation_of_an_op_can_fail) {
+  struct { const char *name; op_fn f; } ops[] = {
+      {"promote_broadcast", op_promote_broadcast}, {"matmul", op_matmul}, {"reshape_copy", op_reshape_copy},
+      {"cat", op_cat}, {"conv", op_conv}, {"reduce", op_reduce}, {"where", op_where},
+      {"randint", op_randint}, {"eye", op_eye}, {"scatter", op_scatter}, {"inplace", op_inplace},
+      {"keep", op_keep},
+  };
+  for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
+    int failures = 0;
+    for (int64_t n = 1; n < 200; n++) {
+      int64_t tensors = em_debug_live_tensors(), bytes = em_debug_live_bytes();
+      em_clear_error();
+      cr_assert(em_scope_begin());
+      int64_t start = em_debug_alloc_count();
+      em_debug_fail_alloc(n);
+      em_tensor *r = ops[k].f();
+      em_debug_fail_alloc(0);
+      bool reached = em_debug_alloc_count() - start >= n;
+      if (reached) {
+        failures++;
+        cr_assert_null(r, "%s: allocation %lld failed but the op returned a tensor", ops[k].name, (long long)n);
+        cr_assert_not_null(em_last_error(), "%s: allocation %lld failed silently", ops[k].name, (long long)n);
+        cr_assert(strstr(em_last_error(), "out of memory"), "%s: %s", ops[k].name, em_last_error());
+      } else {
+        cr_assert_not_null(r, "%s: %s", ops[k].name, em_last_error() ? em_last_error() : "");
+      }
+      em_scope_end();
+      em_clear_error();
+      cr_assert_eq(em_debug_live_tensors(), tensors, "%s: allocation %lld failing leaked %lld tensors", ops[k].name,
+                   (long long)n, (long long)(em_debug_live_tensors() - tensors));
+      cr_assert_eq(em_debug_live_bytes(), bytes, "%s: allocation %lld failing leaked bytes", ops[k].name, (long long)n);
+      if (!reached) break;
+    }
+    cr_assert_gt(failures, 2, "%s: exercised %d failure points", ops[k].name, failures);
+  }
+}

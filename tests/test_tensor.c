@@ -1,0 +1,251 @@
+/* tests/test_tensor.c: creation, metadata, views, lifetime (scopes, keep, retain/release), the
+ * random generator, printing and the pluggable allocator. */
+#include "common.h"
+
+#include <stdio.h>
+
+#define F EM_F32
+#define D EM_F64
+
+ETEST(create, factories) {
+  EXPECT(em_zeros(F, EM_SHAPE(2, 2)), F, SHAPE(2, 2), 0, 0, 0, 0, 0);
+  EXPECT(em_ones(EM_I32, EM_SHAPE(3)), EM_I32, SHAPE(3), 0, 1, 1, 1);
+  EXPECT(em_full(D, EM_SHAPE(1, 2), -2.5), D, SHAPE(1, 2), 0, -2.5, -2.5);
+  EXPECT(em_full(EM_BOOL, EM_SHAPE(2), 3), EM_BOOL, SHAPE(2), 0, 1, 1);
+  EXPECT(em_scalar(EM_I64, 7), EM_I64, SCALAR_SHAPE, 0, 7);
+  EXPECT(em_arange(F, 0, 5, 1), F, SHAPE(5), 0, 0, 1, 2, 3, 4);
+  EXPECT(em_arange(D, 1, 0, -0.25), D, SHAPE(4), 0, 1, 0.75, 0.5, 0.25);
+  EXPECT(em_arange(EM_I64, 0, 10, 3), EM_I64, SHAPE(4), 0, 0, 3, 6, 9);
+  EXPECT(em_eye(F, 2, 3), F, SHAPE(2, 3), 0, 1, 0, 0, 0, 1, 0);
+  float data[6] = {1, 2, 3, 4, 5, 6};
+  em_tensor *t = em_from_data(data, F, EM_SHAPE(3, 2));
+  data[0] = 100; /* copied, not borrowed */
+  EXPECT(t, F, SHAPE(3, 2), 0, 1, 2, 3, 4, 5, 6);
+  em_tensor *e = em_empty(EM_U8, EM_SHAPE(0, 4));
+  cr_assert_eq(em_numel(e), 0);
+  cr_assert_eq(em_ndim(e), 2);
+}
+
+ETEST(create, metadata) {
+  em_tensor *t = em_zeros(D, EM_SHAPE(2, 3, 4));
+  cr_assert_eq(em_ndim(t), 3);
+  cr_assert_eq(em_size(t, -1), 4);
+  cr_assert_eq(em_size(t, 3), -1);
+  cr_assert_eq(em_strides(t)[0], 12);
+  cr_assert_eq(em_strides(t)[1], 4);
+  cr_assert_eq(em_numel(t), 24);
+  cr_assert_eq(em_dtype_of(t), D);
+  cr_assert_eq(em_device_of(t), EM_CPU);
+  cr_assert(em_is_contiguous(t));
+  cr_assert_eq(((uintptr_t)em_data_ptr(t)) % 64, 0, "data is 64-byte aligned");
+  cr_assert_str_eq(em_dtype_name(EM_BF16), "bf16");
+  cr_assert_eq(em_dtype_size(EM_I64), 8);
+  cr_assert_eq(em_dtype_size((em_dtype)99), 0);
+}
+
+ETEST(create, bad_sizes) {
+  EXPECT_ERROR(em_zeros(F, EM_SHAPE(2, -1)), "size -1 of dim 1 is negative");
+  EXPECT_ERROR(em_empty(F, EM_SHAPE(-3)), "negative");
+  EXPECT_ERROR(em_ones(F, 9, (int64_t[9]){1, 1, 1, 1, 1, 1, 1, 1, 1}), "0 to 8");
+  EXPECT_ERROR(em_arange(F, 0, 1, 0), "nonzero step");
+  EXPECT_ERROR(em_arange(F, 0, 1, -1), "sign of step");
+  EXPECT_ERROR(em_eye(F, -1, 2), "sizes must be >= 0");
+  EXPECT_ERROR(em_from_data(NULL, F, EM_SHAPE(2)), "data is NULL");
+  EXPECT_ERROR(em_rand(EM_I32, EM_SHAPE(2)), "f32 or f64");
+  EXPECT_ERROR(em_randint(5, 5, EM_SHAPE(2)), "low < high");
+  EXPECT_ERROR(em_empty(F, EM_SHAPE(1LL << 40, 1LL << 40)), "too large");
+  EXPECT_ERROR(em_empty(F, EM_SHAPE(1LL << 45)), "out of memory allocating f32[35184372088832]");
+}
+
+ETEST(rng, reproducible_and_in_range) {
+  em_manual_seed(123);
+  em_tensor *a = em_rand(F, EM_SHAPE(1000));
+  uint64_t seed, off;
+  em_rng_get_state(&seed, &off);
+  cr_assert_eq(seed, 123);
+  cr_assert_eq(off, 250, "1000 f32 values use 250 Philox calls");
+  em_tensor *b = em_rand(F, EM_SHAPE(1000));
+  em_manual_seed(123);
+  em_tensor *a2 = em_rand(F, EM_SHAPE(1000));
+  EXPECT(em_sum(em_ne(a, a2), 0, NULL, false), EM_I64, SCALAR_SHAPE, 0, 0);
+  cr_assert_gt(em_item(em_sum(em_ne(a, b), 0, NULL, false)), 990);
+  cr_assert_geq(em_item(em_amin(a, 0, NULL, false)), 0);
+  cr_assert_lt(em_item(em_amax(a, 0, NULL, false)), 1);
+  em_rng_set_state(123, 250);
+  em_tensor *b2 = em_rand(F, EM_SHAPE(1000));
+  EXPECT(em_sum(em_ne(b, b2), 0, NULL, false), EM_I64, SCALAR_SHAPE, 0, 0);
+}
+
+ETEST(rng, distributions) {
+  em_manual_seed(7);
+  int64_t n = 200000;
+  em_tensor *u = em_rand(D, EM_SHAPE(n));
+  double mean = em_item(em_sum(u, 0, NULL, false)) / (double)n;
+  cr_assert(fabs(mean - 0.5) < 0.005, "uniform mean %g", mean);
+  em_tensor *z = em_randn(F, EM_SHAPE(n));
+  double zm = em_item(em_sum(z, 0, NULL, false)) / (double)n;
+  double zv = em_item(em_sum(em_mul(z, z), 0, NULL, false)) / (double)n;
+  cr_assert(fabs(zm) < 0.01, "normal mean %g", zm);
+  cr_assert(fabs(zv - 1) < 0.02, "normal variance %g", zv);
+  em_tensor *k = em_randint(-3, 4, EM_SHAPE(n));
+  cr_assert_eq(em_dtype_of(k), EM_I64);
+  cr_assert_eq(em_item(em_amin(k, 0, NULL, false)), -3);
+  cr_assert_eq(em_item(em_amax(k, 0, NULL, false)), 3);
+  double km = em_item(em_sum(k, 0, NULL, false)) / (double)n;
+  cr_assert(fabs(km) < 0.03, "randint mean %g", km);
+}
+
+ETEST(views, share_storage) {
+  em_tensor *x = em_arange(F, 0, 12, 1);
+  em_tensor *m = em_reshape(x, EM_SHAPE(3, -1));
+  cr_assert_eq(em_size(m, 1), 4);
+  cr_assert(em_shares_storage(x, m), "reshape of a contiguous tensor is a view");
+  em_tensor *t = em_transpose(m, 0, 1);
+  cr_assert(em_shares_storage(x, t));
+  em_tensor *flat = em_reshape(t, EM_SHAPE(12));
+  cr_assert(!em_shares_storage(x, flat), "reshape of a transpose copies");
+  EXPECT(flat, F, SHAPE(12), 0, 0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11);
+  em_tensor *s = em_slice(m, 1, 1, 3, 1);
+  cr_assert_eq(em_storage_offset(s), 1);
+  em_fill_(s, -1);
+  EXPECT(x, F, SHAPE(12), 0, 0, -1, -1, 3, 4, -1, -1, 7, 8, -1, -1, 11);
+}
+
+ETEST(lifetime, scopes_release_and_keep) {
+  int64_t before = em_debug_live_tensors();
+  em_tensor *kept;
+  em_scope_begin();
+  em_tensor *a = em_ones(F, EM_SHAPE(4));
+  em_tensor *b = em_add(a, a);
+  kept = em_keep(b);
+  cr_assert_eq(kept, b);
+  em_scope_end();
+  cr_assert_eq(em_debug_live_tensors(), before + 1, "only the kept tensor survives");
+  EXPECT(kept, F, SHAPE(4), 0, 2, 2, 2, 2);
+}
+
+ETEST(lifetime, retain_release) {
+  em_tensor *r;
+  em_scope_begin();
+  r = em_retain(em_zeros(F, EM_SHAPE(8)));
+  em_scope_end();
+  cr_assert_eq(em_numel(r), 8);
+  em_tensor *v;
+  em_scope_begin();
+  v = em_retain(em_slice(r, 0, 2, 4, 1));
+  em_scope_end();
+  em_release(r); /* the view keeps the storage alive */
+  cr_assert_eq(em_debug_live_bytes(), 32);
+  cr_assert_eq(em_numel(v), 2);
+  em_release(v);
+  cr_assert_eq(em_debug_live_bytes(), 0);
+  em_release(NULL);
+  cr_assert_null(em_retain(NULL));
+}
+
+ETEST(lifetime, scope_end_without_begin) {
+  em_scope_end(); /* closes the test's own scope */
+  em_clear_error();
+  em_scope_end();
+  cr_assert_not_null(em_last_error());
+  cr_assert(strstr(em_last_error(), "no scope is open"));
+  cr_assert(strstr(em_last_error(), "test_tensor.c:"), "error names the caller: %s", em_last_error());
+  em_clear_error();
+  em_scope_begin();
+}
+
+ETEST(lifetime, peak_bytes) {
+  em_debug_reset_peak();
+  int64_t base = em_debug_peak_bytes();
+  em_scope_begin();
+  em_zeros(F, EM_SHAPE(1000));
+  em_scope_end();
+  cr_assert_eq(em_debug_peak_bytes(), base + 4000);
+}
+
+ETEST(values, item_and_buffers) {
+  cr_assert_eq(em_item(T(EM_I32, SHAPE(1, 1), -4)), -4);
+  cr_assert_eq(em_item(em_scalar(EM_BOOL, 1)), 1);
+  em_clear_error();
+  cr_assert(isnan(em_item(T(F, SHAPE(2), 1, 2))));
+  cr_assert(strstr(em_last_error(), "em_item: needs a tensor with one element, got f32[2]"));
+  em_clear_error();
+  int32_t out[4];
+  em_tensor *t = em_transpose(T(D, SHAPE(2, 2), 1.5, 2.5, 3.5, 4.5), 0, 1);
+  cr_assert(em_to_buffer(t, EM_I32, out, sizeof out));
+  cr_assert(out[0] == 1 && out[1] == 3 && out[2] == 2 && out[3] == 4);
+  cr_assert(!em_to_buffer(t, EM_I32, out, 8));
+  cr_assert(strstr(em_last_error(), "needs 16 bytes"));
+  em_clear_error();
+}
+
+static void expect_format(em_tensor *t, const char *want) {
+  char *s = em_format(t);
+  cr_assert_not_null(s);
+  cr_assert_str_eq(s, want);
+  free(s);
+}
+
+ETEST(print, like_pytorch) {
+  expect_format(T(F, SHAPE(2, 2), 1, 2, 3, 4), "tensor([[1., 2.],\n        [3., 4.]])");
+  expect_format(T(F, SHAPE(3), 0.5, -1.25, 2), "tensor([ 0.5000, -1.2500,  2.0000])");
+  expect_format(T(D, SHAPE(2), 1e-5, 1), "tensor([1.0000e-05, 1.0000e+00], dtype=f64)");
+  expect_format(T(EM_I64, SHAPE(3), 1, -20, 300), "tensor([  1, -20, 300])");
+  expect_format(T(EM_I32, SHAPE(1), 5), "tensor([5], dtype=i32)");
+  expect_format(T(EM_BOOL, SHAPE(2), 1, 0), "tensor([ True, False])");
+  expect_format(em_scalar(F, 3.5), "tensor(3.5000)");
+  expect_format(em_zeros(F, EM_SHAPE(0, 3)), "tensor([], size=(0, 3))");
+  expect_format(T(F, SHAPE(2), NAN, INFINITY), "tensor([nan, inf])");
+  expect_format(em_reshape(em_arange(F, 0, 8, 1), EM_SHAPE(2, 2, 2)),
+                "tensor([[[0., 1.],\n         [2., 3.]],\n\n        [[4., 5.],\n         [6., 7.]]])");
+  expect_format(em_arange(EM_I64, 0, 2000, 1), "tensor([   0,    1,    2,  ..., 1997, 1998, 1999])");
+}
+
+ETEST(print, summarises_rows) {
+  char *s = em_format(em_zeros(F, EM_SHAPE(100, 100)));
+  cr_assert(strstr(s, "...,\n"), "rows summarised: %s", s);
+  cr_assert_lt(strlen(s), 400u);
+  free(s);
+}
+
+/* A counting allocator, to show every allocation goes through the pluggable one. */
+static int64_t counted_allocs, counted_frees;
+static void *counting_alloc(void *ctx, size_t bytes, size_t align) {
+  (void)ctx;
+  counted_allocs++;
+  size_t n = (bytes + align - 1) / align * align;
+  return aligned_alloc(align < 16 ? 16 : align, n ? n : align);
+}
+static void counting_free(void *ctx, void *p) {
+  (void)ctx;
+  counted_frees++;
+  free(p);
+}
+
+Test(alloc, pluggable_allocator) {
+  em_thread_cleanup();
+  em_allocator a = {counting_alloc, counting_free, NULL};
+  em_set_allocator(&a);
+  em_scope_begin();
+  em_tensor *x = em_ones(F, EM_SHAPE(16));
+  em_tensor *y = em_add(x, x);
+  cr_assert_eq(em_item(em_sum(y, 0, NULL, false)), 32);
+  em_scope_end();
+  em_thread_cleanup();
+  em_set_allocator(NULL);
+  cr_assert_gt(counted_allocs, 4);
+  cr_assert_eq(counted_allocs, counted_frees, "%lld allocations, %lld frees", (long long)counted_allocs,
+               (long long)counted_frees);
+  cr_assert_eq(em_debug_live_tensors(), 0);
+}
+
+ETEST(threads, set_and_get) {
+  em_set_num_threads(1);
+  cr_assert_eq(em_get_num_threads(), 1);
+  em_tensor *x = em_arange(D, 0, 1 << 17, 1);
+  double s1 = em_item(em_sum(x, 0, NULL, false));
+  em_set_num_threads(0);
+  cr_assert_geq(em_get_num_threads(), 1);
+  double s2 = em_item(em_sum(x, 0, NULL, false));
+  cr_assert_eq(s1, s2);
+}
