@@ -263,6 +263,10 @@ WHERE_LOOP(where_8, uint64_t)
 
 /* ---- convert ---- */
 #define CONV_LOOP(NAME, TO, TI, EXPR) LOOP1(NAME, TO, TI, EXPR)
+/* Float to integer: C leaves NaN and out-of-range values undefined. Defined here as prim_store
+ * defines them (INT64_MIN, what x86's cvttsd2si gives, then the low bits for narrower types), so
+ * every path that converts agrees. */
+static inline int64_t f2i(double v) { return v >= -0x1p63 && v < 0x1p63 ? (int64_t)v : INT64_MIN; }
 #define CONV_FROM(FN, TI)                                      \
   CONV_LOOP(FN##_to_f32, float, TI, x)                         \
   CONV_LOOP(FN##_to_f64, double, TI, x)                        \
@@ -270,8 +274,15 @@ WHERE_LOOP(where_8, uint64_t)
   CONV_LOOP(FN##_to_i64, int64_t, TI, x)                       \
   CONV_LOOP(FN##_to_u8, uint8_t, TI, x)                        \
   CONV_LOOP(FN##_to_bool, bool8, TI, x != 0)
-CONV_FROM(f32, float)
-CONV_FROM(f64, double)
+#define CONV_FROM_FLOAT(FN, TI)                                \
+  CONV_LOOP(FN##_to_f32, float, TI, x)                         \
+  CONV_LOOP(FN##_to_f64, double, TI, x)                        \
+  CONV_LOOP(FN##_to_i32, int32_t, TI, (uint32_t)(uint64_t)f2i(x)) \
+  CONV_LOOP(FN##_to_i64, int64_t, TI, f2i(x))                  \
+  CONV_LOOP(FN##_to_u8, uint8_t, TI, (uint8_t)(uint64_t)f2i(x)) \
+  CONV_LOOP(FN##_to_bool, bool8, TI, x != 0)
+CONV_FROM_FLOAT(f32, float)
+CONV_FROM_FLOAT(f64, double)
 CONV_FROM(i32, int32_t)
 CONV_FROM(i64, int64_t)
 CONV_FROM(u8, uint8_t)

@@ -427,8 +427,8 @@ bool prim_meta_fn(em_prim op, const prim_attrs *at, const prim_meta *in, int n_i
   case EM_PRIM_PHILOX_UNIFORM:
   case EM_PRIM_PHILOX_NORMAL:
     if (!ir_dtype_valid(at->dtype)) return fail(err, cap, "invalid dtype %d", (int)at->dtype);
-    if ((pi->flags & P_RANDOM) && !ir_is_float(at->dtype))
-      return fail(err, cap, "needs a floating dtype, got %s", em_dtype_name(at->dtype));
+    if ((pi->flags & P_RANDOM) && at->dtype != EM_F32 && at->dtype != EM_F64)
+      return fail(err, cap, "needs dtype f32 or f64, got %s", em_dtype_name(at->dtype));
     for (int i = 0; i < at->shape.ndim; i++)
       if (at->shape.sizes[i] < 0) return fail(err, cap, "size %lld is negative", (long long)at->shape.sizes[i]);
     set_shape(out, at->dtype, at->shape.ndim, at->shape.sizes);

@@ -193,6 +193,9 @@ ETEST(cast, conversions) {
   EXPECT(em_cast(T(D, SHAPE(3), 0.5, 0, -2), EM_BOOL), EM_BOOL, SHAPE(3), 0, 1, 0, 1);
   EXPECT(em_cast(T(EM_BOOL, SHAPE(2), 1, 0), F), F, SHAPE(2), 0, 1, 0);
   EXPECT(em_cast(T(EM_I64, SHAPE(1), 255), EM_U8), EM_U8, SHAPE(1), 0, 255);
+  /* out of range and NaN are defined: the low bits of the i64 value (INT64_MIN for NaN) */
+  EXPECT(em_cast(T(D, SHAPE(3), 3e9, NAN, -1), EM_I32), EM_I32, SHAPE(3), 0, -1294967296, 0, -1);
+  EXPECT(em_cast(T(D, SHAPE(2), 300, -1), EM_U8), EM_U8, SHAPE(2), 0, 44, 255);
   em_tensor *h = em_cast(T(F, SHAPE(4), 1, 0.1, 65504, -2.5), EM_F16);
   cr_assert_eq(em_dtype_of(h), EM_F16);
   EXPECT(em_cast(h, F), F, SHAPE(4), 0, 1, 0.0999755859375, 65504, -2.5);
