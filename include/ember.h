@@ -535,6 +535,291 @@ em_tensor *em_fill__at(em_tensor *dst, double value, em_site site);
 em_tensor *em_copy__at(em_tensor *dst, em_tensor *src, em_site site);
 
 /* ------------------------------------------------------------------------------------------ */
+/* Autograd (tape-less, as in PyTorch). Each result of a differentiable op whose inputs require
+ * grad holds a node (grad_fn) with what its vector-Jacobian product needs: the inputs it saves,
+ * with their version at save time. Gradients flow only through floating tensors. Grad mode is
+ * per thread and on by default.                                                               */
+
+/* Sets whether x (a leaf: made by a factory or em_detach, not by a differentiable op) requires
+ * grad. Returns x (borrowed), or NULL with an error if x is not a leaf or not f32/f64. Matches
+ * Tensor.requires_grad_. */
+#define em_requires_grad_(x, flag) em_requires_grad__at((x), (flag), EM_HERE)
+em_tensor *em_requires_grad__at(em_tensor *x, bool flag, em_site site);
+/* Whether x requires grad (a leaf so marked, or a result of a differentiable op on one). */
+bool em_requires_grad(const em_tensor *x);
+/* Whether x is a leaf (has no grad_fn). */
+bool em_is_leaf(const em_tensor *x);
+/* The accumulated gradient of leaf x (same shape and dtype), or NULL if none yet. Borrowed:
+ * owned by x, valid until x is freed or its grad is reset. Matches Tensor.grad. */
+em_tensor *em_get_grad(const em_tensor *x);
+/* Drops x's accumulated gradient (the next backward starts from nothing), as
+ * Tensor.grad = None. */
+void em_zero_grad(em_tensor *x);
+/* A new tensor sharing x's storage, not requiring grad and with no grad_fn. Matches
+ * Tensor.detach. */
+#define em_detach(x) em_detach_at((x), EM_HERE)
+em_tensor *em_detach_at(em_tensor *x, em_site site);
+/* The name of the op that made x's grad_fn ("em_mul", ...), or NULL for a leaf. */
+const char *em_grad_fn_name(const em_tensor *x);
+
+/* Grad mode of the calling thread. em_set_grad_enabled returns the previous mode.
+ * em_no_grad_begin / em_no_grad_end bracket a region with grad mode off (nestable), as
+ * torch.no_grad(). */
+bool em_set_grad_enabled(bool enabled);
+bool em_is_grad_enabled(void);
+void em_no_grad_begin(void);
+void em_no_grad_end(void);
+
+/* Backpropagates from out: accumulates d(out)/d(leaf) . grad into the .grad of every leaf that
+ * requires grad and that out depends on. grad has out's shape (NULL: out must have one
+ * element; the seed is 1). retain_graph keeps saved tensors for another backward; create_graph
+ * records the backward itself so it can be differentiated again (implies retain_graph).
+ * Returns false with an error on: out not requiring grad, a grad of the wrong shape, a saved
+ * tensor modified in place since it was saved (naming both ops and their source lines), or a
+ * second backward through a freed graph. Matches torch.autograd.backward. */
+#define em_backward(out, grad) em_backward_at((out), (grad), false, false, EM_HERE)
+#define em_backward_ex(out, grad, retain_graph, create_graph) \
+  em_backward_at((out), (grad), (retain_graph), (create_graph), EM_HERE)
+bool em_backward_at(em_tensor *out, em_tensor *grad, bool retain_graph, bool create_graph, em_site site);
+
+/* Gradients of the sum of outputs[i] . grad_outputs[i] with respect to inputs[i] (leaves or
+ * intermediate results), without touching any .grad. grad_outputs may be NULL (every output then
+ * has one element and seed 1). grads[i] receives a tensor owned by the current scope, zeros when
+ * outputs do not depend on inputs[i]. Returns false with an error as em_backward.
+ * Matches torch.autograd.grad(..., allow_unused=True, materialize_grads=True). */
+#define em_grad(n_out, outs, grad_outs, n_in, ins, grads, retain_graph, create_graph) \
+  em_grad_at((n_out), (outs), (grad_outs), (n_in), (ins), (grads), (retain_graph), (create_graph), EM_HERE)
+bool em_grad_at(int n_outputs, em_tensor *const *outputs, em_tensor *const *grad_outputs, int n_inputs,
+                em_tensor *const *inputs, em_tensor **grads, bool retain_graph, bool create_graph, em_site site);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Composite ops: decompositions into prims through the op API (so they run eagerly, trace and
+ * differentiate like any other op). Shapes, dtypes and formulas as the PyTorch op named. Float
+ * inputs (f32, f64) unless stated. Results owned by the current scope; errors as usual.       */
+
+/* max(x, 0), and x where x > 0 else slope * x. torch.relu, F.leaky_relu. */
+#define em_relu(x) em_relu_at((x), EM_HERE)
+em_tensor *em_relu_at(em_tensor *x, em_site site);
+#define em_leaky_relu(x, slope) em_leaky_relu_at((x), (slope), EM_HERE)
+em_tensor *em_leaky_relu_at(em_tensor *x, double slope, em_site site);
+/* GELU (Hendrycks & Gimpel 2016): exact x/2 (1 + erf(x/sqrt 2)), or with tanh_approx
+ * x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). F.gelu(approximate='none'|'tanh'). */
+#define em_gelu(x, tanh_approx) em_gelu_at((x), (tanh_approx), EM_HERE)
+em_tensor *em_gelu_at(em_tensor *x, bool tanh_approx, em_site site);
+/* x * sigmoid(x) (F.silu); 1 / (1 + exp(-x)) (torch.sigmoid, computed stably for large |x|);
+ * log(1 + exp(beta x)) / beta, linear above threshold (F.softplus). */
+#define em_silu(x) em_silu_at((x), EM_HERE)
+em_tensor *em_silu_at(em_tensor *x, em_site site);
+#define em_sigmoid(x) em_sigmoid_at((x), EM_HERE)
+em_tensor *em_sigmoid_at(em_tensor *x, em_site site);
+#define em_softplus(x, beta, threshold) em_softplus_at((x), (beta), (threshold), EM_HERE)
+em_tensor *em_softplus_at(em_tensor *x, double beta, double threshold, em_site site);
+/* Along axis, max-subtracted for stability: exp(x - max) / sum, x - logsumexp(x), and
+ * log(sum(exp(x))) (keepdim as stated). F.softmax, F.log_softmax, torch.logsumexp. */
+#define em_softmax(x, axis) em_softmax_at((x), (axis), EM_HERE)
+em_tensor *em_softmax_at(em_tensor *x, int axis, em_site site);
+#define em_log_softmax(x, axis) em_log_softmax_at((x), (axis), EM_HERE)
+em_tensor *em_log_softmax_at(em_tensor *x, int axis, em_site site);
+#define em_logsumexp(...) em_logsumexp_at(__VA_ARGS__, EM_HERE)
+em_tensor *em_logsumexp_at(em_tensor *x, int n_axes, const int64_t *axes, bool keepdim, em_site site);
+/* Mean, and variance / standard deviation with Bessel's correction `correction` (1: unbiased),
+ * over axes (n_axes = 0: all). Integer inputs give f32. torch.mean, torch.var, torch.std. */
+#define em_mean(...) em_mean_at(__VA_ARGS__, EM_HERE)
+em_tensor *em_mean_at(em_tensor *x, int n_axes, const int64_t *axes, bool keepdim, em_site site);
+#define em_var(...) em_var_at(__VA_ARGS__, EM_HERE)
+em_tensor *em_var_at(em_tensor *x, int n_axes, const int64_t *axes, int64_t correction, bool keepdim, em_site site);
+#define em_std(...) em_std_at(__VA_ARGS__, EM_HERE)
+em_tensor *em_std_at(em_tensor *x, int n_axes, const int64_t *axes, int64_t correction, bool keepdim, em_site site);
+/* Normalisation over the last n_norm dims of x [..., *norm_shape] (Ba et al. 2016):
+ * (x - mean) / sqrt(var + eps) * weight + bias; weight and bias [*norm_shape] or EM_NONE.
+ * F.layer_norm (biased variance). */
+#define em_layer_norm(x, n_norm, w, b, eps) em_layer_norm_at((x), (n_norm), (w), (b), (eps), EM_HERE)
+em_tensor *em_layer_norm_at(em_tensor *x, int n_norm, em_tensor *weight, em_tensor *bias, double eps, em_site site);
+/* x / sqrt(mean(x^2 over the last n_norm dims) + eps) * weight (Zhang & Sennrich 2019);
+ * weight or EM_NONE. F.rms_norm. */
+#define em_rms_norm(x, n_norm, w, eps) em_rms_norm_at((x), (n_norm), (w), (eps), EM_HERE)
+em_tensor *em_rms_norm_at(em_tensor *x, int n_norm, em_tensor *weight, double eps, em_site site);
+/* Batch normalisation (Ioffe & Szegedy 2015) of x [N, C, ...] over every dim but 1. training:
+ * batch statistics (biased variance), and running_mean / running_var [C] (or EM_NONE) are
+ * updated in place, without grad, as (1 - momentum) r + momentum stat (unbiased variance);
+ * eval: the running statistics. weight, bias [C] or EM_NONE. F.batch_norm. */
+#define em_batch_norm(x, rm, rv, w, b, training, momentum, eps) \
+  em_batch_norm_at((x), (rm), (rv), (w), (b), (training), (momentum), (eps), EM_HERE)
+em_tensor *em_batch_norm_at(em_tensor *x, em_tensor *running_mean, em_tensor *running_var, em_tensor *weight,
+                            em_tensor *bias, bool training, double momentum, double eps, em_site site);
+/* x [..., in] @ weight [out, in]^T + bias [out] (or EM_NONE) -> [..., out]. F.linear. */
+#define em_linear(x, w, b) em_linear_at((x), (w), (b), EM_HERE)
+em_tensor *em_linear_at(em_tensor *x, em_tensor *weight, em_tensor *bias, em_site site);
+/* Zeroes each element with probability p (Philox mask) and scales the rest by 1 / (1 - p)
+ * when training; x itself otherwise. F.dropout. Errors: p outside [0, 1]. */
+#define em_dropout(x, p, training) em_dropout_at((x), (p), (training), EM_HERE)
+em_tensor *em_dropout_at(em_tensor *x, double p, bool training, em_site site);
+
+/* Loss reductions, as PyTorch's reduction='none' | 'mean' | 'sum'. */
+typedef enum em_reduction { EM_REDUCE_NONE, EM_REDUCE_MEAN, EM_REDUCE_SUM } em_reduction;
+/* Options of em_cross_entropy; EM_CROSS_ENTROPY_DEFAULT is PyTorch's default. */
+typedef struct em_cross_entropy_opts {
+  int64_t ignore_index;    /* class-index targets equal to it contribute nothing (-100) */
+  double label_smoothing;  /* in [0, 1] (0) */
+  em_reduction reduction;  /* (EM_REDUCE_MEAN: over non-ignored targets) */
+} em_cross_entropy_opts;
+#define EM_CROSS_ENTROPY_DEFAULT ((em_cross_entropy_opts){-100, 0.0, EM_REDUCE_MEAN})
+/* Cross entropy of logits [N, C] (or [N, C, d...]) against class indices [N] (i64/i32;
+ * [N, d...]) or class probabilities with the logits' shape and dtype. F.cross_entropy. */
+#define em_cross_entropy(logits, target, opts) em_cross_entropy_at((logits), (target), (opts), EM_HERE)
+em_tensor *em_cross_entropy_at(em_tensor *logits, em_tensor *target, em_cross_entropy_opts opts, em_site site);
+/* Negative log likelihood of log-probabilities [N, C] at class indices [N]. F.nll_loss. */
+#define em_nll_loss(logp, target, ignore_index, reduction) em_nll_loss_at((logp), (target), (ignore_index), (reduction), EM_HERE)
+em_tensor *em_nll_loss_at(em_tensor *logp, em_tensor *target, int64_t ignore_index, em_reduction reduction, em_site site);
+/* (x - y)^2 with x, y broadcast, reduced. F.mse_loss. */
+#define em_mse_loss(x, y, reduction) em_mse_loss_at((x), (y), (reduction), EM_HERE)
+em_tensor *em_mse_loss_at(em_tensor *x, em_tensor *y, em_reduction reduction, em_site site);
+/* Rows of weight [V, D] at indices [...] (i64/i32) -> [..., D]. F.embedding. */
+#define em_embedding(idx, w) em_embedding_at((idx), (w), EM_HERE)
+em_tensor *em_embedding_at(em_tensor *indices, em_tensor *weight, em_site site);
+/* 2-D max and average pooling of x [N, C, H, W] over kernel windows, stride (0: the kernel
+ * size), zero padding (average pooling counts padding, as count_include_pad=True).
+ * F.max_pool2d, F.avg_pool2d. */
+#define em_max_pool2d(x, kh, kw, sh, sw, ph, pw) em_max_pool2d_at((x), (kh), (kw), (sh), (sw), (ph), (pw), EM_HERE)
+em_tensor *em_max_pool2d_at(em_tensor *x, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
+                            em_site site);
+#define em_avg_pool2d(x, kh, kw, sh, sw, ph, pw) em_avg_pool2d_at((x), (kh), (kw), (sh), (sw), (ph), (pw), EM_HERE)
+em_tensor *em_avg_pool2d_at(em_tensor *x, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
+                            em_site site);
+/* softmax(q k^T * scale + mask) v (Vaswani et al. 2017) with q [..., L, E], k [..., S, E],
+ * v [..., S, Ev] -> [..., L, Ev]; scale 1/sqrt(E) when scale <= 0; causal masks j > i; dropout
+ * on the attention weights when dropout_p > 0. F.scaled_dot_product_attention. */
+#define em_scaled_dot_product_attention(q, k, v, causal, dropout_p, scale) \
+  em_scaled_dot_product_attention_at((q), (k), (v), (causal), (dropout_p), (scale), EM_HERE)
+em_tensor *em_scaled_dot_product_attention_at(em_tensor *q, em_tensor *k, em_tensor *v, bool causal, double dropout_p,
+                                              double scale, em_site site);
+/* min(max(x, lo), hi); use -INFINITY / INFINITY for no bound. torch.clamp. */
+#define em_clamp(x, lo, hi) em_clamp_at((x), (lo), (hi), EM_HERE)
+em_tensor *em_clamp_at(em_tensor *x, double lo, double hi, em_site site);
+/* indices [...] (i64/i32, in [0, n)) -> i64 [..., n] with a 1 at each index. F.one_hot. */
+#define em_one_hot(idx, n) em_one_hot_at((idx), (n), EM_HERE)
+em_tensor *em_one_hot_at(em_tensor *indices, int64_t n_classes, em_site site);
+/* x with value where mask (bool, broadcast to x) is true. Tensor.masked_fill. */
+#define em_masked_fill(x, mask, value) em_masked_fill_at((x), (mask), (value), EM_HERE)
+em_tensor *em_masked_fill_at(em_tensor *x, em_tensor *mask, double value, em_site site);
+
+/* ------------------------------------------------------------------------------------------ */
+/* nn: parameter initialisation and layers as torch.nn builds them by default                  */
+
+/* Fill t in place, without grad, from U(lo, hi) / kaiming-uniform U(-bound, bound) with
+ * bound = sqrt(6 / ((1 + a^2) fan_in)), fan_in = size(1) * prod(size(2:)) (He et al. 2015;
+ * torch.nn.init.uniform_, kaiming_uniform_(a, mode='fan_in', nonlinearity='leaky_relu')).
+ * Return t (borrowed); NULL with an error for a non-float t or (kaiming) fewer than 2 dims. */
+#define em_init_uniform_(t, lo, hi) em_init_uniform__at((t), (lo), (hi), EM_HERE)
+em_tensor *em_init_uniform__at(em_tensor *t, double lo, double hi, em_site site);
+#define em_init_kaiming_uniform_(t, a) em_init_kaiming_uniform__at((t), (a), EM_HERE)
+em_tensor *em_init_kaiming_uniform__at(em_tensor *t, double a, em_site site);
+
+/* nn.Linear(in, out): weight f32 [out, in] kaiming-uniform with a = sqrt(5), bias f32 [out]
+ * U(-1/sqrt(in), 1/sqrt(in)) (or EM_NONE without bias); both require grad and belong to the
+ * current scope. Apply with em_linear(x, l.weight, l.bias). Returns false with an error. */
+typedef struct em_linear_layer {
+  em_tensor *weight, *bias;
+} em_linear_layer;
+#define em_linear_layer_init(l, in, out, has_bias) em_linear_layer_init_at((l), (in), (out), (has_bias), EM_HERE)
+bool em_linear_layer_init_at(em_linear_layer *l, int64_t in, int64_t out, bool has_bias, em_site site);
+/* nn.Conv2d(in, out, (kh, kw), ...): weight f32 [out, in/groups, kh, kw] kaiming-uniform with
+ * a = sqrt(5), bias [out] U(-1/sqrt(fan_in), 1/sqrt(fan_in)) or EM_NONE. Apply with
+ * em_conv2d(x, l.weight, l.bias, l.params). */
+typedef struct em_conv2d_layer {
+  em_tensor *weight, *bias;
+  em_conv2d_params params;
+} em_conv2d_layer;
+#define em_conv2d_layer_init(l, in, out, kh, kw, p, has_bias) \
+  em_conv2d_layer_init_at((l), (in), (out), (kh), (kw), (p), (has_bias), EM_HERE)
+bool em_conv2d_layer_init_at(em_conv2d_layer *l, int64_t in, int64_t out, int64_t kh, int64_t kw,
+                             em_conv2d_params p, bool has_bias, em_site site);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Optimizers. An optimizer holds references to its parameters (leaves requiring grad) and its
+ * state; a step updates the parameters in place without grad, skipping parameters with no
+ * grad. Formulas are PyTorch's (torch.optim.SGD, torch.optim.AdamW with bias correction).    */
+
+typedef struct em_optimizer em_optimizer;
+typedef struct em_sgd_opts {
+  double lr, momentum, dampening, weight_decay;
+  bool nesterov;
+} em_sgd_opts;
+#define EM_SGD_DEFAULT(lr) ((em_sgd_opts){(lr), 0.0, 0.0, 0.0, false})
+typedef struct em_adamw_opts {
+  double lr, beta1, beta2, eps, weight_decay;
+  bool amsgrad;
+} em_adamw_opts;
+#define EM_ADAMW_DEFAULT(lr) ((em_adamw_opts){(lr), 0.9, 0.999, 1e-8, 1e-2, false})
+/* New optimizers over n parameters (borrowed for the call; retained by the optimizer). Return
+ * NULL with an error for a parameter that is not a float leaf requiring grad, or bad options
+ * (negative lr, nesterov without momentum or with dampening, betas outside [0, 1)). */
+#define em_sgd_new(n, params, opts) em_sgd_new_at((n), (params), (opts), EM_HERE)
+em_optimizer *em_sgd_new_at(int n, em_tensor *const *params, em_sgd_opts opts, em_site site);
+#define em_adamw_new(n, params, opts) em_adamw_new_at((n), (params), (opts), EM_HERE)
+em_optimizer *em_adamw_new_at(int n, em_tensor *const *params, em_adamw_opts opts, em_site site);
+/* One update of every parameter that has a grad. Returns false with an error. */
+#define em_optimizer_step(opt) em_optimizer_step_at((opt), EM_HERE)
+bool em_optimizer_step_at(em_optimizer *opt, em_site site);
+/* Drops every parameter's grad (set_to_none=True, PyTorch's default). */
+void em_optimizer_zero_grad(em_optimizer *opt);
+/* Learning rate, for schedules. */
+void em_optimizer_set_lr(em_optimizer *opt, double lr);
+double em_optimizer_get_lr(const em_optimizer *opt);
+/* Releases the optimizer, its state and its references. NULL-safe. */
+void em_optimizer_free(em_optimizer *opt);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Saving and loading tensors. The file format ("EMBR" v1, little-endian) is documented in
+ * runtime/serialize.c: a count, then per tensor its name, dtype, shape and row-major data.    */
+
+/* Writes n named tensors to path. Returns false with an error (naming path and errno). */
+#define em_save(path, n, tensors, names) em_save_at((path), (n), (tensors), (names), EM_HERE)
+bool em_save_at(const char *path, int n, em_tensor *const *tensors, const char *const *names, em_site site);
+/* Reads path and copies the tensor saved under names[i] into tensors[i] in place (without
+ * grad), which must have the saved shape and dtype. Returns false with an error naming the
+ * first mismatch or missing name. */
+#define em_load(path, n, tensors, names) em_load_at((path), (n), (tensors), (names), EM_HERE)
+bool em_load_at(const char *path, int n, em_tensor *const *tensors, const char *const *names, em_site site);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Data                                                                                        */
+
+/* An IDX file (LeCun's MNIST format; gzip-compressed or raw, told apart by content) as a tensor
+ * of the file's element type (u8, i32, f32, f64; i8 and i16 widen to i32) and shape. Owned by
+ * the current scope. Errors: unreadable file, bad magic, truncated data. */
+#define em_load_idx(path) em_load_idx_at((path), EM_HERE)
+em_tensor *em_load_idx_at(const char *path, em_site site);
+/* NumPy .npy files (format versions 1-3, C order, little-endian: f32 f64 i32 i64 u8 bool). */
+#define em_load_npy(path) em_load_npy_at((path), EM_HERE)
+em_tensor *em_load_npy_at(const char *path, em_site site);
+#define em_save_npy(path, t) em_save_npy_at((path), (t), EM_HERE)
+bool em_save_npy_at(const char *path, em_tensor *t, em_site site);
+
+/* Fashion-MNIST (Xiao et al. 2017) as Debian's dataset-fashion-mnist installs it
+ * (/usr/share/datasets/fashion-mnist, or dir when not NULL): images u8 [N, 28, 28], labels u8
+ * [N]; 60000 training and 10000 test examples. Tensors belong to the current scope. Errors name
+ * the missing file and the Debian package. */
+typedef struct em_fashion_mnist {
+  em_tensor *train_images, *train_labels, *test_images, *test_labels;
+} em_fashion_mnist;
+#define em_fashion_mnist_load(d, dir) em_fashion_mnist_load_at((d), (dir), EM_HERE)
+bool em_fashion_mnist_load_at(em_fashion_mnist *d, const char *dir, em_site site);
+
+/* Mini-batches of indices into a data set of n examples: each epoch visits every index once,
+ * in an order shuffled by a Philox stream keyed by (seed, epoch) when shuffle is set; the last
+ * short batch is kept unless drop_last. */
+typedef struct em_batch_iter em_batch_iter;
+em_batch_iter *em_batch_iter_new(int64_t n, int64_t batch_size, bool shuffle, uint64_t seed, bool drop_last);
+/* The next batch's indices, i64 [b], owned by the current scope; NULL at the end of the epoch
+ * (then the iterator moves to the next epoch, reshuffled). */
+#define em_batch_iter_next(it) em_batch_iter_next_at((it), EM_HERE)
+em_tensor *em_batch_iter_next_at(em_batch_iter *it, em_site site);
+/* Batches per epoch. */
+int64_t em_batch_iter_len(const em_batch_iter *it);
+void em_batch_iter_free(em_batch_iter *it);
+
+/* ------------------------------------------------------------------------------------------ */
 /* Reading values and printing                                                                 */
 
 /* The single value of a 1-element tensor, as a double. Errors (returns NaN): NULL input, numel

@@ -50,7 +50,7 @@ em_tensor *rt_dispatch(const char *name, em_prim op, em_tensor *const *in, int n
   }
   if (prim_get(op)->flags & P_VIEW) {
     out = rt_new_view(in[0], out_meta.ndim, out_meta.sizes, out_meta.strides, out_meta.offset, name, site);
-    goto done;
+    goto record;
   }
   out = rt_new(out_meta.dtype, out_meta.ndim, out_meta.sizes, name, site);
   if (!out) goto done;
@@ -70,6 +70,11 @@ em_tensor *rt_dispatch(const char *name, em_prim op, em_tensor *const *in, int n
     out = rt_error(site, name, "%s", err);
   }
   if (bufs != bufs_small) rt_free(bufs);
+record:
+  if (out && !rt_autograd_record(name, op, in, n_in, at, out, site)) {
+    em_release(out);
+    out = NULL;
+  }
 done:
   if (metas != metas_small) rt_free(metas);
   return out;
@@ -85,6 +90,7 @@ bool rt_dispatch_out(const char *name, em_prim op, em_tensor *const *in, int n_i
   prim_meta metas[4], m;
   char err[512], b0[128], b1[128];
   if (!check_operands(name, op, in, n_in, metas, site)) return false;
+  if (!rt_autograd_check_inplace(name, out, in, n_in, site)) return false;
   if (!prim_meta_fn(op, at, metas, n_in, &m, err, sizeof err)) return rt_error(site, name, "%s", err), false;
   if (m.dtype != out->dtype || m.ndim != out->ndim || memcmp(m.sizes, out->sizes, sizeof(int64_t) * (size_t)m.ndim))
     return rt_error(site, name, "result %s does not fit the destination %s",
@@ -92,6 +98,6 @@ bool rt_dispatch_out(const char *name, em_prim op, em_tensor *const *in, int n_i
   prim_buf bufs[4], ob = rt_buf(out);
   for (int i = 0; i < n_in; i++) bufs[i] = rt_buf(in[i]);
   if (!prim_run(op, at, &ob, bufs, n_in, err, sizeof err)) return rt_error(site, name, "%s", err), false;
-  rt_bump_version(out);
+  rt_bump_version(out, name, site);
   return true;
 }

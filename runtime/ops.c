@@ -469,16 +469,14 @@ static em_tensor *conv(em_prim op, const char *name, em_tensor *a, em_tensor *b,
       em_release(r);
       return NULL;
     }
+    /* Out of place, so autograd records the bias as an operand. */
     int64_t bs[4] = {1, r->sizes[1], 1, 1};
     em_tensor *v = rt_reshape(bias, 4, bs, name, site);
     em_tensor *e = rt_expand(v, 4, r->sizes, name, site);
     em_tensor *add[2] = {r, e};
-    bool ok = e && rt_dispatch_out(name, EM_PRIM_ADD, add, 2, NULL, r, site);
-    em_release(v), em_release(e);
-    if (!ok) {
-      em_release(r);
-      r = NULL;
-    }
+    em_tensor *sum = e ? rt_dispatch(name, EM_PRIM_ADD, add, 2, NULL, site) : NULL;
+    em_release(v), em_release(e), em_release(r);
+    r = sum;
   }
   return r;
 }

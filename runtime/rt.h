@@ -47,7 +47,11 @@ typedef struct rt_storage {
   size_t bytes;
   em_device device;
   char *data;
+  const char *writer;  /* the last in-place op and its site, for autograd's version error */
+  em_site writer_site;
 } rt_storage;
+
+typedef struct rt_node rt_node;
 
 struct em_tensor {
   int64_t refcount;             /* owners: scopes, views' bases do not count (views hold storage) */
@@ -58,6 +62,9 @@ struct em_tensor {
   int64_t strides[EM_MAX_DIMS]; /* elements between neighbours along each dim; 0 when expanded */
   int64_t offset;               /* storage offset of element 0, in elements */
   int64_t numel;
+  bool requires_grad;           /* a leaf marked so, or a result of a recorded op */
+  em_tensor *grad;              /* leaves: accumulated gradient (owned), or NULL */
+  rt_node *grad_fn;             /* results of recorded ops: the node (owned ref), else NULL */
 };
 
 /* A new contiguous tensor with uninitialised data, owned by the caller (refcount 1, in no
@@ -75,7 +82,11 @@ prim_meta rt_meta(const em_tensor *t);
 static inline char *rt_data(const em_tensor *t) {
   return t->storage->data + t->offset * (int64_t)ir_dtype(t->dtype)->size;
 }
-static inline void rt_bump_version(em_tensor *t) { __atomic_add_fetch(&t->storage->version, 1, __ATOMIC_RELAXED); }
+static inline void rt_bump_version(em_tensor *t, const char *op, em_site site) {
+  __atomic_add_fetch(&t->storage->version, 1, __ATOMIC_RELAXED);
+  t->storage->writer = op;
+  t->storage->writer_site = site;
+}
 
 /* ---- dispatch.c -------------------------------------------------------------------------- */
 
@@ -96,6 +107,45 @@ em_tensor *rt_cast(em_tensor *x, em_dtype dt, const char *name, em_site site);
 em_tensor *rt_expand(em_tensor *x, int ndim, const int64_t *sizes, const char *name, em_site site);
 em_tensor *rt_reshape(em_tensor *x, int ndim, const int64_t *sizes, const char *name, em_site site);
 em_tensor *rt_scalar(em_dtype dt, double v, const char *name, em_site site);
+
+/* ---- autograd.c: the engine; vjp.c: one vector-Jacobian rule per prim ---------------------- */
+
+/* A node of the backward graph: one recorded prim application. Nodes are reference counted:
+ * a result owns its grad_fn, and a node owns the nodes of its inputs (next) and the leaves it
+ * accumulates into, so the graph lives exactly as long as some result of it does. */
+struct rt_node {
+  int64_t refcount;
+  em_prim op;
+  prim_attrs attrs;
+  const char *name;       /* public op that recorded it, and where: errors in backward name it */
+  em_site site;
+  int n_in;
+  rt_node **next;         /* [n_in] grad_fn of input i (owned), or NULL */
+  em_tensor **leaf;       /* [n_in] input i when it is a leaf requiring grad (owned), or NULL */
+  em_tensor **saved;      /* [n_in] input i saved for the rule (owned), or NULL */
+  int64_t *saved_version; /* [n_in] its version when saved */
+  prim_meta *in_meta;     /* [n_in] dtype and shape of input i */
+  prim_meta out_meta;
+  bool released;          /* saved tensors freed by a backward without retain_graph */
+  /* engine scratch, valid during one backward */
+  uint64_t epoch;
+  int64_t deps;
+  em_tensor *acc;
+};
+
+bool rt_grad_enabled(void);
+/* Called by the dispatcher for every prim application: records a node on out when grad mode is
+ * on and some input requires grad. Returns false (error recorded) on allocation failure. */
+bool rt_autograd_record(const char *name, em_prim op, em_tensor *const *in, int n_in, const prim_attrs *at,
+                        em_tensor *out, em_site site);
+/* Checks an in-place write into out from in: refused in grad mode when any of them requires
+ * grad (history rewriting is not supported; use the out-of-place op). */
+bool rt_autograd_check_inplace(const char *name, em_tensor *out, em_tensor *const *in, int n_in, em_site site);
+void rt_node_release(rt_node *n);
+/* vjp.c: whether op's rule reads its saved inputs, and the rule itself: fills grads[i] (owned by
+ * the current scope) for every input i with an edge, from the gradient g of the output. */
+bool rt_vjp_saves_inputs(em_prim op);
+bool rt_vjp(rt_node *n, em_tensor *g, em_tensor **grads);
 
 /* ---- creation.c -------------------------------------------------------------------------- */
 

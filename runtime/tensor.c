@@ -9,7 +9,7 @@
 
 #include <string.h>
 
-#define STORAGE_HEADER 64 /* rt_storage padded so data stays 64-byte aligned */
+#define STORAGE_HEADER 128 /* rt_storage padded so data stays 64-byte aligned */
 _Static_assert(sizeof(rt_storage) <= STORAGE_HEADER, "storage header outgrew its padding");
 
 typedef struct scope {
@@ -38,6 +38,8 @@ em_tensor *em_retain(em_tensor *t) {
 void em_release(em_tensor *t) {
   if (!t) return;
   if (__atomic_sub_fetch(&t->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
+    em_release(t->grad);
+    rt_node_release(t->grad_fn);
     storage_release(t->storage);
     rt_count_tensor(-1);
     rt_free(t);

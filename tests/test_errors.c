@@ -135,6 +135,13 @@ static em_tensor *op_inplace(void) {
   em_tensor *x = em_ones(F, EM_SHAPE(4));
   return em_mul_(em_slice(x, 0, 1, 4, 1), em_slice(x, 0, 0, 3, 1));
 }
+static em_tensor *op_backward(void) {
+  em_tensor *x = em_requires_grad_(em_ones(F, EM_SHAPE(3, 2)), true);
+  em_tensor *w = em_requires_grad_(em_ones(F, EM_SHAPE(2)), true);
+  em_tensor *y = em_sum(em_exp(em_mul(x, w)), 0, NULL, false);
+  if (!em_backward(y, NULL)) return NULL;
+  return em_get_grad(w);
+}
 static em_tensor *op_keep(void) {
   em_tensor *k = NULL;
   if (!em_scope_begin()) return NULL;
@@ -148,7 +155,7 @@ ETEST(fault_injection, every_allocation_of_an_op_can_fail) {
       {"promote_broadcast", op_promote_broadcast}, {"matmul", op_matmul}, {"reshape_copy", op_reshape_copy},
       {"cat", op_cat}, {"conv", op_conv}, {"reduce", op_reduce}, {"where", op_where},
       {"randint", op_randint}, {"eye", op_eye}, {"scatter", op_scatter}, {"inplace", op_inplace},
-      {"keep", op_keep},
+      {"keep", op_keep}, {"backward", op_backward},
   };
   for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
     int failures = 0;

@@ -1,0 +1,284 @@
+/* runtime/vjp.c: one vector-Jacobian rule per prim.
+ *
+ * Each rule maps the gradient g of a prim's output to the gradients of its inputs, written with
+ * the public op API (so that under create_graph the engine records the backward itself, and so
+ * that a later issue can trace it into a graph). Every op is called with the forward op's site,
+ * so an error in backward names the user's line that recorded the node.
+ *
+ * Broadcasting never appears here: prims take operands of one shape, and the op layer
+ * broadcasts with EXPAND, whose rule (sum over the stretched dims) is the one place where a
+ * gradient is reduced back to a broadcast input's shape. Likewise type promotion is CONVERT,
+ * whose rule casts back. Rules read saved inputs only; outputs are recomputed (autograd.c says
+ * why). */
+#include "rt.h"
+
+#include <math.h>
+#include <string.h>
+
+bool rt_vjp_saves_inputs(em_prim op) {
+  switch (op) {
+  case EM_PRIM_ABS: case EM_PRIM_EXP: case EM_PRIM_LOG: case EM_PRIM_LOG1P: case EM_PRIM_EXPM1:
+  case EM_PRIM_SQRT: case EM_PRIM_RSQRT: case EM_PRIM_SIN: case EM_PRIM_COS: case EM_PRIM_TANH:
+  case EM_PRIM_ERF: case EM_PRIM_RECIPROCAL: case EM_PRIM_MUL: case EM_PRIM_DIV: case EM_PRIM_POW:
+  case EM_PRIM_MAXIMUM: case EM_PRIM_MINIMUM: case EM_PRIM_REMAINDER: case EM_PRIM_WHERE:
+  case EM_PRIM_PROD: case EM_PRIM_AMAX: case EM_PRIM_AMIN: case EM_PRIM_GATHER: case EM_PRIM_INDEX_SELECT:
+  case EM_PRIM_SCATTER_ADD: case EM_PRIM_MATMUL: case EM_PRIM_CONV2D: case EM_PRIM_CONV2D_BWD_INPUT:
+  case EM_PRIM_CONV2D_BWD_WEIGHT:
+    return true;
+  default:
+    return false;
+  }
+}
+
+/* The gradient g of a reduction's output, viewed with the reduced axes kept (size 1) and
+ * expanded to the input's shape. */
+static em_tensor *unreduce(rt_node *n, em_tensor *g, em_site s) {
+  const prim_meta *x = &n->in_meta[0];
+  bool red[EM_MAX_DIMS] = {0};
+  if (n->attrs.n_axes == 0)
+    for (int i = 0; i < x->ndim; i++) red[i] = true;
+  for (int i = 0; i < n->attrs.n_axes; i++) {
+    int a = ir_norm_axis(n->attrs.axes[i], x->ndim);
+    if (a >= 0) red[a] = true;
+  }
+  int64_t kept[EM_MAX_DIMS];
+  for (int i = 0; i < x->ndim; i++) kept[i] = red[i] ? 1 : x->sizes[i];
+  em_tensor *k = em_reshape_at(g, x->ndim, kept, s);
+  return em_expand_at(k, x->ndim, x->sizes, s);
+}
+
+static em_tensor *zeros_like_meta(const prim_meta *m, em_site s) { return em_zeros_at(m->dtype, m->ndim, m->sizes, s); }
+
+/* The input's reduction recomputed with keepdim, expanded to the input's shape. */
+static em_tensor *rereduce(rt_node *n, em_tensor *x, em_site s) {
+  const prim_attrs *a = &n->attrs;
+  em_tensor *r = n->op == EM_PRIM_PROD ? em_prod_at(x, a->n_axes, a->axes, true, s)
+               : n->op == EM_PRIM_AMAX ? em_amax_at(x, a->n_axes, a->axes, true, s)
+                                        : em_amin_at(x, a->n_axes, a->axes, true, s);
+  return em_expand_at(r, x->ndim, x->sizes, s);
+}
+
+/* Gradient of a strided slice: g placed at positions start, start + step, ... of a zero tensor
+ * of the input's size along axis, built from differentiable ops (interleave zeros, then pad). */
+static em_tensor *unslice(rt_node *n, em_tensor *g, em_site s) {
+  const prim_meta *x = &n->in_meta[0];
+  int a = ir_norm_axis(n->attrs.axes[0], x->ndim);
+  int64_t step = n->attrs.step, start = n->attrs.start, size = x->sizes[a], k = g->sizes[a];
+  em_tensor *spread = g;
+  if (step > 1 && k > 0) {
+    /* [.., k, ..] -> [.., k, 1, ..] -> pad to [.., k, step, ..] -> [.., k * step, ..] */
+    em_tensor *u = em_unsqueeze_at(g, a + 1, s);
+    int64_t pads[2 * EM_MAX_DIMS] = {0};
+    int d = x->ndim - a - 1; /* the new axis a + 1 counted from the end of the (ndim+1)-D view */
+    pads[2 * d + 1] = step - 1;
+    em_tensor *p = em_pad_at(u, 2 * (d + 1), pads, 0, s);
+    int64_t sizes[EM_MAX_DIMS];
+    memcpy(sizes, g->sizes, sizeof(int64_t) * (size_t)g->ndim);
+    sizes[a] = k * step;
+    spread = em_reshape_at(p, g->ndim, sizes, s);
+    if (!spread) return NULL;
+    if (start + k * step > size) spread = em_slice_at(spread, a, 0, size - start, 1, s);
+  }
+  if (!spread) return NULL;
+  int64_t have = spread->sizes[a];
+  int64_t pads[2 * EM_MAX_DIMS] = {0};
+  int d = x->ndim - 1 - a;
+  pads[2 * d] = start;
+  pads[2 * d + 1] = size - start - have;
+  return em_pad_at(spread, 2 * (d + 1), pads, 0, s);
+}
+
+static em_tensor *scalar(em_dtype dt, double v, em_site s) { return em_scalar_at(dt, v, s); }
+
+bool rt_vjp(rt_node *n, em_tensor *g, em_tensor **grads) {
+  em_site s = n->site;
+  em_tensor **x = n->saved;
+  const prim_attrs *at = &n->attrs;
+  bool need[EM_MAX_DIMS * 8] = {0};
+  int ni = n->n_in < (int)(sizeof need) ? n->n_in : (int)sizeof need;
+  for (int i = 0; i < ni; i++) need[i] = n->next[i] || n->leaf[i];
+  em_dtype dt = g->dtype;
+  switch (n->op) {
+  case EM_PRIM_NEG: grads[0] = em_neg_at(g, s); break;
+  case EM_PRIM_ABS: grads[0] = em_mul_at(g, em_sign_at(x[0], s), s); break;
+  case EM_PRIM_EXP: grads[0] = em_mul_at(g, em_exp_at(x[0], s), s); break;
+  case EM_PRIM_LOG: grads[0] = em_div_at(g, x[0], s); break;
+  case EM_PRIM_LOG1P: grads[0] = em_div_at(g, em_add_scalar_at(x[0], 1, s), s); break;
+  case EM_PRIM_EXPM1: grads[0] = em_mul_at(g, em_exp_at(x[0], s), s); break;
+  case EM_PRIM_SQRT: grads[0] = em_mul_at(g, em_mul_scalar_at(em_rsqrt_at(x[0], s), 0.5, s), s); break;
+  case EM_PRIM_RSQRT: /* d/dx x^-1/2 = -1/2 x^-3/2 = -1/2 rsqrt(x) / x */
+    grads[0] = em_mul_at(g, em_div_at(em_mul_scalar_at(em_rsqrt_at(x[0], s), -0.5, s), x[0], s), s);
+    break;
+  case EM_PRIM_SIN: grads[0] = em_mul_at(g, em_cos_at(x[0], s), s); break;
+  case EM_PRIM_COS: grads[0] = em_mul_at(g, em_neg_at(em_sin_at(x[0], s), s), s); break;
+  case EM_PRIM_TANH: {
+    em_tensor *t = em_tanh_at(x[0], s);
+    grads[0] = em_mul_at(g, em_sub_at(scalar(dt, 1, s), em_mul_at(t, t, s), s), s);
+    break;
+  }
+  case EM_PRIM_ERF: /* 2/sqrt(pi) exp(-x^2) */
+    grads[0] = em_mul_at(g, em_mul_scalar_at(em_exp_at(em_neg_at(em_mul_at(x[0], x[0], s), s), s), 1.1283791670955126, s), s);
+    break;
+  case EM_PRIM_RECIPROCAL: grads[0] = em_neg_at(em_div_at(g, em_mul_at(x[0], x[0], s), s), s); break;
+  case EM_PRIM_ADD:
+    grads[0] = g, grads[1] = g;
+    break;
+  case EM_PRIM_SUB:
+    grads[0] = g;
+    if (need[1]) grads[1] = em_neg_at(g, s);
+    break;
+  case EM_PRIM_MUL:
+    if (need[0]) grads[0] = em_mul_at(g, x[1], s);
+    if (need[1]) grads[1] = em_mul_at(g, x[0], s);
+    break;
+  case EM_PRIM_DIV:
+    if (need[0]) grads[0] = em_div_at(g, x[1], s);
+    if (need[1]) grads[1] = em_neg_at(em_div_at(em_mul_at(g, x[0], s), em_mul_at(x[1], x[1], s), s), s);
+    break;
+  case EM_PRIM_POW:
+    if (need[0]) /* b a^(b-1) */
+      grads[0] = em_mul_at(g, em_mul_at(x[1], em_pow_at(x[0], em_sub_scalar_at(x[1], 1, s), s), s), s);
+    if (need[1]) { /* a^b log a, taken as 0 where a == 0 and b >= 0 (as torch) */
+      em_tensor *v = em_mul_at(em_pow_at(x[0], x[1], s), em_log_at(x[0], s), s);
+      em_tensor *zero_base = em_logical_and_at(em_eq_scalar_at(x[0], 0, s), em_ge_scalar_at(x[1], 0, s), s);
+      grads[1] = em_mul_at(g, em_where_at(zero_base, scalar(dt, 0, s), v, s), s);
+    }
+    break;
+  case EM_PRIM_MAXIMUM:
+  case EM_PRIM_MINIMUM: { /* the larger (smaller) input takes g; a tie splits it evenly, as torch */
+    em_tensor *win = n->op == EM_PRIM_MAXIMUM ? em_gt_at(x[0], x[1], s) : em_lt_at(x[0], x[1], s);
+    em_tensor *tie = em_eq_at(x[0], x[1], s);
+    em_tensor *half = em_mul_scalar_at(g, 0.5, s), *zero = scalar(dt, 0, s);
+    if (need[0]) grads[0] = em_where_at(win, g, em_where_at(tie, half, zero, s), s);
+    if (need[1]) grads[1] = em_where_at(win, zero, em_where_at(tie, half, g, s), s);
+    break;
+  }
+  case EM_PRIM_REMAINDER: /* a - b floor(a / b) */
+    if (need[0]) grads[0] = g;
+    if (need[1]) grads[1] = em_neg_at(em_mul_at(g, em_floor_at(em_div_at(x[0], x[1], s), s), s), s);
+    break;
+  case EM_PRIM_WHERE: {
+    em_tensor *zero = scalar(dt, 0, s);
+    if (need[1]) grads[1] = em_where_at(x[0], g, zero, s);
+    if (need[2]) grads[2] = em_where_at(x[0], zero, g, s);
+    break;
+  }
+  case EM_PRIM_CONVERT: grads[0] = em_cast_at(g, n->in_meta[0].dtype, s); break;
+  case EM_PRIM_SUM: grads[0] = unreduce(n, g, s); break;
+  case EM_PRIM_PROD: /* prod / x: callers with zeros in x get inf/nan, as a plain formula does */
+    grads[0] = em_div_at(em_mul_at(unreduce(n, g, s), rereduce(n, x[0], s), s), x[0], s);
+    break;
+  case EM_PRIM_AMAX:
+  case EM_PRIM_AMIN: { /* g shared evenly among the extremal elements, as torch.amax */
+    em_tensor *mask = em_eq_at(x[0], rereduce(n, x[0], s), s);
+    em_tensor *count = em_sum_at(mask, at->n_axes, at->axes, true, s);
+    em_tensor *share = em_div_at(unreduce(n, g, s), em_expand_at(em_cast_at(count, dt, s), x[0]->ndim, x[0]->sizes, s), s);
+    grads[0] = em_where_at(mask, share, scalar(dt, 0, s), s);
+    break;
+  }
+  case EM_PRIM_RESHAPE:
+  case EM_PRIM_SQUEEZE:
+  case EM_PRIM_UNSQUEEZE:
+    grads[0] = em_reshape_at(g, n->in_meta[0].ndim, n->in_meta[0].sizes, s);
+    break;
+  case EM_PRIM_PERMUTE: {
+    int64_t inv[EM_MAX_DIMS];
+    for (int i = 0; i < at->n_axes; i++) inv[ir_norm_axis(at->axes[i], at->n_axes)] = i;
+    grads[0] = em_permute_at(g, at->n_axes, inv, s);
+    break;
+  }
+  case EM_PRIM_EXPAND: { /* the one generic broadcast reduction */
+    const prim_meta *in = &n->in_meta[0];
+    int lead = g->ndim - in->ndim, k = 0;
+    int64_t axes[EM_MAX_DIMS];
+    for (int i = 0; i < g->ndim; i++)
+      if (i < lead || (in->sizes[i - lead] == 1 && g->sizes[i] != 1)) axes[k++] = i;
+    em_tensor *r = k ? em_sum_at(g, k, axes, true, s) : g;
+    grads[0] = em_reshape_at(r, in->ndim, in->sizes, s);
+    break;
+  }
+  case EM_PRIM_SLICE: grads[0] = unslice(n, g, s); break;
+  case EM_PRIM_CLONE: grads[0] = g; break;
+  case EM_PRIM_FLIP: grads[0] = em_flip_at(g, at->n_axes, at->axes, s); break;
+  case EM_PRIM_PAD: {
+    em_tensor *r = g;
+    const prim_meta *in = &n->in_meta[0];
+    for (int i = 0; i < at->n_pads && r; i += 2) {
+      int d = in->ndim - 1 - i / 2;
+      r = em_slice_at(r, d, at->pads[i], at->pads[i] + in->sizes[d], 1, s);
+    }
+    grads[0] = r;
+    break;
+  }
+  case EM_PRIM_CAT: {
+    int a = ir_norm_axis(at->axes[0], g->ndim);
+    int64_t off = 0;
+    for (int i = 0; i < n->n_in; i++) {
+      int64_t len = n->in_meta[i].sizes[a];
+      if (n->next[i] || n->leaf[i]) grads[i] = em_slice_at(g, a, off, off + len, 1, s);
+      off += len;
+    }
+    break;
+  }
+  case EM_PRIM_GATHER:
+    grads[0] = em_scatter_add_at(zeros_like_meta(&n->in_meta[0], s), (int)at->axes[0], x[1], g, s);
+    break;
+  case EM_PRIM_INDEX_SELECT: {
+    const prim_meta *in = &n->in_meta[0];
+    int a = ir_norm_axis(at->axes[0], in->ndim);
+    int64_t shape[EM_MAX_DIMS];
+    for (int i = 0; i < g->ndim; i++) shape[i] = i == a ? g->sizes[i] : 1;
+    em_tensor *idx = em_expand_at(em_reshape_at(x[1], g->ndim, shape, s), g->ndim, g->sizes, s);
+    grads[0] = em_scatter_add_at(zeros_like_meta(in, s), a, idx, g, s);
+    break;
+  }
+  case EM_PRIM_SCATTER_ADD: {
+    if (need[0]) grads[0] = g;
+    if (need[2]) {
+      em_tensor *r = em_gather_at(g, (int)at->axes[0], x[1], s);
+      const prim_meta *src = &n->in_meta[2];
+      int64_t pads[2 * EM_MAX_DIMS] = {0};
+      bool pad = false;
+      for (int d = 0; d < src->ndim && r; d++) {
+        pads[2 * (src->ndim - 1 - d) + 1] = src->sizes[d] - r->sizes[d];
+        pad |= src->sizes[d] != r->sizes[d];
+      }
+      grads[2] = pad && r ? em_pad_at(r, 2 * src->ndim, pads, 0, s) : r;
+    }
+    break;
+  }
+  case EM_PRIM_MATMUL:
+    if (need[0]) grads[0] = em_matmul_at(g, em_transpose_at(x[1], -1, -2, s), s);
+    if (need[1]) grads[1] = em_matmul_at(em_transpose_at(x[0], -1, -2, s), g, s);
+    break;
+  case EM_PRIM_CONV2D: {
+    int64_t hw[2] = {n->in_meta[0].sizes[2], n->in_meta[0].sizes[3]};
+    int64_t khw[2] = {n->in_meta[1].sizes[2], n->in_meta[1].sizes[3]};
+    if (need[0]) grads[0] = em_conv2d_backward_input_at(g, x[1], hw, at->conv, s);
+    if (need[1]) grads[1] = em_conv2d_backward_weight_at(x[0], g, khw, at->conv, s);
+    break;
+  }
+  case EM_PRIM_CONV2D_BWD_INPUT: { /* in: grad_out, w; out: grad_in (linear in both) */
+    int64_t khw[2] = {n->in_meta[1].sizes[2], n->in_meta[1].sizes[3]};
+    if (need[0]) grads[0] = em_conv2d_at(g, x[1], EM_NONE, at->conv, s);
+    if (need[1]) grads[1] = em_conv2d_backward_weight_at(g, x[0], khw, at->conv, s);
+    break;
+  }
+  case EM_PRIM_CONV2D_BWD_WEIGHT: { /* in: x, grad_out; out: grad_w */
+    int64_t hw[2] = {n->in_meta[0].sizes[2], n->in_meta[0].sizes[3]};
+    if (need[0]) grads[0] = em_conv2d_backward_input_at(x[1], g, hw, at->conv, s);
+    if (need[1]) grads[1] = em_conv2d_at(x[0], g, EM_NONE, at->conv, s);
+    break;
+  }
+  default: {
+    rt_error(s, n->name, "has no gradient rule for prim %s", prim_get(n->op)->name);
+    return false;
+  }
+  }
+  for (int i = 0; i < n->n_in; i++)
+    if ((n->next[i] || n->leaf[i]) && !grads[i]) {
+      if (!rt_has_error()) rt_error(s, n->name, "backward of %s produced no gradient", prim_get(n->op)->name);
+      return false;
+    }
+  return true;
+}
