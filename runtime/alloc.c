@@ -14,13 +14,13 @@
  * blocks its cacheable size) and caches large blocks. A fresh large block comes from mmap and costs a
  * page fault per 4 KiB on first touch, which on this kind of machine halves the throughput of a
  * 64 MiB elementwise op; deep-learning workloads free and reallocate the same sizes every step,
- * so, like PyTorch's CUDA caching allocator, we keep freed blocks of 1 MiB or more (up to
+ * so, like PyTorch's CUDA caching allocator, we keep freed blocks of 64 KiB or more (up to
  * CACHE_LIMIT bytes in all) and hand them out again for the same rounded size. Under
  * AddressSanitizer the cache is off so use-after-free stays detectable. */
 #define BLOCK_HEADER 64
-#define LARGE_BLOCK (1u << 20)
+#define LARGE_BLOCK (64u << 10)
 #define CACHE_LIMIT ((size_t)1 << 30)
-#define CACHE_SLOTS 64
+#define CACHE_SLOTS 512
 
 #if defined(__SANITIZE_ADDRESS__)
 #define CACHE_ENABLED 0
@@ -54,7 +54,8 @@ static void *default_alloc(void *ctx, size_t bytes, size_t align) {
     p[BLOCK_HEADER - 1] = 1;
     return p + BLOCK_HEADER;
   }
-  n = (n + 65535) & ~(size_t)65535; /* round so nearby sizes share blocks */
+  /* round so nearby sizes share blocks: 4 KiB pages below 1 MiB, 64 KiB above */
+  n = n < (1u << 20) ? (n + 4095) & ~(size_t)4095 : (n + 65535) & ~(size_t)65535;
   pthread_mutex_lock(&cache.lock);
   for (int i = cache.n - 1; i >= 0; i--) {
     if (cache.size[i] != n) continue;

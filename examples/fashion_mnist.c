@@ -1,0 +1,256 @@
+/* examples/fashion_mnist.c: trains an MLP or LeNet-5 on Fashion-MNIST with Ember's eager
+ * autograd, the main job of the README.
+ *
+ *   fashion_mnist [--model mlp|lenet] [--epochs N] [--batch-size B] [--lr LR]
+ *                 [--optimizer sgd|adamw] [--momentum M] [--weight-decay WD] [--seed S]
+ *                 [--threads T] [--train-limit N] [--data DIR] [--json]
+ *
+ * On a terminal it draws a progress bar (step, loss, steps/s, ETA); otherwise it prints plain
+ * lines. After each epoch: test accuracy, epoch time and ms per step; with --json, one JSON
+ * object per epoch instead. Inputs are scaled to [0, 1]; the loss is cross entropy. */
+#include <ember.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct {
+  const char *model, *optimizer, *data;
+  int epochs, threads;
+  int64_t batch, train_limit;
+  double lr, momentum, weight_decay;
+  uint64_t seed;
+  bool json;
+} options;
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: fashion_mnist [options]\n"
+          "  --model mlp|lenet      MLP 784-512-512-10 (ReLU) or LeNet-5 (default mlp)\n"
+          "  --epochs N             passes over the training set (default 1)\n"
+          "  --batch-size B         examples per step (default 128)\n"
+          "  --lr LR                learning rate (default 0.1 for sgd, 0.001 for adamw)\n"
+          "  --optimizer sgd|adamw  (default sgd)\n"
+          "  --momentum M           SGD momentum (default 0.9)\n"
+          "  --weight-decay WD      (default 0 for sgd, 0.01 for adamw)\n"
+          "  --seed S               parameter init and shuffling (default 0)\n"
+          "  --threads T            CPU threads (default: all cores)\n"
+          "  --train-limit N        train on the first N examples only\n"
+          "  --data DIR             Fashion-MNIST files (default /usr/share/datasets/fashion-mnist)\n"
+          "  --json                 one JSON object per epoch instead of the progress display\n"
+          "  --help                 this text\n");
+}
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static bool parse(int argc, char **argv, options *o) {
+  *o = (options){"mlp", "sgd", NULL, 1, 0, 128, 0, NAN, 0.9, NAN, 0, false};
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "--help")) {
+      usage(stdout);
+      exit(0);
+    } else if (!strcmp(a, "--json")) {
+      o->json = true;
+      continue;
+    }
+    if (!v) {
+      fprintf(stderr, "fashion_mnist: %s needs a value\n", a);
+      return false;
+    }
+    i++;
+    if (!strcmp(a, "--model")) o->model = v;
+    else if (!strcmp(a, "--optimizer")) o->optimizer = v;
+    else if (!strcmp(a, "--data")) o->data = v;
+    else if (!strcmp(a, "--epochs")) o->epochs = atoi(v);
+    else if (!strcmp(a, "--threads")) o->threads = atoi(v);
+    else if (!strcmp(a, "--batch-size")) o->batch = atoll(v);
+    else if (!strcmp(a, "--train-limit")) o->train_limit = atoll(v);
+    else if (!strcmp(a, "--lr")) o->lr = atof(v);
+    else if (!strcmp(a, "--momentum")) o->momentum = atof(v);
+    else if (!strcmp(a, "--weight-decay")) o->weight_decay = atof(v);
+    else if (!strcmp(a, "--seed")) o->seed = strtoull(v, NULL, 10);
+    else {
+      fprintf(stderr, "fashion_mnist: unknown option %s\n", a);
+      usage(stderr);
+      return false;
+    }
+  }
+  bool adamw = !strcmp(o->optimizer, "adamw");
+  if (isnan(o->lr)) o->lr = adamw ? 1e-3 : 0.1;
+  if (isnan(o->weight_decay)) o->weight_decay = adamw ? 1e-2 : 0;
+  if ((strcmp(o->model, "mlp") && strcmp(o->model, "lenet")) || (strcmp(o->optimizer, "sgd") && !adamw) ||
+      o->epochs < 1 || o->batch < 1) {
+    fprintf(stderr, "fashion_mnist: bad option value\n");
+    usage(stderr);
+    return false;
+  }
+  return true;
+}
+
+/* ---- models ---- */
+
+typedef struct {
+  bool lenet;
+  em_linear_layer fc[3];
+  em_conv2d_layer conv[2];
+  em_tensor *params[10];
+  int n_params;
+} model;
+
+static bool model_init(model *m, bool lenet) {
+  memset(m, 0, sizeof *m);
+  m->lenet = lenet;
+  bool ok = true;
+  if (!lenet) {
+    ok = em_linear_layer_init(&m->fc[0], 784, 512, true) && em_linear_layer_init(&m->fc[1], 512, 512, true) &&
+         em_linear_layer_init(&m->fc[2], 512, 10, true);
+  } else {
+    em_conv2d_params pad2 = EM_CONV2D_DEFAULT;
+    pad2.padding[0] = pad2.padding[1] = 2;
+    ok = em_conv2d_layer_init(&m->conv[0], 1, 6, 5, 5, pad2, true) &&
+         em_conv2d_layer_init(&m->conv[1], 6, 16, 5, 5, EM_CONV2D_DEFAULT, true) &&
+         em_linear_layer_init(&m->fc[0], 400, 120, true) && em_linear_layer_init(&m->fc[1], 120, 84, true) &&
+         em_linear_layer_init(&m->fc[2], 84, 10, true);
+    for (int i = 0; ok && i < 2; i++) m->params[m->n_params++] = m->conv[i].weight, m->params[m->n_params++] = m->conv[i].bias;
+  }
+  for (int i = 0; ok && i < 3; i++) m->params[m->n_params++] = m->fc[i].weight, m->params[m->n_params++] = m->fc[i].bias;
+  return ok;
+}
+
+/* x: f32 [B, 784] -> logits [B, 10] */
+static em_tensor *forward(model *m, em_tensor *x) {
+  if (!m->lenet) {
+    em_tensor *h = em_relu(em_linear(x, m->fc[0].weight, m->fc[0].bias));
+    h = em_relu(em_linear(h, m->fc[1].weight, m->fc[1].bias));
+    return em_linear(h, m->fc[2].weight, m->fc[2].bias);
+  }
+  em_tensor *h = em_reshape(x, EM_SHAPE(-1, 1, 28, 28));
+  h = em_max_pool2d(em_relu(em_conv2d(h, m->conv[0].weight, m->conv[0].bias, m->conv[0].params)), 2, 2, 2, 2, 0, 0);
+  h = em_max_pool2d(em_relu(em_conv2d(h, m->conv[1].weight, m->conv[1].bias, m->conv[1].params)), 2, 2, 2, 2, 0, 0);
+  h = em_reshape(h, EM_SHAPE(-1, 400));
+  h = em_relu(em_linear(h, m->fc[0].weight, m->fc[0].bias));
+  h = em_relu(em_linear(h, m->fc[1].weight, m->fc[1].bias));
+  return em_linear(h, m->fc[2].weight, m->fc[2].bias);
+}
+
+static double accuracy(model *m, em_tensor *images, em_tensor *labels) {
+  int64_t n = em_size(images, 0), correct = 0;
+  em_no_grad_begin();
+  for (int64_t s = 0; s < n; s += 1000) {
+    em_scope_begin();
+    int64_t e = s + 1000 < n ? s + 1000 : n;
+    em_tensor *pred = em_argmax(forward(m, em_slice(images, 0, s, e, 1)), 1, false);
+    correct += (int64_t)em_item(em_sum(em_eq(pred, em_slice(labels, 0, s, e, 1)), 0, NULL, false));
+    em_scope_end();
+  }
+  em_no_grad_end();
+  return (double)correct / (double)n;
+}
+
+static void fail(const char *what) {
+  fprintf(stderr, "fashion_mnist: %s: %s\n", what, em_last_error() ? em_last_error() : "failed");
+  exit(1);
+}
+
+int main(int argc, char **argv) {
+  /* libgomp's idle workers spin for GOMP_SPINCOUNT iterations after every parallel region; on
+   * this kind of machine the default spin made a training step 4-5x slower (32 ms against 6 ms
+   * for the MLP at batch 128). It is read once when libgomp loads, so set it and start again. */
+  if (!getenv("GOMP_SPINCOUNT") && !getenv("EMBER_NO_REEXEC")) {
+    setenv("GOMP_SPINCOUNT", "1000", 1);
+    setenv("EMBER_NO_REEXEC", "1", 1);
+    execv("/proc/self/exe", argv);
+  }
+  options o;
+  if (!parse(argc, argv, &o)) return 2;
+  if (o.threads > 0) em_set_num_threads(o.threads);
+  bool tty = !o.json && isatty(STDOUT_FILENO);
+  em_scope_begin();
+
+  em_fashion_mnist d;
+  if (!em_fashion_mnist_load(&d, o.data)) fail("loading the data");
+  /* u8 [N, 28, 28] -> f32 [N, 784] in [0, 1]; labels -> i64 */
+  em_tensor *train_x = em_div_scalar(em_cast(em_reshape(d.train_images, EM_SHAPE(-1, 784)), EM_F32), 255.0);
+  em_tensor *train_y = em_cast(d.train_labels, EM_I64);
+  em_tensor *test_x = em_div_scalar(em_cast(em_reshape(d.test_images, EM_SHAPE(-1, 784)), EM_F32), 255.0);
+  em_tensor *test_y = em_cast(d.test_labels, EM_I64);
+  if (!train_x || !train_y || !test_x || !test_y) fail("preparing the data");
+  if (o.train_limit > 0 && o.train_limit < em_size(train_x, 0)) {
+    train_x = em_slice(train_x, 0, 0, o.train_limit, 1);
+    train_y = em_slice(train_y, 0, 0, o.train_limit, 1);
+  }
+  int64_t n_train = em_size(train_x, 0);
+
+  em_manual_seed(o.seed);
+  model m;
+  if (!model_init(&m, !strcmp(o.model, "lenet"))) fail("initialising the model");
+  em_optimizer *opt = !strcmp(o.optimizer, "sgd")
+                          ? em_sgd_new(m.n_params, m.params, ((em_sgd_opts){o.lr, o.momentum, 0, o.weight_decay, false}))
+                          : em_adamw_new(m.n_params, m.params, ((em_adamw_opts){o.lr, 0.9, 0.999, 1e-8, o.weight_decay, false}));
+  if (!opt) fail("creating the optimizer");
+  em_batch_iter *it = em_batch_iter_new(n_train, o.batch, true, o.seed, false);
+  if (!it) fail("creating the batch iterator");
+  int64_t steps = em_batch_iter_len(it);
+  if (!o.json)
+    printf("fashion_mnist: %s, %s lr %g, batch %lld, %lld training examples, %d threads\n", o.model, o.optimizer, o.lr,
+           (long long)o.batch, (long long)n_train, em_get_num_threads());
+  em_debug_reset_peak();
+
+  for (int epoch = 1; epoch <= o.epochs; epoch++) {
+    double t0 = now(), loss_sum = 0;
+    int64_t step = 0;
+    for (;;) {
+      em_scope_begin();
+      em_tensor *idx = em_batch_iter_next(it);
+      if (!idx) {
+        em_scope_end();
+        break;
+      }
+      em_tensor *x = em_index_select(train_x, 0, idx), *y = em_index_select(train_y, 0, idx);
+      em_tensor *loss = em_cross_entropy(forward(&m, x), y, EM_CROSS_ENTROPY_DEFAULT);
+      em_optimizer_zero_grad(opt);
+      if (!loss || !em_backward(loss, NULL) || !em_optimizer_step(opt)) fail("training step");
+      double l = em_item(loss);
+      em_scope_end();
+      loss_sum += l;
+      step++;
+      double el = now() - t0, rate = step / el;
+      if (tty && (step % 5 == 0 || step == steps)) {
+        int width = 30, done = (int)(width * step / steps);
+        printf("\repoch %d [%.*s%*s] %lld/%lld loss %.4f %.0f steps/s ETA %.0fs ", epoch, done,
+               "##############################", width - done, "", (long long)step, (long long)steps, l, rate,
+               (steps - step) / rate);
+        fflush(stdout);
+      } else if (!tty && !o.json && (step % 100 == 0 || step == steps)) {
+        printf("epoch %d step %lld/%lld loss %.4f %.0f steps/s\n", epoch, (long long)step, (long long)steps, l, rate);
+        fflush(stdout);
+      }
+    }
+    double epoch_s = now() - t0;
+    double acc = accuracy(&m, test_x, test_y);
+    double train_loss = loss_sum / (double)(step ? step : 1), ms = 1e3 * epoch_s / (double)(step ? step : 1);
+    if (o.json) {
+      printf("{\"epoch\": %d, \"train_loss\": %.6f, \"test_accuracy\": %.4f, \"epoch_s\": %.3f, \"ms_per_step\": %.3f}\n",
+             epoch, train_loss, acc, epoch_s, ms);
+    } else {
+      if (tty) printf("\n");
+      printf("epoch %d: train loss %.4f, test accuracy %.2f%%, %.1f s, %.2f ms/step\n", epoch, train_loss, 100 * acc,
+             epoch_s, ms);
+    }
+    fflush(stdout);
+  }
+  if (!o.json) printf("peak live tensor memory: %.1f MiB\n", (double)em_debug_peak_bytes() / (1 << 20));
+  em_batch_iter_free(it);
+  em_optimizer_free(opt);
+  em_scope_end();
+  em_thread_cleanup();
+  return 0;
+}

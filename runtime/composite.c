@@ -1,0 +1,474 @@
+/* runtime/composite.c: composite ops, each written once as a decomposition into prims through
+ * the public op API.
+ *
+ * Composites have no autograd code: their gradients come from the prims' rules, and the same
+ * code will trace into graphs. Each opens a scope for its intermediates and keeps only the
+ * result, passing the caller's site to every op so errors name the user's line. Numerically
+ * stable forms throughout: softmax and logsumexp subtract the (detached) maximum, sigmoid never
+ * exponentiates a positive number, softplus is linear above its threshold. */
+#include "rt.h"
+
+#include <math.h>
+#include <string.h>
+
+#define BEGIN(site) \
+  if (!em_scope_begin_at(site)) return NULL
+#define END(r, site)                          \
+  do {                                        \
+    em_tensor *kept_ = em_keep_at((r), site); \
+    em_scope_end_at(site);                    \
+    return kept_;                             \
+  } while (0)
+
+static bool float_arg(em_tensor *x, const char *name, em_site site) {
+  char b[128];
+  if (!ir_is_float(x->dtype) || !ir_dtype(x->dtype)->cpu_compute)
+    return rt_error(site, name, "needs f32 or f64, got %s", rt_fmt(b, sizeof b, x)), false;
+  return true;
+}
+
+em_tensor *em_relu_at(em_tensor *x, em_site site) {
+  if (!x) return NULL;
+  return em_maximum_scalar_at(x, 0, site);
+}
+
+em_tensor *em_leaky_relu_at(em_tensor *x, double slope, em_site site) {
+  if (!x) return NULL;
+  BEGIN(site);
+  END(em_where_at(em_gt_scalar_at(x, 0, site), x, em_mul_scalar_at(x, slope, site), site), site);
+}
+
+em_tensor *em_gelu_at(em_tensor *x, bool tanh_approx, em_site site) {
+  if (!x || !float_arg(x, "em_gelu", site)) return NULL;
+  BEGIN(site);
+  em_tensor *inner;
+  if (tanh_approx) {
+    em_tensor *cube = em_mul_at(em_mul_at(x, x, site), x, site);
+    em_tensor *u = em_mul_scalar_at(em_add_at(x, em_mul_scalar_at(cube, 0.044715, site), site), 0.7978845608028654, site);
+    inner = em_tanh_at(u, site);
+  } else {
+    inner = em_erf_at(em_mul_scalar_at(x, 0.7071067811865476, site), site);
+  }
+  END(em_mul_at(em_mul_scalar_at(x, 0.5, site), em_add_scalar_at(inner, 1, site), site), site);
+}
+
+em_tensor *em_sigmoid_at(em_tensor *x, em_site site) {
+  if (!x || !float_arg(x, "em_sigmoid", site)) return NULL;
+  BEGIN(site);
+  /* e = exp(-|x|) <= 1: x >= 0 gives 1 / (1 + e), x < 0 gives e / (1 + e). */
+  em_tensor *e = em_exp_at(em_neg_at(em_abs_at(x, site), site), site);
+  em_tensor *d = em_add_scalar_at(e, 1, site);
+  em_tensor *pos = em_reciprocal_at(d, site), *neg = em_div_at(e, d, site);
+  END(em_where_at(em_ge_scalar_at(x, 0, site), pos, neg, site), site);
+}
+
+em_tensor *em_silu_at(em_tensor *x, em_site site) {
+  if (!x) return NULL;
+  BEGIN(site);
+  END(em_mul_at(x, em_sigmoid_at(x, site), site), site);
+}
+
+em_tensor *em_softplus_at(em_tensor *x, double beta, double threshold, em_site site) {
+  if (!x || !float_arg(x, "em_softplus", site)) return NULL;
+  if (beta <= 0) return rt_error(site, "em_softplus", "beta must be > 0, got %g", beta);
+  BEGIN(site);
+  /* log1p(exp(bx)) / b computed as max(bx, 0) + log1p(exp(-|bx|)), linear above threshold */
+  em_tensor *bx = em_mul_scalar_at(x, beta, site);
+  em_tensor *soft = em_add_at(em_relu_at(bx, site), em_log1p_at(em_exp_at(em_neg_at(em_abs_at(bx, site), site), site), site), site);
+  em_tensor *r = em_where_at(em_gt_scalar_at(bx, threshold, site), x, em_div_scalar_at(soft, beta, site), site);
+  END(r, site);
+}
+
+static bool axis_arg(em_tensor *x, int axis, const char *name, em_site site, int *out) {
+  char b[128];
+  *out = ir_norm_axis(axis, x->ndim);
+  if (*out < 0) return rt_error(site, name, "axis %d out of range for %s", axis, rt_fmt(b, sizeof b, x)), false;
+  return true;
+}
+
+/* x - max(x) along the axes, keepdim, with the max detached (it only shifts, never changes,
+ * the result, so it needs no gradient). */
+static em_tensor *shifted(em_tensor *x, int n, const int64_t *axes, em_site site) {
+  em_tensor *m = em_detach_at(em_amax_at(x, n, axes, true, site), site);
+  /* an all -inf slice would give inf - inf; shift by 0 there */
+  m = m ? em_where_at(em_eq_scalar_at(m, -INFINITY, site), em_scalar_at(x->dtype, 0, site), m, site) : NULL;
+  return em_sub_at(x, m, site);
+}
+
+em_tensor *em_softmax_at(em_tensor *x, int axis, em_site site) {
+  int a;
+  if (!x || !float_arg(x, "em_softmax", site) || !axis_arg(x, axis, "em_softmax", site, &a)) return NULL;
+  BEGIN(site);
+  int64_t ax = a;
+  em_tensor *e = em_exp_at(shifted(x, 1, &ax, site), site);
+  END(em_div_at(e, em_sum_at(e, 1, &ax, true, site), site), site);
+}
+
+em_tensor *em_logsumexp_at(em_tensor *x, int n_axes, const int64_t *axes, bool keepdim, em_site site) {
+  if (!x || !float_arg(x, "em_logsumexp", site)) return NULL;
+  BEGIN(site);
+  em_tensor *m = em_detach_at(em_amax_at(x, n_axes, axes, true, site), site);
+  m = m ? em_where_at(em_eq_scalar_at(em_abs_at(m, site), INFINITY, site), em_scalar_at(x->dtype, 0, site), m, site) : NULL;
+  em_tensor *s = em_log_at(em_sum_at(em_exp_at(em_sub_at(x, m, site), site), n_axes, axes, true, site), site);
+  em_tensor *r = em_add_at(s, m, site);
+  if (r && !keepdim) r = em_squeeze_at(r, n_axes, axes, site);
+  if (r && !keepdim && n_axes == 0) r = em_reshape_at(r, 0, NULL, site);
+  END(r, site);
+}
+
+em_tensor *em_log_softmax_at(em_tensor *x, int axis, em_site site) {
+  int a;
+  if (!x || !float_arg(x, "em_log_softmax", site) || !axis_arg(x, axis, "em_log_softmax", site, &a)) return NULL;
+  BEGIN(site);
+  int64_t ax = a;
+  em_tensor *z = shifted(x, 1, &ax, site);
+  END(em_sub_at(z, em_log_at(em_sum_at(em_exp_at(z, site), 1, &ax, true, site), site), site), site);
+}
+
+/* Number of elements reduced over (n_axes = 0: all). */
+static int64_t reduced_count(em_tensor *x, int n, const int64_t *axes) {
+  if (n == 0) return x->numel;
+  int64_t c = 1;
+  for (int i = 0; i < n; i++) {
+    int a = ir_norm_axis(axes[i], x->ndim);
+    if (a >= 0) c *= x->sizes[a];
+  }
+  return c;
+}
+
+em_tensor *em_mean_at(em_tensor *x, int n_axes, const int64_t *axes, bool keepdim, em_site site) {
+  if (!x) return NULL;
+  BEGIN(site);
+  em_tensor *xf = ir_is_float(x->dtype) ? x : em_cast_at(x, EM_F32, site);
+  em_tensor *s = em_sum_at(xf, n_axes, axes, keepdim, site);
+  END(em_div_scalar_at(s, (double)reduced_count(x, n_axes, axes), site), site);
+}
+
+em_tensor *em_var_at(em_tensor *x, int n_axes, const int64_t *axes, int64_t correction, bool keepdim, em_site site) {
+  if (!x) return NULL;
+  BEGIN(site);
+  em_tensor *xf = ir_is_float(x->dtype) ? x : em_cast_at(x, EM_F32, site);
+  em_tensor *d = em_sub_at(xf, em_mean_at(xf, n_axes, axes, true, site), site);
+  em_tensor *ss = em_sum_at(em_mul_at(d, d, site), n_axes, axes, keepdim, site);
+  double dof = (double)reduced_count(x, n_axes, axes) - (double)correction;
+  END(em_div_scalar_at(ss, dof > 0 ? dof : 0, site), site);
+}
+
+em_tensor *em_std_at(em_tensor *x, int n_axes, const int64_t *axes, int64_t correction, bool keepdim, em_site site) {
+  if (!x) return NULL;
+  BEGIN(site);
+  END(em_sqrt_at(em_var_at(x, n_axes, axes, correction, keepdim, site), site), site);
+}
+
+static bool norm_dims(em_tensor *x, int n_norm, const char *name, em_site site, int64_t *axes) {
+  char b[128];
+  if (n_norm < 1 || n_norm > x->ndim)
+    return rt_error(site, name, "cannot normalise over the last %d dims of %s", n_norm, rt_fmt(b, sizeof b, x)), false;
+  for (int i = 0; i < n_norm; i++) axes[i] = x->ndim - n_norm + i;
+  return true;
+}
+
+static bool affine_arg(em_tensor *t, em_tensor *x, int n_norm, const char *what, const char *name, em_site site) {
+  if (t == EM_NONE) return true;
+  char b0[128], b1[128];
+  bool ok = t->ndim == n_norm && t->dtype == x->dtype;
+  for (int i = 0; ok && i < n_norm; i++) ok = t->sizes[i] == x->sizes[x->ndim - n_norm + i];
+  if (!ok)
+    return rt_error(site, name, "%s %s does not match the normalised dims of %s", what, rt_fmt(b0, sizeof b0, t),
+                    rt_fmt(b1, sizeof b1, x)), false;
+  return true;
+}
+
+em_tensor *em_layer_norm_at(em_tensor *x, int n_norm, em_tensor *w, em_tensor *b, double eps, em_site site) {
+  static const char name[] = "em_layer_norm";
+  int64_t axes[EM_MAX_DIMS];
+  if (!x || !w || !b) return NULL;
+  if (!float_arg(x, name, site) || !norm_dims(x, n_norm, name, site, axes) ||
+      !affine_arg(w, x, n_norm, "weight", name, site) || !affine_arg(b, x, n_norm, "bias", name, site))
+    return NULL;
+  BEGIN(site);
+  em_tensor *d = em_sub_at(x, em_mean_at(x, n_norm, axes, true, site), site);
+  em_tensor *var = em_mean_at(em_mul_at(d, d, site), n_norm, axes, true, site);
+  em_tensor *y = em_mul_at(d, em_rsqrt_at(em_add_scalar_at(var, eps, site), site), site);
+  if (w != EM_NONE) y = em_mul_at(y, w, site);
+  if (b != EM_NONE) y = em_add_at(y, b, site);
+  END(y, site);
+}
+
+em_tensor *em_rms_norm_at(em_tensor *x, int n_norm, em_tensor *w, double eps, em_site site) {
+  static const char name[] = "em_rms_norm";
+  int64_t axes[EM_MAX_DIMS];
+  if (!x || !w) return NULL;
+  if (!float_arg(x, name, site) || !norm_dims(x, n_norm, name, site, axes) || !affine_arg(w, x, n_norm, "weight", name, site))
+    return NULL;
+  BEGIN(site);
+  em_tensor *ms = em_mean_at(em_mul_at(x, x, site), n_norm, axes, true, site);
+  em_tensor *y = em_mul_at(x, em_rsqrt_at(em_add_scalar_at(ms, eps, site), site), site);
+  if (w != EM_NONE) y = em_mul_at(y, w, site);
+  END(y, site);
+}
+
+em_tensor *em_batch_norm_at(em_tensor *x, em_tensor *rm, em_tensor *rv, em_tensor *w, em_tensor *b, bool training,
+                            double momentum, double eps, em_site site) {
+  static const char name[] = "em_batch_norm";
+  if (!x || !rm || !rv || !w || !b) return NULL;
+  char s0[128];
+  if (!float_arg(x, name, site)) return NULL;
+  if (x->ndim < 2) return rt_error(site, name, "needs x [N, C, ...], got %s", rt_fmt(s0, sizeof s0, x));
+  int64_t c = x->sizes[1];
+  em_tensor *per_channel[4] = {rm, rv, w, b};
+  for (int i = 0; i < 4; i++) {
+    em_tensor *t = per_channel[i];
+    if (t != EM_NONE && (t->ndim != 1 || t->sizes[0] != c))
+      return rt_error(site, name, "per-channel tensors must be [%lld], got %s", (long long)c, rt_fmt(s0, sizeof s0, t));
+  }
+  if (!training && (rm == EM_NONE || rv == EM_NONE))
+    return rt_error(site, name, "evaluation needs running_mean and running_var");
+  BEGIN(site);
+  int64_t shape[EM_MAX_DIMS], axes[EM_MAX_DIMS];
+  int na = 0;
+  for (int i = 0; i < x->ndim; i++) {
+    shape[i] = i == 1 ? c : 1;
+    if (i != 1) axes[na++] = i;
+  }
+  em_tensor *mean, *var;
+  if (training) {
+    mean = em_mean_at(x, na, axes, true, site);
+    em_tensor *d = em_sub_at(x, mean, site);
+    var = em_mean_at(em_mul_at(d, d, site), na, axes, true, site);
+    if (rm != EM_NONE && rv != EM_NONE && mean && var) {
+      double n = (double)(x->numel / (c ? c : 1));
+      em_no_grad_begin();
+      em_tensor *bm = em_reshape_at(mean, 1, &c, site);
+      em_tensor *bv = em_mul_scalar_at(em_reshape_at(var, 1, &c, site), n > 1 ? n / (n - 1) : 1, site);
+      bool ok = em_mul_scalar__at(rm, 1 - momentum, site) && em_add__at(rm, em_mul_scalar_at(bm, momentum, site), site) &&
+                em_mul_scalar__at(rv, 1 - momentum, site) && em_add__at(rv, em_mul_scalar_at(bv, momentum, site), site);
+      em_no_grad_end();
+      if (!ok) mean = NULL;
+    }
+  } else {
+    mean = em_reshape_at(rm, x->ndim, shape, site);
+    var = em_reshape_at(rv, x->ndim, shape, site);
+  }
+  em_tensor *y = em_mul_at(em_sub_at(x, mean, site), em_rsqrt_at(em_add_scalar_at(var, eps, site), site), site);
+  if (w != EM_NONE) y = em_mul_at(y, em_reshape_at(w, x->ndim, shape, site), site);
+  if (b != EM_NONE) y = em_add_at(y, em_reshape_at(b, x->ndim, shape, site), site);
+  END(y, site);
+}
+
+em_tensor *em_linear_at(em_tensor *x, em_tensor *w, em_tensor *b, em_site site) {
+  if (!x || !w || !b) return NULL;
+  char s0[128], s1[128];
+  if (w->ndim != 2) return rt_error(site, "em_linear", "weight must be [out, in], got %s", rt_fmt(s0, sizeof s0, w));
+  if (b != EM_NONE && (b->ndim != 1 || b->sizes[0] != w->sizes[0]))
+    return rt_error(site, "em_linear", "bias %s does not match weight %s", rt_fmt(s0, sizeof s0, b), rt_fmt(s1, sizeof s1, w));
+  BEGIN(site);
+  em_tensor *y = em_matmul_at(x, em_transpose_at(w, 0, 1, site), site);
+  if (b != EM_NONE) y = em_add_at(y, b, site);
+  END(y, site);
+}
+
+em_tensor *em_dropout_at(em_tensor *x, double p, bool training, em_site site) {
+  if (!x) return NULL;
+  if (!(p >= 0 && p <= 1)) return rt_error(site, "em_dropout", "p must be in [0, 1], got %g", p);
+  if (!training || p == 0) return rt_scope_add(em_retain(x), "em_dropout", site);
+  if (!float_arg(x, "em_dropout", site)) return NULL;
+  BEGIN(site);
+  if (p == 1) END(em_mul_scalar_at(x, 0, site), site);
+  /* keep where u >= p, u uniform from the Philox stream: one mask for forward and backward */
+  em_tensor *keep = em_ge_scalar_at(em_rand_at(x->dtype, x->ndim, x->sizes, site), p, site);
+  END(em_mul_at(x, em_mul_scalar_at(em_cast_at(keep, x->dtype, site), 1 / (1 - p), site), site), site);
+}
+
+/* ---- losses ---- */
+
+static em_tensor *reduce_loss(em_tensor *l, em_reduction r, em_tensor *count, em_site site) {
+  if (r == EM_REDUCE_NONE) return l;
+  em_tensor *s = em_sum_at(l, 0, NULL, false, site);
+  if (r == EM_REDUCE_SUM) return s;
+  return count ? em_div_at(s, count, site) : em_div_scalar_at(s, l ? (double)l->numel : 1, site);
+}
+
+static em_tensor *index_target(em_tensor *t, const char *name, em_site site) {
+  char b[128];
+  if (t->dtype == EM_I64) return t;
+  if (t->dtype == EM_I32) return em_cast_at(t, EM_I64, site);
+  return rt_error(site, name, "class-index targets must be i64 or i32, got %s", rt_fmt(b, sizeof b, t));
+}
+
+/* -logp[target] per example with ignore_index masked out; logp [N, C, d...], target [N, d...].
+ * Returns the per-example loss [N, d...] and the mask of counted targets (as logp's dtype). */
+static em_tensor *nll_terms(em_tensor *logp, em_tensor *target, int64_t ignore, em_tensor **valid, const char *name,
+                            em_site site) {
+  char b0[128], b1[128];
+  bool ok = logp->ndim >= 2 && target->ndim == logp->ndim - 1 && target->sizes[0] == logp->sizes[0];
+  for (int i = 1; ok && i < target->ndim; i++) ok = target->sizes[i] == logp->sizes[i + 1];
+  if (!ok)
+    return rt_error(site, name, "target %s does not match input %s (want [N, d...] for [N, C, d...])",
+                    rt_fmt(b0, sizeof b0, target), rt_fmt(b1, sizeof b1, logp));
+  em_tensor *keep = em_ne_scalar_at(target, (double)ignore, site);
+  /* ignored targets are redirected to class 0 so the gather stays in bounds */
+  em_tensor *safe = em_where_at(keep, target, em_scalar_at(EM_I64, 0, site), site);
+  em_tensor *picked = em_squeeze_at(em_gather_at(logp, 1, em_unsqueeze_at(safe, 1, site), site), 1, (int64_t[]){1}, site);
+  *valid = em_cast_at(keep, logp->dtype, site);
+  return em_mul_at(em_neg_at(picked, site), *valid, site);
+}
+
+em_tensor *em_nll_loss_at(em_tensor *logp, em_tensor *target, int64_t ignore_index, em_reduction reduction, em_site site) {
+  if (!logp || !target) return NULL;
+  BEGIN(site);
+  em_tensor *t = index_target(target, "em_nll_loss", site), *valid = NULL;
+  em_tensor *l = t ? nll_terms(logp, t, ignore_index, &valid, "em_nll_loss", site) : NULL;
+  END(l ? reduce_loss(l, reduction, em_sum_at(valid, 0, NULL, false, site), site) : NULL, site);
+}
+
+em_tensor *em_cross_entropy_at(em_tensor *logits, em_tensor *target, em_cross_entropy_opts o, em_site site) {
+  static const char name[] = "em_cross_entropy";
+  if (!logits || !target) return NULL;
+  char b0[128];
+  if (!float_arg(logits, name, site)) return NULL;
+  if (logits->ndim < 2) return rt_error(site, name, "logits must be [N, C, ...], got %s", rt_fmt(b0, sizeof b0, logits));
+  if (!(o.label_smoothing >= 0 && o.label_smoothing <= 1))
+    return rt_error(site, name, "label_smoothing must be in [0, 1], got %g", o.label_smoothing);
+  double eps = o.label_smoothing, c = (double)logits->sizes[1];
+  BEGIN(site);
+  em_tensor *logp = em_log_softmax_at(logits, 1, site), *l = NULL, *count = NULL;
+  if (ir_is_float(target->dtype)) { /* class probabilities */
+    if (target->ndim != logits->ndim || memcmp(target->sizes, logits->sizes, sizeof(int64_t) * (size_t)logits->ndim)) {
+      em_scope_end_at(site);
+      return rt_error(site, name, "probability targets must have the logits' shape %s", rt_fmt(b0, sizeof b0, logits));
+    }
+    em_tensor *p = eps > 0 ? em_add_scalar_at(em_mul_scalar_at(target, 1 - eps, site), eps / c, site) : target;
+    l = em_neg_at(em_sum_at(em_mul_at(p, logp, site), 1, (int64_t[]){1}, false, site), site);
+  } else {
+    em_tensor *t = index_target(target, name, site), *valid = NULL;
+    l = t ? nll_terms(logp, t, o.ignore_index, &valid, name, site) : NULL;
+    if (l && eps > 0) {
+      em_tensor *smooth = em_mul_at(em_neg_at(em_mean_at(logp, 1, (int64_t[]){1}, false, site), site), valid, site);
+      l = em_add_at(em_mul_scalar_at(l, 1 - eps, site), em_mul_scalar_at(smooth, eps, site), site);
+    }
+    count = valid ? em_sum_at(valid, 0, NULL, false, site) : NULL;
+  }
+  END(l ? reduce_loss(l, o.reduction, count, site) : NULL, site);
+}
+
+em_tensor *em_mse_loss_at(em_tensor *x, em_tensor *y, em_reduction reduction, em_site site) {
+  if (!x || !y) return NULL;
+  BEGIN(site);
+  em_tensor *d = em_sub_at(x, y, site);
+  END(reduce_loss(em_mul_at(d, d, site), reduction, NULL, site), site);
+}
+
+em_tensor *em_embedding_at(em_tensor *idx, em_tensor *w, em_site site) {
+  if (!idx || !w) return NULL;
+  char b[128];
+  if (w->ndim != 2) return rt_error(site, "em_embedding", "weight must be [V, D], got %s", rt_fmt(b, sizeof b, w));
+  if (idx->ndim + 1 > EM_MAX_DIMS) return rt_error(site, "em_embedding", "indices have too many dims");
+  BEGIN(site);
+  int64_t flat = -1, shape[EM_MAX_DIMS];
+  memcpy(shape, idx->sizes, sizeof(int64_t) * (size_t)idx->ndim);
+  shape[idx->ndim] = w->sizes[1];
+  em_tensor *rows = em_index_select_at(w, 0, em_reshape_at(idx, 1, &flat, site), site);
+  END(em_reshape_at(rows, idx->ndim + 1, shape, site), site);
+}
+
+/* ---- pooling ---- */
+
+static em_tensor *pool(bool is_max, em_tensor *x, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
+                       const char *name, em_site site) {
+  if (!x) return NULL;
+  char b[128];
+  if (x->ndim != 4) return rt_error(site, name, "needs x [N, C, H, W], got %s", rt_fmt(b, sizeof b, x));
+  if (sh == 0) sh = kh;
+  if (sw == 0) sw = kw;
+  if (kh < 1 || kw < 1 || sh < 1 || sw < 1 || ph < 0 || pw < 0 || 2 * ph > kh || 2 * pw > kw)
+    return rt_error(site, name, "bad window: kernel %lldx%lld, stride %lldx%lld, padding %lldx%lld (padding at most half "
+                    "the kernel)", (long long)kh, (long long)kw, (long long)sh, (long long)sw, (long long)ph, (long long)pw);
+  int64_t H = x->sizes[2] + 2 * ph, W = x->sizes[3] + 2 * pw;
+  if (H < kh || W < kw) return rt_error(site, name, "kernel %lldx%lld is larger than the padded input %s", (long long)kh,
+                                        (long long)kw, rt_fmt(b, sizeof b, x));
+  int64_t ho = (H - kh) / sh + 1, wo = (W - kw) / sw + 1;
+  BEGIN(site);
+  em_tensor *p = (ph || pw) ? em_pad_at(x, 4, (int64_t[]){pw, pw, ph, ph}, is_max ? -INFINITY : 0, site) : x;
+  em_tensor *acc = NULL;
+  for (int64_t i = 0; i < kh; i++)
+    for (int64_t j = 0; j < kw; j++) {
+      em_tensor *win = em_slice_at(em_slice_at(p, 2, i, i + sh * (ho - 1) + 1, sh, site), 3, j, j + sw * (wo - 1) + 1, sw, site);
+      acc = !acc ? win : is_max ? em_maximum_at(acc, win, site) : em_add_at(acc, win, site);
+    }
+  if (!is_max) acc = em_div_scalar_at(acc, (double)(kh * kw), site);
+  else if (acc && kh * kw == 1) acc = em_clone_at(acc, site);
+  END(acc, site);
+}
+
+em_tensor *em_max_pool2d_at(em_tensor *x, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, em_site site) {
+  return pool(true, x, kh, kw, sh, sw, ph, pw, "em_max_pool2d", site);
+}
+
+em_tensor *em_avg_pool2d_at(em_tensor *x, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, em_site site) {
+  return pool(false, x, kh, kw, sh, sw, ph, pw, "em_avg_pool2d", site);
+}
+
+/* ---- attention and small helpers ---- */
+
+em_tensor *em_scaled_dot_product_attention_at(em_tensor *q, em_tensor *k, em_tensor *v, bool causal, double dropout_p,
+                                              double scale, em_site site) {
+  static const char name[] = "em_scaled_dot_product_attention";
+  if (!q || !k || !v) return NULL;
+  char b0[128], b1[128];
+  if (q->ndim < 2 || k->ndim < 2 || v->ndim < 2 || q->sizes[q->ndim - 1] != k->sizes[k->ndim - 1] ||
+      k->sizes[k->ndim - 2] != v->sizes[v->ndim - 2])
+    return rt_error(site, name, "needs q [..., L, E], k [..., S, E], v [..., S, Ev]; got q %s, k %s", rt_fmt(b0, sizeof b0, q),
+                    rt_fmt(b1, sizeof b1, k));
+  if (scale <= 0) scale = 1 / sqrt((double)q->sizes[q->ndim - 1]);
+  BEGIN(site);
+  em_tensor *s = em_mul_scalar_at(em_matmul_at(q, em_transpose_at(k, -1, -2, site), site), scale, site);
+  if (causal) {
+    int64_t L = q->sizes[q->ndim - 2], S = k->sizes[k->ndim - 2];
+    em_tensor *i = em_reshape_at(em_arange_at(EM_I64, 0, (double)L, 1, site), 2, (int64_t[]){L, 1}, site);
+    em_tensor *j = em_reshape_at(em_arange_at(EM_I64, 0, (double)S, 1, site), 2, (int64_t[]){1, S}, site);
+    s = em_masked_fill_at(s, em_gt_at(j, i, site), -INFINITY, site);
+  }
+  em_tensor *a = em_softmax_at(s, -1, site);
+  if (dropout_p > 0) a = em_dropout_at(a, dropout_p, true, site);
+  END(em_matmul_at(a, v, site), site);
+}
+
+em_tensor *em_clamp_at(em_tensor *x, double lo, double hi, em_site site) {
+  if (!x) return NULL;
+  if (lo > hi) return rt_error(site, "em_clamp", "lo %g is above hi %g", lo, hi);
+  BEGIN(site);
+  em_tensor *r = x;
+  if (lo > -INFINITY) r = em_maximum_scalar_at(r, lo, site);
+  if (hi < INFINITY) r = em_minimum_scalar_at(r, hi, site);
+  if (r == x) r = em_clone_at(x, site);
+  END(r, site);
+}
+
+em_tensor *em_one_hot_at(em_tensor *idx, int64_t n, em_site site) {
+  if (!idx) return NULL;
+  if (n < 1) return rt_error(site, "em_one_hot", "needs at least one class, got %lld", (long long)n);
+  BEGIN(site);
+  em_tensor *t = index_target(idx, "em_one_hot", site);
+  em_tensor *bad = t ? em_logical_or_at(em_lt_scalar_at(t, 0, site), em_ge_scalar_at(t, (double)n, site), site) : NULL;
+  if (bad && em_item_at(em_amax_at(bad, 0, NULL, false, site), site) != 0) {
+    em_scope_end_at(site);
+    return rt_error(site, "em_one_hot", "an index is outside [0, %lld)", (long long)n);
+  }
+  em_tensor *r = t ? em_cast_at(em_eq_at(em_unsqueeze_at(t, -1, site), em_arange_at(EM_I64, 0, (double)n, 1, site), site),
+                                EM_I64, site) : NULL;
+  END(r, site);
+}
+
+em_tensor *em_masked_fill_at(em_tensor *x, em_tensor *mask, double value, em_site site) {
+  if (!x || !mask) return NULL;
+  char b[128];
+  if (mask->dtype != EM_BOOL) return rt_error(site, "em_masked_fill", "mask must be bool, got %s", rt_fmt(b, sizeof b, mask));
+  BEGIN(site);
+  em_tensor *r = em_where_at(mask, em_scalar_at(x->dtype, value, site), x, site);
+  if (r && (r->ndim != x->ndim || memcmp(r->sizes, x->sizes, sizeof(int64_t) * (size_t)x->ndim))) {
+    em_scope_end_at(site);
+    return rt_error(site, "em_masked_fill", "mask %s does not broadcast to %s", rt_fmt(b, sizeof b, mask), em_dtype_name(x->dtype));
+  }
+  END(r, site);
+}
