@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-./build/hello "$@"
+# The main job: the MLP trained eagerly for one epoch on Fashion-MNIST (any option overrides).
+./build/fashion_mnist --epochs 1 "$@"
