@@ -433,6 +433,13 @@ em_tensor *em_unsqueeze_at(em_tensor *x, int axis, em_site site);
 /* Copy of x reversed along the given axes. Matches torch.flip. */
 #define em_flip(...) em_flip_at(__VA_ARGS__, EM_HERE)
 em_tensor *em_flip_at(em_tensor *x, int n_axes, const int64_t *axes, em_site site);
+/* A copy of x with src written into x[..., start:stop:step, ...] along axis (bounds clamped as
+ * em_slice does); src must have that slice's shape and x's dtype. Matches torch.slice_scatter.
+ * It is the gradient of em_slice, and differentiable in both x and src. */
+#define em_slice_scatter(x, src, axis, start, stop, step) \
+  em_slice_scatter_at((x), (src), (axis), (start), (stop), (step), EM_HERE)
+em_tensor *em_slice_scatter_at(em_tensor *x, em_tensor *src, int axis, int64_t start, int64_t stop, int64_t step,
+                               em_site site);
 /* Constant padding. pads holds n_pads (even, <= 2 * ndim) amounts, last dim first, as
  * torch.nn.functional.pad: (left, right) of the last dim, then (top, bottom) of the one before,
  * ... Amounts must be >= 0. The result is a new tensor filled with value outside x. */

@@ -213,6 +213,16 @@ bool prim_run_movement(em_prim op, const prim_attrs *at, const prim_buf *out, co
     }
     return true;
   }
+  case EM_PRIM_SLICE_SCATTER: {
+    int a = ir_norm_axis(at->axes[0], out->ndim);
+    copy(out, &in[0]);
+    prim_buf v = *out;
+    v.data += at->start * out->strides[a] * (int64_t)es;
+    v.sizes[a] = in[1].sizes[a];
+    v.strides[a] = out->strides[a] * at->step;
+    copy(&v, &in[1]);
+    return true;
+  }
   case EM_PRIM_GATHER: {
     int a = ir_norm_axis(at->axes[0], in[0].ndim ? in[0].ndim : 1);
     if (!indices_in_range(&in[1], in[0].ndim ? in[0].sizes[a] : 1, a, err, cap)) return false;

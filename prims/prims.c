@@ -422,6 +422,16 @@ bool prim_meta_fn(em_prim op, const prim_attrs *at, const prim_meta *in, int n_i
     ir_contiguous_strides(out->ndim, out->sizes, out->strides);
     return true;
   }
+  case EM_PRIM_SLICE_SCATTER: {
+    /* base with src written into base[..., start:stop:step, ...]: src has that slice's shape */
+    prim_meta view;
+    if (!meta_view(EM_PRIM_SLICE, at, &in[0], &view, err, cap)) return false;
+    if (in[1].dtype != in[0].dtype || !same_shape(&view, &in[1]))
+      return fail(err, cap, "src %s does not match the slice %s of %s", fmt(b0, 96, &in[1]),
+                  ir_fmt_type(b1, 96, in[0].dtype, view.ndim, view.sizes), fmt(b1, 96, &in[0]));
+    set_shape(out, in[0].dtype, in[0].ndim, in[0].sizes);
+    return true;
+  }
   case EM_PRIM_FULL:
   case EM_PRIM_IOTA:
   case EM_PRIM_PHILOX_UNIFORM:

@@ -315,6 +315,22 @@ em_tensor *em_slice_at(em_tensor *x, int axis, int64_t start, int64_t stop, int6
   return SCOPED("em_slice", rt_dispatch("em_slice", EM_PRIM_SLICE, &x, 1, &at, site));
 }
 
+em_tensor *em_slice_scatter_at(em_tensor *x, em_tensor *src, int axis, int64_t start, int64_t stop, int64_t step,
+                               em_site site) {
+  if (!x || !src) return NULL;
+  int a = ir_norm_axis(axis, x->ndim);
+  char b[128];
+  if (a < 0) return rt_error(site, "em_slice_scatter", "axis %d out of range for %s", axis, rt_fmt(b, sizeof b, x));
+  int64_t n = x->sizes[a];
+  if (start < 0) start += n;
+  if (stop < 0) stop += n;
+  start = start < 0 ? 0 : start > n ? n : start;
+  stop = stop < start ? start : stop > n ? n : stop;
+  prim_attrs at = {.n_axes = 1, .axes = {a}, .start = start, .stop = stop, .step = step};
+  em_tensor *ops[2] = {x, src};
+  return SCOPED("em_slice_scatter", rt_dispatch("em_slice_scatter", EM_PRIM_SLICE_SCATTER, ops, 2, &at, site));
+}
+
 em_tensor *em_squeeze_at(em_tensor *x, int n_axes, const int64_t *axes, em_site site) {
   if (!x) return NULL;
   if (!shape_arg("em_squeeze", n_axes, axes, site)) return NULL;

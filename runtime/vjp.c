@@ -58,34 +58,11 @@ static em_tensor *rereduce(rt_node *n, em_tensor *x, em_site s) {
   return em_expand_at(r, x->ndim, x->sizes, s);
 }
 
-/* Gradient of a strided slice: g placed at positions start, start + step, ... of a zero tensor
- * of the input's size along axis, built from differentiable ops (interleave zeros, then pad). */
+/* Gradient of a slice: g written into a zero tensor of the input's shape. */
 static em_tensor *unslice(rt_node *n, em_tensor *g, em_site s) {
   const prim_meta *x = &n->in_meta[0];
-  int a = ir_norm_axis(n->attrs.axes[0], x->ndim);
-  int64_t step = n->attrs.step, start = n->attrs.start, size = x->sizes[a], k = g->sizes[a];
-  em_tensor *spread = g;
-  if (step > 1 && k > 0) {
-    /* [.., k, ..] -> [.., k, 1, ..] -> pad to [.., k, step, ..] -> [.., k * step, ..] */
-    em_tensor *u = em_unsqueeze_at(g, a + 1, s);
-    int64_t pads[2 * EM_MAX_DIMS] = {0};
-    int d = x->ndim - a - 1; /* the new axis a + 1 counted from the end of the (ndim+1)-D view */
-    pads[2 * d + 1] = step - 1;
-    em_tensor *p = em_pad_at(u, 2 * (d + 1), pads, 0, s);
-    int64_t sizes[EM_MAX_DIMS];
-    memcpy(sizes, g->sizes, sizeof(int64_t) * (size_t)g->ndim);
-    sizes[a] = k * step;
-    spread = em_reshape_at(p, g->ndim, sizes, s);
-    if (!spread) return NULL;
-    if (start + k * step > size) spread = em_slice_at(spread, a, 0, size - start, 1, s);
-  }
-  if (!spread) return NULL;
-  int64_t have = spread->sizes[a];
-  int64_t pads[2 * EM_MAX_DIMS] = {0};
-  int d = x->ndim - 1 - a;
-  pads[2 * d] = start;
-  pads[2 * d + 1] = size - start - have;
-  return em_pad_at(spread, 2 * (d + 1), pads, 0, s);
+  return em_slice_scatter_at(zeros_like_meta(x, s), g, (int)n->attrs.axes[0], n->attrs.start, n->attrs.stop,
+                             n->attrs.step, s);
 }
 
 static em_tensor *scalar(em_dtype dt, double v, em_site s) { return em_scalar_at(dt, v, s); }
@@ -198,6 +175,12 @@ bool rt_vjp(rt_node *n, em_tensor *g, em_tensor **grads) {
     break;
   }
   case EM_PRIM_SLICE: grads[0] = unslice(n, g, s); break;
+  case EM_PRIM_SLICE_SCATTER: {
+    const prim_attrs *a = at;
+    if (need[0]) grads[0] = em_slice_scatter_at(g, zeros_like_meta(&n->in_meta[1], s), (int)a->axes[0], a->start, a->stop, a->step, s);
+    if (need[1]) grads[1] = em_slice_at(g, (int)a->axes[0], a->start, a->stop, a->step, s);
+    break;
+  }
   case EM_PRIM_CLONE: grads[0] = g; break;
   case EM_PRIM_FLIP: grads[0] = em_flip_at(g, at->n_axes, at->axes, s); break;
   case EM_PRIM_PAD: {

@@ -98,6 +98,11 @@ UNARY_FN(f_squeeze, em_squeeze(em_unsqueeze(x[0], -1), EM_AXES(-1)))
 UNARY_FN(f_flip, em_mul(em_flip(x[0], EM_AXES(0, 1)), x[0]))
 UNARY_FN(f_pad, em_pad(x[0], 4, (int64_t[]){1, 2, 0, 1}, 3))
 UNARY_FN(f_clone, em_clone(em_transpose(x[0], 0, 1)))
+static em_tensor *f_slice_scatter(em_tensor *const *x, void *c) {
+  (void)c;
+  em_tensor *src = em_mul(em_slice(x[0], 0, 1, 4, 2), em_slice(x[0], 0, 0, 2, 1));
+  return em_slice_scatter(x[0], src, 0, 1, 4, 2);
+}
 static em_tensor *f_cat(em_tensor *const *x, void *c) {
   (void)c;
   em_tensor *parts[3] = {x[0], em_mul(x[0], x[0]), em_slice(x[0], 0, 0, 2, 1)};
@@ -109,7 +114,7 @@ ETEST(gradcheck, movement) {
   struct { const char *name; gc_fn f; } cases[] = {
       {"reshape", f_reshape}, {"permute", f_permute}, {"expand", f_expand}, {"slice", f_slice},
       {"slice step 3", f_slice3}, {"squeeze", f_squeeze}, {"flip", f_flip}, {"pad", f_pad},
-      {"clone", f_clone}, {"cat", f_cat},
+      {"clone", f_clone}, {"cat", f_cat}, {"slice_scatter", f_slice_scatter},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     em_tensor *x = gc_leaf(-1, 1, EM_SHAPE(4, 3));

@@ -117,3 +117,13 @@ ETEST(indexing, scatter_add) {
   EXPECT(em_scatter_add(em_zeros(D, EM_SHAPE(2)), 0, T(EM_I32, SHAPE(2), 1, 1), T(F, SHAPE(2), 0.5, 0.25)), D,
          SHAPE(2), 0, 0, 0.75);
 }
+
+ETEST(copies, slice_scatter) {
+  em_tensor *x = em_zeros(EM_I64, EM_SHAPE(2, 5));
+  EXPECT(em_slice_scatter(x, T(EM_I64, SHAPE(2, 2), 1, 2, 3, 4), 1, 1, 5, 2), EM_I64, SHAPE(2, 5), 0, 0, 1, 0, 2, 0, 0, 3,
+         0, 4, 0);
+  EXPECT(x, EM_I64, SHAPE(2, 5), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0); /* out of place */
+  EXPECT(em_slice_scatter(em_transpose(T(F, SHAPE(2, 2), 1, 2, 3, 4), 0, 1), T(F, SHAPE(1, 2), 9, 9), 0, -1, 2, 1), F,
+         SHAPE(2, 2), 0, 1, 3, 9, 9);
+  EXPECT_ERROR(em_slice_scatter(x, T(EM_I64, SHAPE(2, 3), 1, 2, 3, 4, 5, 6), 1, 1, 5, 2), "does not match the slice");
+}
