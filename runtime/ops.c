@@ -301,32 +301,32 @@ em_tensor *em_expand_at(em_tensor *x, int ndim, const int64_t *sizes, em_site si
   return SCOPED("em_expand", r);
 }
 
-em_tensor *em_slice_at(em_tensor *x, int axis, int64_t start, int64_t stop, int64_t step, em_site site) {
-  if (!x) return NULL;
+/* Slice attributes with Python's clamping of start and stop (negative values count from the
+ * end), shared by slice and slice_scatter. False (error recorded) for a bad axis. */
+static bool slice_attrs(em_tensor *x, int axis, int64_t start, int64_t stop, int64_t step, prim_attrs *at,
+                        const char *name, em_site site) {
   int a = ir_norm_axis(axis, x->ndim);
   char b[128];
-  if (a < 0) return rt_error(site, "em_slice", "axis %d out of range for %s", axis, rt_fmt(b, sizeof b, x));
+  if (a < 0) return rt_error(site, name, "axis %d out of range for %s", axis, rt_fmt(b, sizeof b, x)), false;
   int64_t n = x->sizes[a];
   if (start < 0) start += n;
   if (stop < 0) stop += n;
   start = start < 0 ? 0 : start > n ? n : start;
   stop = stop < start ? start : stop > n ? n : stop;
-  prim_attrs at = {.n_axes = 1, .axes = {a}, .start = start, .stop = stop, .step = step};
+  *at = (prim_attrs){.n_axes = 1, .axes = {a}, .start = start, .stop = stop, .step = step};
+  return true;
+}
+
+em_tensor *em_slice_at(em_tensor *x, int axis, int64_t start, int64_t stop, int64_t step, em_site site) {
+  prim_attrs at;
+  if (!x || !slice_attrs(x, axis, start, stop, step, &at, "em_slice", site)) return NULL;
   return SCOPED("em_slice", rt_dispatch("em_slice", EM_PRIM_SLICE, &x, 1, &at, site));
 }
 
 em_tensor *em_slice_scatter_at(em_tensor *x, em_tensor *src, int axis, int64_t start, int64_t stop, int64_t step,
                                em_site site) {
-  if (!x || !src) return NULL;
-  int a = ir_norm_axis(axis, x->ndim);
-  char b[128];
-  if (a < 0) return rt_error(site, "em_slice_scatter", "axis %d out of range for %s", axis, rt_fmt(b, sizeof b, x));
-  int64_t n = x->sizes[a];
-  if (start < 0) start += n;
-  if (stop < 0) stop += n;
-  start = start < 0 ? 0 : start > n ? n : start;
-  stop = stop < start ? start : stop > n ? n : stop;
-  prim_attrs at = {.n_axes = 1, .axes = {a}, .start = start, .stop = stop, .step = step};
+  prim_attrs at;
+  if (!x || !src || !slice_attrs(x, axis, start, stop, step, &at, "em_slice_scatter", site)) return NULL;
   em_tensor *ops[2] = {x, src};
   return SCOPED("em_slice_scatter", rt_dispatch("em_slice_scatter", EM_PRIM_SLICE_SCATTER, ops, 2, &at, site));
 }
