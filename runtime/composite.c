@@ -27,9 +27,13 @@ static bool float_arg(em_tensor *x, const char *name, em_site site) {
   return true;
 }
 
+/* where(x <= 0, 0, x) rather than maximum(x, 0): NaN passes through as in torch.relu, the
+ * gradient at 0 is 0 as in PyTorch's threshold_backward, and the backward is one select instead
+ * of maximum's tie-splitting rule. */
 em_tensor *em_relu_at(em_tensor *x, em_site site) {
   if (!x) return NULL;
-  return em_maximum_scalar_at(x, 0, site);
+  BEGIN(site);
+  END(em_where_at(em_le_scalar_at(x, 0, site), em_scalar_at(x->dtype, 0, site), x, site), site);
 }
 
 em_tensor *em_leaky_relu_at(em_tensor *x, double slope, em_site site) {
@@ -389,6 +393,15 @@ static em_tensor *pool(bool is_max, em_tensor *x, int64_t kh, int64_t kw, int64_
                                         (long long)kw, rt_fmt(b, sizeof b, x));
   int64_t ho = (H - kh) / sh + 1, wo = (W - kw) / sw + 1;
   BEGIN(site);
+  if (sh == kh && sw == kw && ph == 0 && pw == 0) {
+    /* Windows tile the input: view it as [N, C, Ho, kh, Wo, kw] (after dropping the rows and
+     * columns no window covers) and reduce over the two window axes in one pass. */
+    em_tensor *c = em_slice_at(em_slice_at(x, 2, 0, ho * kh, 1, site), 3, 0, wo * kw, 1, site);
+    em_tensor *w = em_reshape_at(c, 6, (int64_t[]){x->sizes[0], x->sizes[1], ho, kh, wo, kw}, site);
+    em_tensor *r = is_max ? em_amax_at(w, 2, (int64_t[]){3, 5}, false, site)
+                          : em_div_scalar_at(em_sum_at(w, 2, (int64_t[]){3, 5}, false, site), (double)(kh * kw), site);
+    END(r, site);
+  }
   em_tensor *p = (ph || pw) ? em_pad_at(x, 4, (int64_t[]){pw, pw, ph, ph}, is_max ? -INFINITY : 0, site) : x;
   em_tensor *acc = NULL;
   for (int64_t i = 0; i < kh; i++)
