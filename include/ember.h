@@ -716,7 +716,8 @@ em_tensor *em_masked_fill_at(em_tensor *x, em_tensor *mask, double value, em_sit
 /* Fill t in place, without grad, from U(lo, hi) / kaiming-uniform U(-bound, bound) with
  * bound = sqrt(6 / ((1 + a^2) fan_in)), fan_in = size(1) * prod(size(2:)) (He et al. 2015;
  * torch.nn.init.uniform_, kaiming_uniform_(a, mode='fan_in', nonlinearity='leaky_relu')).
- * Return t (borrowed); NULL with an error for a non-float t or (kaiming) fewer than 2 dims. */
+ * Return t (borrowed); NULL with an error for a non-float t, bounds that are not finite or
+ * have lo > hi, or (kaiming) fewer than 2 dims. f16/bf16 tensors take f32 draws, rounded. */
 #define em_init_uniform_(t, lo, hi) em_init_uniform__at((t), (lo), (hi), EM_HERE)
 em_tensor *em_init_uniform__at(em_tensor *t, double lo, double hi, em_site site);
 #define em_init_kaiming_uniform_(t, a) em_init_kaiming_uniform__at((t), (a), EM_HERE)
@@ -724,7 +725,8 @@ em_tensor *em_init_kaiming_uniform__at(em_tensor *t, double a, em_site site);
 
 /* nn.Linear(in, out): weight f32 [out, in] kaiming-uniform with a = sqrt(5), bias f32 [out]
  * U(-1/sqrt(in), 1/sqrt(in)) (or EM_NONE without bias); both require grad and belong to the
- * current scope. Apply with em_linear(x, l.weight, l.bias). Returns false with an error. */
+ * current scope. Apply with em_linear(x, l.weight, l.bias). Sizes may be 0 (as nn.Linear).
+ * Returns false with an error (negative sizes, allocation failure), leaving both fields NULL. */
 typedef struct em_linear_layer {
   em_tensor *weight, *bias;
 } em_linear_layer;
@@ -732,7 +734,8 @@ typedef struct em_linear_layer {
 bool em_linear_layer_init_at(em_linear_layer *l, int64_t in, int64_t out, bool has_bias, em_site site);
 /* nn.Conv2d(in, out, (kh, kw), ...): weight f32 [out, in/groups, kh, kw] kaiming-uniform with
  * a = sqrt(5), bias [out] U(-1/sqrt(fan_in), 1/sqrt(fan_in)) or EM_NONE. Apply with
- * em_conv2d(x, l.weight, l.bias, l.params). */
+ * em_conv2d(x, l.weight, l.bias, l.params). Errors (fields left NULL): groups not dividing the
+ * channel counts, kernel < 1, stride or dilation < 1, padding < 0, allocation failure. */
 typedef struct em_conv2d_layer {
   em_tensor *weight, *bias;
   em_conv2d_params params;

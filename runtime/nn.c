@@ -1,28 +1,42 @@
 /* runtime/nn.c: parameter initialisation, layers and optimizers as torch.nn and torch.optim
  * define them.
  *
- * Initialisers and optimizer steps write parameters in place, so they run under no-grad (the
- * autograd engine refuses in-place writes to leaves that require grad otherwise), inside a
- * private scope so every temporary of a step is freed with it. Optimizer state tensors are held
- * by reference from the optimizer, outside any user scope. */
+ * Everything here is written on top of the public op API, so it needs no kernels of its own and
+ * every allocation goes through the runtime's allocator. Initialisers and optimizer steps write
+ * parameters in place, so they run under no-grad (in grad mode the autograd engine refuses
+ * in-place writes to leaves that require grad), each inside a private scope so that every
+ * temporary of a call is freed when it returns. An optimizer holds its parameters and its state
+ * tensors by reference (em_retain), not through any scope, because it outlives the scopes of the
+ * training loop that drives it. */
 #include "rt.h"
 
 #include <math.h>
 #include <string.h>
 
+/* ---- initialisation ---- */
+
 em_tensor *em_init_uniform__at(em_tensor *t, double lo, double hi, em_site site) {
+  static const char name[] = "em_init_uniform_";
   if (!t) return NULL;
   char b[128];
-  if (!ir_is_float(t->dtype)) return rt_error(site, "em_init_uniform_", "needs a floating tensor, got %s", rt_fmt(b, sizeof b, t));
+  if (!ir_is_float(t->dtype)) return rt_error(site, name, "needs a floating tensor, got %s", rt_fmt(b, sizeof b, t));
+  /* As Tensor.uniform_, which refuses from > to; the finiteness check also keeps NaN and
+   * infinite bounds from filling a parameter with NaN. */
+  if (!(isfinite(lo) && isfinite(hi) && lo <= hi && isfinite(hi - lo)))
+    return rt_error(site, name, "needs finite bounds with lo <= hi, got [%g, %g)", lo, hi);
   if (!em_scope_begin_at(site)) return NULL;
   em_no_grad_begin();
-  em_tensor *u = em_add_scalar_at(em_mul_scalar_at(em_rand_at(t->dtype, t->ndim, t->sizes, site), hi - lo, site), lo, site);
+  /* The generator draws f32 or f64 only; half-precision parameters take f32 draws, rounded by
+   * the copy. */
+  em_dtype draw = t->dtype == EM_F64 ? EM_F64 : EM_F32;
+  em_tensor *u = em_add_scalar_at(em_mul_scalar_at(em_rand_at(draw, t->ndim, t->sizes, site), hi - lo, site), lo, site);
   em_tensor *r = u ? em_copy__at(t, u, site) : NULL;
   em_no_grad_end();
   em_scope_end_at(site);
   return r;
 }
 
+/* torch.nn.init._calculate_fan_in_and_fan_out: input feature maps times the receptive field. */
 static int64_t fan_in(const em_tensor *t) {
   int64_t f = t->sizes[1];
   for (int i = 2; i < t->ndim; i++) f *= t->sizes[i];
@@ -32,49 +46,84 @@ static int64_t fan_in(const em_tensor *t) {
 em_tensor *em_init_kaiming_uniform__at(em_tensor *t, double a, em_site site) {
   if (!t) return NULL;
   char b[128];
-  if (t->ndim < 2) return rt_error(site, "em_init_kaiming_uniform_", "needs at least 2 dims, got %s", rt_fmt(b, sizeof b, t));
+  if (t->ndim < 2)
+    return rt_error(site, "em_init_kaiming_uniform_", "needs at least 2 dims to find fan_in, got %s",
+                    rt_fmt(b, sizeof b, t));
+  /* gain = sqrt(2 / (1 + a^2)) (leaky_relu), bound = gain * sqrt(3 / fan_in). A tensor with no
+   * elements has fan_in 0 and nothing to fill; bound 0 keeps the arithmetic finite. */
   int64_t f = fan_in(t);
   double bound = f > 0 ? sqrt(6.0 / ((1 + a * a) * (double)f)) : 0;
   return em_init_uniform__at(t, -bound, bound, site);
 }
 
-static em_tensor *param(int ndim, const int64_t *sizes, double bound, bool kaiming, em_site site) {
+/* ---- layers ---- */
+
+/* An f32 parameter of the given shape, kaiming-uniform with a = sqrt(5) (what nn.Linear and
+ * nn.Conv2d do in reset_parameters) or U(-bound, bound), marked as requiring grad. Owned by the
+ * current scope. */
+static em_tensor *param(int ndim, const int64_t *sizes, bool kaiming, double bound, em_site site) {
   em_tensor *t = em_empty_at(EM_F32, ndim, sizes, site);
   t = kaiming ? em_init_kaiming_uniform__at(t, sqrt(5.0), site) : em_init_uniform__at(t, -bound, bound, site);
   return em_requires_grad__at(t, true, site);
 }
 
+/* Makes a layer's weight and bias in a private scope and hands them to the caller's scope only
+ * when both exist, so a failure (out of memory, say) frees the half-built layer at once. Should
+ * the bias's hand-over itself fail, the weight already handed over goes when the caller's scope
+ * ends, like any other result. */
+static bool make_layer(em_tensor **weight, em_tensor **bias, int ndim, const int64_t *wsizes, int64_t out,
+                       bool has_bias, em_site site) {
+  *weight = *bias = NULL;
+  if (!em_scope_begin_at(site)) return false;
+  int64_t f = 1;
+  for (int i = 1; i < ndim; i++) f *= wsizes[i];
+  /* nn.Linear / nn.Conv2d: bias bound 1 / sqrt(fan_in), 0 when fan_in is 0. */
+  em_tensor *w = param(ndim, wsizes, true, 0, site);
+  em_tensor *b = !w ? NULL : has_bias ? param(1, &out, false, f > 0 ? 1 / sqrt((double)f) : 0, site) : EM_NONE;
+  bool ok = b && em_keep_at(w, site) && (b == EM_NONE || em_keep_at(b, site));
+  em_scope_end_at(site);
+  if (ok) *weight = w, *bias = b;
+  return ok;
+}
+
 bool em_linear_layer_init_at(em_linear_layer *l, int64_t in, int64_t out, bool has_bias, em_site site) {
-  if (!l) return rt_error(site, "em_linear_layer_init", "layer is NULL"), false;
+  static const char name[] = "em_linear_layer_init";
+  if (!l) return rt_error(site, name, "layer is NULL"), false;
   l->weight = l->bias = NULL;
-  if (in < 1 || out < 1)
-    return rt_error(site, "em_linear_layer_init", "sizes must be >= 1, got (%lld, %lld)", (long long)in, (long long)out), false;
-  em_tensor *w = param(2, (int64_t[]){out, in}, 0, true, site);
-  em_tensor *b = has_bias ? param(1, &out, 1 / sqrt((double)in), false, site) : EM_NONE;
-  if (!w || !b) return false;
-  l->weight = w, l->bias = b;
-  return true;
+  /* nn.Linear accepts zero features (an empty weight); only negative sizes are meaningless. */
+  if (in < 0 || out < 0)
+    return rt_error(site, name, "sizes must be >= 0, got in %lld, out %lld", (long long)in, (long long)out), false;
+  return make_layer(&l->weight, &l->bias, 2, (int64_t[]){out, in}, out, has_bias, site);
 }
 
 bool em_conv2d_layer_init_at(em_conv2d_layer *l, int64_t in, int64_t out, int64_t kh, int64_t kw, em_conv2d_params p,
                              bool has_bias, em_site site) {
-  if (!l) return rt_error(site, "em_conv2d_layer_init", "layer is NULL"), false;
+  static const char name[] = "em_conv2d_layer_init";
+  if (!l) return rt_error(site, name, "layer is NULL"), false;
   l->weight = l->bias = NULL;
   l->params = p;
-  if (in < 1 || out < 1 || kh < 1 || kw < 1 || p.groups < 1 || in % p.groups || out % p.groups)
-    return rt_error(site, "em_conv2d_layer_init", "bad sizes: %lld -> %lld channels, kernel %lldx%lld, groups %lld",
-                    (long long)in, (long long)out, (long long)kh, (long long)kw, (long long)p.groups), false;
-  em_tensor *w = param(4, (int64_t[]){out, in / p.groups, kh, kw}, 0, true, site);
-  em_tensor *b = has_bias ? param(1, &out, 1 / sqrt((double)(in / p.groups * kh * kw)), false, site) : EM_NONE;
-  if (!w || !b) return false;
-  l->weight = w, l->bias = b;
-  return true;
+  if (p.groups < 1 || in < 0 || out < 0 || in % p.groups || out % p.groups)
+    return rt_error(site, name, "groups (%lld) must be >= 1 and divide both channel counts (%lld -> %lld)",
+                    (long long)p.groups, (long long)in, (long long)out), false;
+  /* Checked here as well as by em_conv2d, so a bad layer is reported where it is built. */
+  if (kh < 1 || kw < 1 || p.stride[0] < 1 || p.stride[1] < 1 || p.padding[0] < 0 || p.padding[1] < 0 ||
+      p.dilation[0] < 1 || p.dilation[1] < 1)
+    return rt_error(site, name,
+                    "bad kernel or params: kernel %lldx%lld (>= 1), stride (%lld, %lld) (>= 1), padding (%lld, %lld) "
+                    "(>= 0), dilation (%lld, %lld) (>= 1)",
+                    (long long)kh, (long long)kw, (long long)p.stride[0], (long long)p.stride[1],
+                    (long long)p.padding[0], (long long)p.padding[1], (long long)p.dilation[0],
+                    (long long)p.dilation[1]), false;
+  return make_layer(&l->weight, &l->bias, 4, (int64_t[]){out, in / p.groups, kh, kw}, out, has_bias, site);
 }
 
 /* ---- optimizers ---- */
 
 typedef enum { SGD, ADAMW } opt_kind;
 
+/* One allocation: the header, then per parameter its reference, three state slots and a step
+ * count. State slots stay NULL until a parameter's first step, as PyTorch creates state lazily
+ * (SGD's momentum buffer starts as a copy of the first gradient, not as zeros). */
 struct em_optimizer {
   opt_kind kind;
   em_sgd_opts sgd;
@@ -82,7 +131,7 @@ struct em_optimizer {
   int n;
   em_tensor **params;
   em_tensor **state[3]; /* SGD: momentum buffer; AdamW: exp_avg, exp_avg_sq, max_exp_avg_sq */
-  int64_t *steps;
+  int64_t *steps;       /* AdamW: updates made to each parameter, for bias correction */
 };
 
 void em_optimizer_free(em_optimizer *o) {
@@ -98,7 +147,7 @@ static em_optimizer *new_optimizer(opt_kind kind, int n, em_tensor *const *param
   char b[128];
   if (n < 1 || !params) return rt_error(site, name, "needs at least one parameter, got %d", n);
   for (int i = 0; i < n; i++) {
-    if (!params[i]) return NULL;
+    if (!params[i]) return NULL; /* the op that should have made it recorded why */
     if (!params[i]->requires_grad || params[i]->grad_fn || !ir_is_float(params[i]->dtype))
       return rt_error(site, name, "parameter %d (%s) is not a floating leaf that requires grad", i,
                       rt_fmt(b, sizeof b, params[i]));
@@ -106,7 +155,7 @@ static em_optimizer *new_optimizer(opt_kind kind, int n, em_tensor *const *param
   size_t k = (size_t)n;
   size_t bytes = sizeof(em_optimizer) + k * (4 * sizeof(em_tensor *) + sizeof(int64_t));
   em_optimizer *o = rt_alloc(bytes, 16);
-  if (!o) return rt_error(site, name, "out of memory");
+  if (!o) return rt_error(site, name, "out of memory allocating an optimizer over %d parameters", n);
   memset(o, 0, bytes);
   char *p = (char *)(o + 1);
   o->params = (em_tensor **)p, p += k * sizeof(em_tensor *);
@@ -118,22 +167,29 @@ static em_optimizer *new_optimizer(opt_kind kind, int n, em_tensor *const *param
   return o;
 }
 
+/* Validation as torch.optim.SGD.__init__ (NaN fails the comparisons, so it is refused too). */
 em_optimizer *em_sgd_new_at(int n, em_tensor *const *params, em_sgd_opts opts, em_site site) {
-  if (!(opts.lr >= 0) || opts.momentum < 0 || opts.weight_decay < 0)
-    return rt_error(site, "em_sgd_new", "lr, momentum and weight_decay must be >= 0");
+  static const char name[] = "em_sgd_new";
+  if (!(opts.lr >= 0 && opts.momentum >= 0 && opts.weight_decay >= 0))
+    return rt_error(site, name, "lr, momentum and weight_decay must be >= 0, got %g, %g, %g", opts.lr, opts.momentum,
+                    opts.weight_decay);
   if (opts.nesterov && (opts.momentum <= 0 || opts.dampening != 0))
-    return rt_error(site, "em_sgd_new", "nesterov momentum requires a momentum and zero dampening");
-  em_optimizer *o = new_optimizer(SGD, n, params, "em_sgd_new", site);
+    return rt_error(site, name, "nesterov momentum requires a momentum and zero dampening, got %g and %g",
+                    opts.momentum, opts.dampening);
+  em_optimizer *o = new_optimizer(SGD, n, params, name, site);
   if (o) o->sgd = opts;
   return o;
 }
 
+/* Validation as torch.optim.AdamW.__init__. */
 em_optimizer *em_adamw_new_at(int n, em_tensor *const *params, em_adamw_opts opts, em_site site) {
-  if (!(opts.lr >= 0) || !(opts.eps >= 0) || opts.weight_decay < 0)
-    return rt_error(site, "em_adamw_new", "lr, eps and weight_decay must be >= 0");
+  static const char name[] = "em_adamw_new";
+  if (!(opts.lr >= 0 && opts.eps >= 0 && opts.weight_decay >= 0))
+    return rt_error(site, name, "lr, eps and weight_decay must be >= 0, got %g, %g, %g", opts.lr, opts.eps,
+                    opts.weight_decay);
   if (!(opts.beta1 >= 0 && opts.beta1 < 1 && opts.beta2 >= 0 && opts.beta2 < 1))
-    return rt_error(site, "em_adamw_new", "betas must be in [0, 1), got (%g, %g)", opts.beta1, opts.beta2);
-  em_optimizer *o = new_optimizer(ADAMW, n, params, "em_adamw_new", site);
+    return rt_error(site, name, "betas must be in [0, 1), got (%g, %g)", opts.beta1, opts.beta2);
+  em_optimizer *o = new_optimizer(ADAMW, n, params, name, site);
   if (o) o->adamw = opts;
   return o;
 }
@@ -151,45 +207,46 @@ void em_optimizer_set_lr(em_optimizer *o, double lr) {
 
 double em_optimizer_get_lr(const em_optimizer *o) { return !o ? NAN : o->kind == SGD ? o->sgd.lr : o->adamw.lr; }
 
-/* A zero state tensor like p, held by the optimizer (made outside the step's scope). */
-static em_tensor *state_like(em_tensor *p, em_site site) {
-  em_tensor *z = em_zeros_at(p->dtype, p->ndim, p->sizes, site);
-  return em_retain(z);
-}
-
+/* torch.optim.SGD, per parameter: g = grad + wd p; buf = g (first step) or
+ * momentum buf + (1 - dampening) g; g = nesterov ? g + momentum buf : buf; p -= lr g. */
 static bool sgd_step(em_optimizer *o, int i, em_tensor *p, em_tensor *g, em_site site) {
   const em_sgd_opts *s = &o->sgd;
   if (s->weight_decay != 0) g = em_add_at(g, em_mul_scalar_at(p, s->weight_decay, site), site);
   if (s->momentum != 0) {
-    if (!o->state[0][i]) {
-      if (!(o->state[0][i] = em_retain(em_detach_at(em_clone_at(g, site), site)))) return false;
-    } else if (!em_mul_scalar__at(o->state[0][i], s->momentum, site) ||
-               !em_add__at(o->state[0][i], em_mul_scalar_at(g, 1 - s->dampening, site), site)) {
+    em_tensor **buf = &o->state[0][i];
+    if (!*buf) {
+      /* A copy, not g itself: g may be the parameter's .grad, which backward accumulates into.
+       * The optimizer's reference keeps it alive past the step's scope. */
+      if (!(*buf = em_retain(em_clone_at(g, site)))) return false;
+    } else if (!em_mul_scalar__at(*buf, s->momentum, site) ||
+               !em_add__at(*buf, em_mul_scalar_at(g, 1 - s->dampening, site), site)) {
       return false;
     }
-    em_tensor *buf = o->state[0][i];
-    g = s->nesterov ? em_add_at(g, em_mul_scalar_at(buf, s->momentum, site), site) : buf;
+    g = s->nesterov ? em_add_at(g, em_mul_scalar_at(*buf, s->momentum, site), site) : *buf;
   }
   return em_sub__at(p, em_mul_scalar_at(g, s->lr, site), site) != NULL;
 }
 
+/* torch.optim.AdamW, per parameter at step t: p *= 1 - lr wd; m = b1 m + (1 - b1) g;
+ * v = b2 v + (1 - b2) g^2; vmax = max(vmax, v) with amsgrad;
+ * p -= lr / (1 - b1^t) * m / (sqrt(v or vmax) / sqrt(1 - b2^t) + eps), grouped as PyTorch's
+ * single-tensor implementation groups it, so results agree to rounding. */
 static bool adamw_step(em_optimizer *o, int i, em_tensor *p, em_tensor *g, em_site site) {
   const em_adamw_opts *a = &o->adamw;
+  /* State made here lives past the step's scope through the optimizer's reference. */
   for (int k = 0; k < (a->amsgrad ? 3 : 2); k++)
-    if (!o->state[k][i] && !(o->state[k][i] = state_like(p, site))) return false;
-  em_tensor *m = o->state[0][i], *v = o->state[1][i];
+    if (!o->state[k][i] && !(o->state[k][i] = em_retain(em_zeros_at(p->dtype, p->ndim, p->sizes, site)))) return false;
+  em_tensor *m = o->state[0][i], *v = o->state[1][i], *vmax = o->state[2][i];
   int64_t t = ++o->steps[i];
   if (a->weight_decay != 0 && !em_mul_scalar__at(p, 1 - a->lr * a->weight_decay, site)) return false;
   if (!em_mul_scalar__at(m, a->beta1, site) || !em_add__at(m, em_mul_scalar_at(g, 1 - a->beta1, site), site) ||
-      !em_mul_scalar__at(v, a->beta2, site) || !em_add__at(v, em_mul_scalar_at(em_mul_at(g, g, site), 1 - a->beta2, site), site))
+      !em_mul_scalar__at(v, a->beta2, site) ||
+      !em_add__at(v, em_mul_scalar_at(em_mul_at(g, g, site), 1 - a->beta2, site), site))
     return false;
-  em_tensor *vv = v;
-  if (a->amsgrad) {
-    if (!em_copy__at(o->state[2][i], em_maximum_at(o->state[2][i], v, site), site)) return false;
-    vv = o->state[2][i];
-  }
+  if (a->amsgrad && !em_copy__at(vmax, em_maximum_at(vmax, v, site), site)) return false;
   double bc1 = 1 - pow(a->beta1, (double)t), bc2 = 1 - pow(a->beta2, (double)t);
-  em_tensor *denom = em_add_scalar_at(em_div_scalar_at(em_sqrt_at(vv, site), sqrt(bc2), site), a->eps, site);
+  em_tensor *denom = em_add_scalar_at(em_div_scalar_at(em_sqrt_at(a->amsgrad ? vmax : v, site), sqrt(bc2), site),
+                                      a->eps, site);
   em_tensor *upd = em_mul_scalar_at(em_div_at(m, denom, site), a->lr / bc1, site);
   return em_sub__at(p, upd, site) != NULL;
 }
@@ -199,8 +256,9 @@ bool em_optimizer_step_at(em_optimizer *o, em_site site) {
   em_no_grad_begin();
   bool ok = true;
   for (int i = 0; ok && i < o->n; i++) {
-    em_tensor *p = o->params[i], *g = p->grad;
-    if (!g) continue;
+    em_tensor *p = o->params[i], *g = em_get_grad(p);
+    if (!g) continue; /* as PyTorch: a parameter that took no part in the loss is left alone */
+    /* One scope per parameter bounds the temporaries alive at once to one parameter's worth. */
     if (!em_scope_begin_at(site)) {
       ok = false;
       break;
