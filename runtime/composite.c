@@ -5,7 +5,12 @@
  * code will trace into graphs. Each opens a scope for its intermediates and keeps only the
  * result, passing the caller's site to every op so errors name the user's line. Numerically
  * stable forms throughout: softmax and logsumexp subtract the (detached) maximum, sigmoid never
- * exponentiates a positive number, softplus is linear above its threshold. */
+ * exponentiates a positive number, softplus is linear above its threshold.
+ *
+ * Arguments are checked before the scope opens, so a bad call fails with a message naming the
+ * composite and the shapes it was given rather than some prim deep inside it. A NULL input is an
+ * earlier failure (already recorded) and returns NULL silently; a NULL from any op inside is
+ * carried through to the result, never papered over. */
 #include "rt.h"
 
 #include <math.h>
@@ -67,7 +72,7 @@ em_tensor *em_sigmoid_at(em_tensor *x, em_site site) {
 }
 
 em_tensor *em_silu_at(em_tensor *x, em_site site) {
-  if (!x) return NULL;
+  if (!x || !float_arg(x, "em_silu", site)) return NULL;
   BEGIN(site);
   END(em_mul_at(x, em_sigmoid_at(x, site), site), site);
 }
@@ -216,18 +221,23 @@ em_tensor *em_batch_norm_at(em_tensor *x, em_tensor *rm, em_tensor *rv, em_tenso
                             double momentum, double eps, em_site site) {
   static const char name[] = "em_batch_norm";
   if (!x || !rm || !rv || !w || !b) return NULL;
-  char s0[128];
+  char s0[128], s1[128];
   if (!float_arg(x, name, site)) return NULL;
   if (x->ndim < 2) return rt_error(site, name, "needs x [N, C, ...], got %s", rt_fmt(s0, sizeof s0, x));
   int64_t c = x->sizes[1];
   em_tensor *per_channel[4] = {rm, rv, w, b};
+  static const char *const what[4] = {"running_mean", "running_var", "weight", "bias"};
   for (int i = 0; i < 4; i++) {
     em_tensor *t = per_channel[i];
-    if (t != EM_NONE && (t->ndim != 1 || t->sizes[0] != c))
-      return rt_error(site, name, "per-channel tensors must be [%lld], got %s", (long long)c, rt_fmt(s0, sizeof s0, t));
+    if (t != EM_NONE && (t->ndim != 1 || t->sizes[0] != c || t->dtype != x->dtype))
+      return rt_error(site, name, "%s must be %s[%lld] for x %s, got %s", what[i], em_dtype_name(x->dtype), (long long)c,
+                      rt_fmt(s1, sizeof s1, x), rt_fmt(s0, sizeof s0, t));
   }
   if (!training && (rm == EM_NONE || rv == EM_NONE))
     return rt_error(site, name, "evaluation needs running_mean and running_var");
+  /* as PyTorch: one value per channel has no batch variance to normalise by */
+  if (training && c > 0 && x->numel / c == 1)
+    return rt_error(site, name, "expected more than 1 value per channel when training, got %s", rt_fmt(s0, sizeof s0, x));
   BEGIN(site);
   int64_t shape[EM_MAX_DIMS], axes[EM_MAX_DIMS];
   int na = 0;
@@ -240,13 +250,18 @@ em_tensor *em_batch_norm_at(em_tensor *x, em_tensor *rm, em_tensor *rv, em_tenso
     mean = em_mean_at(x, na, axes, true, site);
     em_tensor *d = em_sub_at(x, mean, site);
     var = em_mean_at(em_mul_at(d, d, site), na, axes, true, site);
-    if (rm != EM_NONE && rv != EM_NONE && mean && var) {
+    if ((rm != EM_NONE || rv != EM_NONE) && mean && var) {
+      /* The running statistics are buffers, not part of the graph: update them with grad off
+       * (the in-place ops would otherwise refuse to write data derived from x's history). */
       double n = (double)(x->numel / (c ? c : 1));
       em_no_grad_begin();
-      em_tensor *bm = em_reshape_at(mean, 1, &c, site);
-      em_tensor *bv = em_mul_scalar_at(em_reshape_at(var, 1, &c, site), n > 1 ? n / (n - 1) : 1, site);
-      bool ok = em_mul_scalar__at(rm, 1 - momentum, site) && em_add__at(rm, em_mul_scalar_at(bm, momentum, site), site) &&
-                em_mul_scalar__at(rv, 1 - momentum, site) && em_add__at(rv, em_mul_scalar_at(bv, momentum, site), site);
+      bool ok = true;
+      if (rm != EM_NONE)
+        ok = em_mul_scalar__at(rm, 1 - momentum, site) &&
+             em_add__at(rm, em_mul_scalar_at(em_reshape_at(mean, 1, &c, site), momentum, site), site);
+      if (ok && rv != EM_NONE) /* the running variance is the unbiased one, as PyTorch keeps it */
+        ok = em_mul_scalar__at(rv, 1 - momentum, site) &&
+             em_add__at(rv, em_mul_scalar_at(em_reshape_at(var, 1, &c, site), momentum * n / (n - 1), site), site);
       em_no_grad_end();
       if (!ok) mean = NULL;
     }
@@ -264,6 +279,9 @@ em_tensor *em_linear_at(em_tensor *x, em_tensor *w, em_tensor *b, em_site site) 
   if (!x || !w || !b) return NULL;
   char s0[128], s1[128];
   if (w->ndim != 2) return rt_error(site, "em_linear", "weight must be [out, in], got %s", rt_fmt(s0, sizeof s0, w));
+  if (x->ndim < 1 || x->sizes[x->ndim - 1] != w->sizes[1])
+    return rt_error(site, "em_linear", "x %s does not end in weight %s's in-features", rt_fmt(s0, sizeof s0, x),
+                    rt_fmt(s1, sizeof s1, w));
   if (b != EM_NONE && (b->ndim != 1 || b->sizes[0] != w->sizes[0]))
     return rt_error(site, "em_linear", "bias %s does not match weight %s", rt_fmt(s0, sizeof s0, b), rt_fmt(s1, sizeof s1, w));
   BEGIN(site);
@@ -286,18 +304,28 @@ em_tensor *em_dropout_at(em_tensor *x, double p, bool training, em_site site) {
 
 /* ---- losses ---- */
 
-static em_tensor *reduce_loss(em_tensor *l, em_reduction r, em_tensor *count, em_site site) {
+static bool reduction_arg(em_reduction r, const char *name, em_site site) {
+  if (r == EM_REDUCE_NONE || r == EM_REDUCE_MEAN || r == EM_REDUCE_SUM) return true;
+  return rt_error(site, name, "unknown reduction %d", (int)r), false;
+}
+
+/* Reduces the per-element loss l. The mean divides by the number of counted elements: the sum of
+ * the mask `valid` (ignore_index), or every element when valid is EM_NONE. A NULL l or valid is
+ * an earlier failure and gives NULL (never a mean over the wrong count). */
+static em_tensor *reduce_loss(em_tensor *l, em_reduction r, em_tensor *valid, em_site site) {
+  if (!l || !valid) return NULL;
   if (r == EM_REDUCE_NONE) return l;
   em_tensor *s = em_sum_at(l, 0, NULL, false, site);
   if (r == EM_REDUCE_SUM) return s;
-  return count ? em_div_at(s, count, site) : em_div_scalar_at(s, l ? (double)l->numel : 1, site);
+  if (valid == EM_NONE) return em_div_scalar_at(s, (double)l->numel, site);
+  return em_div_at(s, em_sum_at(valid, 0, NULL, false, site), site);
 }
 
-static em_tensor *index_target(em_tensor *t, const char *name, em_site site) {
+static em_tensor *index_target(em_tensor *t, const char *what, const char *name, em_site site) {
   char b[128];
   if (t->dtype == EM_I64) return t;
   if (t->dtype == EM_I32) return em_cast_at(t, EM_I64, site);
-  return rt_error(site, name, "class-index targets must be i64 or i32, got %s", rt_fmt(b, sizeof b, t));
+  return rt_error(site, name, "%s must be i64 or i32, got %s", what, rt_fmt(b, sizeof b, t));
 }
 
 /* -logp[target] per example with ignore_index masked out; logp [N, C, d...], target [N, d...].
@@ -305,6 +333,7 @@ static em_tensor *index_target(em_tensor *t, const char *name, em_site site) {
 static em_tensor *nll_terms(em_tensor *logp, em_tensor *target, int64_t ignore, em_tensor **valid, const char *name,
                             em_site site) {
   char b0[128], b1[128];
+  if (!logp || !target) return NULL; /* an earlier op failed (its error is recorded) */
   bool ok = logp->ndim >= 2 && target->ndim == logp->ndim - 1 && target->sizes[0] == logp->sizes[0];
   for (int i = 1; ok && i < target->ndim; i++) ok = target->sizes[i] == logp->sizes[i + 1];
   if (!ok)
@@ -320,53 +349,59 @@ static em_tensor *nll_terms(em_tensor *logp, em_tensor *target, int64_t ignore, 
 
 em_tensor *em_nll_loss_at(em_tensor *logp, em_tensor *target, int64_t ignore_index, em_reduction reduction, em_site site) {
   if (!logp || !target) return NULL;
+  if (!float_arg(logp, "em_nll_loss", site) || !reduction_arg(reduction, "em_nll_loss", site)) return NULL;
   BEGIN(site);
-  em_tensor *t = index_target(target, "em_nll_loss", site), *valid = NULL;
+  em_tensor *t = index_target(target, "class-index targets", "em_nll_loss", site), *valid = NULL;
   em_tensor *l = t ? nll_terms(logp, t, ignore_index, &valid, "em_nll_loss", site) : NULL;
-  END(l ? reduce_loss(l, reduction, em_sum_at(valid, 0, NULL, false, site), site) : NULL, site);
+  END(reduce_loss(l, reduction, valid, site), site);
 }
 
 em_tensor *em_cross_entropy_at(em_tensor *logits, em_tensor *target, em_cross_entropy_opts o, em_site site) {
   static const char name[] = "em_cross_entropy";
   if (!logits || !target) return NULL;
-  char b0[128];
-  if (!float_arg(logits, name, site)) return NULL;
+  char b0[128], b1[128];
+  if (!float_arg(logits, name, site) || !reduction_arg(o.reduction, name, site)) return NULL;
   if (logits->ndim < 2) return rt_error(site, name, "logits must be [N, C, ...], got %s", rt_fmt(b0, sizeof b0, logits));
   if (!(o.label_smoothing >= 0 && o.label_smoothing <= 1))
     return rt_error(site, name, "label_smoothing must be in [0, 1], got %g", o.label_smoothing);
+  bool soft = ir_is_float(target->dtype); /* class probabilities rather than indices */
+  if (soft && (target->ndim != logits->ndim || memcmp(target->sizes, logits->sizes, sizeof(int64_t) * (size_t)logits->ndim)))
+    return rt_error(site, name, "probability targets %s must have the logits' shape %s", rt_fmt(b0, sizeof b0, target),
+                    rt_fmt(b1, sizeof b1, logits));
   double eps = o.label_smoothing, c = (double)logits->sizes[1];
   BEGIN(site);
-  em_tensor *logp = em_log_softmax_at(logits, 1, site), *l = NULL, *count = NULL;
-  if (ir_is_float(target->dtype)) { /* class probabilities */
-    if (target->ndim != logits->ndim || memcmp(target->sizes, logits->sizes, sizeof(int64_t) * (size_t)logits->ndim)) {
-      em_scope_end_at(site);
-      return rt_error(site, name, "probability targets must have the logits' shape %s", rt_fmt(b0, sizeof b0, logits));
-    }
+  em_tensor *logp = em_log_softmax_at(logits, 1, site), *l = NULL, *valid = EM_NONE;
+  if (soft) {
     em_tensor *p = eps > 0 ? em_add_scalar_at(em_mul_scalar_at(target, 1 - eps, site), eps / c, site) : target;
     l = em_neg_at(em_sum_at(em_mul_at(p, logp, site), 1, (int64_t[]){1}, false, site), site);
   } else {
-    em_tensor *t = index_target(target, name, site), *valid = NULL;
+    em_tensor *t = index_target(target, "class-index targets", name, site);
+    valid = NULL;
     l = t ? nll_terms(logp, t, o.ignore_index, &valid, name, site) : NULL;
     if (l && eps > 0) {
       em_tensor *smooth = em_mul_at(em_neg_at(em_mean_at(logp, 1, (int64_t[]){1}, false, site), site), valid, site);
       l = em_add_at(em_mul_scalar_at(l, 1 - eps, site), em_mul_scalar_at(smooth, eps, site), site);
     }
-    count = valid ? em_sum_at(valid, 0, NULL, false, site) : NULL;
   }
-  END(l ? reduce_loss(l, o.reduction, count, site) : NULL, site);
+  END(reduce_loss(l, o.reduction, valid, site), site);
 }
 
 em_tensor *em_mse_loss_at(em_tensor *x, em_tensor *y, em_reduction reduction, em_site site) {
   if (!x || !y) return NULL;
+  if (!float_arg(x, "em_mse_loss", site) || !float_arg(y, "em_mse_loss", site) ||
+      !reduction_arg(reduction, "em_mse_loss", site))
+    return NULL;
   BEGIN(site);
   em_tensor *d = em_sub_at(x, y, site);
-  END(reduce_loss(em_mul_at(d, d, site), reduction, NULL, site), site);
+  END(reduce_loss(em_mul_at(d, d, site), reduction, EM_NONE, site), site);
 }
 
 em_tensor *em_embedding_at(em_tensor *idx, em_tensor *w, em_site site) {
   if (!idx || !w) return NULL;
   char b[128];
   if (w->ndim != 2) return rt_error(site, "em_embedding", "weight must be [V, D], got %s", rt_fmt(b, sizeof b, w));
+  if (idx->dtype != EM_I64 && idx->dtype != EM_I32)
+    return rt_error(site, "em_embedding", "indices must be i64 or i32, got %s", rt_fmt(b, sizeof b, idx));
   if (idx->ndim + 1 > EM_MAX_DIMS) return rt_error(site, "em_embedding", "indices have too many dims");
   BEGIN(site);
   int64_t flat = -1, shape[EM_MAX_DIMS];
@@ -380,7 +415,7 @@ em_tensor *em_embedding_at(em_tensor *idx, em_tensor *w, em_site site) {
 
 static em_tensor *pool(bool is_max, em_tensor *x, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
                        const char *name, em_site site) {
-  if (!x) return NULL;
+  if (!x || !float_arg(x, name, site)) return NULL;
   char b[128];
   if (x->ndim != 4) return rt_error(site, name, "needs x [N, C, H, W], got %s", rt_fmt(b, sizeof b, x));
   if (sh == 0) sh = kh;
@@ -407,7 +442,8 @@ static em_tensor *pool(bool is_max, em_tensor *x, int64_t kh, int64_t kw, int64_
   for (int64_t i = 0; i < kh; i++)
     for (int64_t j = 0; j < kw; j++) {
       em_tensor *win = em_slice_at(em_slice_at(p, 2, i, i + sh * (ho - 1) + 1, sh, site), 3, j, j + sw * (wo - 1) + 1, sw, site);
-      acc = !acc ? win : is_max ? em_maximum_at(acc, win, site) : em_add_at(acc, win, site);
+      /* by position, not by acc == NULL: a failed step must stay NULL, not restart the sum */
+      acc = i == 0 && j == 0 ? win : is_max ? em_maximum_at(acc, win, site) : em_add_at(acc, win, site);
     }
   if (!is_max) acc = em_div_scalar_at(acc, (double)(kh * kw), site);
   else if (acc && kh * kw == 1) acc = em_clone_at(acc, site);
@@ -433,6 +469,8 @@ em_tensor *em_scaled_dot_product_attention_at(em_tensor *q, em_tensor *k, em_ten
       k->sizes[k->ndim - 2] != v->sizes[v->ndim - 2])
     return rt_error(site, name, "needs q [..., L, E], k [..., S, E], v [..., S, Ev]; got q %s, k %s", rt_fmt(b0, sizeof b0, q),
                     rt_fmt(b1, sizeof b1, k));
+  if (!float_arg(q, name, site)) return NULL;
+  if (!(dropout_p >= 0 && dropout_p <= 1)) return rt_error(site, name, "dropout_p must be in [0, 1], got %g", dropout_p);
   if (scale <= 0) scale = 1 / sqrt((double)q->sizes[q->ndim - 1]);
   BEGIN(site);
   em_tensor *s = em_mul_scalar_at(em_matmul_at(q, em_transpose_at(k, -1, -2, site), site), scale, site);
@@ -447,13 +485,14 @@ em_tensor *em_scaled_dot_product_attention_at(em_tensor *q, em_tensor *k, em_ten
   END(em_matmul_at(a, v, site), site);
 }
 
+/* Exactly min(max(x, lo), hi), as torch.clamp: lo > hi gives hi everywhere, a NaN bound gives
+ * NaN (maximum and minimum propagate NaN), an infinite bound is skipped. */
 em_tensor *em_clamp_at(em_tensor *x, double lo, double hi, em_site site) {
   if (!x) return NULL;
-  if (lo > hi) return rt_error(site, "em_clamp", "lo %g is above hi %g", lo, hi);
   BEGIN(site);
   em_tensor *r = x;
-  if (lo > -INFINITY) r = em_maximum_scalar_at(r, lo, site);
-  if (hi < INFINITY) r = em_minimum_scalar_at(r, hi, site);
+  if (lo != -INFINITY) r = em_maximum_scalar_at(r, lo, site);
+  if (hi != INFINITY) r = em_minimum_scalar_at(r, hi, site);
   if (r == x) r = em_clone_at(x, site);
   END(r, site);
 }
@@ -462,26 +501,38 @@ em_tensor *em_one_hot_at(em_tensor *idx, int64_t n, em_site site) {
   if (!idx) return NULL;
   if (n < 1) return rt_error(site, "em_one_hot", "needs at least one class, got %lld", (long long)n);
   BEGIN(site);
-  em_tensor *t = index_target(idx, "em_one_hot", site);
+  em_tensor *t = index_target(idx, "indices", "em_one_hot", site);
+  /* A count rather than a max, so that empty indices (which have no max) pass. Reading the count
+   * back is a sync point, worth it: an out-of-range index would otherwise give a silent zero row. */
   em_tensor *bad = t ? em_logical_or_at(em_lt_scalar_at(t, 0, site), em_ge_scalar_at(t, (double)n, site), site) : NULL;
-  if (bad && em_item_at(em_amax_at(bad, 0, NULL, false, site), site) != 0) {
+  double n_bad = bad ? em_item_at(em_sum_at(bad, 0, NULL, false, site), site) : NAN;
+  if (n_bad > 0) {
     em_scope_end_at(site);
     return rt_error(site, "em_one_hot", "an index is outside [0, %lld)", (long long)n);
   }
-  em_tensor *r = t ? em_cast_at(em_eq_at(em_unsqueeze_at(t, -1, site), em_arange_at(EM_I64, 0, (double)n, 1, site), site),
-                                EM_I64, site) : NULL;
+  em_tensor *r = n_bad == 0 ? em_cast_at(em_eq_at(em_unsqueeze_at(t, -1, site), em_arange_at(EM_I64, 0, (double)n, 1, site),
+                                                  site), EM_I64, site)
+                            : NULL;
   END(r, site);
 }
 
 em_tensor *em_masked_fill_at(em_tensor *x, em_tensor *mask, double value, em_site site) {
   if (!x || !mask) return NULL;
-  char b[128];
-  if (mask->dtype != EM_BOOL) return rt_error(site, "em_masked_fill", "mask must be bool, got %s", rt_fmt(b, sizeof b, mask));
-  BEGIN(site);
-  em_tensor *r = em_where_at(mask, em_scalar_at(x->dtype, value, site), x, site);
-  if (r && (r->ndim != x->ndim || memcmp(r->sizes, x->sizes, sizeof(int64_t) * (size_t)x->ndim))) {
-    em_scope_end_at(site);
-    return rt_error(site, "em_masked_fill", "mask %s does not broadcast to %s", rt_fmt(b, sizeof b, mask), em_dtype_name(x->dtype));
+  char b0[128], b1[128];
+  if (mask->dtype != EM_BOOL)
+    return rt_error(site, "em_masked_fill", "mask must be bool, got %s", rt_fmt(b0, sizeof b0, mask));
+  /* the mask broadcasts to x, never x to the mask: the result has x's shape */
+  bool ok = mask->ndim <= x->ndim;
+  for (int i = 1; ok && i <= mask->ndim; i++) {
+    int64_t m = mask->sizes[mask->ndim - i];
+    ok = m == 1 || m == x->sizes[x->ndim - i];
   }
-  END(r, site);
+  if (!ok)
+    return rt_error(site, "em_masked_fill", "mask %s does not broadcast to x %s", rt_fmt(b0, sizeof b0, mask),
+                    rt_fmt(b1, sizeof b1, x));
+  /* as torch: an infinite or NaN value has no integer to become */
+  if (!ir_is_float(x->dtype) && x->dtype != EM_BOOL && !isfinite(value))
+    return rt_error(site, "em_masked_fill", "value %g cannot fill integer x %s", value, rt_fmt(b0, sizeof b0, x));
+  BEGIN(site);
+  END(em_where_at(mask, em_scalar_at(x->dtype, value, site), x, site), site);
 }
