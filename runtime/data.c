@@ -1,9 +1,13 @@
 /* runtime/data.c: reading data sets: IDX files (MNIST's format), NumPy .npy files, the
  * Fashion-MNIST files Debian installs, and a shuffling mini-batch iterator.
  *
- * Files are read through zlib's gzread, which passes uncompressed files through unchanged, so
- * one reader handles both .gz and raw files. The iterator shuffles with Fisher-Yates driven by
- * the Philox generator keyed by (seed, epoch), so an epoch's order depends on nothing else. */
+ * IDX files are read through zlib's gzread, which passes uncompressed files through unchanged, so
+ * one reader handles both .gz and raw files, told apart by content rather than by name. .npy
+ * files are written as format 1.0 (what numpy.save writes for small headers) and read in
+ * versions 1 to 3; only C-order little-endian arrays of Ember's dtypes are accepted, with an
+ * error naming what was found otherwise, never a silent reinterpretation. The iterator shuffles
+ * with Fisher-Yates driven by Philox keyed by (seed, epoch), so an epoch's order depends on
+ * nothing else: not on the global generator, not on how many epochs ran before. */
 #include "rt.h"
 
 #include <errno.h>
@@ -12,6 +16,9 @@
 #include <string.h>
 #include <zlib.h>
 
+/* ---- IDX ---- */
+
+/* Reads exactly n bytes; gzread takes an unsigned count, so big reads go in 1 GiB pieces. */
 static bool read_all(gzFile f, void *buf, size_t n) {
   char *p = buf;
   while (n > 0) {
@@ -24,7 +31,9 @@ static bool read_all(gzFile f, void *buf, size_t n) {
   return true;
 }
 
-static uint32_t be32(const unsigned char *b) { return (uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 | b[3]; }
+static uint32_t be32(const unsigned char *b) {
+  return (uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 | b[3];
+}
 
 static void byteswap(char *p, size_t n, size_t size) {
   for (size_t i = 0; i < n; i++, p += size)
@@ -35,15 +44,19 @@ static void byteswap(char *p, size_t n, size_t size) {
     }
 }
 
-em_tensor *em_load_idx_at(const char *path, em_site site) {
-  static const char name[] = "em_load_idx";
+/* The body of em_load_idx, returning a caller-owned tensor so that the Fashion-MNIST loader can
+ * drop what it loaded when a later file fails, instead of leaving it in the caller's scope. */
+static em_tensor *idx_read(const char *path, const char *name, em_site site) {
   if (!path) return rt_error(site, name, "path is NULL");
+  errno = 0;
   gzFile f = gzopen(path, "rb");
-  if (!f) return rt_error(site, name, "cannot open %s: %s", path, strerror(errno ? errno : ENOENT));
+  /* gzopen leaves errno 0 when only its own state could not be allocated. */
+  if (!f) return rt_error(site, name, "cannot open %s: %s", path, errno ? strerror(errno) : "out of memory");
   unsigned char h[4], d[4];
   em_tensor *t = NULL;
   if (!read_all(f, h, 4) || h[0] || h[1] || h[3] < 1 || h[3] > EM_MAX_DIMS) {
-    rt_error(site, name, "%s is not an IDX file (bad magic)", path);
+    rt_error(site, name, "%s is not an IDX file (bad magic; expected 00 00 type ndim with 1 to %d dims)", path,
+             EM_MAX_DIMS);
     goto out;
   }
   int ndim = h[3];
@@ -53,10 +66,11 @@ em_tensor *em_load_idx_at(const char *path, em_site site) {
       rt_error(site, name, "%s is truncated in its header", path);
       goto out;
     }
+    /* IDX sizes are unsigned 32-bit, so any value is a valid int64_t size. */
     sizes[i] = be32(d);
   }
   em_dtype dt;
-  size_t fsize;
+  size_t fsize; /* bytes per element in the file */
   switch (h[2]) {
   case 0x08: dt = EM_U8, fsize = 1; break;
   case 0x09: dt = EM_I32, fsize = 1; break;
@@ -71,62 +85,108 @@ em_tensor *em_load_idx_at(const char *path, em_site site) {
   size_t n = (size_t)t->numel;
   char *data = rt_data(t);
   if (!read_all(f, data, n * fsize)) {
-    rt_error(site, name, "%s is truncated: expected %zu bytes of data", path, n * fsize);
+    int zerr;
+    const char *msg = gzerror(f, &zerr);
+    if (zerr != Z_OK && zerr != Z_BUF_ERROR)
+      rt_error(site, name, "reading %s failed: %s", path, zerr == Z_ERRNO ? strerror(errno) : msg);
+    else
+      rt_error(site, name, "%s is truncated: expected %zu bytes of data", path, n * fsize);
     em_release(t);
     t = NULL;
     goto out;
   }
   if (fsize > 1) byteswap(data, n, fsize); /* IDX is big-endian */
-  if (fsize < ir_dtype(dt)->size) {        /* widen i8 / i16 in place, from the end */
+  if (fsize < ir_dtype(dt)->size) {        /* widen i8 / i16 in place, from the end so nothing is overwritten unread */
     for (size_t i = n; i-- > 0;) {
-      int32_t v = fsize == 1 ? (int8_t)data[i] : ((int16_t *)data)[i];
-      ((int32_t *)data)[i] = v;
+      int16_t v16 = 0;
+      if (fsize == 2) memcpy(&v16, data + 2 * i, 2);
+      int32_t v = fsize == 1 ? (int8_t)data[i] : v16;
+      memcpy(data + 4 * i, &v, 4);
     }
   }
 out:
   gzclose(f);
-  return rt_scope_add(t, name, site);
+  return t;
+}
+
+em_tensor *em_load_idx_at(const char *path, em_site site) {
+  return rt_scope_add(idx_read(path, "em_load_idx", site), "em_load_idx", site);
 }
 
 /* ---- .npy ---- */
 
-static const struct { const char *descr; em_dtype dt; } npy_types[] = {
+static const struct {
+  const char *descr;
+  em_dtype dt;
+} npy_types[] = {
     {"<f4", EM_F32}, {"<f8", EM_F64}, {"<i4", EM_I32}, {"<i8", EM_I64}, {"|u1", EM_U8}, {"|b1", EM_BOOL},
 };
+#define N_NPY_TYPES (sizeof npy_types / sizeof npy_types[0])
 
 bool em_save_npy_at(const char *path, em_tensor *t, em_site site) {
   static const char name[] = "em_save_npy";
   if (!t) return false;
+  if (!path) return rt_error(site, name, "path is NULL"), false;
   const char *descr = NULL;
-  for (size_t i = 0; i < sizeof npy_types / sizeof npy_types[0]; i++)
+  for (size_t i = 0; i < N_NPY_TYPES; i++)
     if (npy_types[i].dt == t->dtype) descr = npy_types[i].descr;
   char b[128];
   if (!descr) return rt_error(site, name, ".npy has no type for %s", rt_fmt(b, sizeof b, t)), false;
+  /* The header is a Python dict literal; numpy pads it with spaces and a final newline so that
+   * the data starts at a multiple of 64 bytes. Eight 19-digit sizes fit easily in 512 bytes. */
   char header[512];
   int k = snprintf(header, sizeof header, "{'descr': '%s', 'fortran_order': False, 'shape': (", descr);
-  for (int i = 0; i < t->ndim; i++) k += snprintf(header + k, sizeof header - (size_t)k, "%lld,%s", (long long)t->sizes[i], i + 1 < t->ndim ? " " : "");
+  for (int i = 0; i < t->ndim; i++)
+    k += snprintf(header + k, sizeof header - (size_t)k, "%lld%s", (long long)t->sizes[i],
+                  t->ndim == 1 ? "," : i + 1 < t->ndim ? ", " : "");
   k += snprintf(header + k, sizeof header - (size_t)k, "), }");
-  int total = 10 + k + 1, padded = (total + 63) / 64 * 64; /* header padded to 64 bytes, ends with \n */
+  int total = 10 + k + 1, padded = (total + 63) / 64 * 64;
   memset(header + k, ' ', (size_t)(padded - total));
   header[padded - 10 - 1] = '\n';
   size_t bytes = (size_t)t->numel * ir_dtype(t->dtype)->size;
+  /* em_to_buffer gives the row-major values whatever t's strides are. */
   char *buf = rt_alloc(bytes ? bytes : 1, 64);
-  if (!buf) return rt_error(site, name, "out of memory"), false;
-  bool ok = em_to_buffer_at(t, t->dtype, buf, bytes, site);
-  FILE *f = ok ? fopen(path, "wb") : NULL;
-  if (ok && !f) {
-    rt_error(site, name, "cannot write %s: %s", path, strerror(errno));
-    ok = false;
+  if (!buf) return rt_error(site, name, "out of memory staging %s (%zu bytes)", rt_fmt(b, sizeof b, t), bytes), false;
+  if (!em_to_buffer_at(t, t->dtype, buf, bytes, site)) {
+    rt_free(buf);
+    return false;
   }
-  if (f) {
-    unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)((padded - 10) & 0xff), (unsigned char)((padded - 10) >> 8)};
-    ok = fwrite(pre, 1, 10, f) == 10 && fwrite(header, 1, (size_t)(padded - 10), f) == (size_t)(padded - 10) &&
-         fwrite(buf, 1, bytes, f) == bytes;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok) rt_error(site, name, "writing %s failed: %s", path, strerror(errno));
+  FILE *f = fopen(path, "wb");
+  if (!f) {
+    rt_error(site, name, "cannot write %s: %s", path, strerror(errno));
+    rt_free(buf);
+    return false;
+  }
+  unsigned hl = (unsigned)(padded - 10);
+  unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(hl & 0xff), (unsigned char)(hl >> 8)};
+  bool ok = fwrite(pre, 1, 10, f) == 10 && fwrite(header, 1, hl, f) == hl && fwrite(buf, 1, bytes, f) == bytes;
+  int saved = errno;
+  if (fclose(f) != 0 && ok) ok = false, saved = errno;
+  if (!ok) {
+    rt_error(site, name, "writing %s failed: %s", path, strerror(saved));
+    remove(path); /* a partial file would later read as "truncated"; better none at all */
   }
   rt_free(buf);
   return ok;
+}
+
+/* The value of key in a .npy header dict: a pointer just after the ':' and any spaces, or NULL.
+ * numpy writes 'key', other writers sometimes "key"; both are accepted. */
+static const char *npy_value(const char *header, const char *key) {
+  char q[2][40];
+  snprintf(q[0], sizeof q[0], "'%s'", key);
+  snprintf(q[1], sizeof q[1], "\"%s\"", key);
+  for (int i = 0; i < 2; i++) {
+    const char *p = strstr(header, q[i]);
+    if (!p) continue;
+    p += strlen(q[i]);
+    while (*p == ' ') p++;
+    if (*p != ':') return NULL;
+    p++;
+    while (*p == ' ') p++;
+    return p;
+  }
+  return NULL;
 }
 
 em_tensor *em_load_npy_at(const char *path, em_site site) {
@@ -138,9 +198,10 @@ em_tensor *em_load_npy_at(const char *path, em_site site) {
   em_tensor *t = NULL;
   char *header = NULL;
   if (fread(pre, 1, 8, f) != 8 || memcmp(pre, "\x93NUMPY", 6) || pre[6] < 1 || pre[6] > 3) {
-    rt_error(site, name, "%s is not a .npy file", path);
+    rt_error(site, name, "%s is not a .npy file (bad magic or format version)", path);
     goto out;
   }
+  /* Version 1 has a 2-byte header length, versions 2 and 3 a 4-byte one (3 only adds UTF-8). */
   size_t hlen;
   if (pre[6] == 1) {
     if (fread(pre + 8, 1, 2, f) != 2) goto truncated;
@@ -149,43 +210,61 @@ em_tensor *em_load_npy_at(const char *path, em_site site) {
     if (fread(pre + 8, 1, 4, f) != 4) goto truncated;
     hlen = pre[8] | (size_t)pre[9] << 8 | (size_t)pre[10] << 16 | (size_t)pre[11] << 24;
   }
-  if (hlen > 1 << 20 || !(header = rt_alloc(hlen + 1, 16))) {
-    rt_error(site, name, "%s: header too large", path);
+  if (hlen > (1u << 20)) {
+    rt_error(site, name, "%s: header of %zu bytes is implausibly large", path, hlen);
+    goto out;
+  }
+  if (!(header = rt_alloc(hlen + 1, 16))) {
+    rt_error(site, name, "out of memory reading the header of %s", path);
     goto out;
   }
   if (fread(header, 1, hlen, f) != hlen) goto truncated;
   header[hlen] = 0;
-  const char *d = strstr(header, "'descr'"), *fo = strstr(header, "'fortran_order'"), *sh = strstr(header, "'shape'");
+  const char *d = npy_value(header, "descr"), *fo = npy_value(header, "fortran_order"),
+             *sh = npy_value(header, "shape");
   if (!d || !fo || !sh) {
-    rt_error(site, name, "%s: header lacks descr, fortran_order or shape", path);
+    rt_error(site, name, "%s: header lacks descr, fortran_order or shape: %s", path, header);
     goto out;
   }
   em_dtype dt = EM_DTYPE_COUNT;
-  for (size_t i = 0; i < sizeof npy_types / sizeof npy_types[0]; i++) {
-    const char *q = strchr(d + 7, '\'');
-    if (q && !strncmp(q + 1, npy_types[i].descr, 3) && q[4] == '\'') dt = npy_types[i].dt;
-  }
+  char quote = *d;
+  if (quote == '\'' || quote == '"')
+    for (size_t i = 0; i < N_NPY_TYPES; i++)
+      if (!strncmp(d + 1, npy_types[i].descr, 3) && d[4] == quote) dt = npy_types[i].dt;
   if (dt == EM_DTYPE_COUNT) {
-    rt_error(site, name, "%s: unsupported dtype (supported: <f4 <f8 <i4 <i8 |u1 |b1)", path);
+    int len = 0;
+    while (d[len] && d[len] != ',' && d[len] != '}' && len < 40) len++;
+    rt_error(site, name, "%s: unsupported dtype %.*s (supported: <f4 <f8 <i4 <i8 |u1 |b1)", path, len, d);
     goto out;
   }
-  const char *fv = strchr(fo + 15, ':');
-  while (fv && (*fv == ':' || *fv == ' ')) fv++;
-  if (!fv || strncmp(fv, "False", 5)) {
-    rt_error(site, name, "%s: Fortran-order arrays are not supported", path);
+  if (strncmp(fo, "False", 5)) {
+    rt_error(site, name, "%s: Fortran-order arrays are not supported (save with numpy.ascontiguousarray)", path);
     goto out;
   }
-  const char *p = strchr(sh, '(');
+  if (*sh != '(') {
+    rt_error(site, name, "%s: bad shape in header", path);
+    goto out;
+  }
   int ndim = 0;
   int64_t sizes[EM_MAX_DIMS];
-  for (p = p ? p + 1 : NULL; p && *p && *p != ')';) {
+  const char *p = sh + 1;
+  for (;;) {
     while (*p == ' ' || *p == ',') p++;
     if (*p == ')') break;
     if (ndim == EM_MAX_DIMS || *p < '0' || *p > '9') {
-      rt_error(site, name, "%s: bad shape in header", path);
+      rt_error(site, name, "%s: bad shape in header (at most %d non-negative sizes): %s", path, EM_MAX_DIMS, sh);
       goto out;
     }
-    sizes[ndim++] = strtoll(p, (char **)&p, 10);
+    char *end;
+    errno = 0;
+    long long v = strtoll(p, &end, 10);
+    if (errno == ERANGE) {
+      rt_error(site, name, "%s: size in shape is too large", path);
+      goto out;
+    }
+    while (*end == 'L') end++; /* Python 2 wrote long sizes as 3L */
+    sizes[ndim++] = v;
+    p = end;
   }
   t = rt_new(dt, ndim, sizes, name, site);
   if (!t) goto out;
@@ -194,9 +273,14 @@ em_tensor *em_load_npy_at(const char *path, em_site site) {
     t = NULL;
     goto truncated;
   }
+  if (dt == EM_BOOL) /* Ember's bools are 0 or 1; a foreign writer's nonzero byte means true */
+    for (size_t i = 0; i < t->storage->bytes; i++) rt_data(t)[i] = rt_data(t)[i] != 0;
   goto out;
 truncated:
-  rt_error(site, name, "%s is truncated", path);
+  if (ferror(f))
+    rt_error(site, name, "reading %s failed: %s", path, strerror(errno));
+  else
+    rt_error(site, name, "%s is truncated", path);
 out:
   rt_free(header);
   fclose(f);
@@ -210,24 +294,53 @@ bool em_fashion_mnist_load_at(em_fashion_mnist *d, const char *dir, em_site site
   if (!d) return rt_error(site, name, "d is NULL"), false;
   memset(d, 0, sizeof *d);
   if (!dir) dir = "/usr/share/datasets/fashion-mnist";
-  static const char *files[4] = {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
-                                 "t10k-labels-idx1-ubyte.gz"};
+  static const char *const files[4] = {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+                                       "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"};
+  /* Loaded caller-owned and handed to the scope only once all four are good, so a failure
+   * leaves nothing allocated. */
   em_tensor *t[4] = {0};
-  for (int i = 0; i < 4; i++) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+  bool ok = true;
+  char path[4096], b[128];
+  for (int i = 0; ok && i < 4; i++) {
+    if (snprintf(path, sizeof path, "%s/%s", dir, files[i]) >= (int)sizeof path) {
+      rt_error(site, name, "directory name is too long: %s", dir);
+      ok = false;
+      break;
+    }
+    /* Probe first so that a missing file gets the install hint rather than a bare errno. */
     FILE *probe = fopen(path, "rb");
     if (!probe) {
-      return rt_error(site, name, "cannot open %s: %s; install Debian's dataset-fashion-mnist package", path,
-                      strerror(errno)), false;
+      rt_error(site, name, "cannot open %s: %s; install Debian's dataset-fashion-mnist package", path,
+               strerror(errno));
+      ok = false;
+      break;
     }
     fclose(probe);
-    if (!(t[i] = em_load_idx_at(path, site))) return false;
+    ok = (t[i] = idx_read(path, name, site)) != NULL;
+    if (!ok) break;
+    /* images u8 [N, 28, 28], labels u8 [N] with N matching its images */
+    bool images = i % 2 == 0;
+    bool shape_ok = t[i]->dtype == EM_U8 &&
+                    (images ? t[i]->ndim == 3 && t[i]->sizes[1] == 28 && t[i]->sizes[2] == 28
+                            : t[i]->ndim == 1 && t[i]->sizes[0] == t[i - 1]->sizes[0]);
+    if (!shape_ok) {
+      rt_error(site, name, "%s holds %s, expected %s", path, rt_fmt(b, sizeof b, t[i]),
+               images ? "u8[N,28,28]" : "u8[N] matching its images");
+      ok = false;
+    }
   }
-  char b[128];
-  if (t[0]->ndim != 3 || t[1]->ndim != 1 || t[0]->sizes[0] != t[1]->sizes[0] || t[2]->ndim != 3 ||
-      t[3]->ndim != 1 || t[2]->sizes[0] != t[3]->sizes[0])
-    return rt_error(site, name, "unexpected shapes in %s (train images %s)", dir, rt_fmt(b, sizeof b, t[0])), false;
+  if (!ok) {
+    for (int i = 0; i < 4; i++) em_release(t[i]);
+    return false;
+  }
+  /* Should the scope fail to grow part-way, rt_scope_add has released that tensor and those
+   * already handed over go with the caller's scope; the struct still says "failed". */
+  for (int i = 0; i < 4; i++) {
+    if (!rt_scope_add(t[i], name, site)) {
+      for (int j = i + 1; j < 4; j++) em_release(t[j]);
+      return false;
+    }
+  }
   d->train_images = t[0], d->train_labels = t[1], d->test_images = t[2], d->test_labels = t[3];
   return true;
 }
@@ -238,11 +351,13 @@ struct em_batch_iter {
   int64_t n, batch, pos, epoch;
   uint64_t seed;
   bool shuffle, drop_last;
-  int64_t *order;
+  int64_t *order; /* [n] this epoch's permutation */
 };
 
-/* Uniform integer in [0, bound) from the Philox stream at counter (epoch, k), by rejection
- * (Lemire's method without the division in the common case). */
+/* A uniform integer in [0, bound) from the Philox stream (counter (k, epoch), key seed), by
+ * Lemire's multiply-and-reject ("Fast random integer generation in an interval", 2019): the
+ * rejection removes the bias a plain modulo would have, and the division runs only when the
+ * low word falls in the short rejection zone. */
 static uint64_t bounded(uint64_t seed, uint64_t epoch, uint64_t *k, uint64_t bound) {
   for (;;) {
     uint32_t w[4];
@@ -254,7 +369,8 @@ static uint64_t bounded(uint64_t seed, uint64_t epoch, uint64_t *k, uint64_t bou
   }
 }
 
-static void shuffle(em_batch_iter *it) {
+/* Sets order to this epoch's permutation: the identity, Fisher-Yates shuffled when asked. */
+static void reorder(em_batch_iter *it) {
   for (int64_t i = 0; i < it->n; i++) it->order[i] = i;
   if (!it->shuffle) return;
   uint64_t k = 0;
@@ -266,40 +382,45 @@ static void shuffle(em_batch_iter *it) {
   }
 }
 
-em_batch_iter *em_batch_iter_new(int64_t n, int64_t batch_size, bool shuf, uint64_t seed, bool drop_last) {
-  if (n < 0 || batch_size < 1) return NULL;
+/* No em_site here (the public signature has none), so bad arguments are reported by the NULL
+ * result alone, as allocation failure is. */
+em_batch_iter *em_batch_iter_new(int64_t n, int64_t batch_size, bool shuffle, uint64_t seed, bool drop_last) {
+  if (n < 0 || batch_size < 1 || (uint64_t)n > SIZE_MAX / sizeof(int64_t)) return NULL;
   em_batch_iter *it = rt_alloc(sizeof *it, 16);
   if (!it) return NULL;
-  *it = (em_batch_iter){.n = n, .batch = batch_size, .seed = seed, .shuffle = shuf, .drop_last = drop_last};
-  it->order = rt_alloc(sizeof(int64_t) * (size_t)(n ? n : 1), 16);
+  *it = (em_batch_iter){.n = n, .batch = batch_size, .seed = seed, .shuffle = shuffle, .drop_last = drop_last};
+  it->order = rt_alloc(sizeof(int64_t) * (size_t)(n ? n : 1), 64);
   if (!it->order) {
     rt_free(it);
     return NULL;
   }
-  shuffle(it);
+  reorder(it);
   return it;
 }
 
 int64_t em_batch_iter_len(const em_batch_iter *it) {
   if (!it) return 0;
-  return it->drop_last ? it->n / it->batch : (it->n + it->batch - 1) / it->batch;
+  return it->drop_last ? it->n / it->batch : it->n / it->batch + (it->n % it->batch != 0);
 }
 
 em_tensor *em_batch_iter_next_at(em_batch_iter *it, em_site site) {
+  static const char name[] = "em_batch_iter_next";
   if (!it) return NULL;
   int64_t left = it->n - it->pos;
   if (left <= 0 || (it->drop_last && left < it->batch)) {
     it->pos = 0;
     it->epoch++;
-    shuffle(it);
+    reorder(it);
     return NULL;
   }
   int64_t b = left < it->batch ? left : it->batch;
-  em_tensor *t = rt_new(EM_I64, 1, &b, "em_batch_iter_next", site);
+  em_tensor *t = rt_new(EM_I64, 1, &b, name, site);
+  /* On failure the position stays, so a retry after the error yields the same batch. */
   if (!t) return NULL;
   memcpy(rt_data(t), it->order + it->pos, sizeof(int64_t) * (size_t)b);
+  if (!rt_scope_add(t, name, site)) return NULL;
   it->pos += b;
-  return rt_scope_add(t, "em_batch_iter_next", site);
+  return t;
 }
 
 void em_batch_iter_free(em_batch_iter *it) {
