@@ -191,8 +191,10 @@ bool em_is_contiguous(const em_tensor *t);
 /* Version counter of t's storage: bumped by every in-place op on t or on a view of it. */
 int64_t em_version(const em_tensor *t);
 /* Pointer to element 0 (storage offset applied). Borrowed; valid while t lives. Writing through
- * it does not bump the version counter. */
-void *em_data_ptr(const em_tensor *t);
+ * it does not bump the version counter. Inside a function being compiled this is a graph break
+ * (the data must exist): the graph so far runs and t is real when the pointer is returned. */
+#define em_data_ptr(t) em_data_ptr_at((t), EM_HERE)
+void *em_data_ptr_at(em_tensor *t, em_site site);
 /* Whether a and b share storage (one is a view of the other, or both of one base). */
 bool em_shares_storage(const em_tensor *a, const em_tensor *b);
 
@@ -828,6 +830,161 @@ em_tensor *em_batch_iter_next_at(em_batch_iter *it, em_site site);
 /* Batches per epoch. */
 int64_t em_batch_iter_len(const em_batch_iter *it);
 void em_batch_iter_free(em_batch_iter *it);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Compilation: em_compile() captures the tensor program a model function runs                */
+/*
+ * em_compile(fn, opts) wraps a model function; calling the result with em_call runs fn
+ * compiled. As with torch.compile, the first call traces: fn runs once on proxy results (exact
+ * metadata, no data) while every op it calls (prims, composites, the autograd engine's
+ * backward under em_grad) is recorded into a graph of prims. Real tensors fn reaches other
+ * than its inputs (parameters through ctx) are lifted into graph inputs. The captured graph is
+ * handed to the backend and stored as a cache entry under guards:
+ *   - each input's dtype, sizes, strides, device and requires_grad; the number of inputs;
+ *   - the grad mode; the ctx pointer;
+ *   - every lifted tensor's identity (a weak reference: if it is freed, the entry dies) and its
+ *     dtype, sizes, strides and requires_grad.
+ * A call whose guards all pass reuses the entry; a failure traces again (a recompile, logged
+ * with the guard that failed under EMBER_LOGS=recompiles). After recompile_limit entries the
+ * function runs eagerly from then on, and says so once on stderr.
+ *
+ * Jit semantics. An entry without graph breaks is replayed without calling fn: host side
+ * effects of fn (printing, counters, reading ctx fields that are not tensors) happen only
+ * while tracing, and scalars fn passes to ops (a learning rate, an epsilon) are constants of
+ * the trace, as in jax.jit. Tensors fn reaches through ctx are bound by identity: if ctx points
+ * at other tensors later, free the old ones (their entries die) or compile anew.
+ *
+ * Graph breaks. Where fn needs data or does something a graph cannot hold, the graph so far is
+ * run, every live proxy becomes a real tensor in place (the pointers fn holds stay valid), the
+ * operation runs eagerly, and tracing resumes in a new graph. Breaks happen at: em_item,
+ * em_data_ptr, em_to_buffer, em_format / em_print, em_save, data-dependent shapes (em_nonzero,
+ * em_masked_select), in-place writes (em_add_ and friends, optimizer steps), em_backward
+ * (it writes .grad), em_requires_grad_, em_call_opaque and em_graph_break. An entry with
+ * breaks re-runs fn on every call; each graph between breaks is looked up by its structure,
+ * so each compiles once. With opts.fullgraph a break is an error naming its site.
+ *
+ * Backends: "eager" runs each captured graph with the graph interpreter on the eager kernels
+ * (results are bit-identical to eager execution; autograd works on the outputs). "aot_eager"
+ * and "inductor" arrive with AOT autograd and the CPU code generator.
+ *
+ * Logs: EMBER_LOGS is a comma-separated list of graph, guards, recompiles, graph_breaks, aot,
+ * schedule, output_code, perf, all (as TORCH_LOGS); each line on stderr starts with
+ * "[ember:<artifact>]". EMBER_DUMP_DIR names a directory where each compiled graph is written
+ * as <name>_<n>.txt (the IR text) and <name>_<n>.dot (Graphviz).
+ *
+ * A compiled function is used from one thread at a time.
+ */
+
+/* The most outputs a model function returns. */
+#define EM_MAX_OUTPUTS 16
+/* What a model function returns: n tensors (NULL entries mean an op failed; the error is
+ * recorded). Build it with EM_OUTPUTS(loss, logits). */
+typedef struct em_outputs {
+  int n;
+  em_tensor *t[EM_MAX_OUTPUTS];
+} em_outputs;
+#define EM_OUTPUTS(...) \
+  ((em_outputs){(int)(sizeof((em_tensor *[]){__VA_ARGS__}) / sizeof(em_tensor *)), {__VA_ARGS__}})
+
+/* A model function: ctx is the user's (parameters, hyperparameters), inputs are the call's
+ * tensors. It returns tensors owned by the current scope, as any op does. */
+typedef em_outputs (*em_model_fn)(void *ctx, em_tensor *const *inputs, int n_inputs);
+
+typedef struct em_compile_options {
+  const char *backend; /* "eager" (default); NULL for the default */
+  bool fullgraph;      /* a graph break is an error instead */
+  const char *name;    /* used in logs and dumps; NULL: "fn" */
+  int recompile_limit; /* entries before falling back to eager; <= 0: 8 (torch's default) */
+} em_compile_options;
+
+typedef struct em_compiled em_compiled;
+
+/* Wraps fn. opts may be NULL (defaults); it is copied. Returns a handle to free with
+ * em_compiled_free, or NULL with an error (unknown backend, out of memory). Nothing is traced
+ * until the first call. Matches torch.compile(fn, backend=..., fullgraph=...). */
+#define em_compile(fn, opts) em_compile_at((fn), (opts), EM_HERE)
+em_compiled *em_compile_at(em_model_fn fn, const em_compile_options *opts, em_site site);
+
+/* Calls the compiled function: em_call(c, ctx, x, y) passes inputs {x, y}; em_call_n takes an
+ * array (n may be 0). Returns fn's outputs, owned by the current scope, computed as described
+ * above; on error the entries are NULL (n as fn returned it, or 0) and the error names the op
+ * and the user's line. Called while another compiled function is tracing, fn is inlined into
+ * that trace. */
+#define em_call(c, ctx, ...) \
+  em_call_at((c), (ctx), (em_tensor *const[]){__VA_ARGS__}, \
+             (int)(sizeof((em_tensor *[]){__VA_ARGS__}) / sizeof(em_tensor *)), EM_HERE)
+#define em_call_n(c, ctx, n, inputs) em_call_at((c), (ctx), (inputs), (n), EM_HERE)
+em_outputs em_call_at(em_compiled *c, void *ctx, em_tensor *const *inputs, int n_inputs, em_site site);
+
+/* Counters of a compiled function since em_compile. */
+typedef struct em_compile_stats {
+  int64_t calls;           /* em_call calls */
+  int64_t replays;         /* calls served by an entry without breaks, without calling fn */
+  int64_t traces;          /* calls that ran fn under the tracer */
+  int64_t entries;         /* cache entries alive */
+  int64_t recompiles;      /* traces after the first because guards failed */
+  int64_t graphs_compiled; /* graphs handed to the backend */
+  int64_t graph_cache_hits;/* graphs between breaks found already compiled */
+  int64_t breaks;          /* graph breaks, all calls */
+  int64_t eager_calls;     /* calls run eagerly after the recompile limit */
+} em_compile_stats;
+em_compile_stats em_compiled_stats(const em_compiled *c);
+
+/* Frees the compiled function, its entries and graphs. NULL-safe. */
+void em_compiled_free(em_compiled *c);
+
+/* One graph break as em_explain reports it: the op that broke, why, and the user's site. */
+typedef struct em_graph_break_info {
+  const char *op, *reason; /* static strings */
+  const char *file, *func; /* the user's source, as EM_HERE recorded it */
+  int line;
+} em_graph_break_info;
+
+/* What compiling fn for these inputs gives (torch._dynamo.explain): the number of graphs, the
+ * prims in each, each break with its reason and site, and the guards the entry would carry. */
+typedef struct em_explanation {
+  int n_graphs;
+  int *ops_per_graph;          /* [n_graphs] */
+  int n_breaks;
+  em_graph_break_info *breaks; /* [n_breaks] */
+  int n_guards;
+  char **guards;               /* [n_guards] one readable line each */
+  char *text;                  /* all of the above, as printed */
+} em_explanation;
+
+/* Runs fn once under the tracer with the "eager" backend (so fn's side effects happen once),
+ * prints the explanation to stderr and returns it; free it with em_explanation_free. NULL with
+ * an error when fn fails. */
+#define em_explain(fn, ctx, ...) \
+  em_explain_at((fn), (ctx), (em_tensor *const[]){__VA_ARGS__}, \
+                (int)(sizeof((em_tensor *[]){__VA_ARGS__}) / sizeof(em_tensor *)), EM_HERE)
+em_explanation *em_explain_at(em_model_fn fn, void *ctx, em_tensor *const *inputs, int n_inputs, em_site site);
+void em_explanation_free(em_explanation *e);
+
+/* An explicit graph break (torch._dynamo.graph_break). Does nothing outside a trace. */
+#define em_graph_break() em_graph_break_at(EM_HERE)
+void em_graph_break_at(em_site site);
+
+/* Calls a user function that the tracer must not look into (its own C loops over data, a call
+ * into another library): a graph break, then fn(ctx, inputs, n) eagerly on real tensors.
+ * Returns fn's outputs (owned by the current scope). Outside a trace it just calls fn. */
+typedef em_outputs (*em_opaque_fn)(void *ctx, em_tensor *const *inputs, int n_inputs);
+#define em_call_opaque(fn, ctx, ...) \
+  em_call_opaque_at((fn), (ctx), (em_tensor *const[]){__VA_ARGS__}, \
+                    (int)(sizeof((em_tensor *[]){__VA_ARGS__}) / sizeof(em_tensor *)), EM_HERE)
+em_outputs em_call_opaque_at(em_opaque_fn fn, void *ctx, em_tensor *const *inputs, int n_inputs, em_site site);
+
+/* Indices of the nonzero elements of x (any dtype, any shape [...] with d dims): i64 [n, d], in
+ * row-major order. The shape depends on the data, so this is a graph break under em_compile.
+ * torch.nonzero. Errors: NULL x, 0-dim x is treated as [1]. */
+#define em_nonzero(x) em_nonzero_at((x), EM_HERE)
+em_tensor *em_nonzero_at(em_tensor *x, em_site site);
+/* The elements of x where mask (bool, broadcast with x) is true, as a 1-D tensor in row-major
+ * order; differentiable in x (an index_select of the flattened x). A graph break under
+ * em_compile (data-dependent shape). torch.masked_select. Errors: mask not bool, shapes that
+ * do not broadcast. */
+#define em_masked_select(x, mask) em_masked_select_at((x), (mask), EM_HERE)
+em_tensor *em_masked_select_at(em_tensor *x, em_tensor *mask, em_site site);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Reading values and printing                                                                 */

@@ -149,8 +149,7 @@ bool rt_autograd_check_inplace(const char *name, em_tensor *out, em_tensor *cons
 
 /* ---- public tensor-level API ---- */
 
-em_tensor *em_requires_grad__at(em_tensor *x, bool flag, em_site site) {
-  if (!x) return NULL;
+static em_tensor *requires_grad_(em_tensor *x, bool flag, em_site site) {
   char b[128];
   if (x->grad_fn)
     return rt_error(site, "em_requires_grad_", "%s is not a leaf (it was made by %s); only leaves can be marked",
@@ -159,6 +158,16 @@ em_tensor *em_requires_grad__at(em_tensor *x, bool flag, em_site site) {
     return rt_error(site, "em_requires_grad_", "only floating tensors can require grad, got %s", rt_fmt(b, sizeof b, x));
   x->requires_grad = flag;
   return x;
+}
+
+/* Under em_compile, marking a tensor is a mutation of the user's state: a graph break. */
+em_tensor *em_requires_grad__at(em_tensor *x, bool flag, em_site site) {
+  if (!x) return NULL;
+  int tok = rt_break_begin("em_requires_grad_", "changes a tensor's requires_grad", site);
+  if (tok < 0) return NULL;
+  em_tensor *r = requires_grad_(x, flag, site);
+  rt_break_end(tok);
+  return r;
 }
 
 bool em_requires_grad(const em_tensor *x) { return x && x->requires_grad; }
@@ -386,9 +395,15 @@ out:
   return ok;
 }
 
+/* Under em_compile, em_backward is a graph break: it accumulates into the .grad of leaves, a
+ * mutation that AOT autograd will capture; em_grad, which returns its gradients, is traced. */
 bool em_backward_at(em_tensor *out, em_tensor *grad, bool retain_graph, bool create_graph, em_site site) {
   if (!out) return false;
-  return run_backward("em_backward", 1, &out, grad ? &grad : NULL, retain_graph, create_graph, NULL, site);
+  int tok = rt_break_begin("em_backward", "accumulates gradients into .grad (AOT autograd will capture it)", site);
+  if (tok < 0) return false;
+  bool ok = run_backward("em_backward", 1, &out, grad ? &grad : NULL, retain_graph, create_graph, NULL, site);
+  rt_break_end(tok);
+  return ok;
 }
 
 bool em_grad_at(int n_outputs, em_tensor *const *outputs, em_tensor *const *grad_outputs, int n_inputs,

@@ -27,7 +27,13 @@ void em_rng_set_state(uint64_t seed, uint64_t offset) {
   __atomic_store_n(&rng_offset, offset, __ATOMIC_RELAXED);
 }
 
+/* Under a trace the generator does not move: a random node takes its counters when the graph
+ * runs (rt_interpret with fresh_rng), so a compiled call draws the same numbers eager would. */
 void rt_rng_reserve(uint64_t calls, uint64_t *seed, uint64_t *offset) {
+  if (rt_tracing()) {
+    *seed = *offset = 0;
+    return;
+  }
   *seed = __atomic_load_n(&rng_seed, __ATOMIC_RELAXED);
   *offset = __atomic_fetch_add(&rng_offset, calls, __ATOMIC_RELAXED);
 }

@@ -6,6 +6,7 @@
  * let the tracer (record a node, return a proxy) and autograd (record a grad_fn) hook in at one
  * place later. */
 #include "rt.h"
+#include "../ir/graph.h"
 
 #include <string.h>
 
@@ -34,6 +35,8 @@ em_tensor *rt_dispatch(const char *name, em_prim op, em_tensor *const *in, int n
                        const prim_attrs *at, em_site site) {
   for (int i = 0; i < n_in; i++)
     if (!in[i]) return NULL;
+  rt_trace *tr = rt_tracing();
+  if (tr) return rt_trace_dispatch(tr, name, op, in, n_in, at, site);
   enum { MAX_IN = 64 };
   prim_meta metas_small[4], *metas = metas_small, out_meta;
   if (n_in > 4) {
@@ -80,6 +83,12 @@ done:
   return out;
 }
 
+/* Under a trace an in-place write is a graph break: the graph so far runs, the proxies become
+ * real tensors, and the write happens eagerly. Functionalization (AOT autograd) will instead
+ * turn it into an out-of-place node and a write-back. */
+static bool dispatch_out(const char *name, em_prim op, em_tensor *const *in, int n_in,
+                         const prim_attrs *at, em_tensor *out, em_site site);
+
 bool rt_dispatch_out(const char *name, em_prim op, em_tensor *const *in, int n_in,
                      const prim_attrs *at, em_tensor *out, em_site site) {
   EM_ASSERT(prim_get(op)->flags & P_POINTWISE);
@@ -87,6 +96,15 @@ bool rt_dispatch_out(const char *name, em_prim op, em_tensor *const *in, int n_i
   if (!out) return false;
   for (int i = 0; i < n_in; i++)
     if (!in[i]) return false;
+  int tok = rt_break_begin(name, "writes into a tensor in place", site);
+  if (tok < 0) return false;
+  bool ok = dispatch_out(name, op, in, n_in, at, out, site);
+  rt_break_end(tok);
+  return ok;
+}
+
+static bool dispatch_out(const char *name, em_prim op, em_tensor *const *in, int n_in,
+                         const prim_attrs *at, em_tensor *out, em_site site) {
   prim_meta metas[4], m;
   char err[512], b0[128], b1[128];
   if (!check_operands(name, op, in, n_in, metas, site)) return false;
@@ -100,4 +118,30 @@ bool rt_dispatch_out(const char *name, em_prim op, em_tensor *const *in, int n_i
   if (!prim_run(op, at, &ob, bufs, n_in, err, sizeof err)) return rt_error(site, name, "%s", err), false;
   rt_bump_version(out, name, site);
   return true;
+}
+
+/* ---- tracing ---- */
+
+em_tensor *rt_trace_dispatch(rt_trace *tr, const char *name, em_prim op, em_tensor *const *in, int n_in,
+                             const prim_attrs *at, em_site site) {
+  enum { MAX_IN = 64 };
+  if (n_in > MAX_IN) return rt_error(site, name, "takes at most %d operands, got %d", MAX_IN, n_in);
+  prim_meta metas[MAX_IN], out_meta;
+  int ids[MAX_IN];
+  char err[512];
+  if (!check_operands(name, op, in, n_in, metas, site)) return NULL;
+  for (int i = 0; i < n_in; i++)
+    if ((ids[i] = rt_trace_operand(tr, in[i], name, site)) < 0) return NULL;
+  if (!prim_meta_fn(op, at, metas, n_in, &out_meta, err, sizeof err)) return rt_error(site, name, "%s", err);
+  em_device dev = n_in ? in[0]->storage->device : EM_CPU;
+  ir_type ty = ir_type_of_meta(&out_meta, dev);
+  int v = ir_add_node(tr->g, op, ids, n_in, at, &ty, site, name);
+  if (v < 0) return rt_error(site, name, "out of memory recording a graph node");
+  tr->n_ops++;
+  em_tensor *out = rt_new_proxy((prim_get(op)->flags & P_VIEW) ? in[0] : NULL, &out_meta, v, tr, name, site);
+  if (out && !rt_autograd_record(name, op, in, n_in, at, out, site)) {
+    em_release(out);
+    out = NULL;
+  }
+  return out;
 }

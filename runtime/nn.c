@@ -253,6 +253,9 @@ static bool adamw_step(em_optimizer *o, int i, em_tensor *p, em_tensor *g, em_si
 
 bool em_optimizer_step_at(em_optimizer *o, em_site site) {
   if (!o) return rt_error(site, "em_optimizer_step", "optimizer is NULL"), false;
+  /* one graph break for the whole step (it updates in place) rather than one per update */
+  int tok = rt_break_begin("em_optimizer_step", "updates parameters in place", site);
+  if (tok < 0) return false;
   em_no_grad_begin();
   bool ok = true;
   for (int i = 0; ok && i < o->n; i++) {
@@ -267,5 +270,6 @@ bool em_optimizer_step_at(em_optimizer *o, em_site site) {
     em_scope_end_at(site);
   }
   em_no_grad_end();
+  rt_break_end(tok);
   return ok;
 }

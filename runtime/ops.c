@@ -621,7 +621,7 @@ em_tensor *em_zero__at(em_tensor *dst, em_site site) { return em_fill__at(dst, 0
 
 /* ---- reading values ---------------------------------------------------------------------- */
 
-double em_item_at(em_tensor *x, em_site site) {
+static double item(em_tensor *x, em_site site) {
   if (!x) return NAN;
   if (x->numel != 1) {
     char b[128];
@@ -631,7 +631,7 @@ double em_item_at(em_tensor *x, em_site site) {
   return prim_load(rt_data(x), x->dtype);
 }
 
-bool em_to_buffer_at(em_tensor *x, em_dtype dt, void *dst, size_t dst_bytes, em_site site) {
+static bool to_buffer(em_tensor *x, em_dtype dt, void *dst, size_t dst_bytes, em_site site) {
   if (!x) return false;
   char b[128], err[256];
   if (!ir_dtype_valid(dt)) return rt_error(site, "em_to_buffer", "invalid dtype %d", (int)dt), false;
@@ -646,4 +646,91 @@ bool em_to_buffer_at(em_tensor *x, em_dtype dt, void *dst, size_t dst_bytes, em_
   if (!prim_run(EM_PRIM_CONVERT, &at, &out, &in, 1, err, sizeof err))
     return rt_error(site, "em_to_buffer", "%s", err), false;
   return true;
+}
+
+/* Under em_compile both read data: graph breaks (see rt.h, trace.c). */
+double em_item_at(em_tensor *x, em_site site) {
+  if (!x) return NAN;
+  int tok = rt_break_begin("em_item", "reads a tensor's value (the result depends on data)", site);
+  if (tok < 0) return NAN;
+  double v = item(x, site);
+  rt_break_end(tok);
+  return v;
+}
+
+bool em_to_buffer_at(em_tensor *x, em_dtype dt, void *dst, size_t dst_bytes, em_site site) {
+  if (!x) return false;
+  int tok = rt_break_begin("em_to_buffer", "copies a tensor's data out", site);
+  if (tok < 0) return false;
+  bool ok = to_buffer(x, dt, dst, dst_bytes, site);
+  rt_break_end(tok);
+  return ok;
+}
+
+/* ---- data-dependent shapes: graph breaks under em_compile ----------------------------------- */
+
+static em_tensor *nonzero(em_tensor *x, em_site site) {
+  static const char name[] = "em_nonzero";
+  if (!ir_dtype(x->dtype)->cpu_compute && x->dtype != EM_BOOL) {
+    char b[128];
+    return rt_error(site, name, "%s has no CPU kernels (cast first)", rt_fmt(b, sizeof b, x));
+  }
+  size_t es = ir_dtype(x->dtype)->size;
+  int64_t n = 0, idx[EM_MAX_DIMS] = {0};
+  /* two passes of an odometer over x's strides: count, then write the indices */
+  em_tensor *out = NULL;
+  for (int pass = 0; pass < 2; pass++) {
+    int64_t *o = out ? (int64_t *)rt_data(out) : NULL, k = 0;
+    memset(idx, 0, sizeof idx);
+    for (int64_t i = 0; i < x->numel; i++) {
+      int64_t off = 0;
+      for (int d = 0; d < x->ndim; d++) off += idx[d] * x->strides[d];
+      if (prim_load(rt_data(x) + off * (int64_t)es, x->dtype) != 0) {
+        if (o)
+          for (int d = 0; d < x->ndim; d++) o[k * x->ndim + d] = idx[d];
+        k++;
+      }
+      for (int d = x->ndim - 1; d >= 0 && ++idx[d] == x->sizes[d]; d--) idx[d] = 0;
+    }
+    if (pass == 0) {
+      n = k;
+      if (!(out = rt_new(EM_I64, 2, (int64_t[]){n, x->ndim}, name, site))) return NULL;
+    }
+  }
+  return out;
+}
+
+em_tensor *em_nonzero_at(em_tensor *x, em_site site) {
+  if (!x) return NULL;
+  int tok = rt_break_begin("em_nonzero", "has an output shape that depends on data", site);
+  if (tok < 0) return NULL;
+  em_tensor *r = SCOPED("em_nonzero", nonzero(x, site));
+  rt_break_end(tok);
+  return r;
+}
+
+em_tensor *em_masked_select_at(em_tensor *x, em_tensor *mask, em_site site) {
+  static const char name[] = "em_masked_select";
+  if (!x || !mask) return NULL;
+  char b0[128], b1[128];
+  if (mask->dtype != EM_BOOL)
+    return rt_error(site, name, "mask must be bool, got %s", rt_fmt(b0, sizeof b0, mask));
+  ir_shape sx = {x->ndim}, sm = {mask->ndim}, s;
+  memcpy(sx.sizes, x->sizes, sizeof sx.sizes), memcpy(sm.sizes, mask->sizes, sizeof sm.sizes);
+  if (!ir_broadcast(&sx, &sm, &s))
+    return rt_error(site, name, "x %s and mask %s do not broadcast", rt_fmt(b0, sizeof b0, x), rt_fmt(b1, sizeof b1, mask));
+  int tok = rt_break_begin(name, "has an output shape that depends on data", site);
+  if (tok < 0) return NULL;
+  em_tensor *r = NULL;
+  if (em_scope_begin_at(site)) {
+    int64_t numel = ir_numel(s.ndim, s.sizes);
+    em_tensor *xf = em_reshape_at(em_expand_at(x, s.ndim, s.sizes, site), 1, &numel, site);
+    em_tensor *mf = em_reshape_at(em_expand_at(mask, s.ndim, s.sizes, site), 1, &numel, site);
+    em_tensor *nz = mf ? SCOPED(name, nonzero(mf, site)) : NULL;
+    em_tensor *idx = nz ? em_reshape_at(nz, 1, &nz->sizes[0], site) : NULL;
+    r = em_keep_at(em_index_select_at(xf, 0, idx, site), site);
+    em_scope_end_at(site);
+  }
+  rt_break_end(tok);
+  return r;
 }

@@ -157,7 +157,7 @@ static void emit(sbuf *b, const em_tensor *t, const fmt_state *f, int d, int64_t
   put(b, "]", 1);
 }
 
-char *em_format_at(em_tensor *x, em_site site) {
+static char *format(em_tensor *x, em_site site) {
   if (!x) return NULL;
   sbuf b = {0};
   fmt_state f = {.dt = x->dtype, .summarize = x->numel > THRESHOLD, .mode = F_FIXED};
@@ -201,6 +201,15 @@ char *em_format_at(em_tensor *x, em_site site) {
     return rt_error(site, "em_format", "out of memory formatting a tensor");
   }
   return b.s;
+}
+
+char *em_format_at(em_tensor *x, em_site site) {
+  if (!x) return NULL;
+  int tok = rt_break_begin("em_format", "formats a tensor's values", site);
+  if (tok < 0) return NULL;
+  char *s = format(x, site);
+  rt_break_end(tok);
+  return s;
 }
 
 void em_print_at(em_tensor *x, em_site site) {

@@ -13,6 +13,8 @@
 
 #include "../prims/prims.h"
 
+struct ir_graph;
+
 #include <stdarg.h>
 
 /* Invariant checks: a broken invariant is a bug in Ember, not a user error; abort with file:line. */
@@ -65,6 +67,13 @@ struct em_tensor {
   bool requires_grad;           /* a leaf marked so, or a result of a recorded op */
   em_tensor *grad;              /* leaves: accumulated gradient (owned), or NULL */
   rt_node *grad_fn;             /* results of recorded ops: the node (owned ref), else NULL */
+  uint64_t serial;              /* creation order, process-wide: tells trace-local tensors apart */
+  /* tracing (trace.c): a proxy stands for graph value `proxy - 1` of trace `proxy_trace` and
+   * has no data; proxy_slot is its index in that trace's list of live proxies */
+  int proxy;
+  int proxy_slot;
+  uint32_t proxy_trace;
+  bool watched;                 /* some compiled entry holds a weak reference (trace.c) */
 };
 
 /* A new contiguous tensor with uninitialised data, owned by the caller (refcount 1, in no
@@ -146,6 +155,95 @@ void rt_node_release(rt_node *n);
  * the current scope) for every input i with an edge, from the gradient g of the output. */
 bool rt_vjp_saves_inputs(em_prim op);
 bool rt_vjp(rt_node *n, em_tensor *g, em_tensor **grads);
+
+/* ---- trace.c: the tracer --------------------------------------------------------------------
+ *
+ * While a trace is active on a thread, rt_dispatch records every prim application as a node of
+ * the trace's graph and returns a proxy: a tensor with exact metadata (from the meta function)
+ * and no data. Real tensors that reach an op are lifted into graph inputs (once each).
+ * Operations that need data (em_item, em_data_ptr, data-dependent shapes, in-place writes,
+ * opaque callbacks, em_backward's accumulation into .grad) call rt_break_begin / rt_break_end
+ * around their eager work: begin hands the trace to its on_break callback (the frontend runs
+ * the graph so far and materializes the live proxies into real tensors), end starts a new
+ * graph. With no active trace both are no-ops. */
+
+typedef struct rt_trace rt_trace;
+/* Called at a graph break with the reason and the user's site. Must leave every live proxy
+ * materialized and the trace ready for a new graph (rt_trace_reset), or return false with an
+ * error recorded (fullgraph). */
+typedef bool (*rt_break_fn)(rt_trace *tr, const char *op, const char *reason, em_site site, void *ctx);
+
+struct rt_trace {
+  struct ir_graph *g;
+  uint32_t id;
+  int suspended;            /* > 0 inside eager work at a break, or while running a graph */
+  uint64_t serial_start;    /* tensors with a larger serial were created during the trace */
+  em_tensor **proxies;      /* live proxies (weak; NULL holes), in creation order */
+  int n_proxies, cap_proxies, live_proxies;
+  em_tensor **lifted;       /* real tensors lifted into graph inputs (owned refs), in input order */
+  int n_lifted, cap_lifted;
+  rt_break_fn on_break;
+  void *break_ctx;
+  int n_ops;                /* prim applications recorded, all graphs */
+};
+
+/* The active trace of this thread (NULL when none or suspended). */
+rt_trace *rt_tracing(void);
+/* Starts (NULL-safe nesting is refused) and ends a trace on this thread. begin returns false
+ * with an error when a trace is already active or memory runs out. end drops the lifted
+ * references and detaches the remaining proxies (they stay valid tensors without data: using
+ * one in an op afterwards is an error that says it escaped its compiled function). */
+bool rt_trace_begin(rt_trace *tr, const char *name, rt_break_fn on_break, void *ctx, em_site site);
+void rt_trace_end(rt_trace *tr);
+/* Frees the current graph and lifted references and starts an empty graph (after a break). */
+bool rt_trace_reset(rt_trace *tr, const char *name);
+/* The value a tensor stands for in the active trace: a proxy's value, or -1 for real tensors. */
+int rt_trace_value_of(const rt_trace *tr, const em_tensor *t);
+/* Marks graph outputs for every live proxy (deduplicated, in creation order). */
+bool rt_trace_output_live(rt_trace *tr);
+/* Turns each live proxy whose value is the graph's output k into the real tensor outs[k]
+ * (storage, strides, offset, grad_fn, requires_grad), in place, so the user's pointers stay
+ * valid. outs are borrowed. */
+void rt_trace_materialize(rt_trace *tr, em_tensor *const *outs);
+/* Called by tensor.c when a proxy's last reference goes. */
+void rt_trace_forget(em_tensor *t);
+/* Graph breaks, see above. begin returns -1 (error recorded) when the trace refuses the break
+ * (fullgraph), 0 when no trace is active, 1 when the break happened; pass that to end. */
+int rt_break_begin(const char *op, const char *reason, em_site site);
+void rt_break_end(int token);
+/* Suspends / resumes tracing on this thread (the interpreter runs real ops under a trace). */
+void rt_trace_suspend(void);
+void rt_trace_resume(void);
+/* dispatch.c: records one prim application into the active trace and returns its proxy. */
+em_tensor *rt_trace_dispatch(rt_trace *tr, const char *name, em_prim op, em_tensor *const *in, int n_in,
+                             const prim_attrs *at, em_site site);
+/* Lifts a tensor into the trace: its value id (a proxy's own, or a new graph input for a real
+ * tensor), or -1 with an error for a proxy of another trace. */
+int rt_trace_operand(rt_trace *tr, em_tensor *t, const char *name, em_site site);
+/* tensor.c: a proxy header (caller-owned) with metadata m, viewing base's storage when base is
+ * not NULL (view prims), else over a storage without data; registered with tr. */
+em_tensor *rt_new_proxy(em_tensor *base, const prim_meta *m, int value, rt_trace *tr, const char *op, em_site site);
+bool rt_trace_register(rt_trace *tr, em_tensor *p);
+/* The serial number of the newest tensor so far. */
+uint64_t rt_serial_now(void);
+/* tensor.c: p takes over real's storage, layout and autograd history in place. */
+void rt_tensor_become(em_tensor *p, em_tensor *real);
+
+/* Weak references from compiled entries: when a watched tensor's last reference goes, every
+ * callback registered for it runs (with the tensor still readable). */
+bool rt_watch(em_tensor *t, void (*dead)(void *ctx, const em_tensor *t), void *ctx);
+void rt_unwatch_all(void *ctx);
+void rt_watch_notify(em_tensor *t);
+
+/* ---- interp.c: the graph interpreter ---------------------------------------------------------- */
+
+/* Runs g on inputs (borrowed; types must match g's inputs, binding symbolic sizes) with the
+ * eager kernels through rt_dispatch, so autograd records as in eager mode. fresh_rng: random
+ * nodes draw new counters from the generator (compiled execution) instead of using their
+ * seed/offset attributes. outputs receive caller-owned references. Returns false with an
+ * error naming the node's op and the user's site. */
+bool rt_interpret(const struct ir_graph *g, em_tensor *const *inputs, int n_inputs, em_tensor **outputs,
+                  bool fresh_rng, em_site site);
 
 /* ---- creation.c -------------------------------------------------------------------------- */
 

@@ -73,7 +73,7 @@ static void to_little_endian(char *p, size_t n, size_t size) {
 #endif
 }
 
-bool em_save_at(const char *path, int n, em_tensor *const *ts, const char *const *names, em_site site) {
+static bool save(const char *path, int n, em_tensor *const *ts, const char *const *names, em_site site) {
   static const char name[] = "em_save";
   if (!path) return rt_error(site, name, "path is NULL"), false;
   if (n < 0 || (n && (!ts || !names)))
@@ -223,5 +223,13 @@ out:
   rt_free(tname);
   rt_free(offset);
   fclose(f);
+  return ok;
+}
+
+bool em_save_at(const char *path, int n, em_tensor *const *ts, const char *const *names, em_site site) {
+  int tok = rt_break_begin("em_save", "writes tensors' data to a file", site);
+  if (tok < 0) return false;
+  bool ok = save(path, n, ts, names, site);
+  rt_break_end(tok);
   return ok;
 }

@@ -20,6 +20,7 @@ typedef struct scope {
 /* EM_NONE's address; never read. */
 struct em_tensor em_none_sentinel;
 
+static uint64_t serial_counter;
 static _Thread_local scope *scopes; /* scopes[0] is the base scope */
 static _Thread_local int n_scopes, cap_scopes;
 
@@ -38,6 +39,8 @@ em_tensor *em_retain(em_tensor *t) {
 void em_release(em_tensor *t) {
   if (!t) return;
   if (__atomic_sub_fetch(&t->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
+    if (t->proxy) rt_trace_forget(t);
+    if (t->watched) rt_watch_notify(t);
     em_release(t->grad);
     rt_node_release(t->grad_fn);
     storage_release(t->storage);
@@ -61,6 +64,7 @@ static em_tensor *new_header(rt_storage *s, em_dtype dt, int ndim, const int64_t
   t->ndim = ndim;
   memcpy(t->sizes, sizes, sizeof(int64_t) * (size_t)ndim);
   t->numel = ir_numel(ndim, sizes);
+  t->serial = __atomic_add_fetch(&serial_counter, 1, __ATOMIC_RELAXED);
   rt_count_tensor(1);
   return t;
 }
@@ -103,6 +107,52 @@ em_tensor *rt_new_view(em_tensor *base, int ndim, const int64_t *sizes, const in
   memcpy(t->strides, strides, sizeof(int64_t) * (size_t)ndim);
   t->offset = offset;
   return t;
+}
+
+uint64_t rt_serial_now(void) { return __atomic_load_n(&serial_counter, __ATOMIC_RELAXED); }
+
+/* ---- proxies (the tracer's tensors, trace.c) ---- */
+
+em_tensor *rt_new_proxy(em_tensor *base, const prim_meta *m, int value, rt_trace *tr, const char *op, em_site site) {
+  em_tensor *t;
+  if (base) {
+    t = rt_new_view(base, m->ndim, m->sizes, m->strides, m->offset, op, site);
+  } else {
+    rt_storage *s = rt_alloc(STORAGE_HEADER, 64);
+    if (!s) return rt_error(site, op, "out of memory allocating a proxy");
+    *s = (rt_storage){.refcount = 1, .device = EM_CPU, .data = NULL};
+    t = new_header(s, m->dtype, m->ndim, m->sizes, op, site);
+    if (!t) {
+      storage_release(s);
+      return NULL;
+    }
+    ir_contiguous_strides(m->ndim, m->sizes, t->strides);
+  }
+  if (!t) return NULL;
+  t->proxy = value + 1;
+  t->proxy_trace = tr->id;
+  if (!rt_trace_register(tr, t)) {
+    t->proxy = 0;
+    em_release(t);
+    return rt_error(site, op, "out of memory recording a proxy");
+  }
+  return t;
+}
+
+void rt_tensor_become(em_tensor *p, em_tensor *real) {
+  EM_ASSERT(p->dtype == real->dtype && p->ndim == real->ndim);
+  __atomic_add_fetch(&real->storage->refcount, 1, __ATOMIC_RELAXED);
+  rt_storage *old = p->storage;
+  p->storage = real->storage;
+  memcpy(p->strides, real->strides, sizeof p->strides);
+  p->offset = real->offset;
+  p->proxy = 0;
+  rt_node *old_fn = p->grad_fn;
+  p->grad_fn = real->grad_fn;
+  if (p->grad_fn) __atomic_add_fetch(&p->grad_fn->refcount, 1, __ATOMIC_RELAXED);
+  p->requires_grad = real->requires_grad;
+  rt_node_release(old_fn); /* may free other proxies; p itself is still owned */
+  storage_release(old);
 }
 
 /* ---- scopes ---- */
@@ -202,7 +252,14 @@ em_dtype em_dtype_of(const em_tensor *t) { return t->dtype; }
 em_device em_device_of(const em_tensor *t) { return t->storage->device; }
 bool em_is_contiguous(const em_tensor *t) { return ir_is_contiguous(t->ndim, t->sizes, t->strides); }
 int64_t em_version(const em_tensor *t) { return __atomic_load_n(&t->storage->version, __ATOMIC_RELAXED); }
-void *em_data_ptr(const em_tensor *t) { return rt_data(t); }
+void *em_data_ptr_at(em_tensor *t, em_site site) {
+  if (!t) return NULL;
+  int tok = rt_break_begin("em_data_ptr", "reads a tensor's data pointer", site);
+  if (tok < 0) return NULL;
+  void *p = rt_data(t);
+  rt_break_end(tok);
+  return p;
+}
 bool em_shares_storage(const em_tensor *a, const em_tensor *b) { return a->storage == b->storage; }
 
 prim_buf rt_buf(const em_tensor *t) {

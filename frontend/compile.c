@@ -1,0 +1,716 @@
+/* frontend/compile.c: em_compile: capture, guards, the cache of entries, recompiles, graph
+ * breaks and em_explain. The data flow is DESIGN.md's "one compiled call"; include/ember.h
+ * states the user-visible semantics (jit replay, identity of lifted tensors, breaks).
+ *
+ * Structure:
+ *  - An em_compiled holds a list of entries (one per distinct guard set) and a cache of
+ *    compiled graphs keyed by graph structure (used by the graphs between breaks).
+ *  - A call checks entries in order; a hit without breaks replays the entry's graph; a hit with
+ *    breaks re-runs fn under the tracer (each graph is then a cache hit); a miss traces fn and
+ *    adds an entry, until recompile_limit, after which fn runs eagerly.
+ *  - The tracer (runtime/trace.c) calls on_break at each break; this file decides what a break
+ *    does: fullgraph error, or run the graph so far and materialize the proxies. */
+#define _POSIX_C_SOURCE 200809L /* strdup, clock_gettime */
+#include "frontend.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct tguard { /* the metadata of a tensor a guard checks */
+  em_dtype dtype;
+  em_device device;
+  int ndim;
+  int64_t sizes[EM_MAX_DIMS], strides[EM_MAX_DIMS];
+  bool requires_grad;
+} tguard;
+
+typedef enum { SRC_ARG, SRC_PARAM, SRC_CONST } src_kind;
+typedef struct source { /* where a graph input (or a passed-through output) comes from at replay */
+  src_kind kind;
+  int arg;       /* SRC_ARG: index into the call's inputs */
+  em_tensor *t;  /* SRC_PARAM: weak (watched); SRC_CONST: owned (created during the trace) */
+  tguard guard;
+} source;
+
+typedef struct outmap {
+  bool from_graph; /* graph output index, or a source index */
+  int index;
+} outmap;
+
+typedef struct entry {
+  bool dead;
+  char dead_reason[256];
+  void *ctx;
+  bool grad_mode;
+  int n_in;
+  tguard *in;
+  int *alias;        /* alias[k]: first j with inputs[j] == inputs[k] */
+  bool has_breaks;
+  const ir_graph *graph; /* no breaks: the compiled graph (owned by the graph cache) */
+  source *src;       /* graph inputs first (graph->n_inputs), then passed-through outputs */
+  int n_src;
+  int n_out;
+  outmap out[EM_MAX_OUTPUTS];
+} entry;
+
+typedef struct cached_graph {
+  uint64_t hash;
+  ir_graph *traced;   /* as traced, for the structural comparison */
+  ir_graph *compiled; /* what the backend runs */
+} cached_graph;
+
+struct em_compiled {
+  em_model_fn fn;
+  char name[64];
+  char backend[16];
+  bool fullgraph;
+  int limit;
+  em_site site;
+  entry **entries;
+  int n_entries, cap_entries;
+  cached_graph *graphs;
+  int n_graphs, cap_graphs;
+  bool limit_warned;
+  em_compile_stats stats;
+};
+
+/* State of one traced run of fn, passed to on_break. */
+typedef struct run_state {
+  em_compiled *c;
+  int n_graphs;
+  int ops[256];            /* prims per graph (the first 256 graphs) */
+  int n_breaks;
+  em_graph_break_info breaks[64];
+  em_site site;
+} run_state;
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static tguard guard_of(const em_tensor *t) {
+  tguard g = {.dtype = t->dtype, .device = t->storage->device, .ndim = t->ndim, .requires_grad = t->requires_grad};
+  memcpy(g.sizes, t->sizes, sizeof(int64_t) * (size_t)t->ndim);
+  memcpy(g.strides, t->strides, sizeof(int64_t) * (size_t)t->ndim);
+  return g;
+}
+
+static void fmt_list(char *buf, size_t cap, const int64_t *v, int n) {
+  size_t k = 0;
+  k += (size_t)snprintf(buf + k, cap - k, "[");
+  for (int i = 0; i < n && k < cap; i++) k += (size_t)snprintf(buf + k, cap - k, "%s%lld", i ? "," : "", (long long)v[i]);
+  if (k < cap) snprintf(buf + k, cap - k, "]");
+}
+
+static void fmt_guard(char *buf, size_t cap, const char *what, const tguard *g) {
+  char s[160], st[160];
+  fmt_list(s, sizeof s, g->sizes, g->ndim);
+  fmt_list(st, sizeof st, g->strides, g->ndim);
+  snprintf(buf, cap, "%s: %s%s strides %s on %s, requires_grad=%s", what, em_dtype_name(g->dtype), s, st,
+           g->device == EM_CPU ? "cpu" : "cuda", g->requires_grad ? "true" : "false");
+}
+
+/* The first difference between guard g and tensor t, or false when they match. */
+static bool guard_fails(const tguard *g, const em_tensor *t, const char *what, char *why, size_t cap) {
+  char a[160], b[160];
+  if (g->dtype != t->dtype)
+    return snprintf(why, cap, "%s.dtype: expected %s, got %s", what, em_dtype_name(g->dtype), em_dtype_name(t->dtype)), true;
+  if (g->device != t->storage->device) return snprintf(why, cap, "%s.device changed", what), true;
+  if (g->ndim != t->ndim || memcmp(g->sizes, t->sizes, sizeof(int64_t) * (size_t)g->ndim)) {
+    fmt_list(a, sizeof a, g->sizes, g->ndim), fmt_list(b, sizeof b, t->sizes, t->ndim);
+    return snprintf(why, cap, "%s.sizes: expected %s, got %s", what, a, b), true;
+  }
+  if (memcmp(g->strides, t->strides, sizeof(int64_t) * (size_t)g->ndim)) {
+    fmt_list(a, sizeof a, g->strides, g->ndim), fmt_list(b, sizeof b, t->strides, t->ndim);
+    return snprintf(why, cap, "%s.strides: expected %s, got %s", what, a, b), true;
+  }
+  if (g->requires_grad != t->requires_grad)
+    return snprintf(why, cap, "%s.requires_grad: expected %s, got %s", what, g->requires_grad ? "true" : "false",
+                    t->requires_grad ? "true" : "false"), true;
+  return false;
+}
+
+/* ---- entries ---- */
+
+static void entry_free(entry *e) {
+  if (!e) return;
+  rt_unwatch_all(e);
+  for (int i = 0; i < e->n_src; i++)
+    if (e->src[i].kind == SRC_CONST) em_release(e->src[i].t);
+  free(e->src), free(e->in), free(e->alias);
+  free(e);
+}
+
+static void entry_tensor_died(void *ctx, const em_tensor *t) {
+  entry *e = ctx;
+  if (e->dead) return;
+  char b[128];
+  e->dead = true;
+  snprintf(e->dead_reason, sizeof e->dead_reason, "a tensor the function reached through ctx (%s) was freed",
+           rt_fmt(b, sizeof b, t));
+}
+
+/* Which guard of e fails for this call, into why; false when all pass. */
+static bool entry_fails(const entry *e, void *ctx, em_tensor *const *in, int n_in, char *why, size_t cap) {
+  if (e->dead) return snprintf(why, cap, "%s", e->dead_reason), true;
+  if (ctx != e->ctx) return snprintf(why, cap, "ctx: expected %p, got %p", e->ctx, ctx), true;
+  if (rt_grad_enabled() != e->grad_mode)
+    return snprintf(why, cap, "grad_mode: expected %s, got %s", e->grad_mode ? "enabled" : "disabled",
+                    e->grad_mode ? "disabled" : "enabled"), true;
+  if (n_in != e->n_in) return snprintf(why, cap, "len(inputs): expected %d, got %d", e->n_in, n_in), true;
+  char what[32];
+  for (int k = 0; k < n_in; k++) {
+    snprintf(what, sizeof what, "inputs[%d]", k);
+    if (guard_fails(&e->in[k], in[k], what, why, cap)) return true;
+    int j = 0;
+    while (in[j] != in[k]) j++;
+    if (j != e->alias[k])
+      return snprintf(why, cap, "inputs[%d] %s inputs[%d]", k, j == k ? "no longer is" : "now is", e->alias[k] == k ? j : e->alias[k]), true;
+  }
+  for (int i = 0; i < e->n_src; i++) {
+    if (e->src[i].kind != SRC_PARAM) continue;
+    snprintf(what, sizeof what, "lifted[%d]", i);
+    if (guard_fails(&e->src[i].guard, e->src[i].t, what, why, cap)) return true;
+  }
+  return false;
+}
+
+static int entry_guard_lines(const entry *e, char ***lines_out) {
+  int n = 3 + e->n_in + e->n_src;
+  char **lines = calloc((size_t)n, sizeof(char *));
+  if (!lines) return 0;
+  int k = 0;
+  char buf[512];
+  snprintf(buf, sizeof buf, "ctx == %p", e->ctx);
+  lines[k++] = strdup(buf);
+  snprintf(buf, sizeof buf, "grad_mode == %s", e->grad_mode ? "enabled" : "disabled");
+  lines[k++] = strdup(buf);
+  snprintf(buf, sizeof buf, "len(inputs) == %d", e->n_in);
+  lines[k++] = strdup(buf);
+  for (int i = 0; i < e->n_in; i++) {
+    char what[48];
+    if (e->alias[i] != i) snprintf(what, sizeof what, "inputs[%d] (is inputs[%d])", i, e->alias[i]);
+    else snprintf(what, sizeof what, "inputs[%d]", i);
+    fmt_guard(buf, sizeof buf, what, &e->in[i]);
+    lines[k++] = strdup(buf);
+  }
+  for (int i = 0; i < e->n_src; i++) {
+    if (e->src[i].kind != SRC_PARAM) continue;
+    char what[96];
+    snprintf(what, sizeof what, "lifted[%d] is tensor %p (weak reference)", i, (void *)e->src[i].t);
+    fmt_guard(buf, sizeof buf, what, &e->src[i].guard);
+    lines[k++] = strdup(buf);
+  }
+  for (int i = 0; i < k; i++)
+    if (!lines[i]) {
+      for (int j = 0; j < k; j++) free(lines[j]);
+      free(lines);
+      return 0;
+    }
+  *lines_out = lines;
+  return k;
+}
+
+static void log_guards(const em_compiled *c, const entry *e) {
+  if (!fe_log_on(FE_LOG_GUARDS)) return;
+  char **lines = NULL;
+  int n = entry_guard_lines(e, &lines);
+  fe_log(FE_LOG_GUARDS, "guards of entry %d of %s (%s):", c->n_entries, c->name, e->has_breaks ? "with graph breaks, re-runs fn" : "replays without calling fn");
+  for (int i = 0; i < n; i++) {
+    fe_log(FE_LOG_GUARDS, "  %s", lines[i]);
+    free(lines[i]);
+  }
+  free(lines);
+}
+
+/* ---- graphs ---- */
+
+/* The backend: "eager" runs the graph as traced, minus dead code. (Passes that are exact in the
+ * forward, CSE above all, can change how a backward sums gradients; the optimising backends
+ * run them.) */
+static ir_graph *backend_compile(em_compiled *c, const ir_graph *traced, em_site site) {
+  double t0 = now_ms();
+  ir_graph *g = ir_graph_clone(traced);
+  char err[512];
+  if (!g || ir_pass_dce(g) < 0) {
+    ir_graph_free(g);
+    return rt_error(site, "em_compile", "out of memory compiling a graph of %s", c->name);
+  }
+  if (!ir_verify(g, 0, err, sizeof err)) {
+    ir_graph_free(g);
+    return rt_error(site, "em_compile", "internal error: the graph captured from %s does not verify: %s", c->name, err);
+  }
+  c->stats.graphs_compiled++;
+  if (fe_log_on(FE_LOG_GRAPH)) {
+    char *text = ir_print(g, true);
+    fe_log(FE_LOG_GRAPH, "graph %lld of %s (%d inputs, %d nodes, %d outputs):\n%s", (long long)c->stats.graphs_compiled - 1,
+           c->name, g->n_inputs, g->n_nodes, g->n_outputs, text ? text : "(out of memory)");
+    free(text);
+  }
+  fe_dump_graph(g);
+  fe_log(FE_LOG_PERF, "%s: compiled a graph of %d nodes with backend %s in %.3f ms", c->name, g->n_nodes, c->backend,
+         now_ms() - t0);
+  return g;
+}
+
+/* The compiled graph for traced, from the cache or newly compiled into it. */
+static const ir_graph *lookup_or_compile(em_compiled *c, const ir_graph *traced, em_site site) {
+  uint64_t h = ir_graph_hash(traced);
+  for (int i = 0; i < c->n_graphs; i++)
+    if (c->graphs[i].hash == h && ir_graph_same_structure(c->graphs[i].traced, traced)) {
+      c->stats.graph_cache_hits++;
+      return c->graphs[i].compiled;
+    }
+  if (c->n_graphs == c->cap_graphs) {
+    int cap = c->cap_graphs ? 2 * c->cap_graphs : 8;
+    cached_graph *p = realloc(c->graphs, sizeof(cached_graph) * (size_t)cap);
+    if (!p) return rt_error(site, "em_compile", "out of memory");
+    c->graphs = p, c->cap_graphs = cap;
+  }
+  ir_graph *copy = ir_graph_clone(traced);
+  ir_graph *compiled = copy ? backend_compile(c, traced, site) : NULL;
+  if (!compiled) {
+    ir_graph_free(copy);
+    return copy ? NULL : rt_error(site, "em_compile", "out of memory");
+  }
+  c->graphs[c->n_graphs++] = (cached_graph){h, copy, compiled};
+  return compiled;
+}
+
+static void note_graph(run_state *rs, const ir_graph *g) {
+  if (rs->n_graphs < (int)(sizeof rs->ops / sizeof rs->ops[0])) rs->ops[rs->n_graphs] = g->n_nodes;
+  rs->n_graphs++;
+}
+
+/* Runs the trace's current graph on its lifted inputs and materializes the live proxies. */
+static bool run_graph_so_far(run_state *rs, rt_trace *tr, em_site site) {
+  if (!rt_trace_output_live(tr)) return rt_error(site, "em_compile", "out of memory"), false;
+  ir_graph *g = tr->g;
+  if (g->n_nodes == 0) return true;
+  const ir_graph *cg = lookup_or_compile(rs->c, g, site);
+  if (!cg) return false;
+  note_graph(rs, cg);
+  em_tensor **outs = calloc((size_t)(g->n_outputs ? g->n_outputs : 1), sizeof(em_tensor *));
+  if (!outs) return rt_error(site, "em_compile", "out of memory"), false;
+  bool ok = rt_interpret(cg, tr->lifted, tr->n_lifted, outs, true, site);
+  if (ok) rt_trace_materialize(tr, outs);
+  for (int i = 0; i < g->n_outputs; i++) em_release(outs[i]);
+  free(outs);
+  return ok;
+}
+
+static bool on_break(rt_trace *tr, const char *op, const char *reason, em_site site, void *ctx) {
+  run_state *rs = ctx;
+  em_compiled *c = rs->c;
+  if (c->fullgraph)
+    return rt_error(site, op, "graph break in %s compiled with fullgraph: %s (in %s)", c->name, reason,
+                    site.func ? site.func : "?"), false;
+  if (rs->n_breaks < (int)(sizeof rs->breaks / sizeof rs->breaks[0]))
+    rs->breaks[rs->n_breaks] = (em_graph_break_info){op, reason, site.file, site.func, site.line};
+  rs->n_breaks++;
+  c->stats.breaks++;
+  fe_log(FE_LOG_GRAPH_BREAKS, "graph break in %s at %s:%d in %s: %s %s", c->name, site.file, site.line,
+         site.func ? site.func : "?", op, reason);
+  if (!run_graph_so_far(rs, tr, site)) return false;
+  return rt_trace_reset(tr, c->name) || (rt_error(site, "em_compile", "out of memory"), false);
+}
+
+/* ---- running fn under the tracer ---- */
+
+static int find_source(const entry *e, const em_tensor *t) {
+  for (int i = 0; i < e->n_src; i++)
+    if (e->src[i].kind != SRC_ARG && e->src[i].t == t) return i;
+  return -1;
+}
+
+static bool add_source(entry *e, const rt_trace *tr, em_tensor *t, em_tensor *const *in, int n_in) {
+  source s = {.guard = guard_of(t), .arg = -1};
+  for (int k = 0; k < n_in && s.arg < 0; k++)
+    if (in[k] == t) s.kind = SRC_ARG, s.arg = k;
+  if (s.arg < 0) {
+    s.t = t;
+    s.kind = t->serial > tr->serial_start ? SRC_CONST : SRC_PARAM;
+    if (s.kind == SRC_CONST) em_retain(t);
+    else if (!rt_watch(t, entry_tensor_died, e)) return false;
+  }
+  e->src[e->n_src++] = s;
+  return true;
+}
+
+/* A new entry for a run without breaks: its sources, output map and guards. */
+static entry *make_entry(em_compiled *c, const rt_trace *tr, const ir_graph *cg, void *ctx, em_tensor *const *in,
+                         int n_in, const em_outputs *o, const int *graph_out, bool has_breaks) {
+  entry *e = calloc(1, sizeof *e);
+  if (!e) return NULL;
+  e->ctx = ctx;
+  e->grad_mode = rt_grad_enabled();
+  e->n_in = n_in;
+  e->has_breaks = has_breaks;
+  e->in = malloc(sizeof(tguard) * (size_t)(n_in ? n_in : 1));
+  e->alias = malloc(sizeof(int) * (size_t)(n_in ? n_in : 1));
+  e->src = malloc(sizeof(source) * (size_t)(tr->n_lifted + o->n + 1));
+  if (!e->in || !e->alias || !e->src) goto oom;
+  for (int k = 0; k < n_in; k++) {
+    e->in[k] = guard_of(in[k]);
+    int j = 0;
+    while (in[j] != in[k]) j++;
+    e->alias[k] = j;
+  }
+  if (has_breaks) return e;
+  e->graph = cg;
+  for (int i = 0; i < tr->n_lifted; i++)
+    if (!add_source(e, tr, tr->lifted[i], in, n_in)) goto oom;
+  e->n_out = o->n;
+  for (int i = 0; i < o->n; i++) {
+    if (graph_out[i] >= 0) {
+      e->out[i] = (outmap){true, graph_out[i]};
+      continue;
+    }
+    int s = find_source(e, o->t[i]);
+    if (s < 0) {
+      for (int k = 0; k < n_in && s < 0; k++)
+        if (in[k] == o->t[i]) {
+          for (int j = 0; j < e->n_src && s < 0; j++)
+            if (e->src[j].kind == SRC_ARG && e->src[j].arg == k) s = j;
+        }
+    }
+    if (s < 0) {
+      if (!add_source(e, tr, o->t[i], in, n_in)) goto oom;
+      s = e->n_src - 1;
+    }
+    e->out[i] = (outmap){false, s};
+  }
+  return e;
+oom:
+  entry_free(e);
+  return NULL;
+}
+
+static em_outputs failed_outputs(int n) {
+  em_outputs r = {.n = n < 0 ? 0 : n > EM_MAX_OUTPUTS ? EM_MAX_OUTPUTS : n};
+  return r;
+}
+
+/* Runs fn under a new trace. With want_entry, a run without breaks also yields a new entry
+ * (*made); an existing entry with breaks passes want_entry false. Results are caller-owned
+ * references in res (not yet in any scope). */
+static bool run_traced(em_compiled *c, void *ctx, em_tensor *const *in, int n_in, run_state *rs, bool want_entry,
+                       entry **made, em_outputs *res, em_site site) {
+  double t0 = now_ms();
+  rt_trace tr;
+  *res = failed_outputs(0);
+  if (made) *made = NULL;
+  if (!rt_trace_begin(&tr, c->name, on_break, rs, site)) return false;
+  if (!em_scope_begin_at(site)) {
+    rt_trace_end(&tr);
+    return false;
+  }
+  c->stats.traces++;
+  em_outputs o = c->fn(ctx, in, n_in);
+  bool ok = true;
+  if (o.n < 0 || o.n > EM_MAX_OUTPUTS) {
+    rt_error(site, "em_call", "%s returned %d outputs (0 to %d allowed)", c->name, o.n, EM_MAX_OUTPUTS);
+    ok = false;
+  }
+  for (int i = 0; ok && i < o.n; i++)
+    if (!o.t[i]) {
+      if (!rt_has_error()) rt_error(site, "em_call", "%s returned NULL as output %d", c->name, i);
+      ok = false;
+    }
+  /* The last graph: its outputs are fn's proxy outputs. */
+  int graph_out[EM_MAX_OUTPUTS];
+  const ir_graph *cg = NULL;
+  em_tensor **outs = NULL;
+  for (int i = 0; ok && i < o.n; i++) {
+    int v = rt_trace_value_of(&tr, o.t[i]);
+    graph_out[i] = -1;
+    if (v < 0) continue;
+    for (int k = 0; k < tr.g->n_outputs && graph_out[i] < 0; k++)
+      if (tr.g->outputs[k] == v) graph_out[i] = k;
+    if (graph_out[i] < 0) {
+      graph_out[i] = tr.g->n_outputs;
+      if (!ir_add_output(tr.g, v)) ok = (rt_error(site, "em_call", "out of memory"), false);
+    }
+  }
+  if (ok && tr.g->n_nodes > 0) {
+    ok = (cg = lookup_or_compile(c, tr.g, site)) != NULL;
+    if (ok) note_graph(rs, cg);
+    outs = ok ? calloc((size_t)(cg->n_outputs ? cg->n_outputs : 1), sizeof(em_tensor *)) : NULL;
+    if (ok && !outs) ok = (rt_error(site, "em_call", "out of memory"), false);
+    ok = ok && rt_interpret(cg, tr.lifted, tr.n_lifted, outs, true, site);
+  }
+  if (ok) {
+    res->n = o.n;
+    for (int i = 0; i < o.n; i++) res->t[i] = em_retain(graph_out[i] >= 0 ? outs[graph_out[i]] : o.t[i]);
+    if (want_entry) {
+      *made = make_entry(c, &tr, cg, ctx, in, n_in, &o, graph_out, rs->n_breaks > 0);
+      if (!*made) ok = (rt_error(site, "em_call", "out of memory recording a cache entry"), false);
+    }
+  }
+  if (outs)
+    for (int i = 0; i < cg->n_outputs; i++) em_release(outs[i]);
+  free(outs);
+  em_scope_end_at(site); /* the proxies die here, while the trace still knows them */
+  rt_trace_end(&tr);
+  if (!ok) {
+    for (int i = 0; i < res->n; i++) em_release(res->t[i]), res->t[i] = NULL;
+    *res = failed_outputs(o.n);
+  }
+  fe_log(FE_LOG_PERF, "%s: traced %d ops into %d graph(s) with %d break(s) in %.3f ms", c->name, tr.n_ops, rs->n_graphs,
+         rs->n_breaks, now_ms() - t0);
+  return ok;
+}
+
+/* ---- replay ---- */
+
+static bool replay(em_compiled *c, entry *e, em_tensor *const *in, em_outputs *res, em_site site) {
+  const ir_graph *g = e->graph;
+  em_tensor *small_in[16], *small_out[16];
+  em_tensor **gin = g->n_inputs <= 16 ? small_in : malloc(sizeof(em_tensor *) * (size_t)g->n_inputs);
+  em_tensor **gout = g->n_outputs <= 16 ? small_out : malloc(sizeof(em_tensor *) * (size_t)g->n_outputs);
+  bool ok = gin && gout;
+  if (!ok) rt_error(site, "em_call", "out of memory");
+  for (int i = 0; ok && i < g->n_inputs; i++) gin[i] = e->src[i].kind == SRC_ARG ? in[e->src[i].arg] : e->src[i].t;
+  ok = ok && rt_interpret(g, gin, g->n_inputs, gout, true, site);
+  if (ok) {
+    res->n = e->n_out;
+    for (int i = 0; i < e->n_out; i++) {
+      const outmap *m = &e->out[i];
+      const source *s = m->from_graph ? NULL : &e->src[m->index];
+      res->t[i] = m->from_graph ? em_retain(gout[m->index]) : em_retain(s->kind == SRC_ARG ? in[s->arg] : s->t);
+    }
+    for (int i = 0; i < g->n_outputs; i++) em_release(gout[i]);
+  }
+  if (gin != small_in) free(gin);
+  if (gout != small_out) free(gout);
+  c->stats.replays++;
+  return ok;
+}
+
+/* ---- public API ---- */
+
+em_compiled *em_compile_at(em_model_fn fn, const em_compile_options *opts, em_site site) {
+  em_compile_options o = opts ? *opts : (em_compile_options){0};
+  if (!fn) return rt_error(site, "em_compile", "fn is NULL");
+  const char *backend = o.backend ? o.backend : "eager";
+  if (strcmp(backend, "eager"))
+    return rt_error(site, "em_compile", "unknown backend \"%s\" (this build has: \"eager\"; \"aot_eager\" and "
+                    "\"inductor\" arrive with AOT autograd and the CPU code generator)", backend);
+  em_compiled *c = calloc(1, sizeof *c);
+  if (!c) return rt_error(site, "em_compile", "out of memory");
+  c->fn = fn;
+  snprintf(c->name, sizeof c->name, "%s", o.name && *o.name ? o.name : "fn");
+  for (char *p = c->name; *p; p++) /* names go into IR text and file names */
+    if (!(*p == '_' || (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9'))) *p = '_';
+  snprintf(c->backend, sizeof c->backend, "%s", backend);
+  c->fullgraph = o.fullgraph;
+  c->limit = o.recompile_limit > 0 ? o.recompile_limit : 8;
+  c->site = site;
+  return c;
+}
+
+void em_compiled_free(em_compiled *c) {
+  if (!c) return;
+  for (int i = 0; i < c->n_entries; i++) entry_free(c->entries[i]);
+  for (int i = 0; i < c->n_graphs; i++) ir_graph_free(c->graphs[i].traced), ir_graph_free(c->graphs[i].compiled);
+  free(c->entries), free(c->graphs);
+  free(c);
+}
+
+em_compile_stats em_compiled_stats(const em_compiled *c) {
+  em_compile_stats s = c ? c->stats : (em_compile_stats){0};
+  if (c) s.entries = c->n_entries;
+  return s;
+}
+
+/* Hands caller-owned results to the current scope. */
+static em_outputs to_scope(em_outputs r, em_site site) {
+  for (int i = 0; i < r.n; i++)
+    if (r.t[i] && !(r.t[i] = rt_scope_add(r.t[i], "em_call", site)))
+      for (int j = 0; j < r.n; j++) r.t[j] = NULL;
+  return r;
+}
+
+static void drop_dead_entries(em_compiled *c) {
+  int k = 0;
+  for (int i = 0; i < c->n_entries; i++) {
+    if (c->entries[i]->dead) {
+      fe_log(FE_LOG_RECOMPILES, "%s: dropping entry %d: %s", c->name, i, c->entries[i]->dead_reason);
+      entry_free(c->entries[i]);
+    } else {
+      c->entries[k++] = c->entries[i];
+    }
+  }
+  c->n_entries = k;
+}
+
+em_outputs em_call_at(em_compiled *c, void *ctx, em_tensor *const *in, int n_in, em_site site) {
+  if (!c) return rt_error(site, "em_call", "the compiled function is NULL"), failed_outputs(0);
+  if (n_in < 0 || (n_in > 0 && !in)) return rt_error(site, "em_call", "bad inputs (n = %d)", n_in), failed_outputs(0);
+  for (int i = 0; i < n_in; i++)
+    if (!in[i]) return failed_outputs(0);
+  c->stats.calls++;
+  if (rt_tracing()) return c->fn(ctx, in, n_in); /* inlined into the enclosing trace */
+
+  char why[512] = "";
+  bool first_why = true;
+  for (int i = 0; i < c->n_entries; i++) {
+    entry *e = c->entries[i];
+    char w[512];
+    if (entry_fails(e, ctx, in, n_in, w, sizeof w)) {
+      if (first_why) snprintf(why, sizeof why, "%s", w), first_why = false;
+      continue;
+    }
+    em_outputs r = failed_outputs(0);
+    if (!e->has_breaks) {
+      replay(c, e, in, &r, site);
+    } else {
+      run_state rs = {.c = c, .site = site};
+      run_traced(c, ctx, in, n_in, &rs, false, NULL, &r, site);
+    }
+    return to_scope(r, site);
+  }
+  drop_dead_entries(c);
+  if (c->n_entries >= c->limit) {
+    if (!c->limit_warned) {
+      fprintf(stderr, "[ember] %s (compiled at %s:%d) hit its recompile limit (%d entries); running it eagerly "
+              "from now on. Last guard failure: %s\n", c->name, c->site.file, c->site.line, c->limit, why);
+      c->limit_warned = true;
+    }
+    c->stats.eager_calls++;
+    if (!em_scope_begin_at(site)) return failed_outputs(0);
+    em_outputs o = c->fn(ctx, in, n_in);
+    for (int i = 0; i < o.n && i < EM_MAX_OUTPUTS; i++) em_keep_at(o.t[i], site);
+    em_scope_end_at(site);
+    return o;
+  }
+  if (c->stats.traces > 0) {
+    c->stats.recompiles++;
+    fe_log(FE_LOG_RECOMPILES, "Recompiling %s (compiled at %s:%d), called from %s:%d: guard failed: %s", c->name,
+           c->site.file, c->site.line, site.file, site.line, why[0] ? why : "an entry was dropped");
+  }
+  run_state rs = {.c = c, .site = site};
+  entry *e = NULL;
+  em_outputs r;
+  if (!run_traced(c, ctx, in, n_in, &rs, true, &e, &r, site)) return r;
+  if (c->n_entries == c->cap_entries) {
+    int cap = c->cap_entries ? 2 * c->cap_entries : 4;
+    entry **p = realloc(c->entries, sizeof(entry *) * (size_t)cap);
+    if (!p) {
+      entry_free(e);
+      for (int i = 0; i < r.n; i++) em_release(r.t[i]);
+      return rt_error(site, "em_call", "out of memory"), failed_outputs(r.n);
+    }
+    c->entries = p, c->cap_entries = cap;
+  }
+  c->entries[c->n_entries++] = e;
+  log_guards(c, e);
+  return to_scope(r, site);
+}
+
+/* ---- explain ---- */
+
+static char *append(char *s, size_t *n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static char *append(char *s, size_t *n, const char *fmt, ...) {
+  if (!s) return NULL;
+  va_list ap;
+  va_start(ap, fmt);
+  int k = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  char *p = realloc(s, *n + (size_t)k + 1);
+  if (!p) {
+    free(s);
+    return NULL;
+  }
+  va_start(ap, fmt);
+  vsnprintf(p + *n, (size_t)k + 1, fmt, ap);
+  va_end(ap);
+  *n += (size_t)k;
+  return p;
+}
+
+void em_explanation_free(em_explanation *e) {
+  if (!e) return;
+  for (int i = 0; i < e->n_guards; i++) free(e->guards[i]);
+  free(e->guards), free(e->ops_per_graph), free(e->breaks), free(e->text);
+  free(e);
+}
+
+em_explanation *em_explain_at(em_model_fn fn, void *ctx, em_tensor *const *in, int n_in, em_site site) {
+  em_compiled *c = em_compile_at(fn, &(em_compile_options){.name = "explain"}, site);
+  if (!c) return NULL;
+  run_state *rs = calloc(1, sizeof *rs);
+  em_explanation *x = calloc(1, sizeof *x);
+  if (!rs || !x) {
+    free(rs), free(x);
+    em_compiled_free(c);
+    return rt_error(site, "em_explain", "out of memory");
+  }
+  rs->c = c;
+  rs->site = site;
+  entry *e = NULL;
+  em_outputs r;
+  for (int i = 0; i < n_in; i++)
+    if (!in[i]) goto fail;
+  if (!run_traced(c, ctx, in, n_in, rs, true, &e, &r, site)) goto fail;
+  for (int i = 0; i < r.n; i++) em_release(r.t[i]);
+  x->n_graphs = rs->n_graphs;
+  x->n_breaks = rs->n_breaks;
+  int ng = rs->n_graphs < 256 ? rs->n_graphs : 256, nb = rs->n_breaks < 64 ? rs->n_breaks : 64;
+  x->ops_per_graph = calloc((size_t)(ng ? ng : 1), sizeof(int));
+  x->breaks = calloc((size_t)(nb ? nb : 1), sizeof(em_graph_break_info));
+  if (!x->ops_per_graph || !x->breaks) goto oom;
+  memcpy(x->ops_per_graph, rs->ops, sizeof(int) * (size_t)ng);
+  memcpy(x->breaks, rs->breaks, sizeof(em_graph_break_info) * (size_t)nb);
+  x->n_guards = entry_guard_lines(e, &x->guards);
+  size_t n = 0;
+  char *t = strdup("");
+  int total = 0;
+  for (int i = 0; i < ng; i++) total += x->ops_per_graph[i];
+  t = append(t, &n, "em_explain (%s:%d): %d graph%s, %d graph break%s, %d ops\n", site.file, site.line, x->n_graphs,
+             x->n_graphs == 1 ? "" : "s", x->n_breaks, x->n_breaks == 1 ? "" : "s", total);
+  for (int i = 0; i < ng; i++) t = append(t, &n, "  graph %d: %d ops\n", i, x->ops_per_graph[i]);
+  for (int i = 0; i < nb; i++)
+    t = append(t, &n, "  break %d: %s:%d in %s: %s %s\n", i + 1, x->breaks[i].file, x->breaks[i].line,
+               x->breaks[i].func ? x->breaks[i].func : "?", x->breaks[i].op, x->breaks[i].reason);
+  t = append(t, &n, "  guards%s:\n", e->has_breaks ? " (an entry with breaks re-runs fn; lifted tensors are not guarded)" : "");
+  for (int i = 0; i < x->n_guards; i++) t = append(t, &n, "    %s\n", x->guards[i]);
+  if (!t) goto oom;
+  x->text = t;
+  fputs(t, stderr);
+  entry_free(e);
+  free(rs);
+  em_compiled_free(c);
+  return x;
+oom:
+  rt_error(site, "em_explain", "out of memory");
+fail:
+  entry_free(e);
+  free(rs);
+  em_compiled_free(c);
+  em_explanation_free(x);
+  return NULL;
+}
+
+/* ---- break points that belong to no other file ---- */
+
+void em_graph_break_at(em_site site) {
+  int tok = rt_break_begin("em_graph_break", "was called (an explicit graph break)", site);
+  rt_break_end(tok);
+}
+
+em_outputs em_call_opaque_at(em_opaque_fn fn, void *ctx, em_tensor *const *in, int n_in, em_site site) {
+  if (!fn) return rt_error(site, "em_call_opaque", "fn is NULL"), failed_outputs(0);
+  for (int i = 0; i < n_in; i++)
+    if (!in[i]) return failed_outputs(0);
+  int tok = rt_break_begin("em_call_opaque", "calls an opaque user function", site);
+  if (tok < 0) return failed_outputs(0);
+  em_outputs o = fn(ctx, in, n_in);
+  rt_break_end(tok);
+  return o;
+}
