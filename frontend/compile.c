@@ -85,6 +85,7 @@ typedef struct run_state {
   int n_breaks;
   em_graph_break_info breaks[64];
   em_site site;
+  bool refused;            /* a break under fullgraph: the call fails */
 } run_state;
 
 static double now_ms(void) {
@@ -237,7 +238,7 @@ static ir_graph *backend_compile(em_compiled *c, const ir_graph *traced, em_site
   double t0 = now_ms();
   ir_graph *g = ir_graph_clone(traced);
   char err[512];
-  if (!g || ir_pass_dce(g) < 0) {
+  if (!g || ir_pass_dce(g) < 0 || !ir_graph_compact(g, NULL, NULL)) { /* compact: inputs first */
     ir_graph_free(g);
     return rt_error(site, "em_compile", "out of memory compiling a graph of %s", c->name);
   }
@@ -308,7 +309,7 @@ static bool on_break(rt_trace *tr, const char *op, const char *reason, em_site s
   run_state *rs = ctx;
   em_compiled *c = rs->c;
   if (c->fullgraph)
-    return rt_error(site, op, "graph break in %s compiled with fullgraph: %s (in %s)", c->name, reason,
+    return rs->refused = true, rt_error(site, op, "graph break in %s compiled with fullgraph: %s (in %s)", c->name, reason,
                     site.func ? site.func : "?"), false;
   if (rs->n_breaks < (int)(sizeof rs->breaks / sizeof rs->breaks[0]))
     rs->breaks[rs->n_breaks] = (em_graph_break_info){op, reason, site.file, site.func, site.line};
@@ -417,6 +418,7 @@ static bool run_traced(em_compiled *c, void *ctx, em_tensor *const *in, int n_in
     rt_error(site, "em_call", "%s returned %d outputs (0 to %d allowed)", c->name, o.n, EM_MAX_OUTPUTS);
     ok = false;
   }
+  if (rs->refused) ok = false;
   for (int i = 0; ok && i < o.n; i++)
     if (!o.t[i]) {
       if (!rt_has_error()) rt_error(site, "em_call", "%s returned NULL as output %d", c->name, i);

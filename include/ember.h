@@ -902,7 +902,7 @@ typedef struct em_compiled em_compiled;
 /* Wraps fn. opts may be NULL (defaults); it is copied. Returns a handle to free with
  * em_compiled_free, or NULL with an error (unknown backend, out of memory). Nothing is traced
  * until the first call. Matches torch.compile(fn, backend=..., fullgraph=...). */
-#define em_compile(fn, opts) em_compile_at((fn), (opts), EM_HERE)
+#define em_compile(...) em_compile_at(__VA_ARGS__, EM_HERE)
 em_compiled *em_compile_at(em_model_fn fn, const em_compile_options *opts, em_site site);
 
 /* Calls the compiled function: em_call(c, ctx, x, y) passes inputs {x, y}; em_call_n takes an

@@ -117,7 +117,7 @@ static bool const_value(const ir_graph *g, int v, double *val) {
       *val = n->attrs.value;
       return true;
     case EM_PRIM_EXPAND: case EM_PRIM_RESHAPE: case EM_PRIM_PERMUTE: case EM_PRIM_SQUEEZE:
-    case EM_PRIM_UNSQUEEZE: case EM_PRIM_SLICE: case EM_PRIM_CLONE: case EM_PRIM_FLIP:
+    case EM_PRIM_UNSQUEEZE: case EM_PRIM_SLICE: case EM_PRIM_CLONE: case EM_PRIM_FLIP: case EM_PRIM_DETACH:
       v = ir_operands(g, n)[0];
       break;
     default:

@@ -246,6 +246,9 @@ static bool meta_view(em_prim op, const prim_attrs *at, const prim_meta *x, prim
     }
     break;
   }
+  case EM_PRIM_DETACH:
+    r = *x;
+    break;
   case EM_PRIM_UNSQUEEZE: {
     int64_t a = at->axes[0];
     if (a < 0) a += x->ndim + 1;

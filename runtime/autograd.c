@@ -183,8 +183,8 @@ void em_zero_grad(em_tensor *x) {
 
 em_tensor *em_detach_at(em_tensor *x, em_site site) {
   if (!x) return NULL;
-  em_tensor *d = rt_new_view(x, x->ndim, x->sizes, x->strides, x->offset, "em_detach", site);
-  return rt_scope_add(d, "em_detach", site);
+  /* a prim, so a trace records where the history is cut */
+  return rt_scope_add(rt_dispatch("em_detach", EM_PRIM_DETACH, &x, 1, &(prim_attrs){0}, site), "em_detach", site);
 }
 
 /* ---- the engine ---- */

@@ -21,6 +21,12 @@ static bool check_operands(const char *name, em_prim op, em_tensor *const *in, i
                            prim_meta *metas, em_site site) {
   for (int i = 0; i < n_in; i++) {
     metas[i] = rt_meta(in[i]);
+    if (in[i]->proxy && !rt_tracing()) {
+      char b[128];
+      rt_error(site, name, "%s is a proxy of a finished trace: a tensor escaped its compiled function (through "
+               "ctx or a static?); return it from the function instead", rt_fmt(b, sizeof b, in[i]));
+      return false;
+    }
     if (needs_compute(op) && !ir_dtype(in[i]->dtype)->cpu_compute) {
       char b[128];
       rt_error(site, name, "%s has no CPU kernels (f16 and bf16 are storage types on the CPU; cast first)",

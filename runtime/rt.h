@@ -224,6 +224,8 @@ int rt_trace_operand(rt_trace *tr, em_tensor *t, const char *name, em_site site)
  * not NULL (view prims), else over a storage without data; registered with tr. */
 em_tensor *rt_new_proxy(em_tensor *base, const prim_meta *m, int value, rt_trace *tr, const char *op, em_site site);
 bool rt_trace_register(rt_trace *tr, em_tensor *p);
+/* Makes a new header over a proxy's storage (em_detach) a proxy of the same value. */
+bool rt_trace_adopt(em_tensor *view, const em_tensor *base);
 /* The serial number of the newest tensor so far. */
 uint64_t rt_serial_now(void);
 /* tensor.c: p takes over real's storage, layout and autograd history in place. */

@@ -106,6 +106,10 @@ em_tensor *rt_new_view(em_tensor *base, int ndim, const int64_t *sizes, const in
   __atomic_add_fetch(&base->storage->refcount, 1, __ATOMIC_RELAXED);
   memcpy(t->strides, strides, sizeof(int64_t) * (size_t)ndim);
   t->offset = offset;
+  if (base->proxy && !rt_trace_adopt(t, base)) { /* a view of a proxy (em_detach) is a proxy */
+    em_release(t);
+    return rt_error(site, op, "out of memory recording a proxy");
+  }
   return t;
 }
 
@@ -129,9 +133,10 @@ em_tensor *rt_new_proxy(em_tensor *base, const prim_meta *m, int value, rt_trace
     ir_contiguous_strides(m->ndim, m->sizes, t->strides);
   }
   if (!t) return NULL;
+  bool adopted = t->proxy != 0; /* rt_new_view registered it already */
   t->proxy = value + 1;
   t->proxy_trace = tr->id;
-  if (!rt_trace_register(tr, t)) {
+  if (!adopted && !rt_trace_register(tr, t)) {
     t->proxy = 0;
     em_release(t);
     return rt_error(site, op, "out of memory recording a proxy");

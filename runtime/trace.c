@@ -91,6 +91,15 @@ bool rt_trace_register(rt_trace *tr, em_tensor *p) {
   return true;
 }
 
+bool rt_trace_adopt(em_tensor *view, const em_tensor *base) {
+  view->proxy = base->proxy;
+  view->proxy_trace = base->proxy_trace;
+  view->proxy_slot = -1;
+  rt_trace *tr = active;
+  if (!tr || tr->id != base->proxy_trace) return true; /* a stale proxy stays one, unregistered */
+  return rt_trace_register(tr, view);
+}
+
 void rt_trace_forget(em_tensor *t) {
   rt_trace *tr = active;
   if (!tr || tr->id != t->proxy_trace || t->proxy_slot < 0 || t->proxy_slot >= tr->n_proxies ||

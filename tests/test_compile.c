@@ -1,0 +1,584 @@
+/* tests/test_compile.c: em_compile end to end: capture, replay, guards and recompiles, lifted
+ * parameters, graph breaks of every kind with their sites, fullgraph, em_explain, logs and
+ * dumps; backend "eager" equal to eager execution bit for bit, on composites and on training
+ * steps; the tracer's handling of autograd (em_grad traced, outputs differentiable). */
+#define _POSIX_C_SOURCE 200809L /* setenv, mkdtemp, dup */
+#include "common.h"
+
+#include <unistd.h>
+
+void fe_log_reload(void); /* frontend/log.c: re-reads EMBER_LOGS */
+
+/* Asserts a and b have the same dtype, shape and bytes. */
+static void expect_same_bits(em_tensor *a, em_tensor *b, const char *what) {
+  cr_assert_not_null(a, "%s: first is NULL: %s", what, em_last_error() ? em_last_error() : "");
+  cr_assert_not_null(b, "%s: second is NULL: %s", what, em_last_error() ? em_last_error() : "");
+  cr_assert_eq(em_dtype_of(a), em_dtype_of(b), "%s: dtypes differ", what);
+  cr_assert_eq(em_ndim(a), em_ndim(b), "%s: ranks differ", what);
+  for (int i = 0; i < em_ndim(a); i++) cr_assert_eq(em_size(a, i), em_size(b, i), "%s: sizes differ", what);
+  size_t n = (size_t)em_numel(a) * em_dtype_size(em_dtype_of(a));
+  char *x = malloc(n + 1), *y = malloc(n + 1);
+  cr_assert(em_to_buffer(a, em_dtype_of(a), x, n) && em_to_buffer(b, em_dtype_of(b), y, n));
+  int diff = memcmp(x, y, n);
+  free(x), free(y);
+  cr_assert_eq(diff, 0, "%s: values differ", what);
+}
+
+/* ---- an MLP: loss and logits ---- */
+
+typedef struct mlp {
+  em_linear_layer l1, l2;
+} mlp;
+
+static em_outputs mlp_forward(void *ctx, em_tensor *const *in, int n) {
+  mlp *m = ctx;
+  em_tensor *h = em_relu(em_linear(in[0], m->l1.weight, m->l1.bias));
+  em_tensor *logits = em_linear(h, m->l2.weight, m->l2.bias);
+  em_tensor *loss = em_cross_entropy(logits, in[1], EM_CROSS_ENTROPY_DEFAULT);
+  return EM_OUTPUTS(loss, logits);
+}
+
+static void mlp_init(mlp *m, int in, int hidden, int out) {
+  cr_assert(em_linear_layer_init(&m->l1, in, hidden, true) && em_linear_layer_init(&m->l2, hidden, out, true));
+}
+
+ETEST(compile, replay_equals_eager_and_skips_fn) {
+  em_manual_seed(1);
+  mlp m;
+  mlp_init(&m, 20, 16, 5);
+  em_compiled *c = em_compile(mlp_forward, &(em_compile_options){.name = "mlp"});
+  cr_assert_not_null(c);
+  for (int i = 0; i < 5; i++) {
+    em_scope_begin();
+    em_tensor *x = em_randn(EM_F32, EM_SHAPE(8, 20));
+    em_tensor *y = em_randint(0, 5, EM_SHAPE(8));
+    em_outputs e = mlp_forward(&m, (em_tensor *[]){x, y}, 2);
+    em_outputs o = em_call(c, &m, x, y);
+    cr_assert_eq(o.n, 2);
+    expect_same_bits(o.t[0], e.t[0], "loss");
+    expect_same_bits(o.t[1], e.t[1], "logits");
+    em_scope_end();
+  }
+  em_compile_stats s = em_compiled_stats(c);
+  cr_assert_eq(s.calls, 5);
+  cr_assert_eq(s.traces, 1, "traced %lld times", (long long)s.traces);
+  cr_assert_eq(s.replays, 4);
+  cr_assert_eq(s.entries, 1);
+  cr_assert_eq(s.recompiles, 0);
+  em_compiled_free(c);
+}
+
+ETEST(compile, outputs_are_differentiable) {
+  em_manual_seed(2);
+  mlp m;
+  mlp_init(&m, 6, 5, 3);
+  em_tensor *x = em_randn(EM_F32, EM_SHAPE(4, 6));
+  em_tensor *y = em_randint(0, 3, EM_SHAPE(4));
+  em_tensor *params[4] = {m.l1.weight, m.l1.bias, m.l2.weight, m.l2.bias};
+  em_tensor *eager[4];
+  cr_assert(em_backward(mlp_forward(&m, (em_tensor *[]){x, y}, 2).t[0], NULL));
+  for (int i = 0; i < 4; i++) eager[i] = em_clone(em_get_grad(params[i])), em_zero_grad(params[i]);
+  em_compiled *c = em_compile(mlp_forward, NULL);
+  for (int call = 0; call < 2; call++) { /* trace, then replay */
+    em_outputs o = em_call(c, &m, x, y);
+    cr_assert(em_backward(o.t[0], NULL), "%s", em_last_error() ? em_last_error() : "");
+    for (int i = 0; i < 4; i++) expect_same_bits(em_get_grad(params[i]), eager[i], "grad"), em_zero_grad(params[i]);
+  }
+  em_compiled_free(c);
+}
+
+/* ---- guards ---- */
+
+static em_outputs double_it(void *ctx, em_tensor *const *in, int n) {
+  return EM_OUTPUTS(em_mul_scalar(in[0], 2));
+}
+
+ETEST(compile, guards_recompile_on_each_kind_of_change) {
+  em_compiled *c = em_compile(double_it, NULL);
+  em_tensor *a = em_ones(EM_F32, EM_SHAPE(3, 4));
+  em_call(c, NULL, a);
+  em_call(c, NULL, em_ones(EM_F32, EM_SHAPE(3, 4))); /* another tensor, same guards: a hit */
+  cr_assert_eq(em_compiled_stats(c).traces, 1);
+  em_call(c, NULL, em_ones(EM_F32, EM_SHAPE(5, 4))); /* sizes */
+  em_call(c, NULL, em_ones(EM_F64, EM_SHAPE(3, 4))); /* dtype */
+  em_call(c, NULL, em_transpose(em_ones(EM_F32, EM_SHAPE(4, 3)), 0, 1)); /* strides */
+  em_call(c, NULL, em_requires_grad_(em_ones(EM_F32, EM_SHAPE(3, 4)), true)); /* requires_grad */
+  em_no_grad_begin();
+  em_call(c, NULL, a); /* grad mode */
+  em_no_grad_end();
+  em_call(c, (void *)c, a); /* ctx */
+  em_compile_stats s = em_compiled_stats(c);
+  cr_assert_eq(s.traces, 7, "traces %lld", (long long)s.traces);
+  cr_assert_eq(s.recompiles, 6);
+  cr_assert_eq(s.entries, 7);
+  /* every entry is still reachable */
+  em_call(c, NULL, em_ones(EM_F32, EM_SHAPE(5, 4)));
+  cr_assert_eq(em_compiled_stats(c).traces, 7);
+  em_compiled_free(c);
+}
+
+ETEST(compile, recompile_limit_falls_back_to_eager) {
+  em_compiled *c = em_compile(double_it, &(em_compile_options){.recompile_limit = 2});
+  for (int n = 1; n <= 5; n++) {
+    em_outputs o = em_call(c, NULL, em_ones(EM_F32, EM_SHAPE(n)));
+    EXPECT_ALL(o.t[0], EM_F32, SHAPE(n), 0, 2);
+  }
+  em_compile_stats s = em_compiled_stats(c);
+  cr_assert_eq(s.entries, 2);
+  cr_assert_eq(s.traces, 2);
+  cr_assert_eq(s.eager_calls, 3);
+  em_compiled_free(c);
+}
+
+static em_outputs use_param(void *ctx, em_tensor *const *in, int n) {
+  em_tensor **w = ctx;
+  return EM_OUTPUTS(em_mul(in[0], *w));
+}
+
+/* A tensor owned by the caller alone (no scope), as a model's parameters usually are. */
+static em_tensor *owned_full(double v) {
+  em_scope_begin();
+  em_tensor *t = em_retain(em_full(EM_F32, EM_SHAPE(3), v));
+  em_scope_end();
+  return t;
+}
+
+ETEST(compile, lifted_parameter_identity_guard) {
+  em_tensor *w = owned_full(2.0);
+  em_compiled *c = em_compile(use_param, NULL);
+  em_tensor *x = em_ones(EM_F32, EM_SHAPE(3));
+  EXPECT_ALL(em_call(c, &w, x).t[0], EM_F32, SHAPE(3), 0, 2);
+  /* the parameter's data changes in place: the entry reads it at replay */
+  em_fill_(w, 3.0);
+  EXPECT_ALL(em_call(c, &w, x).t[0], EM_F32, SHAPE(3), 0, 3);
+  cr_assert_eq(em_compiled_stats(c).traces, 1);
+  /* the parameter is replaced: freeing the old one kills the entry; the new one is traced */
+  em_release(w);
+  w = owned_full(5.0);
+  EXPECT_ALL(em_call(c, &w, x).t[0], EM_F32, SHAPE(3), 0, 5);
+  cr_assert_eq(em_compiled_stats(c).traces, 2);
+  cr_assert_eq(em_compiled_stats(c).entries, 1, "the dead entry was dropped");
+  /* requires_grad of a lifted parameter is guarded */
+  em_requires_grad_(w, true);
+  em_outputs o = em_call(c, &w, x);
+  cr_assert(em_requires_grad(o.t[0]));
+  cr_assert_eq(em_compiled_stats(c).traces, 3);
+  em_release(w);
+  em_compiled_free(c);
+}
+
+/* ---- graph breaks ---- */
+
+static int break_line;
+static int break_kind;
+
+static em_outputs opaque_double(void *ctx, em_tensor *const *in, int n) {
+  float *p = em_data_ptr(in[0]); /* real data here */
+  em_tensor *r = em_clone(in[0]);
+  float *q = em_data_ptr(r);
+  for (int64_t i = 0; i < em_numel(r); i++) q[i] = 2 * p[i];
+  return EM_OUTPUTS(r);
+}
+
+/* One break of the chosen kind between two pieces of graph. */
+static em_outputs with_break(void *ctx, em_tensor *const *in, int n) {
+  em_tensor *a = em_exp(em_mul_scalar(in[0], 0.5));
+  em_tensor *b = NULL;
+  switch (break_kind) {
+  case 0:
+    break_line = __LINE__ + 1;
+    b = em_item(em_sum(a, 0, NULL, false)) > 0 ? em_neg(a) : a; /* data-dependent control flow */
+    break;
+  case 1: {
+    break_line = __LINE__ + 1;
+    float *p = em_data_ptr(a);
+    b = p[0] > 0 ? em_neg(a) : a;
+    break;
+  }
+  case 2:
+    break_line = __LINE__ + 1;
+    b = em_cast(em_sum(em_nonzero(em_gt_scalar(a, 1.0)), 0, NULL, false), EM_F32);
+    break;
+  case 3:
+    break_line = __LINE__ + 1;
+    b = em_masked_select(a, em_gt_scalar(a, 1.0));
+    break;
+  case 4:
+    break_line = __LINE__ + 1;
+    b = em_call_opaque(opaque_double, NULL, a).t[0];
+    break;
+  case 5:
+    break_line = __LINE__ + 1;
+    em_graph_break();
+    b = a;
+    break;
+  case 6:
+    break_line = __LINE__ + 1;
+    b = em_add_scalar_(em_clone(a), 1.0);
+    break;
+  }
+  return EM_OUTPUTS(em_tanh(em_mul_scalar(b, 0.25)));
+}
+
+static const char *const break_ops[] = {"em_item", "em_data_ptr", "em_nonzero", "em_masked_select",
+                                        "em_call_opaque", "em_graph_break", "em_add_scalar_"};
+#define N_BREAK_KINDS 7
+
+ETEST(compile, every_break_is_explained_with_its_site) {
+  em_tensor *x = em_arange(EM_F32, -2, 2, 0.5);
+  for (break_kind = 0; break_kind < N_BREAK_KINDS; break_kind++) {
+    em_explanation *e = em_explain(with_break, NULL, x);
+    cr_assert_not_null(e, "kind %d: %s", break_kind, em_last_error() ? em_last_error() : "");
+    cr_assert_eq(e->n_breaks, 1, "kind %d: %d breaks", break_kind, e->n_breaks);
+    cr_assert_eq(e->n_graphs, 2, "kind %d: %d graphs", break_kind, e->n_graphs);
+    cr_assert_str_eq(e->breaks[0].op, break_ops[break_kind]);
+    cr_assert(strstr(e->breaks[0].file, "test_compile.c"), "file %s", e->breaks[0].file);
+    cr_assert_eq(e->breaks[0].line, break_line, "kind %d: line %d, expected %d", break_kind, e->breaks[0].line,
+                 break_line);
+    cr_assert_str_eq(e->breaks[0].func, "with_break");
+    cr_assert_gt(e->ops_per_graph[0], 0);
+    cr_assert_gt(e->ops_per_graph[1], 0);
+    char want[64];
+    snprintf(want, sizeof want, "test_compile.c:%d in with_break", break_line);
+    cr_assert(strstr(e->text, want), "text lacks '%s':\n%s", want, e->text);
+    cr_assert(e->n_guards >= 4 && strstr(e->text, "inputs[0]: f32[8]"), "%s", e->text);
+    em_explanation_free(e);
+  }
+}
+
+ETEST(compile, breaks_equal_eager_and_compile_each_graph_once) {
+  em_tensor *x = em_arange(EM_F32, -2, 2, 0.25);
+  for (break_kind = 0; break_kind < N_BREAK_KINDS; break_kind++) {
+    em_compiled *c = em_compile(with_break, NULL);
+    for (int i = 0; i < 10; i++) {
+      em_scope_begin();
+      em_tensor *xi = em_add_scalar(x, 0.1 + 0.01 * i); /* no element crosses 0: the data-dependent shapes stay put */
+      em_tensor *want = with_break(NULL, &xi, 1).t[0];
+      em_outputs o = em_call(c, NULL, xi);
+      expect_same_bits(o.t[0], want, break_ops[break_kind]);
+      em_scope_end();
+    }
+    em_compile_stats s = em_compiled_stats(c);
+    cr_assert_eq(s.breaks, 10, "%s: %lld breaks", break_ops[break_kind], (long long)s.breaks);
+    cr_assert_eq(s.graphs_compiled, 2, "%s: %lld graphs compiled over 10 calls", break_ops[break_kind],
+                 (long long)s.graphs_compiled);
+    cr_assert_eq(s.graph_cache_hits, 18);
+    cr_assert_eq(s.replays, 0, "an entry with breaks re-runs fn");
+    em_compiled_free(c);
+  }
+}
+
+ETEST(compile, fullgraph_turns_a_break_into_an_error) {
+  em_compiled *c = em_compile(with_break, &(em_compile_options){.fullgraph = true, .name = "strict"});
+  break_kind = 0;
+  em_clear_error();
+  em_outputs o = em_call(c, NULL, em_ones(EM_F32, EM_SHAPE(4)));
+  cr_assert_null(o.t[0]);
+  const char *e = em_last_error();
+  cr_assert_not_null(e);
+  char want[64];
+  snprintf(want, sizeof want, "test_compile.c:%d: em_item: graph break in strict", break_line);
+  cr_assert(strstr(e, want), "error '%s' lacks '%s'", e, want);
+  cr_assert(strstr(e, "fullgraph"), "%s", e);
+  em_clear_error();
+  cr_assert_eq(em_compiled_stats(c).entries, 0);
+  em_compiled_free(c);
+}
+
+/* ---- composites: backend eager equals eager exactly ---- */
+
+static int composite;
+#define N_COMPOSITES 22
+
+static em_outputs apply_composite(void *ctx, em_tensor *const *in, int n) {
+  em_tensor *x = in[0], *w = in[1], *t = in[2];
+  em_tensor *r = NULL;
+  switch (composite) {
+  case 0: r = em_relu(x); break;
+  case 1: r = em_leaky_relu(x, 0.1); break;
+  case 2: r = em_gelu(x, false); break;
+  case 3: r = em_gelu(x, true); break;
+  case 4: r = em_silu(x); break;
+  case 5: r = em_sigmoid(x); break;
+  case 6: r = em_softplus(x, 1.0, 20.0); break;
+  case 7: r = em_softmax(x, -1); break;
+  case 8: r = em_log_softmax(x, 0); break;
+  case 9: r = em_logsumexp(x, EM_AXES(1), false); break;
+  case 10: r = em_var(x, EM_AXES(0), 1, true); break;
+  case 11: r = em_std(x, EM_AXES(1), 0, false); break;
+  case 12: r = em_layer_norm(x, 1, w, EM_NONE, 1e-5); break;
+  case 13: r = em_rms_norm(x, 1, w, 1e-6); break;
+  case 14: r = em_linear(x, em_reshape(em_cat(2, ((em_tensor *[]){w, w}), 0), EM_SHAPE(2, 6)), EM_NONE); break;
+  case 15: r = em_cross_entropy(x, t, EM_CROSS_ENTROPY_DEFAULT); break;
+  case 16: r = em_mse_loss(x, em_flip(x, EM_AXES(0)), EM_REDUCE_MEAN); break;
+  case 17: r = em_clamp(x, -0.5, 0.5); break;
+  case 18: r = em_masked_fill(x, em_gt_scalar(x, 0), -1.0); break;
+  case 19: r = em_one_hot(t, 6); break;
+  case 20: r = em_scaled_dot_product_attention(em_unsqueeze(x, 0), em_unsqueeze(x, 0), em_unsqueeze(x, 0), true, 0, 0); break;
+  case 21: r = em_mean(x, EM_AXES(0, 1), false); break;
+  }
+  return EM_OUTPUTS(r);
+}
+
+ETEST(compile, every_composite_equals_eager_bit_for_bit) {
+  em_manual_seed(3);
+  em_tensor *x = em_requires_grad_(em_randn(EM_F32, EM_SHAPE(5, 6)), true);
+  em_tensor *w = em_requires_grad_(em_randn(EM_F32, EM_SHAPE(6)), true);
+  em_tensor *t = em_randint(0, 6, EM_SHAPE(5));
+  for (composite = 0; composite < N_COMPOSITES; composite++) {
+    em_scope_begin();
+    em_compiled *c = em_compile(apply_composite, NULL);
+    em_tensor *in[3] = {x, w, t};
+    em_tensor *want = apply_composite(NULL, in, 3).t[0];
+    for (int call = 0; call < 2; call++) {
+      em_tensor *got = em_call_n(c, NULL, 3, in).t[0];
+      cr_assert_not_null(got, "composite %d: %s", composite, em_last_error() ? em_last_error() : "");
+      expect_same_bits(got, want, "composite");
+      if (!em_requires_grad(want)) continue;
+      /* and its gradient, through the interpreted graph's autograd history */
+      em_tensor *seed = em_ones(EM_F32, em_ndim(want), em_sizes(want));
+      em_tensor *ge[2], *gc[2];
+      cr_assert(em_grad(1, &want, &seed, 2, ((em_tensor *[]){x, w}), ge, true, false));
+      cr_assert(em_grad(1, &got, &seed, 2, ((em_tensor *[]){x, w}), gc, false, false));
+      expect_same_bits(gc[0], ge[0], "grad x");
+      expect_same_bits(gc[1], ge[1], "grad w");
+    }
+    /* one_hot reads its indices back to reject out-of-range ones: a graph break, so its entry
+     * re-runs fn on the second call; every other composite replays */
+    cr_assert_eq(em_compiled_stats(c).traces, composite == 19 ? 2 : 1, "composite %d", composite);
+    cr_assert_eq(em_compiled_stats(c).breaks, composite == 19 ? 2 : 0, "composite %d", composite);
+    em_compiled_free(c);
+    em_scope_end();
+  }
+}
+
+/* em_grad inside the function is traced, not a break. */
+static em_outputs value_and_grad(void *ctx, em_tensor *const *in, int n) {
+  em_tensor *x = in[0];
+  em_tensor *y = em_sum(em_mul(em_tanh(x), x), 0, NULL, false);
+  em_tensor *g;
+  em_grad(1, &y, NULL, 1, &x, &g, false, false);
+  return EM_OUTPUTS(y, g);
+}
+
+ETEST(compile, em_grad_inside_is_traced) {
+  em_tensor *x = em_requires_grad_(em_arange(EM_F32, -1, 1, 0.25), true);
+  em_outputs want = value_and_grad(NULL, &x, 1);
+  em_explanation *e = em_explain(value_and_grad, NULL, x);
+  cr_assert_not_null(e);
+  cr_assert_eq(e->n_breaks, 0);
+  cr_assert_eq(e->n_graphs, 1);
+  em_explanation_free(e);
+  em_compiled *c = em_compile(value_and_grad, NULL);
+  for (int i = 0; i < 3; i++) {
+    em_outputs o = em_call(c, NULL, x);
+    expect_same_bits(o.t[0], want.t[0], "value");
+    expect_same_bits(o.t[1], want.t[1], "grad");
+  }
+  cr_assert_eq(em_compiled_stats(c).replays, 2);
+  em_compiled_free(c);
+}
+
+/* Random ops draw the same numbers as eager, call after call. */
+static em_outputs noisy(void *ctx, em_tensor *const *in, int n) {
+  return EM_OUTPUTS(em_add(em_dropout(in[0], 0.5, true), em_randn(EM_F32, EM_SHAPE(16))));
+}
+
+ETEST(compile, random_ops_follow_the_generator) {
+  em_tensor *x = em_ones(EM_F32, EM_SHAPE(16));
+  em_compiled *c = em_compile(noisy, NULL);
+  for (int i = 0; i < 3; i++) {
+    em_manual_seed(40 + i);
+    em_tensor *want = noisy(NULL, &x, 1).t[0];
+    uint64_t s0, o0, s1, o1;
+    em_rng_get_state(&s0, &o0);
+    em_manual_seed(40 + i);
+    em_tensor *got = em_call(c, NULL, x).t[0];
+    em_rng_get_state(&s1, &o1);
+    expect_same_bits(got, want, "random");
+    cr_assert_eq(o1, o0, "the generator advanced by %llu, eager by %llu", (unsigned long long)o1, (unsigned long long)o0);
+  }
+  em_compiled_free(c);
+}
+
+/* A training step: compiled forward and loss, eager backward and SGD, as torch.compile on a
+ * model would. The losses and parameters stay bit-identical to eager over 5 steps. */
+ETEST(compile, training_steps_match_eager_bit_for_bit) {
+  mlp m[2];
+  em_optimizer *opt[2];
+  for (int k = 0; k < 2; k++) {
+    em_manual_seed(7);
+    mlp_init(&m[k], 12, 10, 4);
+    em_tensor *p[4] = {m[k].l1.weight, m[k].l1.bias, m[k].l2.weight, m[k].l2.bias};
+    opt[k] = em_sgd_new(4, p, ((em_sgd_opts){0.1, 0.9, 0, 0, false}));
+  }
+  em_compiled *c = em_compile(mlp_forward, NULL);
+  for (int step = 0; step < 5; step++) {
+    em_scope_begin();
+    em_manual_seed(100 + step);
+    em_tensor *x = em_randn(EM_F32, EM_SHAPE(6, 12)), *y = em_randint(0, 4, EM_SHAPE(6));
+    em_tensor *loss[2];
+    loss[0] = mlp_forward(&m[0], (em_tensor *[]){x, y}, 2).t[0];
+    loss[1] = em_call(c, &m[1], x, y).t[0];
+    for (int k = 0; k < 2; k++) {
+      em_optimizer_zero_grad(opt[k]);
+      cr_assert(em_backward(loss[k], NULL) && em_optimizer_step(opt[k]), "%s", em_last_error());
+    }
+    expect_same_bits(loss[1], loss[0], "loss");
+    em_scope_end();
+  }
+  expect_same_bits(m[1].l1.weight, m[0].l1.weight, "weight after 5 steps");
+  cr_assert_eq(em_compiled_stats(c).traces, 1);
+  for (int k = 0; k < 2; k++) em_optimizer_free(opt[k]);
+  em_compiled_free(c);
+}
+
+/* A whole step inside fn: em_backward and the optimizer are breaks; the result is still exact. */
+typedef struct step_ctx {
+  mlp m;
+  em_optimizer *opt;
+} step_ctx;
+
+static em_outputs whole_step(void *ctx, em_tensor *const *in, int n) {
+  step_ctx *s = ctx;
+  em_outputs o = mlp_forward(&s->m, in, n);
+  em_optimizer_zero_grad(s->opt);
+  em_backward(o.t[0], NULL);
+  em_optimizer_step(s->opt);
+  return EM_OUTPUTS(o.t[0]);
+}
+
+ETEST(compile, whole_training_step_with_breaks) {
+  step_ctx s[2];
+  for (int k = 0; k < 2; k++) {
+    em_manual_seed(8);
+    mlp_init(&s[k].m, 12, 10, 4);
+    em_tensor *p[4] = {s[k].m.l1.weight, s[k].m.l1.bias, s[k].m.l2.weight, s[k].m.l2.bias};
+    s[k].opt = em_sgd_new(4, p, EM_SGD_DEFAULT(0.05));
+  }
+  em_compiled *c = em_compile(whole_step, NULL);
+  em_tensor *x = em_randn(EM_F32, EM_SHAPE(6, 12)), *y = em_randint(0, 4, EM_SHAPE(6));
+  for (int step = 0; step < 4; step++) {
+    em_scope_begin();
+    em_tensor *l0 = whole_step(&s[0], (em_tensor *[]){x, y}, 2).t[0];
+    em_tensor *l1 = em_call(c, &s[1], x, y).t[0];
+    expect_same_bits(l1, l0, "loss");
+    em_scope_end();
+  }
+  expect_same_bits(s[1].m.l2.weight, s[0].m.l2.weight, "weights");
+  em_compile_stats st = em_compiled_stats(c);
+  cr_assert_eq(st.breaks, 8, "two breaks per step, got %lld", (long long)st.breaks);
+  for (int k = 0; k < 2; k++) em_optimizer_free(s[k].opt);
+  em_compiled_free(c);
+}
+
+/* ---- misuse ---- */
+
+static em_tensor *escaped;
+static em_outputs leaky(void *ctx, em_tensor *const *in, int n) {
+  escaped = em_retain(em_neg(in[0]));
+  return EM_OUTPUTS(em_neg(in[0]));
+}
+
+ETEST(compile, an_escaped_proxy_is_an_error_not_a_crash) {
+  em_compiled *c = em_compile(leaky, NULL);
+  em_call(c, NULL, em_ones(EM_F32, EM_SHAPE(2)));
+  EXPECT_ERROR(em_add(escaped, escaped), "proxy of a finished trace");
+  em_release(escaped);
+  em_compiled_free(c);
+  EXPECT_ERROR(em_compile(leaky, &(em_compile_options){.backend = "tvm"}), "unknown backend \"tvm\"");
+}
+
+static em_compiled *inner;
+static em_outputs outer_fn(void *ctx, em_tensor *const *in, int n) {
+  em_tensor *a = em_call(inner, NULL, in[0]).t[0];
+  return EM_OUTPUTS(em_add_scalar(a, 1));
+}
+
+ETEST(compile, a_nested_compiled_call_is_inlined) {
+  inner = em_compile(double_it, NULL);
+  em_compiled *outer = em_compile(outer_fn, NULL);
+  em_tensor *x = em_ones(EM_F32, EM_SHAPE(3));
+  for (int i = 0; i < 2; i++) EXPECT_ALL(em_call(outer, NULL, x).t[0], EM_F32, SHAPE(3), 0, 3);
+  cr_assert_eq(em_compiled_stats(inner).traces, 0);
+  em_explanation *e = em_explain(outer_fn, NULL, x);
+  cr_assert_eq(e->n_graphs, 1);
+  em_explanation_free(e);
+  em_compiled_free(outer);
+  em_compiled_free(inner);
+}
+
+/* ---- data-dependent ops, eagerly ---- */
+
+ETEST(compile, nonzero_and_masked_select) {
+  em_tensor *x = T(EM_F32, SHAPE(2, 3), 0, 1, 0, 2, 0, 3);
+  EXPECT(em_nonzero(x), EM_I64, SHAPE(3, 2), 0, 0, 1, 1, 0, 1, 2);
+  em_tensor *w = em_requires_grad_(T(EM_F32, SHAPE(2, 3), 1, 2, 3, 4, 5, 6), true);
+  em_tensor *s = em_masked_select(w, em_gt_scalar(x, 0));
+  EXPECT(s, EM_F32, SHAPE(3), 0, 2, 4, 6);
+  cr_assert(em_backward(em_sum(s, 0, NULL, false), NULL));
+  EXPECT(em_get_grad(w), EM_F32, SHAPE(2, 3), 0, 0, 1, 0, 1, 0, 1);
+  EXPECT(em_masked_select(w, T(EM_BOOL, SHAPE(3), 1, 0, 1)), EM_F32, SHAPE(4), 0, 1, 3, 4, 6);
+  EXPECT_ERROR(em_masked_select(w, x), "mask must be bool");
+  EXPECT_ERROR(em_masked_select(w, em_ones(EM_BOOL, EM_SHAPE(4))), "do not broadcast");
+}
+
+/* ---- logs and dumps ---- */
+
+static char *read_file(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *s = calloc((size_t)n + 1, 1);
+  if (fread(s, 1, (size_t)n, f) != (size_t)n) s[0] = 0;
+  fclose(f);
+  return s;
+}
+
+ETEST(compile, logs_and_dumps) {
+  char dir[] = "/tmp/ember-dump-XXXXXX";
+  cr_assert_not_null(mkdtemp(dir));
+  char logpath[256];
+  snprintf(logpath, sizeof logpath, "%s/stderr.txt", dir);
+  setenv("EMBER_LOGS", "graph,guards,recompiles,graph_breaks", 1);
+  setenv("EMBER_DUMP_DIR", dir, 1);
+  fe_log_reload();
+  fflush(stderr);
+  int saved = dup(2);
+  cr_assert(freopen(logpath, "w", stderr));
+  em_compiled *c = em_compile(with_break, &(em_compile_options){.name = "logged"});
+  break_kind = 5;
+  em_call(c, NULL, em_ones(EM_F32, EM_SHAPE(4)));
+  em_call(c, NULL, em_ones(EM_F32, EM_SHAPE(6)));
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  unsetenv("EMBER_LOGS");
+  unsetenv("EMBER_DUMP_DIR");
+  fe_log_reload();
+  char *log = read_file(logpath);
+  cr_assert_not_null(log);
+  char want[128];
+  snprintf(want, sizeof want, "[ember:graph_breaks] graph break in logged at %s:%d in with_break: em_graph_break", __FILE__, break_line);
+  cr_assert(strstr(log, want), "log lacks '%s':\n%s", want, log);
+  cr_assert(strstr(log, "[ember:graph] graph 0 of logged"), "%s", log);
+  cr_assert(strstr(log, "[ember:graph]   %3 : f32[4] = mul(%0, %2)"), "%s", log);
+  cr_assert(strstr(log, "[ember:guards]   inputs[0]: f32[4] strides [1]"), "%s", log);
+  cr_assert(strstr(log, "[ember:recompiles] Recompiling logged") && strstr(log, "inputs[0].sizes: expected [4], got [6]"),
+            "%s", log);
+  free(log);
+  char path[512];
+  snprintf(path, sizeof path, "%s/logged_0.txt", dir);
+  char *txt = read_file(path);
+  snprintf(path, sizeof path, "%s/logged_0.dot", dir);
+  char *dot = read_file(path);
+  cr_assert(txt && strstr(txt, "graph logged(%0 : f32[4])"), "%s", txt ? txt : "no text dump");
+  cr_assert(dot && strstr(dot, "digraph") && strstr(dot, "exp\\nf32[4]"), "%s", dot ? dot : "no dot dump");
+  free(txt), free(dot);
+  em_compiled_free(c);
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  cr_assert_eq(system(cmd), 0);
+}
