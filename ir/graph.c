@@ -305,7 +305,8 @@ bool ir_graph_same_structure(const ir_graph *a, const ir_graph *b) {
 
 void ir_count_uses(const ir_graph *g, int *uses) {
   memset(uses, 0, sizeof(int) * (size_t)g->n_values);
-  for (int i = 0; i < g->n_operands; i++) uses[g->operands[i]]++;
+  for (int i = 0; i < g->n_nodes; i++) /* by node: a node rewritten in place may leave stale slots */
+    for (int j = 0; j < g->nodes[i].n_in; j++) uses[ir_operands(g, &g->nodes[i])[j]]++;
   for (int i = 0; i < g->n_outputs; i++) uses[g->outputs[i]]++;
 }
 

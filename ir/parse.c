@@ -197,12 +197,15 @@ static bool dim(parser *ps, ir_dim *d) {
 
 static bool dtype_name(parser *ps, em_dtype *dt) {
   char name[16];
+  blanks(ps);
+  const char *start = ps->p;
   if (!ident(ps, name, sizeof name)) return false;
   for (int i = 0; i < EM_DTYPE_COUNT; i++)
     if (!strcmp(ir_dtype((em_dtype)i)->name, name)) {
       *dt = (em_dtype)i;
       return true;
     }
+  ps->p = start; /* point at the name */
   return fail(ps, "unknown dtype '%s'", name);
 }
 
@@ -295,9 +298,16 @@ static bool node(parser *ps, int text_id) {
   ir_type t;
   char name[32];
   em_prim op = EM_PRIM_COUNT;
-  if (!expect(ps, ":") || !type(ps, &t) || !expect(ps, "=") || !ident(ps, name, sizeof name) || !find_prim(ps, name, &op) ||
-      !expect(ps, "("))
-    return false;
+  if (!expect(ps, ":") || !type(ps, &t) || !expect(ps, "=")) return false;
+  blanks(ps);
+  const char *start = ps->p;
+  if (!ident(ps, name, sizeof name)) return false;
+  if (!find_prim(ps, name, &op)) {
+    ps->failed = false;
+    ps->p = start; /* point at the name */
+    return find_prim(ps, name, &op);
+  }
+  if (!expect(ps, "(")) return false;
   int in[64], n_in = 0;
   prim_attrs a = {0};
   if (!eat(ps, ")")) {

@@ -124,7 +124,7 @@ bool ir_verify(const ir_graph *g, unsigned flags, char *err, size_t cap) {
   if (flags & IR_VERIFY_NO_DEAD) {
     ir_count_uses(g, uses);
     for (int i = 0; i < g->n_nodes; i++)
-      if (!uses[g->nodes[i].out]) {
+      if (!uses[g->nodes[i].out] && !(prim_get(g->nodes[i].op)->flags & P_RANDOM)) { /* random: consumes counters */
         fail(err, cap, "%s: the result is never used (dead code)", describe(g, &g->nodes[i], d, sizeof d));
         goto out;
       }
