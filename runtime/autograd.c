@@ -332,7 +332,7 @@ static bool run_backward(const char *name, int n_roots, em_tensor *const *roots,
     } else {
       int j = cap ? capture_index(cap, r, NULL) : -1;
       if (j >= 0) {
-        cap->found[j] = accumulate(cap->found[j], s, site);
+        if (!(cap->found[j] = accumulate(cap->found[j], s, site))) goto out;
       } else if (!cap && !accumulate_leaf(r, s, create, site)) {
         goto out;
       }
@@ -348,7 +348,10 @@ static bool run_backward(const char *name, int n_roots, em_tensor *const *roots,
     x->acc = NULL;
     if (g) {
       int j = cap ? capture_index(cap, NULL, x) : -1;
-      if (j >= 0) cap->found[j] = accumulate(cap->found[j], g, site);
+      if (j >= 0 && !(cap->found[j] = accumulate(cap->found[j], g, site))) {
+        em_release(g);
+        goto out;
+      }
       em_tensor *small[4] = {0}, **grads = small;
       if (x->n_in > 4 && !(grads = rt_alloc(sizeof(em_tensor *) * (size_t)x->n_in, 16))) {
         em_release(g);
@@ -364,7 +367,7 @@ static bool run_backward(const char *name, int n_roots, em_tensor *const *roots,
           vok = x->next[i]->acc != NULL;
         } else if (x->leaf[i]) {
           int k = cap ? capture_index(cap, x->leaf[i], NULL) : -1;
-          if (k >= 0) cap->found[k] = accumulate(cap->found[k], grads[i], site);
+          if (k >= 0) vok = (cap->found[k] = accumulate(cap->found[k], grads[i], site)) != NULL;
           else if (!cap) vok = accumulate_leaf(x->leaf[i], grads[i], create, site);
         }
       }

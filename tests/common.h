@@ -119,4 +119,20 @@ static inline void etest_expect_all(em_tensor *t, em_dtype dt, etest_shape s, do
     em_clear_error();                                                                         \
   } while (0)
 
+/* Asserts a and b have the same dtype, shape and bytes (compiled vs eager must agree exactly). */
+static inline void etest_expect_same_bits(em_tensor *a, em_tensor *b, const char *what, const char *file, int line) {
+  cr_assert(a && b, "%s:%d: %s: NULL: %s", file, line, what, em_last_error() ? em_last_error() : "");
+  cr_assert_eq(em_dtype_of(a), em_dtype_of(b), "%s:%d: %s: dtypes differ", file, line, what);
+  cr_assert_eq(em_ndim(a), em_ndim(b), "%s:%d: %s: ranks differ", file, line, what);
+  for (int i = 0; i < em_ndim(a); i++)
+    cr_assert_eq(em_size(a, i), em_size(b, i), "%s:%d: %s: size %d differs", file, line, what, i);
+  size_t n = (size_t)em_numel(a) * em_dtype_size(em_dtype_of(a));
+  char *x = malloc(n + 1), *y = malloc(n + 1);
+  cr_assert(em_to_buffer(a, em_dtype_of(a), x, n) && em_to_buffer(b, em_dtype_of(b), y, n));
+  int d = memcmp(x, y, n);
+  free(x), free(y);
+  cr_assert_eq(d, 0, "%s:%d: %s: values differ", file, line, what);
+}
+#define EXPECT_SAME_BITS(a, b, what) etest_expect_same_bits((a), (b), (what), __FILE__, __LINE__)
+
 #endif

@@ -9,20 +9,6 @@
 
 void fe_log_reload(void); /* frontend/log.c: re-reads EMBER_LOGS */
 
-/* Asserts a and b have the same dtype, shape and bytes. */
-static void expect_same_bits(em_tensor *a, em_tensor *b, const char *what) {
-  cr_assert_not_null(a, "%s: first is NULL: %s", what, em_last_error() ? em_last_error() : "");
-  cr_assert_not_null(b, "%s: second is NULL: %s", what, em_last_error() ? em_last_error() : "");
-  cr_assert_eq(em_dtype_of(a), em_dtype_of(b), "%s: dtypes differ", what);
-  cr_assert_eq(em_ndim(a), em_ndim(b), "%s: ranks differ", what);
-  for (int i = 0; i < em_ndim(a); i++) cr_assert_eq(em_size(a, i), em_size(b, i), "%s: sizes differ", what);
-  size_t n = (size_t)em_numel(a) * em_dtype_size(em_dtype_of(a));
-  char *x = malloc(n + 1), *y = malloc(n + 1);
-  cr_assert(em_to_buffer(a, em_dtype_of(a), x, n) && em_to_buffer(b, em_dtype_of(b), y, n));
-  int diff = memcmp(x, y, n);
-  free(x), free(y);
-  cr_assert_eq(diff, 0, "%s: values differ", what);
-}
 
 /* ---- an MLP: loss and logits ---- */
 
@@ -55,8 +41,8 @@ ETEST(compile, replay_equals_eager_and_skips_fn) {
     em_outputs e = mlp_forward(&m, (em_tensor *[]){x, y}, 2);
     em_outputs o = em_call(c, &m, x, y);
     cr_assert_eq(o.n, 2);
-    expect_same_bits(o.t[0], e.t[0], "loss");
-    expect_same_bits(o.t[1], e.t[1], "logits");
+    EXPECT_SAME_BITS(o.t[0], e.t[0], "loss");
+    EXPECT_SAME_BITS(o.t[1], e.t[1], "logits");
     em_scope_end();
   }
   em_compile_stats s = em_compiled_stats(c);
@@ -82,7 +68,7 @@ ETEST(compile, outputs_are_differentiable) {
   for (int call = 0; call < 2; call++) { /* trace, then replay */
     em_outputs o = em_call(c, &m, x, y);
     cr_assert(em_backward(o.t[0], NULL), "%s", em_last_error() ? em_last_error() : "");
-    for (int i = 0; i < 4; i++) expect_same_bits(em_get_grad(params[i]), eager[i], "grad"), em_zero_grad(params[i]);
+    for (int i = 0; i < 4; i++) EXPECT_SAME_BITS(em_get_grad(params[i]), eager[i], "grad"), em_zero_grad(params[i]);
   }
   em_compiled_free(c);
 }
@@ -175,6 +161,7 @@ static int break_kind;
 static em_outputs opaque_double(void *ctx, em_tensor *const *in, int n) {
   float *p = em_data_ptr(in[0]); /* real data here */
   em_tensor *r = em_clone(in[0]);
+  if (!r) return EM_OUTPUTS(NULL);
   float *q = em_data_ptr(r);
   for (int64_t i = 0; i < em_numel(r); i++) q[i] = 2 * p[i];
   return EM_OUTPUTS(r);
@@ -255,7 +242,7 @@ ETEST(compile, breaks_equal_eager_and_compile_each_graph_once) {
       em_tensor *xi = em_add_scalar(x, 0.1 + 0.01 * i); /* no element crosses 0: the data-dependent shapes stay put */
       em_tensor *want = with_break(NULL, &xi, 1).t[0];
       em_outputs o = em_call(c, NULL, xi);
-      expect_same_bits(o.t[0], want, break_ops[break_kind]);
+      EXPECT_SAME_BITS(o.t[0], want, break_ops[break_kind]);
       em_scope_end();
     }
     em_compile_stats s = em_compiled_stats(c);
@@ -333,15 +320,15 @@ ETEST(compile, every_composite_equals_eager_bit_for_bit) {
     for (int call = 0; call < 2; call++) {
       em_tensor *got = em_call_n(c, NULL, 3, in).t[0];
       cr_assert_not_null(got, "composite %d: %s", composite, em_last_error() ? em_last_error() : "");
-      expect_same_bits(got, want, "composite");
+      EXPECT_SAME_BITS(got, want, "composite");
       if (!em_requires_grad(want)) continue;
       /* and its gradient, through the interpreted graph's autograd history */
       em_tensor *seed = em_ones(EM_F32, em_ndim(want), em_sizes(want));
       em_tensor *ge[2], *gc[2];
       cr_assert(em_grad(1, &want, &seed, 2, ((em_tensor *[]){x, w}), ge, true, false));
       cr_assert(em_grad(1, &got, &seed, 2, ((em_tensor *[]){x, w}), gc, false, false));
-      expect_same_bits(gc[0], ge[0], "grad x");
-      expect_same_bits(gc[1], ge[1], "grad w");
+      EXPECT_SAME_BITS(gc[0], ge[0], "grad x");
+      EXPECT_SAME_BITS(gc[1], ge[1], "grad w");
     }
     /* one_hot reads its indices back to reject out-of-range ones: a graph break, so its entry
      * re-runs fn on the second call; every other composite replays */
@@ -372,8 +359,8 @@ ETEST(compile, em_grad_inside_is_traced) {
   em_compiled *c = em_compile(value_and_grad, NULL);
   for (int i = 0; i < 3; i++) {
     em_outputs o = em_call(c, NULL, x);
-    expect_same_bits(o.t[0], want.t[0], "value");
-    expect_same_bits(o.t[1], want.t[1], "grad");
+    EXPECT_SAME_BITS(o.t[0], want.t[0], "value");
+    EXPECT_SAME_BITS(o.t[1], want.t[1], "grad");
   }
   cr_assert_eq(em_compiled_stats(c).replays, 2);
   em_compiled_free(c);
@@ -395,7 +382,7 @@ ETEST(compile, random_ops_follow_the_generator) {
     em_manual_seed(40 + i);
     em_tensor *got = em_call(c, NULL, x).t[0];
     em_rng_get_state(&s1, &o1);
-    expect_same_bits(got, want, "random");
+    EXPECT_SAME_BITS(got, want, "random");
     cr_assert_eq(o1, o0, "the generator advanced by %llu, eager by %llu", (unsigned long long)o1, (unsigned long long)o0);
   }
   em_compiled_free(c);
@@ -424,10 +411,10 @@ ETEST(compile, training_steps_match_eager_bit_for_bit) {
       em_optimizer_zero_grad(opt[k]);
       cr_assert(em_backward(loss[k], NULL) && em_optimizer_step(opt[k]), "%s", em_last_error());
     }
-    expect_same_bits(loss[1], loss[0], "loss");
+    EXPECT_SAME_BITS(loss[1], loss[0], "loss");
     em_scope_end();
   }
-  expect_same_bits(m[1].l1.weight, m[0].l1.weight, "weight after 5 steps");
+  EXPECT_SAME_BITS(m[1].l1.weight, m[0].l1.weight, "weight after 5 steps");
   cr_assert_eq(em_compiled_stats(c).traces, 1);
   for (int k = 0; k < 2; k++) em_optimizer_free(opt[k]);
   em_compiled_free(c);
@@ -462,10 +449,10 @@ ETEST(compile, whole_training_step_with_breaks) {
     em_scope_begin();
     em_tensor *l0 = whole_step(&s[0], (em_tensor *[]){x, y}, 2).t[0];
     em_tensor *l1 = em_call(c, &s[1], x, y).t[0];
-    expect_same_bits(l1, l0, "loss");
+    EXPECT_SAME_BITS(l1, l0, "loss");
     em_scope_end();
   }
-  expect_same_bits(s[1].m.l2.weight, s[0].m.l2.weight, "weights");
+  EXPECT_SAME_BITS(s[1].m.l2.weight, s[0].m.l2.weight, "weights");
   em_compile_stats st = em_compiled_stats(c);
   cr_assert_eq(st.breaks, 8, "two breaks per step, got %lld", (long long)st.breaks);
   for (int k = 0; k < 2; k++) em_optimizer_free(s[k].opt);
@@ -581,4 +568,61 @@ ETEST(compile, logs_and_dumps) {
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   cr_assert_eq(system(cmd), 0);
+}
+
+/* ---- every allocation of a compiled call can fail, without a crash or a leak ---- */
+
+static em_tensor *compiled_with_break(void) {
+  em_compiled *c = em_compile(with_break, NULL);
+  break_kind = 4; /* an opaque call: breaks, materializes, runs eagerly, resumes */
+  em_tensor *x = em_arange(EM_F32, -1, 1, 0.5);
+  em_tensor *r = em_call(c, NULL, x).t[0];
+  if (r) r = em_call(c, NULL, x).t[0]; /* the entry with breaks re-runs fn; graphs come from the cache */
+  em_compiled_free(c);
+  return r;
+}
+
+static em_tensor *compiled_replay(void) {
+  em_compiled *c = em_compile(value_and_grad, NULL);
+  em_tensor *x = em_requires_grad_(em_arange(EM_F32, -1, 1, 0.5), true);
+  em_tensor *r = em_call(c, NULL, x).t[1];
+  if (r) r = em_call(c, NULL, x).t[1]; /* replay */
+  em_compiled_free(c);
+  return r;
+}
+
+ETEST(compile, every_allocation_can_fail) {
+  struct {
+    const char *name;
+    em_tensor *(*f)(void);
+  } ops[] = {{"with_break", compiled_with_break}, {"replay", compiled_replay}};
+  for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
+    int failures = 0;
+    for (int64_t n = 1; n < 2000; n++) {
+      int64_t tensors = em_debug_live_tensors(), bytes = em_debug_live_bytes();
+      em_clear_error();
+      cr_assert(em_scope_begin());
+      int64_t start = em_debug_alloc_count();
+      em_debug_fail_alloc(n);
+      em_tensor *r = ops[k].f();
+      em_debug_fail_alloc(0);
+      bool reached = em_debug_alloc_count() - start >= n;
+      if (reached) {
+        failures++;
+        cr_assert_null(r, "%s: allocation %lld failed but the call returned a tensor (error: %s)", ops[k].name,
+                       (long long)n, em_last_error() ? em_last_error() : "none");
+        cr_assert(em_last_error() && strstr(em_last_error(), "out of memory"), "%s: allocation %lld: %s", ops[k].name,
+                  (long long)n, em_last_error() ? em_last_error() : "failed silently");
+      } else {
+        cr_assert_not_null(r, "%s: %s", ops[k].name, em_last_error() ? em_last_error() : "");
+      }
+      em_scope_end();
+      em_clear_error();
+      cr_assert_eq(em_debug_live_tensors(), tensors, "%s: allocation %lld failing leaked %lld tensors", ops[k].name,
+                   (long long)n, (long long)(em_debug_live_tensors() - tensors));
+      cr_assert_eq(em_debug_live_bytes(), bytes, "%s: allocation %lld failing leaked bytes", ops[k].name, (long long)n);
+      if (!reached) break;
+    }
+    cr_assert_gt(failures, 20, "%s: exercised %d failure points", ops[k].name, failures);
+  }
 }

@@ -37,18 +37,6 @@ static ir_graph *trace(builder build, em_tensor *const *in, void *ctx, em_tensor
   return g;
 }
 
-static void expect_same_bits(em_tensor *a, em_tensor *b, const char *what) {
-  cr_assert(a && b, "%s: NULL: %s", what, em_last_error() ? em_last_error() : "");
-  cr_assert_eq(em_dtype_of(a), em_dtype_of(b), "%s: dtype", what);
-  cr_assert_eq(em_ndim(a), em_ndim(b), "%s: ndim", what);
-  for (int i = 0; i < em_ndim(a); i++) cr_assert_eq(em_size(a, i), em_size(b, i), "%s: size %d", what, i);
-  size_t n = (size_t)em_numel(a) * em_dtype_size(em_dtype_of(a));
-  char *x = malloc(n + 1), *y = malloc(n + 1);
-  cr_assert(em_to_buffer(a, em_dtype_of(a), x, n) && em_to_buffer(b, em_dtype_of(b), y, n));
-  int d = memcmp(x, y, n);
-  free(x), free(y);
-  cr_assert_eq(d, 0, "%s: values differ", what);
-}
 
 /* Runs g on inputs and hands the outputs to the current scope. */
 static void run(const ir_graph *g, em_tensor *const *in, int n_in, em_tensor **out) {
@@ -141,7 +129,7 @@ ETEST(ir, every_prim_round_trips_through_text) {
   em_tensor *a[64], *b[64];
   run(g, gin, g->n_inputs, a);
   run(h, gin, h->n_inputs, b);
-  for (int i = 0; i < g->n_outputs; i++) expect_same_bits(a[i], b[i], "parsed vs traced");
+  for (int i = 0; i < g->n_outputs; i++) EXPECT_SAME_BITS(a[i], b[i], "parsed vs traced");
   free(text), free(again);
   ir_graph_free(g), ir_graph_free(h);
 }
@@ -326,7 +314,7 @@ ETEST(ir, dce_cse_and_folding) {
   cr_assert_gt(st.folded, 0);
   em_tensor *got;
   run(g, NULL, 0, &got);
-  expect_same_bits(got, want, "folded");
+  EXPECT_SAME_BITS(got, want, "folded");
   ir_graph_free(g);
 }
 
@@ -471,7 +459,7 @@ static void check_program(uint64_t seed) {
   char *text = ir_print(g, true);
   ir_graph *h = parse_ok(text);
   run(h, gin, h->n_inputs, got);
-  for (int i = 0; i < 3; i++) expect_same_bits(got[i], want[i], "parsed program vs eager");
+  for (int i = 0; i < 3; i++) EXPECT_SAME_BITS(got[i], want[i], "parsed program vs eager");
   ir_pass_stats st;
   total_nodes += h->n_nodes;
   cr_assert(ir_optimize(h, &st));
@@ -484,7 +472,7 @@ static void check_program(uint64_t seed) {
       fprintf(stderr, "%s\n%s\n", text, o);
       free(o);
     }
-    expect_same_bits(opt[i], want[i], "optimised program vs eager");
+    EXPECT_SAME_BITS(opt[i], want[i], "optimised program vs eager");
   }
   free(text);
   ir_graph_free(g), ir_graph_free(h);
