@@ -119,6 +119,40 @@ static inline void etest_expect_all(em_tensor *t, em_dtype dt, etest_shape s, do
     em_clear_error();                                                                         \
   } while (0)
 
+/* Fault injection: runs f with its n-th allocation failing, for n = 1, 2, ... until f makes
+ * fewer than n allocations. Each failing run must return NULL with an "out of memory" error
+ * and leak nothing; the final run must succeed. Returns the number of failure points
+ * exercised, which the caller checks is not trivially small. */
+static inline int etest_fail_each_allocation(const char *name, em_tensor *(*f)(void), int64_t max_n) {
+  int failures = 0;
+  for (int64_t n = 1; n < max_n; n++) {
+    int64_t tensors = em_debug_live_tensors(), bytes = em_debug_live_bytes();
+    em_clear_error();
+    cr_assert(em_scope_begin());
+    int64_t start = em_debug_alloc_count();
+    em_debug_fail_alloc(n);
+    em_tensor *r = f();
+    em_debug_fail_alloc(0);
+    bool reached = em_debug_alloc_count() - start >= n;
+    if (reached) {
+      failures++;
+      cr_assert_null(r, "%s: allocation %lld failed but a tensor came back (error: %s)", name, (long long)n,
+                     em_last_error() ? em_last_error() : "none");
+      cr_assert(em_last_error() && strstr(em_last_error(), "out of memory"), "%s: allocation %lld: %s", name,
+                (long long)n, em_last_error() ? em_last_error() : "failed silently");
+    } else {
+      cr_assert_not_null(r, "%s: %s", name, em_last_error() ? em_last_error() : "");
+    }
+    em_scope_end();
+    em_clear_error();
+    cr_assert_eq(em_debug_live_tensors(), tensors, "%s: allocation %lld failing leaked %lld tensors", name,
+                 (long long)n, (long long)(em_debug_live_tensors() - tensors));
+    cr_assert_eq(em_debug_live_bytes(), bytes, "%s: allocation %lld failing leaked bytes", name, (long long)n);
+    if (!reached) break;
+  }
+  return failures;
+}
+
 /* Asserts a and b have the same dtype, shape and bytes (compiled vs eager must agree exactly). */
 static inline void etest_expect_same_bits(em_tensor *a, em_tensor *b, const char *what, const char *file, int line) {
   cr_assert(a && b, "%s:%d: %s: NULL: %s", file, line, what, em_last_error() ? em_last_error() : "");

@@ -597,32 +597,7 @@ ETEST(compile, every_allocation_can_fail) {
     em_tensor *(*f)(void);
   } ops[] = {{"with_break", compiled_with_break}, {"replay", compiled_replay}};
   for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
-    int failures = 0;
-    for (int64_t n = 1; n < 2000; n++) {
-      int64_t tensors = em_debug_live_tensors(), bytes = em_debug_live_bytes();
-      em_clear_error();
-      cr_assert(em_scope_begin());
-      int64_t start = em_debug_alloc_count();
-      em_debug_fail_alloc(n);
-      em_tensor *r = ops[k].f();
-      em_debug_fail_alloc(0);
-      bool reached = em_debug_alloc_count() - start >= n;
-      if (reached) {
-        failures++;
-        cr_assert_null(r, "%s: allocation %lld failed but the call returned a tensor (error: %s)", ops[k].name,
-                       (long long)n, em_last_error() ? em_last_error() : "none");
-        cr_assert(em_last_error() && strstr(em_last_error(), "out of memory"), "%s: allocation %lld: %s", ops[k].name,
-                  (long long)n, em_last_error() ? em_last_error() : "failed silently");
-      } else {
-        cr_assert_not_null(r, "%s: %s", ops[k].name, em_last_error() ? em_last_error() : "");
-      }
-      em_scope_end();
-      em_clear_error();
-      cr_assert_eq(em_debug_live_tensors(), tensors, "%s: allocation %lld failing leaked %lld tensors", ops[k].name,
-                   (long long)n, (long long)(em_debug_live_tensors() - tensors));
-      cr_assert_eq(em_debug_live_bytes(), bytes, "%s: allocation %lld failing leaked bytes", ops[k].name, (long long)n);
-      if (!reached) break;
-    }
+    int failures = etest_fail_each_allocation(ops[k].name, ops[k].f, 2000);
     cr_assert_gt(failures, 20, "%s: exercised %d failure points", ops[k].name, failures);
   }
 }

@@ -642,32 +642,8 @@ ETEST(errors, allocation_failures_leak_nothing) {
              {"layer_norm", f_layer_norm}, {"batch_norm", f_batch_norm}, {"std", f_var}, {"cross_entropy", f_ce},
              {"pooling", f_pool}, {"sdpa", f_sdpa}, {"one_hot", f_one_hot}, {"embedding", f_embedding},
              {"linear", f_linear}, {"misc", f_misc}, {"nll", f_nll}, {"soft cross_entropy", f_soft_ce}};
-  int64_t tensors = em_debug_live_tensors(), bytes = em_debug_live_bytes();
   for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
-    int failures = 0;
-    for (int64_t n = 1; n < 2000; n++) {
-      em_clear_error();
-      cr_assert(em_scope_begin());
-      int64_t start = em_debug_alloc_count();
-      em_debug_fail_alloc(n);
-      em_tensor *r = ops[k].f();
-      em_debug_fail_alloc(0);
-      bool reached = em_debug_alloc_count() - start >= n;
-      if (reached) {
-        failures++;
-        cr_assert_null(r, "%s: allocation %lld failed but the op returned a tensor", ops[k].name, (long long)n);
-        cr_assert(em_last_error() && strstr(em_last_error(), "out of memory"), "%s: %s", ops[k].name,
-                  em_last_error() ? em_last_error() : "no error");
-      } else {
-        cr_assert_not_null(r, "%s: %s", ops[k].name, em_last_error() ? em_last_error() : "");
-      }
-      em_scope_end();
-      em_clear_error();
-      cr_assert_eq(em_debug_live_tensors(), tensors, "%s: allocation %lld failing leaked %lld tensors", ops[k].name,
-                   (long long)n, (long long)(em_debug_live_tensors() - tensors));
-      cr_assert_eq(em_debug_live_bytes(), bytes, "%s: allocation %lld failing leaked bytes", ops[k].name, (long long)n);
-      if (!reached) break;
-    }
+    int failures = etest_fail_each_allocation(ops[k].name, ops[k].f, 2000);
     cr_assert_gt(failures, 5, "%s: too few allocations exercised", ops[k].name);
   }
 }

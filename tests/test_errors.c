@@ -158,31 +158,7 @@ ETEST(fault_injection, every_allocation_of_an_op_can_fail) {
       {"keep", op_keep}, {"backward", op_backward},
   };
   for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
-    int failures = 0;
-    for (int64_t n = 1; n < 200; n++) {
-      int64_t tensors = em_debug_live_tensors(), bytes = em_debug_live_bytes();
-      em_clear_error();
-      cr_assert(em_scope_begin());
-      int64_t start = em_debug_alloc_count();
-      em_debug_fail_alloc(n);
-      em_tensor *r = ops[k].f();
-      em_debug_fail_alloc(0);
-      bool reached = em_debug_alloc_count() - start >= n;
-      if (reached) {
-        failures++;
-        cr_assert_null(r, "%s: allocation %lld failed but the op returned a tensor", ops[k].name, (long long)n);
-        cr_assert_not_null(em_last_error(), "%s: allocation %lld failed silently", ops[k].name, (long long)n);
-        cr_assert(strstr(em_last_error(), "out of memory"), "%s: %s", ops[k].name, em_last_error());
-      } else {
-        cr_assert_not_null(r, "%s: %s", ops[k].name, em_last_error() ? em_last_error() : "");
-      }
-      em_scope_end();
-      em_clear_error();
-      cr_assert_eq(em_debug_live_tensors(), tensors, "%s: allocation %lld failing leaked %lld tensors", ops[k].name,
-                   (long long)n, (long long)(em_debug_live_tensors() - tensors));
-      cr_assert_eq(em_debug_live_bytes(), bytes, "%s: allocation %lld failing leaked bytes", ops[k].name, (long long)n);
-      if (!reached) break;
-    }
+    int failures = etest_fail_each_allocation(ops[k].name, ops[k].f, 200);
     cr_assert_gt(failures, 2, "%s: exercised %d failure points", ops[k].name, failures);
   }
 }
