@@ -4,6 +4,12 @@
  *   fashion_mnist [--model mlp|lenet] [--epochs N] [--batch-size B] [--lr LR]
  *                 [--optimizer sgd|adamw] [--momentum M] [--weight-decay WD] [--seed S]
  *                 [--threads T] [--train-limit N] [--data DIR] [--json]
+ *                 [--compile] [--backend eager] [--loss-log FILE]
+ *
+ * With --compile, the forward pass and loss of each step (and the test-set predictions) run
+ * through em_compile(); the backward pass and the optimizer step stay eager, as with
+ * torch.compile applied to a model. --loss-log writes every step's loss as a hexadecimal float,
+ * so two runs can be compared bit for bit.
  *
  * On a terminal it draws a progress bar (step, loss, steps/s, ETA); otherwise it prints plain
  * lines. After each epoch: test accuracy, epoch time and ms per step; with --json, one JSON
@@ -24,7 +30,8 @@ typedef struct {
   int64_t batch, train_limit;
   double lr, momentum, weight_decay;
   uint64_t seed;
-  bool json;
+  bool json, compile;
+  const char *backend, *loss_log;
 } options;
 
 static void usage(FILE *f) {
@@ -42,6 +49,9 @@ static void usage(FILE *f) {
           "  --train-limit N        train on the first N examples only\n"
           "  --data DIR             Fashion-MNIST files (default /usr/share/datasets/fashion-mnist)\n"
           "  --json                 one JSON object per epoch instead of the progress display\n"
+          "  --compile              run forward and loss through em_compile()\n"
+          "  --backend NAME         em_compile backend (default eager)\n"
+          "  --loss-log FILE        write each step's loss as a hex float (bit-exact comparisons)\n"
           "  --help                 this text\n");
 }
 
@@ -52,7 +62,7 @@ static double now(void) {
 }
 
 static bool parse(int argc, char **argv, options *o) {
-  *o = (options){"mlp", "sgd", NULL, 1, 0, 128, 0, NAN, 0.9, NAN, 0, false};
+  *o = (options){"mlp", "sgd", NULL, 1, 0, 128, 0, NAN, 0.9, NAN, 0, false, false, "eager", NULL};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--help")) {
@@ -60,6 +70,9 @@ static bool parse(int argc, char **argv, options *o) {
       exit(0);
     } else if (!strcmp(a, "--json")) {
       o->json = true;
+      continue;
+    } else if (!strcmp(a, "--compile")) {
+      o->compile = true;
       continue;
     }
     if (!v) {
@@ -78,6 +91,8 @@ static bool parse(int argc, char **argv, options *o) {
     else if (!strcmp(a, "--momentum")) o->momentum = atof(v);
     else if (!strcmp(a, "--weight-decay")) o->weight_decay = atof(v);
     else if (!strcmp(a, "--seed")) o->seed = strtoull(v, NULL, 10);
+    else if (!strcmp(a, "--backend")) o->backend = v;
+    else if (!strcmp(a, "--loss-log")) o->loss_log = v;
     else {
       fprintf(stderr, "fashion_mnist: unknown option %s\n", a);
       usage(stderr);
@@ -142,13 +157,22 @@ static em_tensor *forward(model *m, em_tensor *x) {
   return em_linear(h, m->fc[2].weight, m->fc[2].bias);
 }
 
-static double accuracy(model *m, em_tensor *images, em_tensor *labels) {
+/* The model functions em_compile captures: (x, y) -> loss, and x -> predicted classes. */
+static em_outputs loss_fn(void *ctx, em_tensor *const *in, int n) {
+  return EM_OUTPUTS(em_cross_entropy(forward(ctx, in[0]), in[1], EM_CROSS_ENTROPY_DEFAULT));
+}
+static em_outputs predict_fn(void *ctx, em_tensor *const *in, int n) {
+  return EM_OUTPUTS(em_argmax(forward(ctx, in[0]), 1, false));
+}
+
+static double accuracy(model *m, em_compiled *predict, em_tensor *images, em_tensor *labels) {
   int64_t n = em_size(images, 0), correct = 0;
   em_no_grad_begin();
   for (int64_t s = 0; s < n; s += 1000) {
     em_scope_begin();
     int64_t e = s + 1000 < n ? s + 1000 : n;
-    em_tensor *pred = em_argmax(forward(m, em_slice(images, 0, s, e, 1)), 1, false);
+    em_tensor *x = em_slice(images, 0, s, e, 1);
+    em_tensor *pred = predict ? em_call(predict, m, x).t[0] : predict_fn(m, &x, 1).t[0];
     correct += (int64_t)em_item(em_sum(em_eq(pred, em_slice(labels, 0, s, e, 1)), 0, NULL, false));
     em_scope_end();
   }
@@ -197,12 +221,24 @@ int main(int argc, char **argv) {
                           ? em_sgd_new(m.n_params, m.params, ((em_sgd_opts){o.lr, o.momentum, 0, o.weight_decay, false}))
                           : em_adamw_new(m.n_params, m.params, ((em_adamw_opts){o.lr, 0.9, 0.999, 1e-8, o.weight_decay, false}));
   if (!opt) fail("creating the optimizer");
+  em_compiled *step_c = NULL, *predict_c = NULL;
+  if (o.compile) {
+    step_c = em_compile(loss_fn, &(em_compile_options){.backend = o.backend, .name = "loss_fn"});
+    predict_c = em_compile(predict_fn, &(em_compile_options){.backend = o.backend, .name = "predict_fn"});
+    if (!step_c || !predict_c) fail("em_compile");
+  }
+  FILE *loss_log = o.loss_log ? fopen(o.loss_log, "w") : NULL;
+  if (o.loss_log && !loss_log) {
+    fprintf(stderr, "fashion_mnist: cannot write %s\n", o.loss_log);
+    return 1;
+  }
   em_batch_iter *it = em_batch_iter_new(n_train, o.batch, true, o.seed, false);
   if (!it) fail("creating the batch iterator");
   int64_t steps = em_batch_iter_len(it);
   if (!o.json)
-    printf("fashion_mnist: %s, %s lr %g, batch %lld, %lld training examples, %d threads\n", o.model, o.optimizer, o.lr,
-           (long long)o.batch, (long long)n_train, em_get_num_threads());
+    printf("fashion_mnist: %s, %s lr %g, batch %lld, %lld training examples, %d threads%s%s\n", o.model, o.optimizer,
+           o.lr, (long long)o.batch, (long long)n_train, em_get_num_threads(), o.compile ? ", em_compile backend " : "",
+           o.compile ? o.backend : "");
   em_debug_reset_peak();
 
   for (int epoch = 1; epoch <= o.epochs; epoch++) {
@@ -216,10 +252,11 @@ int main(int argc, char **argv) {
         break;
       }
       em_tensor *x = em_index_select(train_x, 0, idx), *y = em_index_select(train_y, 0, idx);
-      em_tensor *loss = em_cross_entropy(forward(&m, x), y, EM_CROSS_ENTROPY_DEFAULT);
+      em_tensor *loss = step_c ? em_call(step_c, &m, x, y).t[0] : loss_fn(&m, (em_tensor *[]){x, y}, 2).t[0];
       em_optimizer_zero_grad(opt);
       if (!loss || !em_backward(loss, NULL) || !em_optimizer_step(opt)) fail("training step");
       double l = em_item(loss);
+      if (loss_log) fprintf(loss_log, "%a\n", l);
       em_scope_end();
       loss_sum += l;
       step++;
@@ -236,7 +273,7 @@ int main(int argc, char **argv) {
       }
     }
     double epoch_s = now() - t0;
-    double acc = accuracy(&m, test_x, test_y);
+    double acc = accuracy(&m, predict_c, test_x, test_y);
     double train_loss = loss_sum / (double)(step ? step : 1), ms = 1e3 * epoch_s / (double)(step ? step : 1);
     if (o.json) {
       printf("{\"epoch\": %d, \"train_loss\": %.6f, \"test_accuracy\": %.4f, \"epoch_s\": %.3f, \"ms_per_step\": %.3f}\n",
@@ -249,6 +286,14 @@ int main(int argc, char **argv) {
     fflush(stdout);
   }
   if (!o.json) printf("peak live tensor memory: %.1f MiB\n", (double)em_debug_peak_bytes() / (1 << 20));
+  if (step_c && !o.json) {
+    em_compile_stats s = em_compiled_stats(step_c);
+    printf("em_compile(loss_fn): %lld calls, %lld traced, %lld replayed, %lld entries, %lld graph breaks\n",
+           (long long)s.calls, (long long)s.traces, (long long)s.replays, (long long)s.entries, (long long)s.breaks);
+  }
+  if (loss_log) fclose(loss_log);
+  em_compiled_free(step_c);
+  em_compiled_free(predict_c);
   em_batch_iter_free(it);
   em_optimizer_free(opt);
   em_scope_end();
