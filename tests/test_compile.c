@@ -601,3 +601,48 @@ ETEST(compile, every_allocation_can_fail) {
     cr_assert_gt(failures, 20, "%s: exercised %d failure points", ops[k].name, failures);
   }
 }
+
+/* ---- what an entry holds: constants made while tracing, outputs that are inputs ---- */
+
+static em_outputs with_constant(void *ctx, em_tensor *const *in, int n) {
+  em_tensor **w = ctx;
+  static const float k[3] = {1, 10, 100};
+  em_tensor *c = em_from_data(k, EM_F32, EM_SHAPE(3)); /* host data: a constant of the trace */
+  return EM_OUTPUTS(em_mul(in[0], c), in[0], *w, em_transpose(in[1], 0, 1));
+}
+
+ETEST(compile, constants_passthrough_outputs_and_views) {
+  em_tensor *w = owned_full(4.0);
+  em_compiled *c = em_compile(with_constant, NULL);
+  for (int i = 0; i < 3; i++) {
+    em_tensor *x = em_full(EM_F32, EM_SHAPE(3), i + 1.0);
+    em_tensor *m = em_ones(EM_F32, EM_SHAPE(2, 3));
+    em_outputs o = em_call(c, &w, x, m);
+    cr_assert_eq(o.n, 4);
+    EXPECT(o.t[0], EM_F32, SHAPE(3), 0, i + 1.0, 10 * (i + 1.0), 100 * (i + 1.0));
+    cr_assert_eq(o.t[1], x, "an input returned as is comes back as the same tensor");
+    cr_assert_eq(o.t[2], w, "so does a parameter");
+    cr_assert(em_shares_storage(o.t[3], m), "a view of an input stays a view, as in eager");
+    EXPECT_ALL(o.t[3], EM_F32, SHAPE(3, 2), 0, 1);
+  }
+  cr_assert_eq(em_compiled_stats(c).traces, 1);
+  cr_assert_eq(em_compiled_stats(c).replays, 2);
+  em_compiled_free(c);
+  em_release(w);
+}
+
+ETEST(compile, zero_inputs_and_bad_arguments) {
+  em_compiled *c = em_compile(with_constant, NULL);
+  em_clear_error();
+  em_outputs o = em_call_n(c, NULL, 1, ((em_tensor *[]){NULL}));
+  cr_assert_eq(o.n, 0);
+  cr_assert_null(em_last_error(), "a NULL input propagates an earlier error silently");
+  o = em_call_n(c, NULL, -1, NULL);
+  cr_assert(o.n == 0 && em_last_error() && strstr(em_last_error(), "bad inputs"));
+  em_clear_error();
+  o = em_call_n((em_compiled *)NULL, NULL, 0, NULL);
+  cr_assert(em_last_error() && strstr(em_last_error(), "the compiled function is NULL"));
+  em_clear_error();
+  EXPECT_ERROR(em_compile(NULL, NULL), "fn is NULL");
+  em_compiled_free(c);
+}
