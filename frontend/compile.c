@@ -298,7 +298,7 @@ static bool run_graph_so_far(run_state *rs, rt_trace *tr, em_site site) {
   note_graph(rs, cg);
   em_tensor **outs = calloc((size_t)(g->n_outputs ? g->n_outputs : 1), sizeof(em_tensor *));
   if (!outs) return rt_error(site, "em_compile", "out of memory"), false;
-  bool ok = rt_interpret(cg, tr->lifted, tr->n_lifted, outs, true, site);
+  bool ok = rt_interpret(cg, tr->lifted, tr->n_lifted, outs, &(rt_interp_opts){.fresh_rng = true}, site);
   if (ok) rt_trace_materialize(tr, outs);
   for (int i = 0; i < g->n_outputs; i++) em_release(outs[i]);
   free(outs);
@@ -444,7 +444,7 @@ static bool run_traced(em_compiled *c, void *ctx, em_tensor *const *in, int n_in
     if (ok) note_graph(rs, cg);
     outs = ok ? calloc((size_t)(cg->n_outputs ? cg->n_outputs : 1), sizeof(em_tensor *)) : NULL;
     if (ok && !outs) ok = (rt_error(site, "em_call", "out of memory"), false);
-    ok = ok && rt_interpret(cg, tr.lifted, tr.n_lifted, outs, true, site);
+    ok = ok && rt_interpret(cg, tr.lifted, tr.n_lifted, outs, &(rt_interp_opts){.fresh_rng = true}, site);
   }
   if (ok) {
     res->n = o.n;
@@ -478,7 +478,7 @@ static bool replay(em_compiled *c, entry *e, em_tensor *const *in, em_outputs *r
   bool ok = gin && gout;
   if (!ok) rt_error(site, "em_call", "out of memory");
   for (int i = 0; ok && i < g->n_inputs; i++) gin[i] = e->src[i].kind == SRC_ARG ? in[e->src[i].arg] : e->src[i].t;
-  ok = ok && rt_interpret(g, gin, g->n_inputs, gout, true, site);
+  ok = ok && rt_interpret(g, gin, g->n_inputs, gout, &(rt_interp_opts){.fresh_rng = true}, site);
   if (ok) {
     res->n = e->n_out;
     for (int i = 0; i < e->n_out; i++) {

@@ -110,7 +110,8 @@ int ir_add_node(ir_graph *g, em_prim op, const int *in, int n_in, const prim_att
   if (v < 0) return -1;
   ir_node *n = &g->nodes[g->n_nodes++];
   *n = (ir_node){.op = op, .n_in = n_in, .in_at = g->n_operands, .out = v,
-                 .site = site, .opname = opname ? opname : prim_get(op)->name};
+                 .site = site, .opname = opname ? opname : prim_get(op)->name,
+                 .rng_slot = -1};
   if (at) n->attrs = *at;
   if (n_in) memcpy(g->operands + g->n_operands, in, sizeof(int) * (size_t)n_in);
   g->n_operands += n_in;

@@ -60,6 +60,8 @@ typedef struct ir_node {
   int out;           /* the value it defines */
   em_site site;      /* the user's call site */
   const char *opname; /* public op that emitted it ("em_linear"); the prim's name if unknown */
+  int rng_slot;      /* random prims split by AOT autograd: which execution-time counters they
+                      * share between a forward graph and a backward graph; -1 otherwise */
 } ir_node;
 
 typedef struct ir_graph {

@@ -45,6 +45,7 @@ void em_no_grad_end(void) {
 /* ---- nodes ---- */
 
 static void node_free_saved(rt_node *n) {
+  if (n->custom && n->custom->free_saved) n->custom->free_saved(n->custom_ctx);
   for (int i = 0; i < n->n_in; i++) {
     em_release(n->saved[i]);
     n->saved[i] = NULL;
@@ -79,25 +80,17 @@ void rt_node_release(rt_node *root) {
       stack[n++] = c;
     }
     em_release(x->acc);
+    if (x->custom && x->custom->destroy) x->custom->destroy(x->custom_ctx);
     rt_free(x);
   }
   if (stack != small) rt_free(stack);
 }
 
-bool rt_autograd_record(const char *name, em_prim op, em_tensor *const *in, int n_in, const prim_attrs *at,
-                        em_tensor *out, em_site site) {
-  if (grad_disabled) return true;
-  bool any = false;
-  for (int i = 0; i < n_in; i++) any |= in[i]->requires_grad;
-  if (!any || (prim_get(op)->flags & P_NONDIFF) || !ir_is_float(out->dtype)) return true;
+static rt_node *node_alloc(int n_in) {
   size_t k = (size_t)n_in;
   size_t bytes = sizeof(rt_node) + k * (sizeof(rt_node *) + 2 * sizeof(em_tensor *) + sizeof(int64_t) + sizeof(prim_meta));
   rt_node *n = rt_alloc(bytes, 16);
-  if (!n) {
-    char b[128];
-    rt_error(site, name, "out of memory recording the autograd node of %s", rt_fmt(b, sizeof b, out));
-    return false;
-  }
+  if (!n) return NULL;
   memset(n, 0, bytes);
   char *p = (char *)(n + 1);
   n->in_meta = (prim_meta *)p, p += k * sizeof(prim_meta);
@@ -106,23 +99,65 @@ bool rt_autograd_record(const char *name, em_prim op, em_tensor *const *in, int 
   n->leaf = (em_tensor **)p, p += k * sizeof(em_tensor *);
   n->saved = (em_tensor **)p;
   n->refcount = 1;
+  n->n_in = n_in;
+  return n;
+}
+
+/* Edges of n to the inputs that require grad: their grad_fn, or the leaf itself. */
+static void node_link(rt_node *n, em_tensor *const *in) {
+  for (int i = 0; i < n->n_in; i++) {
+    n->in_meta[i] = rt_meta(in[i]);
+    if (!in[i]->requires_grad) continue;
+    if (in[i]->grad_fn) {
+      n->next[i] = in[i]->grad_fn;
+      __atomic_add_fetch(&in[i]->grad_fn->refcount, 1, __ATOMIC_RELAXED);
+    } else {
+      n->leaf[i] = em_retain(in[i]);
+    }
+  }
+}
+
+rt_node *rt_custom_node(const char *name, const rt_custom_ops *ops, void *ctx, em_tensor *const *in, int n_in,
+                        const prim_meta *out_meta, em_site site) {
+  rt_node *n = node_alloc(n_in);
+  if (!n) return rt_error(site, name, "out of memory recording a compiled backward node");
+  n->custom = ops;
+  n->custom_ctx = ctx;
+  n->op = EM_PRIM_COUNT;
+  n->name = name;
+  n->site = site;
+  n->out_meta = *out_meta;
+  node_link(n, in);
+  return n;
+}
+
+void rt_set_grad_fn(em_tensor *out, rt_node *n) {
+  __atomic_add_fetch(&n->refcount, 1, __ATOMIC_RELAXED);
+  rt_node_release(out->grad_fn);
+  out->grad_fn = n;
+  out->requires_grad = true;
+}
+
+bool rt_autograd_record(const char *name, em_prim op, em_tensor *const *in, int n_in, const prim_attrs *at,
+                        em_tensor *out, em_site site) {
+  if (grad_disabled) return true;
+  bool any = false;
+  for (int i = 0; i < n_in; i++) any |= in[i]->requires_grad;
+  if (!any || (prim_get(op)->flags & P_NONDIFF) || !ir_is_float(out->dtype)) return true;
+  rt_node *n = node_alloc(n_in);
+  if (!n) {
+    char b[128];
+    rt_error(site, name, "out of memory recording the autograd node of %s", rt_fmt(b, sizeof b, out));
+    return false;
+  }
   n->op = op;
   if (at) n->attrs = *at;
   n->name = name;
   n->site = site;
-  n->n_in = n_in;
   n->out_meta = rt_meta(out);
+  node_link(n, in);
   bool save = rt_vjp_saves_inputs(op);
   for (int i = 0; i < n_in; i++) {
-    n->in_meta[i] = rt_meta(in[i]);
-    if (in[i]->requires_grad) {
-      if (in[i]->grad_fn) {
-        n->next[i] = in[i]->grad_fn;
-        __atomic_add_fetch(&in[i]->grad_fn->refcount, 1, __ATOMIC_RELAXED);
-      } else {
-        n->leaf[i] = em_retain(in[i]);
-      }
-    }
     if (save) {
       n->saved[i] = em_retain(in[i]);
       n->saved_version[i] = em_version(in[i]);
@@ -374,7 +409,7 @@ static bool run_backward(const char *name, int n_roots, em_tensor *const *roots,
       if (grads != small) rt_free(grads);
       if (!vok) goto out;
     }
-    if (!retain && !create && rt_vjp_saves_inputs(x->op)) {
+    if (!retain && !create && (x->custom || rt_vjp_saves_inputs(x->op))) {
       node_free_saved(x);
       x->released = true;
     }
@@ -409,8 +444,9 @@ bool em_backward_at(em_tensor *out, em_tensor *grad, bool retain_graph, bool cre
   return ok;
 }
 
-bool em_grad_at(int n_outputs, em_tensor *const *outputs, em_tensor *const *grad_outputs, int n_inputs,
-                em_tensor *const *inputs, em_tensor **grads, bool retain_graph, bool create_graph, em_site site) {
+bool rt_grad(int n_outputs, em_tensor *const *outputs, em_tensor *const *grad_outputs, int n_inputs,
+             em_tensor *const *inputs, em_tensor **grads, bool retain_graph, bool create_graph, bool allow_unused,
+             em_site site) {
   if (n_outputs < 1 || !outputs || n_inputs < 1 || !inputs || !grads)
     return rt_error(site, "em_grad", "needs at least one output and one input (got %d and %d)", n_outputs, n_inputs), false;
   for (int i = 0; i < n_outputs; i++)
@@ -430,6 +466,7 @@ bool em_grad_at(int n_outputs, em_tensor *const *outputs, em_tensor *const *grad
   bool ok = run_backward("em_grad", n_outputs, outputs, grad_outputs, retain_graph, create_graph, &cap, site);
   for (int i = 0; i < n_inputs; i++) {
     if (ok) {
+      if (!found[i] && allow_unused) continue;
       em_tensor *g = found[i] ? found[i] : em_retain(em_zeros_at(inputs[i]->dtype, inputs[i]->ndim, inputs[i]->sizes, site));
       grads[i] = rt_scope_add(g, "em_grad", site);
       ok = grads[i] != NULL;
@@ -441,4 +478,9 @@ bool em_grad_at(int n_outputs, em_tensor *const *outputs, em_tensor *const *grad
     for (int i = 0; i < n_inputs; i++) grads[i] = NULL;
   rt_free(found);
   return ok;
+}
+
+bool em_grad_at(int n_outputs, em_tensor *const *outputs, em_tensor *const *grad_outputs, int n_inputs,
+                em_tensor *const *inputs, em_tensor **grads, bool retain_graph, bool create_graph, em_site site) {
+  return rt_grad(n_outputs, outputs, grad_outputs, n_inputs, inputs, grads, retain_graph, create_graph, false, site);
 }

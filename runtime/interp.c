@@ -11,7 +11,9 @@
 #include <string.h>
 
 bool rt_interpret(const ir_graph *g, em_tensor *const *inputs, int n_inputs, em_tensor **outputs,
-                  bool fresh_rng, em_site site) {
+                  const rt_interp_opts *opts, em_site site) {
+  rt_interp_opts none = {0};
+  if (!opts) opts = &none;
   char b0[128], b1[128];
   for (int i = 0; i < g->n_outputs; i++) outputs[i] = NULL;
   if (n_inputs != g->n_inputs)
@@ -30,7 +32,7 @@ bool rt_interpret(const ir_graph *g, em_tensor *const *inputs, int n_inputs, em_
   memset(vals, 0, sizeof(em_tensor *) * (size_t)nv);
   ir_count_uses(g, uses);
   bool ok = false;
-  rt_trace_suspend();
+  if (!opts->trace_through) rt_trace_suspend();
 
   /* Inputs: check types, binding symbols on first sight. */
   for (int i = 0; i < n_inputs; i++) {
@@ -64,8 +66,15 @@ bool rt_interpret(const ir_graph *g, em_tensor *const *inputs, int n_inputs, em_
     for (int j = 0; j < n->n_in; j++) in[j] = vals[o[j]];
     prim_attrs at = n->attrs;
     em_tensor *r;
-    if (fresh_rng && (prim_get(n->op)->flags & P_RANDOM))
-      rt_rng_reserve(prim_philox_calls(n->op, at.dtype, ir_numel(at.shape.ndim, at.shape.sizes)), &at.seed, &at.offset);
+    if (opts->fresh_rng && (prim_get(n->op)->flags & P_RANDOM)) {
+      rt_rng_slot *slot = n->rng_slot >= 0 && n->rng_slot < opts->n_slots ? &opts->slots[n->rng_slot] : NULL;
+      if (slot && slot->filled) {
+        at.seed = slot->seed, at.offset = slot->offset;
+      } else {
+        rt_rng_reserve(prim_philox_calls(n->op, at.dtype, ir_numel(at.shape.ndim, at.shape.sizes)), &at.seed, &at.offset);
+        if (slot) *slot = (rt_rng_slot){at.seed, at.offset, true};
+      }
+    }
     if (n->op == EM_PRIM_RESHAPE)
       r = rt_reshape(in[0], at.shape.ndim, at.shape.sizes, n->opname, n->site);
     else
@@ -91,7 +100,7 @@ bool rt_interpret(const ir_graph *g, em_tensor *const *inputs, int n_inputs, em_
   for (int i = 0; i < g->n_outputs; i++) outputs[i] = em_retain(vals[g->outputs[i]]);
   ok = true;
 out:
-  rt_trace_resume();
+  if (!opts->trace_through) rt_trace_resume();
   for (int v = 0; v < nv; v++) em_release(vals[v]);
   rt_free(vals), rt_free(uses);
   return ok;

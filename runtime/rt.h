@@ -14,6 +14,7 @@
 #include "../prims/prims.h"
 
 struct ir_graph;
+struct ir_type;
 
 #include <stdarg.h>
 
@@ -122,8 +123,20 @@ em_tensor *rt_scalar(em_dtype dt, double v, const char *name, em_site site);
 /* A node of the backward graph: one recorded prim application. Nodes are reference counted:
  * a result owns its grad_fn, and a node owns the nodes of its inputs (next) and the leaves it
  * accumulates into, so the graph lives exactly as long as some result of it does. */
+/* A node whose backward is not one prim's rule: a compiled backward graph (aot_autograd/).
+ * backward fills grads[i] for the inputs it has gradients for and may leave others NULL (no
+ * gradient); free_saved drops what it saved (backward without retain_graph); destroy frees
+ * ctx when the node goes. */
+typedef struct rt_custom_ops {
+  bool (*backward)(rt_node *n, em_tensor *g, em_tensor **grads);
+  void (*free_saved)(void *ctx);
+  void (*destroy)(void *ctx);
+} rt_custom_ops;
+
 struct rt_node {
   int64_t refcount;
+  const rt_custom_ops *custom; /* NULL for prim nodes */
+  void *custom_ctx;
   em_prim op;
   prim_attrs attrs;
   const char *name;       /* public op that recorded it, and where: errors in backward name it */
@@ -151,6 +164,18 @@ bool rt_autograd_record(const char *name, em_prim op, em_tensor *const *in, int 
  * grad (history rewriting is not supported; use the out-of-place op). */
 bool rt_autograd_check_inplace(const char *name, em_tensor *out, em_tensor *const *in, int n_in, em_site site);
 void rt_node_release(rt_node *n);
+/* A custom node over inputs in (edges to those that require grad), producing a result with
+ * metadata out_meta. Returns a node with one reference (the caller's), or NULL when out of
+ * memory (error recorded; ctx is then the caller's to free). */
+rt_node *rt_custom_node(const char *name, const rt_custom_ops *ops, void *ctx, em_tensor *const *in, int n_in,
+                        const prim_meta *out_meta, em_site site);
+/* Makes n the grad_fn of out (out takes its own reference) and marks out as requiring grad. */
+void rt_set_grad_fn(em_tensor *out, rt_node *n);
+/* em_grad with allow_unused: grads[i] is NULL (not zeros) for inputs the outputs do not
+ * depend on. Grads belong to the current scope. */
+bool rt_grad(int n_outputs, em_tensor *const *outputs, em_tensor *const *grad_outputs, int n_inputs,
+             em_tensor *const *inputs, em_tensor **grads, bool retain_graph, bool create_graph, bool allow_unused,
+             em_site site);
 /* vjp.c: whether op's rule reads its saved inputs, and the rule itself: fills grads[i] (owned by
  * the current scope) for every input i with an edge, from the gradient g of the output. */
 bool rt_vjp_saves_inputs(em_prim op);
@@ -239,13 +264,28 @@ void rt_watch_notify(em_tensor *t);
 
 /* ---- interp.c: the graph interpreter ---------------------------------------------------------- */
 
+/* Counters of one random node in one execution, shared by a forward graph and the backward
+ * graph that recomputes it (ir_node.rng_slot indexes a table of these). */
+typedef struct rt_rng_slot {
+  uint64_t seed, offset;
+  bool filled;
+} rt_rng_slot;
+
+typedef struct rt_interp_opts {
+  bool fresh_rng;      /* random nodes draw new counters (compiled execution), not their attributes */
+  rt_rng_slot *slots;  /* with fresh_rng: a node with rng_slot k uses slots[k] when filled, else */
+  int n_slots;         /*   draws and fills it, so a backward graph replays the forward's mask */
+  bool trace_through;  /* record into the active trace instead of suspending it (AOT) */
+} rt_interp_opts;
+
 /* Runs g on inputs (borrowed; types must match g's inputs, binding symbolic sizes) with the
- * eager kernels through rt_dispatch, so autograd records as in eager mode. fresh_rng: random
- * nodes draw new counters from the generator (compiled execution) instead of using their
- * seed/offset attributes. outputs receive caller-owned references. Returns false with an
- * error naming the node's op and the user's site. */
+ * eager kernels through rt_dispatch, so autograd records as in eager mode. outputs receive
+ * caller-owned references. Returns false with an error naming the node's op and the user's
+ * site. opts may be NULL (attributes' counters, tracing suspended). */
 bool rt_interpret(const struct ir_graph *g, em_tensor *const *inputs, int n_inputs, em_tensor **outputs,
-                  bool fresh_rng, em_site site);
+                  const rt_interp_opts *opts, em_site site);
+/* trace.c: a new graph input of type t in the active trace, as a proxy (caller-owned). */
+em_tensor *rt_trace_new_input(rt_trace *tr, const struct ir_type *t, em_site site);
 
 /* ---- creation.c -------------------------------------------------------------------------- */
 

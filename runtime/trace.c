@@ -134,6 +134,13 @@ int rt_trace_operand(rt_trace *tr, em_tensor *t, const char *name, em_site site)
   return v;
 }
 
+em_tensor *rt_trace_new_input(rt_trace *tr, const ir_type *t, em_site site) {
+  int v = ir_add_input(tr->g, t);
+  if (v < 0) return rt_error(site, "em_compile", "out of memory adding a graph input");
+  prim_meta m = ir_meta_of_type(t);
+  return rt_new_proxy(NULL, &m, v, tr, "em_compile", site);
+}
+
 bool rt_trace_output_live(rt_trace *tr) {
   ir_graph *g = tr->g;
   bool *seen = rt_alloc((size_t)(g->n_values ? g->n_values : 1), 16);

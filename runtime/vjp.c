@@ -68,6 +68,7 @@ static em_tensor *unslice(rt_node *n, em_tensor *g, em_site s) {
 static em_tensor *scalar(em_dtype dt, double v, em_site s) { return em_scalar_at(dt, v, s); }
 
 bool rt_vjp(rt_node *n, em_tensor *g, em_tensor **grads) {
+  if (n->custom) return n->custom->backward(n, g, grads); /* a compiled backward graph */
   em_site s = n->site;
   em_tensor **x = n->saved;
   const prim_attrs *at = &n->attrs;

@@ -40,7 +40,7 @@ static ir_graph *trace(builder build, em_tensor *const *in, void *ctx, em_tensor
 
 /* Runs g on inputs and hands the outputs to the current scope. */
 static void run(const ir_graph *g, em_tensor *const *in, int n_in, em_tensor **out) {
-  cr_assert(rt_interpret(g, in, n_in, out, false, EM_HERE), "%s", em_last_error() ? em_last_error() : "");
+  cr_assert(rt_interpret(g, in, n_in, out, NULL, EM_HERE), "%s", em_last_error() ? em_last_error() : "");
   for (int i = 0; i < g->n_outputs; i++) out[i] = rt_scope_add(out[i], "test", EM_HERE);
 }
 
@@ -337,7 +337,7 @@ ETEST(ir, symbolic_sizes_print_parse_and_bind) {
   em_tensor *bad[2] = {em_zeros(EM_F32, EM_SHAPE(3, 4)), em_ones(EM_F32, EM_SHAPE(4))};
   em_tensor *o2;
   em_clear_error();
-  cr_assert_not(rt_interpret(g, bad, 2, &o2, false, EM_HERE));
+  cr_assert_not(rt_interpret(g, bad, 2, &o2, NULL, EM_HERE));
   cr_assert(strstr(em_last_error(), "gave f32[2,4] where the graph says f32[s0,4]"), "%s", em_last_error());
   em_clear_error();
   ir_graph_free(g);
