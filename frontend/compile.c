@@ -12,6 +12,7 @@
  *    does: fullgraph error, or run the graph so far and materialize the proxies. */
 #define _POSIX_C_SOURCE 200809L /* strdup, clock_gettime */
 #include "frontend.h"
+#include "../aot_autograd/aot.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -40,6 +41,13 @@ typedef struct outmap {
   int index;
 } outmap;
 
+/* What a backend made of a graph: the graph to interpret, and with "aot_eager" (when some input
+ * requires grad) the compiled forward/backward pair that replaces it. */
+typedef struct fe_graph {
+  ir_graph *g;
+  aot_compiled *aot;
+} fe_graph;
+
 typedef struct entry {
   bool dead;
   char dead_reason[256];
@@ -49,23 +57,27 @@ typedef struct entry {
   tguard *in;
   int *alias;        /* alias[k]: first j with inputs[j] == inputs[k] */
   bool has_breaks;
-  const ir_graph *graph; /* no breaks: the compiled graph (owned by the graph cache) */
+  const fe_graph *graph; /* no breaks: the compiled graph (owned by the graph cache) */
   source *src;       /* graph inputs first (graph->n_inputs), then passed-through outputs */
   int n_src;
   int n_out;
   outmap out[EM_MAX_OUTPUTS];
 } entry;
 
+
 typedef struct cached_graph {
-  uint64_t hash;
+  uint64_t hash;      /* structure, and the variant: grad mode and which inputs require grad */
   ir_graph *traced;   /* as traced, for the structural comparison */
-  ir_graph *compiled; /* what the backend runs */
+  uint64_t variant;
+  fe_graph *compiled; /* what the backend runs */
 } cached_graph;
 
 struct em_compiled {
   em_model_fn fn;
   char name[64];
   char backend[16];
+  bool aot;                 /* backend aot_eager */
+  aot_partitioner partitioner;
   bool fullgraph;
   int limit;
   em_site site;
@@ -231,19 +243,52 @@ static void log_guards(const em_compiled *c, const entry *e) {
 
 /* ---- graphs ---- */
 
-/* The backend: "eager" runs the graph as traced, minus dead code. (Passes that are exact in the
- * forward, CSE above all, can change how a backward sums gradients; the optimising backends
- * run them.) */
-static ir_graph *backend_compile(em_compiled *c, const ir_graph *traced, em_site site) {
+static void fe_graph_free(fe_graph *fg) {
+  if (!fg) return;
+  ir_graph_free(fg->g);
+  aot_release(fg->aot);
+  free(fg);
+}
+
+static void log_aot(em_compiled *c, const aot_compiled *a) {
+  if (!fe_log_on(FE_LOG_AOT)) return;
+  const aot_split *sp = aot_get_split(a);
+  fe_log(FE_LOG_AOT, "%s: %s partition: forward %d nodes, backward %d nodes (%d recomputed), %d saved values, "
+         "%lld bytes saved (not counting inputs)", c->name, c->partitioner == AOT_PARTITION_MIN_CUT ? "min-cut" : "default",
+         sp->fwd->n_nodes, sp->bwd->n_nodes, sp->n_recomputed, sp->n_saved, (long long)sp->saved_bytes);
+  const ir_graph *f = sp->fwd;
+  for (int k = 0; k < sp->n_saved; k++) {
+    const ir_type *t = &f->values[f->outputs[f->n_outputs - sp->n_saved + k]].type;
+    char b[96];
+    int64_t n = ir_numel(t->ndim, t->sizes);
+    fe_log(FE_LOG_AOT, "  saved %%%d : %s, %lld bytes%s", sp->saved[k], ir_fmt_ir_type(f, t, b, sizeof b),
+           (long long)(n * (int64_t)ir_dtype(t->dtype)->size), f->values[f->outputs[f->n_outputs - sp->n_saved + k]].def < 0 ? " (an input)" : "");
+  }
+  if (fe_log_on(FE_LOG_GRAPH)) {
+    char *ft = ir_print(sp->fwd, true), *bt = ir_print(sp->bwd, true);
+    fe_log(FE_LOG_AOT, "forward graph of %s:\n%s", c->name, ft ? ft : "(out of memory)");
+    fe_log(FE_LOG_AOT, "backward graph of %s:\n%s", c->name, bt ? bt : "(out of memory)");
+    free(ft), free(bt);
+  }
+}
+
+/* The backends. "eager" runs the graph as traced, minus dead code: passes that are exact in the
+ * forward, CSE above all, can change how a backward sums gradients, and "eager" promises eager's
+ * bits. "aot_eager" optimises the graph and, when grad mode is on and some input requires grad,
+ * builds the joint graph and partitions it (aot_autograd/); a failure there falls back to the
+ * plain graph with eager autograd, logged. */
+static fe_graph *backend_compile(em_compiled *c, const ir_graph *traced, const bool *in_rg, bool any_rg, em_site site) {
   double t0 = now_ms();
-  ir_graph *g = ir_graph_clone(traced);
+  fe_graph *fg = calloc(1, sizeof *fg);
+  ir_graph *g = fg ? ir_graph_clone(traced) : NULL;
   char err[512];
-  if (!g || ir_pass_dce(g) < 0 || !ir_graph_compact(g, NULL, NULL)) { /* compact: inputs first */
-    ir_graph_free(g);
+  if (!g || ir_pass_dce(g) < 0 || !ir_graph_compact(g, NULL, NULL) || (c->aot && !ir_optimize(g, NULL))) {
+    ir_graph_free(g), free(fg);
     return rt_error(site, "em_compile", "out of memory compiling a graph of %s", c->name);
   }
+  fg->g = g;
   if (!ir_verify(g, 0, err, sizeof err)) {
-    ir_graph_free(g);
+    fe_graph_free(fg);
     return rt_error(site, "em_compile", "internal error: the graph captured from %s does not verify: %s", c->name, err);
   }
   c->stats.graphs_compiled++;
@@ -254,33 +299,72 @@ static ir_graph *backend_compile(em_compiled *c, const ir_graph *traced, em_site
     free(text);
   }
   fe_dump_graph(g);
+  if (c->aot && any_rg && rt_grad_enabled()) {
+    char *saved_err = NULL;
+    fg->aot = aot_compile(g, in_rg, c->partitioner, c->name, site);
+    if (!fg->aot) { /* fall back to the plain graph, with eager autograd, and say why */
+      const char *e = em_last_error();
+      saved_err = e ? strdup(e) : NULL;
+      em_clear_error();
+      fe_log(FE_LOG_AOT, "%s: AOT autograd failed, running the graph with eager autograd: %s", c->name,
+             saved_err ? saved_err : "?");
+      fprintf(stderr, "[ember] %s: AOT autograd failed (%s); this graph runs with eager autograd\n", c->name,
+              saved_err ? saved_err : "?");
+      free(saved_err);
+    } else {
+      log_aot(c, fg->aot);
+    }
+  }
   fe_log(FE_LOG_PERF, "%s: compiled a graph of %d nodes with backend %s in %.3f ms", c->name, g->n_nodes, c->backend,
          now_ms() - t0);
-  return g;
+  return fg;
 }
 
-/* The compiled graph for traced, from the cache or newly compiled into it. */
-static const ir_graph *lookup_or_compile(em_compiled *c, const ir_graph *traced, em_site site) {
+/* Runs a compiled graph: the AOT pair when there is one, else the interpreter. */
+static bool fe_run(const fe_graph *fg, em_tensor *const *in, int n_in, em_tensor **out, em_site site) {
+  if (fg->aot) return aot_run(fg->aot, in, n_in, out, site);
+  return rt_interpret(fg->g, in, n_in, out, &(rt_interp_opts){.fresh_rng = true}, site);
+}
+
+/* The compiled graph for traced with these inputs, from the cache or newly compiled into it. */
+static const fe_graph *lookup_or_compile(em_compiled *c, const ir_graph *traced, em_tensor *const *inputs,
+                                         em_site site) {
   uint64_t h = ir_graph_hash(traced);
-  for (int i = 0; i < c->n_graphs; i++)
-    if (c->graphs[i].hash == h && ir_graph_same_structure(c->graphs[i].traced, traced)) {
+  int n = traced->n_inputs;
+  bool small[64], *in_rg = n <= 64 ? small : malloc(sizeof(bool) * (size_t)n), any_rg = false;
+  if (!in_rg) return rt_error(site, "em_compile", "out of memory");
+  uint64_t variant = rt_grad_enabled() ? 0x9e3779b97f4a7c15ull : 0x51ed270b27ull;
+  for (int i = 0; i < n; i++) {
+    in_rg[i] = inputs[i]->requires_grad;
+    any_rg |= in_rg[i];
+    variant = (variant ^ (uint64_t)in_rg[i]) * 0x100000001b3ull;
+  }
+  const fe_graph *found = NULL;
+  for (int i = 0; i < c->n_graphs && !found; i++)
+    if (c->graphs[i].hash == h && c->graphs[i].variant == variant && ir_graph_same_structure(c->graphs[i].traced, traced)) {
       c->stats.graph_cache_hits++;
-      return c->graphs[i].compiled;
+      found = c->graphs[i].compiled;
     }
-  if (c->n_graphs == c->cap_graphs) {
+  if (!found && c->n_graphs == c->cap_graphs) {
     int cap = c->cap_graphs ? 2 * c->cap_graphs : 8;
     cached_graph *p = realloc(c->graphs, sizeof(cached_graph) * (size_t)cap);
-    if (!p) return rt_error(site, "em_compile", "out of memory");
-    c->graphs = p, c->cap_graphs = cap;
+    if (p) c->graphs = p, c->cap_graphs = cap;
   }
-  ir_graph *copy = ir_graph_clone(traced);
-  ir_graph *compiled = copy ? backend_compile(c, traced, site) : NULL;
-  if (!compiled) {
-    ir_graph_free(copy);
-    return copy ? NULL : rt_error(site, "em_compile", "out of memory");
+  if (!found && c->n_graphs < c->cap_graphs) {
+    ir_graph *copy = ir_graph_clone(traced);
+    fe_graph *compiled = copy ? backend_compile(c, traced, in_rg, any_rg, site) : NULL;
+    if (compiled) {
+      c->graphs[c->n_graphs++] = (cached_graph){h, copy, variant, compiled};
+      found = compiled;
+    } else {
+      ir_graph_free(copy);
+      if (!copy) rt_error(site, "em_compile", "out of memory");
+    }
+  } else if (!found) {
+    rt_error(site, "em_compile", "out of memory");
   }
-  c->graphs[c->n_graphs++] = (cached_graph){h, copy, compiled};
-  return compiled;
+  if (in_rg != small) free(in_rg);
+  return found;
 }
 
 static void note_graph(run_state *rs, const ir_graph *g) {
@@ -293,12 +377,12 @@ static bool run_graph_so_far(run_state *rs, rt_trace *tr, em_site site) {
   if (!rt_trace_output_live(tr)) return rt_error(site, "em_compile", "out of memory"), false;
   ir_graph *g = tr->g;
   if (g->n_nodes == 0) return true;
-  const ir_graph *cg = lookup_or_compile(rs->c, g, site);
+  const fe_graph *cg = lookup_or_compile(rs->c, g, tr->lifted, site);
   if (!cg) return false;
-  note_graph(rs, cg);
+  note_graph(rs, cg->g);
   em_tensor **outs = calloc((size_t)(g->n_outputs ? g->n_outputs : 1), sizeof(em_tensor *));
   if (!outs) return rt_error(site, "em_compile", "out of memory"), false;
-  bool ok = rt_interpret(cg, tr->lifted, tr->n_lifted, outs, &(rt_interp_opts){.fresh_rng = true}, site);
+  bool ok = fe_run(cg, tr->lifted, tr->n_lifted, outs, site);
   if (ok) rt_trace_materialize(tr, outs);
   for (int i = 0; i < g->n_outputs; i++) em_release(outs[i]);
   free(outs);
@@ -344,7 +428,7 @@ static bool add_source(entry *e, const rt_trace *tr, em_tensor *t, em_tensor *co
 }
 
 /* A new entry for a run without breaks: its sources, output map and guards. */
-static entry *make_entry(em_compiled *c, const rt_trace *tr, const ir_graph *cg, void *ctx, em_tensor *const *in,
+static entry *make_entry(em_compiled *c, const rt_trace *tr, const fe_graph *cg, void *ctx, em_tensor *const *in,
                          int n_in, const em_outputs *o, const int *graph_out, bool has_breaks) {
   entry *e = calloc(1, sizeof *e);
   if (!e) return NULL;
@@ -426,7 +510,7 @@ static bool run_traced(em_compiled *c, void *ctx, em_tensor *const *in, int n_in
     }
   /* The last graph: its outputs are fn's proxy outputs. */
   int graph_out[EM_MAX_OUTPUTS];
-  const ir_graph *cg = NULL;
+  const fe_graph *cg = NULL;
   em_tensor **outs = NULL;
   for (int i = 0; ok && i < o.n; i++) {
     int v = rt_trace_value_of(&tr, o.t[i]);
@@ -440,11 +524,11 @@ static bool run_traced(em_compiled *c, void *ctx, em_tensor *const *in, int n_in
     }
   }
   if (ok && tr.g->n_nodes > 0) {
-    ok = (cg = lookup_or_compile(c, tr.g, site)) != NULL;
-    if (ok) note_graph(rs, cg);
-    outs = ok ? calloc((size_t)(cg->n_outputs ? cg->n_outputs : 1), sizeof(em_tensor *)) : NULL;
+    ok = (cg = lookup_or_compile(c, tr.g, tr.lifted, site)) != NULL;
+    if (ok) note_graph(rs, cg->g);
+    outs = ok ? calloc((size_t)(cg->g->n_outputs ? cg->g->n_outputs : 1), sizeof(em_tensor *)) : NULL;
     if (ok && !outs) ok = (rt_error(site, "em_call", "out of memory"), false);
-    ok = ok && rt_interpret(cg, tr.lifted, tr.n_lifted, outs, &(rt_interp_opts){.fresh_rng = true}, site);
+    ok = ok && fe_run(cg, tr.lifted, tr.n_lifted, outs, site);
   }
   if (ok) {
     res->n = o.n;
@@ -455,7 +539,7 @@ static bool run_traced(em_compiled *c, void *ctx, em_tensor *const *in, int n_in
     }
   }
   if (outs)
-    for (int i = 0; i < cg->n_outputs; i++) em_release(outs[i]);
+    for (int i = 0; i < cg->g->n_outputs; i++) em_release(outs[i]);
   free(outs);
   em_scope_end_at(site); /* the proxies die here, while the trace still knows them */
   rt_trace_end(&tr);
@@ -471,14 +555,14 @@ static bool run_traced(em_compiled *c, void *ctx, em_tensor *const *in, int n_in
 /* ---- replay ---- */
 
 static bool replay(em_compiled *c, entry *e, em_tensor *const *in, em_outputs *res, em_site site) {
-  const ir_graph *g = e->graph;
+  const ir_graph *g = e->graph->g;
   em_tensor *small_in[16], *small_out[16];
   em_tensor **gin = g->n_inputs <= 16 ? small_in : malloc(sizeof(em_tensor *) * (size_t)g->n_inputs);
   em_tensor **gout = g->n_outputs <= 16 ? small_out : malloc(sizeof(em_tensor *) * (size_t)g->n_outputs);
   bool ok = gin && gout;
   if (!ok) rt_error(site, "em_call", "out of memory");
   for (int i = 0; ok && i < g->n_inputs; i++) gin[i] = e->src[i].kind == SRC_ARG ? in[e->src[i].arg] : e->src[i].t;
-  ok = ok && rt_interpret(g, gin, g->n_inputs, gout, &(rt_interp_opts){.fresh_rng = true}, site);
+  ok = ok && fe_run(e->graph, gin, g->n_inputs, gout, site);
   if (ok) {
     res->n = e->n_out;
     for (int i = 0; i < e->n_out; i++) {
@@ -500,9 +584,12 @@ em_compiled *em_compile_at(em_model_fn fn, const em_compile_options *opts, em_si
   em_compile_options o = opts ? *opts : (em_compile_options){0};
   if (!fn) return rt_error(site, "em_compile", "fn is NULL");
   const char *backend = o.backend ? o.backend : "eager";
-  if (strcmp(backend, "eager"))
-    return rt_error(site, "em_compile", "unknown backend \"%s\" (this build has: \"eager\"; \"aot_eager\" and "
-                    "\"inductor\" arrive with AOT autograd and the CPU code generator)", backend);
+  if (strcmp(backend, "eager") && strcmp(backend, "aot_eager"))
+    return rt_error(site, "em_compile", "unknown backend \"%s\" (this build has \"eager\" and \"aot_eager\"; "
+                    "\"inductor\" arrives with the CPU code generator)", backend);
+  const char *part = o.partitioner ? o.partitioner : "min_cut";
+  if (strcmp(part, "min_cut") && strcmp(part, "default"))
+    return rt_error(site, "em_compile", "unknown partitioner \"%s\" (\"min_cut\" or \"default\")", part);
   em_compiled *c = calloc(1, sizeof *c);
   if (!c) return rt_error(site, "em_compile", "out of memory");
   c->fn = fn;
@@ -510,6 +597,8 @@ em_compiled *em_compile_at(em_model_fn fn, const em_compile_options *opts, em_si
   for (char *p = c->name; *p; p++) /* names go into IR text and file names */
     if (!(*p == '_' || (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9'))) *p = '_';
   snprintf(c->backend, sizeof c->backend, "%s", backend);
+  c->aot = !strcmp(backend, "aot_eager");
+  c->partitioner = strcmp(part, "default") ? AOT_PARTITION_MIN_CUT : AOT_PARTITION_DEFAULT;
   c->fullgraph = o.fullgraph;
   c->limit = o.recompile_limit > 0 ? o.recompile_limit : 8;
   c->site = site;
@@ -519,7 +608,7 @@ em_compiled *em_compile_at(em_model_fn fn, const em_compile_options *opts, em_si
 void em_compiled_free(em_compiled *c) {
   if (!c) return;
   for (int i = 0; i < c->n_entries; i++) entry_free(c->entries[i]);
-  for (int i = 0; i < c->n_graphs; i++) ir_graph_free(c->graphs[i].traced), ir_graph_free(c->graphs[i].compiled);
+  for (int i = 0; i < c->n_graphs; i++) ir_graph_free(c->graphs[i].traced), fe_graph_free(c->graphs[i].compiled);
   free(c->entries), free(c->graphs);
   free(c);
 }

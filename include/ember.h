@@ -864,8 +864,18 @@ void em_batch_iter_free(em_batch_iter *it);
  * so each compiles once. With opts.fullgraph a break is an error naming its site.
  *
  * Backends: "eager" runs each captured graph with the graph interpreter on the eager kernels
- * (results are bit-identical to eager execution; autograd works on the outputs). "aot_eager"
- * and "inductor" arrive with AOT autograd and the CPU code generator.
+ * (results are bit-identical to eager execution; autograd works on the outputs as in eager).
+ * "aot_eager" differentiates ahead of time (as AOTAutograd does): when grad mode is on and some
+ * input requires grad, the graph's forward and the autograd engine's backward are traced into
+ * one joint graph, optimised (CSE, folding, rewrites) and split into a forward and a backward
+ * graph; a call runs the forward and gives the differentiable outputs a grad_fn that runs the
+ * backward graph, so em_backward works on them. The partitioner decides what the forward saves:
+ * "min_cut" (default) saves the fewest bytes from which the backward can recompute the rest
+ * (cheap pointwise and view chains, and random values, replayed from the same Philox counters,
+ * so dropout's mask is the forward's); "default" saves every value the backward reads.
+ * Gradients equal eager's up to rounding (the summation order may differ). Differentiating a
+ * compiled backward again (double backward) is not supported, as in torch.compile. "inductor"
+ * arrives with the CPU code generator.
  *
  * Logs: EMBER_LOGS is a comma-separated list of graph, guards, recompiles, graph_breaks, aot,
  * schedule, output_code, perf, all (as TORCH_LOGS); each line on stderr starts with
@@ -891,10 +901,11 @@ typedef struct em_outputs {
 typedef em_outputs (*em_model_fn)(void *ctx, em_tensor *const *inputs, int n_inputs);
 
 typedef struct em_compile_options {
-  const char *backend; /* "eager" (default); NULL for the default */
+  const char *backend; /* "eager" (default; NULL) or "aot_eager" */
   bool fullgraph;      /* a graph break is an error instead */
   const char *name;    /* used in logs and dumps; NULL: "fn" */
   int recompile_limit; /* entries before falling back to eager; <= 0: 8 (torch's default) */
+  const char *partitioner; /* aot_eager: "min_cut" (default; NULL) or "default" (see below) */
 } em_compile_options;
 
 typedef struct em_compiled em_compiled;

@@ -127,7 +127,7 @@ rt_node *rt_custom_node(const char *name, const rt_custom_ops *ops, void *ctx, e
   n->name = name;
   n->site = site;
   n->out_meta = *out_meta;
-  node_link(n, in);
+  if (in) node_link(n, in); /* else the caller links n->next itself */
   return n;
 }
 

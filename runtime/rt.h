@@ -210,12 +210,14 @@ struct rt_trace {
   rt_break_fn on_break;
   void *break_ctx;
   int n_ops;                /* prim applications recorded, all graphs */
+  rt_trace *prev;           /* the trace this one interrupted (AOT traces inside a compile) */
 };
 
 /* The active trace of this thread (NULL when none or suspended). */
 rt_trace *rt_tracing(void);
-/* Starts (NULL-safe nesting is refused) and ends a trace on this thread. begin returns false
- * with an error when a trace is already active or memory runs out. end drops the lifted
+/* Starts and ends a trace on this thread. A trace begun while another is active (AOT autograd
+ * tracing the joint graph while the frontend compiles) interrupts it until it ends. begin
+ * returns false with an error when memory runs out. end drops the lifted
  * references and detaches the remaining proxies (they stay valid tensors without data: using
  * one in an op afterwards is an error that says it escaped its compiled function). */
 bool rt_trace_begin(rt_trace *tr, const char *name, rt_break_fn on_break, void *ctx, em_site site);

@@ -27,7 +27,6 @@ void rt_trace_resume(void) {
 }
 
 bool rt_trace_begin(rt_trace *tr, const char *name, rt_break_fn on_break, void *ctx, em_site site) {
-  if (active) return rt_error(site, "em_compile", "a trace is already active on this thread"), false;
   memset(tr, 0, sizeof *tr);
   tr->g = ir_graph_new(name);
   if (!tr->g) return rt_error(site, "em_compile", "out of memory starting a trace"), false;
@@ -35,6 +34,7 @@ bool rt_trace_begin(rt_trace *tr, const char *name, rt_break_fn on_break, void *
   tr->serial_start = rt_serial_now();
   tr->on_break = on_break;
   tr->break_ctx = ctx;
+  tr->prev = active;
   active = tr;
   return true;
 }
@@ -45,7 +45,7 @@ static void drop_lifted(rt_trace *tr) {
 }
 
 void rt_trace_end(rt_trace *tr) {
-  if (active == tr) active = NULL;
+  if (active == tr) active = tr->prev;
   for (int i = 0; i < tr->n_proxies; i++)
     if (tr->proxies[i]) tr->proxies[i]->proxy_slot = -1;
   rt_free(tr->proxies);
@@ -96,12 +96,14 @@ bool rt_trace_adopt(em_tensor *view, const em_tensor *base) {
   view->proxy_trace = base->proxy_trace;
   view->proxy_slot = -1;
   rt_trace *tr = active;
-  if (!tr || tr->id != base->proxy_trace) return true; /* a stale proxy stays one, unregistered */
+  while (tr && tr->id != base->proxy_trace) tr = tr->prev;
+  if (!tr) return true; /* a stale proxy stays one, unregistered */
   return rt_trace_register(tr, view);
 }
 
 void rt_trace_forget(em_tensor *t) {
   rt_trace *tr = active;
+  while (tr && tr->id != t->proxy_trace) tr = tr->prev;
   if (!tr || tr->id != t->proxy_trace || t->proxy_slot < 0 || t->proxy_slot >= tr->n_proxies ||
       tr->proxies[t->proxy_slot] != t)
     return;

@@ -1,0 +1,269 @@
+/* aot_autograd/aot.c: compiled forward/backward pairs at run time.
+ *
+ * A call runs the forward graph without grad and attaches to the differentiable outputs one
+ * custom autograd node whose backward runs the backward graph on the saved values and the
+ * output gradients, so em_backward on a compiled output works as on an eager one (as
+ * torch.compile's CompiledFunction does). With several differentiable outputs, the node's
+ * "output" is their flat concatenation: each output gets a small unpacking node that scatters
+ * its gradient into that flat vector, and the engine's ordinary accumulation sums them, so the
+ * engine needs no notion of multi-output nodes.
+ *
+ * Random nodes draw their Philox counters in the forward run into a table of rng slots that
+ * the node keeps; a backward graph that recomputes a random value (min-cut) reads the same
+ * slot, so dropout's mask is replayed, not saved. */
+#include "aot.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct aot_compiled {
+  int64_t refcount;
+  char name[64];
+  aot_joint_info info;
+  aot_split split;
+  int n_slots;
+  int n_diff;           /* differentiable outputs (one tangent each) */
+  int *diff_output;     /* [n_diff] forward output index */
+  int *grad_primal;     /* [bwd outputs] primal the gradient belongs to */
+};
+
+const aot_split *aot_get_split(const aot_compiled *a) { return &a->split; }
+
+void aot_release(aot_compiled *a) {
+  if (!a || __atomic_sub_fetch(&a->refcount, 1, __ATOMIC_ACQ_REL) != 0) return;
+  aot_joint_info_free(&a->info);
+  aot_split_free(&a->split);
+  free(a->diff_output), free(a->grad_primal);
+  free(a);
+}
+
+aot_compiled *aot_compile(const ir_graph *fwd, const bool *in_rg, aot_partitioner p, const char *name, em_site site) {
+  aot_compiled *a = calloc(1, sizeof *a);
+  if (!a) return rt_error(site, "em_compile", "out of memory");
+  a->refcount = 1;
+  snprintf(a->name, sizeof a->name, "%s", name);
+  ir_graph *joint = aot_joint_graph(fwd, in_rg, &a->info, site);
+  if (!joint) {
+    free(a);
+    return NULL;
+  }
+  char err[512];
+  ir_pass_stats st;
+  bool ok = ir_optimize(joint, &st);
+  if (!ok) rt_error(site, "em_compile", "out of memory optimising the joint graph of %s", name);
+  if (ok && !aot_partition(joint, &a->info, p, &a->split, err, sizeof err)) {
+    rt_error(site, "em_compile", "partitioning the joint graph of %s: %s", name, err);
+    ok = false;
+  }
+  a->n_slots = joint->n_nodes;
+  a->diff_output = malloc(sizeof(int) * (size_t)(a->info.n_fwd_outputs + 1));
+  a->grad_primal = malloc(sizeof(int) * (size_t)(a->info.n_primals + 1));
+  if (ok && (!a->diff_output || !a->grad_primal)) ok = (rt_error(site, "em_compile", "out of memory"), false);
+  for (int k = 0; ok && k < a->info.n_fwd_outputs; k++)
+    if (a->info.tangent_of_output[k] >= 0) a->diff_output[a->n_diff++] = k;
+  /* the flat concatenation of several differentiable outputs needs one dtype */
+  for (int d = 1; ok && d < a->n_diff; d++)
+    if (fwd->values[fwd->outputs[a->diff_output[d]]].type.dtype != fwd->values[fwd->outputs[a->diff_output[0]]].type.dtype)
+      ok = (rt_error(site, "em_compile", "%s: differentiable outputs of different dtypes are not supported by AOT "
+                     "autograd yet", name), false);
+  int k = 0;
+  for (int i = 0; ok && i < a->info.n_primals; i++)
+    if (a->info.grad_of_primal[i] >= 0) a->grad_primal[k++] = i;
+  if (ok) {
+    /* EMBER_LOGS=aot is printed by the frontend from the split */
+  }
+  ir_graph_free(joint);
+  if (!ok) {
+    aot_release(a);
+    return NULL;
+  }
+  return a;
+}
+
+/* ---- the backward node ---- */
+
+typedef struct aot_ctx {
+  aot_compiled *a;
+  em_tensor **saved;
+  int64_t *saved_version;
+  int n_saved;
+  rt_rng_slot *slots;
+  prim_meta *diff_meta; /* [n_diff] */
+  int64_t *diff_offset; /* [n_diff + 1] offsets in the flat vector */
+  bool released;
+} aot_ctx;
+
+static void ctx_free_saved(void *p) {
+  aot_ctx *c = p;
+  for (int i = 0; i < c->n_saved; i++) em_release(c->saved[i]), c->saved[i] = NULL;
+  c->released = true;
+}
+
+static void ctx_destroy(void *p) {
+  aot_ctx *c = p;
+  ctx_free_saved(c);
+  aot_release(c->a);
+  rt_free(c->saved), rt_free(c->saved_version), rt_free(c->slots), rt_free(c->diff_meta), rt_free(c->diff_offset);
+  rt_free(c);
+}
+
+static bool aot_backward(rt_node *n, em_tensor *g, em_tensor **grads) {
+  aot_ctx *c = n->custom_ctx;
+  aot_compiled *a = c->a;
+  em_site s = n->site;
+  if (c->released)
+    return rt_error(s, n->name, "trying to backward through the compiled graph a second time (its saved tensors were "
+                    "freed); pass retain_graph to the first backward"), false;
+  for (int i = 0; i < c->n_saved; i++)
+    if (em_version(c->saved[i]) != c->saved_version[i]) {
+      char b[128];
+      return rt_error(s, n->name, "%s, saved by the compiled forward for the backward pass, was modified in place "
+                      "(version %lld, expected %lld); clone it before modifying it", rt_fmt(b, sizeof b, c->saved[i]),
+                      (long long)em_version(c->saved[i]), (long long)c->saved_version[i]), false;
+    }
+  const ir_graph *bwd = a->split.bwd;
+  int n_in = c->n_saved + a->n_diff, n_out = bwd->n_outputs;
+  em_tensor **in = rt_alloc(sizeof(em_tensor *) * (size_t)(n_in + n_out + 1), 16);
+  if (!in) return rt_error(s, n->name, "out of memory"), false;
+  em_tensor **out = in + n_in;
+  for (int i = 0; i < c->n_saved; i++) in[i] = c->saved[i];
+  bool ok = true;
+  for (int d = 0; d < a->n_diff && ok; d++) {
+    em_tensor *t = g;
+    if (a->n_diff > 1) {
+      const prim_meta *m = &c->diff_meta[d];
+      t = em_reshape_at(em_slice_at(g, 0, c->diff_offset[d], c->diff_offset[d + 1], 1, s), m->ndim, m->sizes, s);
+    }
+    in[c->n_saved + d] = t;
+    ok = t != NULL;
+  }
+  ok = ok && rt_interpret(bwd, in, n_in, out, &(rt_interp_opts){.fresh_rng = true, .slots = c->slots, .n_slots = a->n_slots}, s);
+  for (int k = 0; ok && k < n_out; k++) {
+    int i = a->grad_primal[k];
+    grads[i] = rt_scope_add(out[k], n->name, s);
+    out[k] = NULL;
+    ok = grads[i] != NULL;
+  }
+  if (!ok)
+    for (int k = 0; k < n_out; k++) em_release(out[k]);
+  rt_free(in);
+  return ok;
+}
+
+static const rt_custom_ops aot_ops = {aot_backward, ctx_free_saved, ctx_destroy};
+
+/* The unpacking node of differentiable output d: its gradient, scattered into the flat vector. */
+typedef struct unpack_ctx {
+  int64_t start, stop, total;
+  em_dtype dtype;
+} unpack_ctx;
+
+static bool unpack_backward(rt_node *n, em_tensor *g, em_tensor **grads) {
+  unpack_ctx *u = n->custom_ctx;
+  em_site s = n->site;
+  int64_t len = u->stop - u->start;
+  em_tensor *flat = em_reshape_at(g, 1, &len, s);
+  grads[0] = em_slice_scatter_at(em_zeros_at(u->dtype, 1, &u->total, s), flat, 0, u->start, u->stop, 1, s);
+  return grads[0] != NULL;
+}
+
+static void unpack_destroy(void *p) { rt_free(p); }
+static const rt_custom_ops unpack_ops = {unpack_backward, NULL, unpack_destroy};
+
+bool aot_run(aot_compiled *a, em_tensor *const *in, int n_in, em_tensor **outs, em_site site) {
+  const ir_graph *fwd = a->split.fwd;
+  int n_fo = a->info.n_fwd_outputs, n_all = fwd->n_outputs, n_saved = n_all - n_fo;
+  for (int k = 0; k < n_fo; k++) outs[k] = NULL;
+  em_tensor **all = rt_alloc(sizeof(em_tensor *) * (size_t)(n_all + 1), 16);
+  aot_ctx *c = rt_alloc(sizeof *c, 16);
+  if (c) memset(c, 0, sizeof *c);
+  bool ok = all && c;
+  if (ok) {
+    c->saved = rt_alloc(sizeof(em_tensor *) * (size_t)(n_saved + 1), 16);
+    c->saved_version = rt_alloc(sizeof(int64_t) * (size_t)(n_saved + 1), 16);
+    c->slots = rt_alloc(sizeof(rt_rng_slot) * (size_t)(a->n_slots + 1), 16);
+    c->diff_meta = rt_alloc(sizeof(prim_meta) * (size_t)(a->n_diff + 1), 16);
+    c->diff_offset = rt_alloc(sizeof(int64_t) * (size_t)(a->n_diff + 2), 16);
+    ok = c->saved && c->saved_version && c->slots && c->diff_meta && c->diff_offset;
+    if (ok) memset(c->slots, 0, sizeof(rt_rng_slot) * (size_t)(a->n_slots + 1));
+  }
+  if (!ok) {
+    if (c) rt_free(c->saved), rt_free(c->saved_version), rt_free(c->slots), rt_free(c->diff_meta), rt_free(c->diff_offset);
+    rt_free(c), rt_free(all);
+    return rt_error(site, "em_call", "out of memory"), false;
+  }
+  bool prev = em_set_grad_enabled(false);
+  ok = rt_interpret(fwd, in, n_in, all, &(rt_interp_opts){.fresh_rng = true, .slots = c->slots, .n_slots = a->n_slots},
+                    site);
+  em_set_grad_enabled(prev);
+  if (ok) {
+    for (int k = 0; k < n_fo; k++) outs[k] = all[k];
+    for (int i = 0; i < n_saved; i++) c->saved[i] = all[n_fo + i], c->saved_version[i] = em_version(all[n_fo + i]);
+  }
+  c->n_saved = ok ? n_saved : 0;
+  c->a = a;
+  __atomic_add_fetch(&a->refcount, 1, __ATOMIC_RELAXED);
+  bool any_rg = false;
+  for (int i = 0; i < n_in; i++) any_rg |= in[i]->requires_grad && a->info.grad_of_primal[i] >= 0;
+  if (!ok || !prev || !any_rg || a->n_diff == 0) { /* nothing to differentiate */
+    rt_free(all);
+    ctx_destroy(c);
+    if (!ok)
+      for (int k = 0; k < n_fo; k++) em_release(outs[k]), outs[k] = NULL;
+    return ok;
+  }
+  rt_free(all);
+  /* an output that is an input itself gets its own header (a view), so that attaching a grad_fn
+   * does not turn the user's leaf into a non-leaf */
+  for (int d = 0; d < a->n_diff; d++) {
+    em_tensor *o = outs[a->diff_output[d]];
+    bool is_input = false;
+    for (int i = 0; i < n_in; i++) is_input |= o == in[i];
+    if (!is_input) continue;
+    em_tensor *v = rt_new_view(o, o->ndim, o->sizes, o->strides, o->offset, "em_call", site);
+    if (!v) {
+      ctx_destroy(c);
+      goto fail;
+    }
+    em_release(o);
+    outs[a->diff_output[d]] = v;
+  }
+  int64_t total = 0;
+  c->diff_offset[0] = 0;
+  for (int d = 0; d < a->n_diff; d++) {
+    c->diff_meta[d] = rt_meta(outs[a->diff_output[d]]);
+    total += outs[a->diff_output[d]]->numel;
+    c->diff_offset[d + 1] = total;
+  }
+  prim_meta flat = {.dtype = outs[a->diff_output[0]]->dtype, .ndim = 1, .sizes = {total}, .strides = {1}};
+  const prim_meta *om = a->n_diff == 1 ? &c->diff_meta[0] : &flat;
+  rt_node *node = rt_custom_node(a->name, &aot_ops, c, in, n_in, om, site);
+  if (!node) {
+    ctx_destroy(c);
+    goto fail;
+  }
+  if (a->n_diff == 1) {
+    rt_set_grad_fn(outs[a->diff_output[0]], node);
+  } else {
+    for (int d = 0; d < a->n_diff && ok; d++) {
+      unpack_ctx *u = rt_alloc(sizeof *u, 16);
+      rt_node *un = u ? rt_custom_node(a->name, &unpack_ops, u, NULL, 1, &c->diff_meta[d], site) : NULL;
+      if (!un) {
+        rt_free(u);
+        ok = (rt_error(site, "em_call", "out of memory"), false);
+        break;
+      }
+      *u = (unpack_ctx){c->diff_offset[d], c->diff_offset[d + 1], total, flat.dtype};
+      un->next[0] = node;
+      __atomic_add_fetch(&node->refcount, 1, __ATOMIC_RELAXED);
+      un->in_meta[0] = flat;
+      rt_set_grad_fn(outs[a->diff_output[d]], un);
+      rt_node_release(un);
+    }
+  }
+  rt_node_release(node);
+  if (ok) return true;
+fail:
+  for (int k = 0; k < n_fo; k++) em_release(outs[k]), outs[k] = NULL;
+  return false;
+}
