@@ -133,13 +133,6 @@ static int64_t max_flow(flow_net *f, int s, int t) {
 
 /* ---- the partition ---- */
 
-static bool fail(char *err, size_t cap, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, cap, fmt, ap);
-  va_end(ap);
-  return false;
-}
 
 static int64_t value_bytes(const ir_graph *g, int v) {
   const ir_type *t = &g->values[v].type;
@@ -202,7 +195,7 @@ bool aot_partition(const ir_graph *j, const aot_joint_info *info, aot_partitione
   flow_net f = {0};
   bool ok = false;
   if (!td || !req || !need_b || !save || !fwd_take || !bwd_take || !is_primal || !map) {
-    fail(err, cap, "out of memory partitioning");
+    ir_fail(err, cap, "out of memory partitioning");
     goto done;
   }
   for (int i = 0; i < j->n_inputs; i++) {
@@ -230,7 +223,7 @@ bool aot_partition(const ir_graph *j, const aot_joint_info *info, aot_partitione
   } else {
     int S = 2 * nv, T = 2 * nv + 1;
     if (!net_init(&f, 2 * nv + 2)) {
-      fail(err, cap, "out of memory partitioning");
+      ir_fail(err, cap, "out of memory partitioning");
       goto done;
     }
     bool e = true;
@@ -248,12 +241,12 @@ bool aot_partition(const ir_graph *j, const aot_joint_info *info, aot_partitione
       if (e && req[v]) e = net_edge(&f, 2 * v + 1, T, INF_CAP);
     }
     if (!e) {
-      fail(err, cap, "out of memory partitioning");
+      ir_fail(err, cap, "out of memory partitioning");
       goto done;
     }
     int64_t flow = max_flow(&f, S, T);
     if (flow >= INF_CAP) {
-      fail(err, cap, "min-cut partition found no finite cut (internal error)");
+      ir_fail(err, cap, "min-cut partition found no finite cut (internal error)");
       goto done;
     }
     bfs(&f, S, T); /* level >= 0: reachable from the source in the residual network */
@@ -265,7 +258,7 @@ bool aot_partition(const ir_graph *j, const aot_joint_info *info, aot_partitione
   out->fwd = ir_graph_new(j->name);
   out->bwd = ir_graph_new(j->name);
   if (!out->fwd || !out->bwd) {
-    fail(err, cap, "out of memory partitioning");
+    ir_fail(err, cap, "out of memory partitioning");
     goto done;
   }
   for (int v = 0; v < nv; v++) map[v] = -1;
@@ -274,19 +267,19 @@ bool aot_partition(const ir_graph *j, const aot_joint_info *info, aot_partitione
   close_upward(j, fwd_take, NULL);
   for (int i = 0; i < np; i++) map[j->inputs[i]] = ir_add_input(out->fwd, &j->values[j->inputs[i]].type);
   if (!copy_nodes(j, out->fwd, fwd_take, map)) {
-    fail(err, cap, "out of memory partitioning");
+    ir_fail(err, cap, "out of memory partitioning");
     goto done;
   }
   for (int o = 0; o < info->n_fwd_outputs; o++) ir_add_output(out->fwd, map[j->outputs[o]]);
   out->saved = malloc(sizeof(int) * (size_t)(nv ? nv : 1));
   if (!out->saved) {
-    fail(err, cap, "out of memory partitioning");
+    ir_fail(err, cap, "out of memory partitioning");
     goto done;
   }
   for (int v = 0; v < nv; v++) {
     if (!save[v]) continue;
     if (map[v] < 0) {
-      fail(err, cap, "saved value %%%d is not computed by the forward graph (internal error)", v);
+      ir_fail(err, cap, "saved value %%%d is not computed by the forward graph (internal error)", v);
       goto done;
     }
     out->saved[out->n_saved++] = v;
@@ -303,18 +296,18 @@ bool aot_partition(const ir_graph *j, const aot_joint_info *info, aot_partitione
   for (int v = 0; v < nv; v++) {
     if (!bwd_take[v] || map[v] >= 0) continue;
     if (j->values[v].def < 0) {
-      fail(err, cap, "the backward reads primal %%%d, which was not saved (internal error)", v);
+      ir_fail(err, cap, "the backward reads primal %%%d, which was not saved (internal error)", v);
       goto done;
     }
     if (!td[v]) out->n_recomputed++;
   }
   if (!copy_nodes(j, out->bwd, bwd_take, map)) {
-    fail(err, cap, "out of memory partitioning");
+    ir_fail(err, cap, "out of memory partitioning");
     goto done;
   }
   for (int o = info->n_fwd_outputs; o < j->n_outputs; o++) ir_add_output(out->bwd, map[j->outputs[o]]);
   if (out->fwd->oom || out->bwd->oom) {
-    fail(err, cap, "out of memory partitioning");
+    ir_fail(err, cap, "out of memory partitioning");
     goto done;
   }
   if (!ir_verify(out->fwd, 0, err, cap) || !ir_verify(out->bwd, 0, err, cap)) goto done;

@@ -312,6 +312,8 @@ static fe_graph *backend_compile(em_compiled *c, const ir_graph *traced, const b
               saved_err ? saved_err : "?");
       free(saved_err);
     } else {
+      c->stats.aot_graphs++;
+      c->stats.aot_saved_bytes = aot_get_split(fg->aot)->saved_bytes;
       log_aot(c, fg->aot);
     }
   }

@@ -938,6 +938,9 @@ typedef struct em_compile_stats {
   int64_t graph_cache_hits;/* graphs between breaks found already compiled */
   int64_t breaks;          /* graph breaks, all calls */
   int64_t eager_calls;     /* calls run eagerly after the recompile limit */
+  int64_t aot_graphs;      /* graphs split into forward and backward (backend aot_eager) */
+  int64_t aot_saved_bytes; /* bytes the most recent of them saves for its backward per call
+                            * (values other than inputs, which are alive anyway) */
 } em_compile_stats;
 em_compile_stats em_compiled_stats(const em_compiled *c);
 

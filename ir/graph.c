@@ -3,6 +3,7 @@
 #include "graph.h"
 
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,6 +22,14 @@ static bool grow(ir_graph *g, void **items, int *cap, int need, size_t elem) {
   return true;
 }
 #define GROW(g, arr, cap, need) grow((g), (void **)&(arr), &(cap), (need), sizeof *(arr))
+
+bool ir_fail(char *err, size_t cap, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, cap, fmt, ap);
+  va_end(ap);
+  return false;
+}
 
 ir_graph *ir_graph_new(const char *name) {
   ir_graph *g = calloc(1, sizeof *g);

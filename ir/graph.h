@@ -81,6 +81,10 @@ typedef struct ir_graph {
 
 /* ---- ir/graph.c: building ---- */
 
+/* Writes a reason into err (cap bytes) and returns false: the error path of every function
+ * above prims that reports through a buffer. */
+bool ir_fail(char *err, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 ir_graph *ir_graph_new(const char *name);
 void ir_graph_free(ir_graph *g);
 /* A deep copy, or NULL. */

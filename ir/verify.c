@@ -10,14 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static bool fail(char *err, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static bool fail(char *err, size_t cap, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, cap, fmt, ap);
-  va_end(ap);
-  return false;
-}
 
 /* "%3 = add(%1, %2)" for messages. */
 static const char *describe(const ir_graph *g, const ir_node *n, char *buf, size_t cap) {
@@ -34,24 +26,24 @@ static const char *describe(const ir_graph *g, const ir_node *n, char *buf, size
 
 bool ir_verify(const ir_graph *g, unsigned flags, char *err, size_t cap) {
   char d[256], t0[96], t1[96];
-  if (g->oom) return fail(err, cap, "the graph ran out of memory while it was built");
+  if (g->oom) return ir_fail(err, cap, "the graph ran out of memory while it was built");
   /* defined_at[v]: index of the node defining v, -1 for inputs, INT32_MAX when not defined */
   int *defined = malloc(sizeof(int) * (size_t)(g->n_values ? g->n_values : 1));
   int *uses = malloc(sizeof(int) * (size_t)(g->n_values ? g->n_values : 1));
   if (!defined || !uses) {
     free(defined), free(uses);
-    return fail(err, cap, "out of memory");
+    return ir_fail(err, cap, "out of memory");
   }
   bool ok = false;
   for (int v = 0; v < g->n_values; v++) defined[v] = INT32_MAX;
   for (int i = 0; i < g->n_inputs; i++) {
     int v = g->inputs[i];
     if (v < 0 || v >= g->n_values) {
-      fail(err, cap, "input %d names value %%%d, which does not exist", i, v);
+      ir_fail(err, cap, "input %d names value %%%d, which does not exist", i, v);
       goto out;
     }
     if (defined[v] != INT32_MAX) {
-      fail(err, cap, "value %%%d is listed as an input twice", v);
+      ir_fail(err, cap, "value %%%d is listed as an input twice", v);
       goto out;
     }
     defined[v] = -1;
@@ -59,26 +51,26 @@ bool ir_verify(const ir_graph *g, unsigned flags, char *err, size_t cap) {
   for (int i = 0; i < g->n_nodes; i++) {
     const ir_node *n = &g->nodes[i];
     if ((int)n->op < 0 || n->op >= EM_PRIM_COUNT) {
-      fail(err, cap, "node %d has an invalid prim number %d", i, (int)n->op);
+      ir_fail(err, cap, "node %d has an invalid prim number %d", i, (int)n->op);
       goto out;
     }
     const prim_info *pi = prim_get(n->op);
     if (n->out < 0 || n->out >= g->n_values || g->values[n->out].def != i) {
-      fail(err, cap, "node %d (%s) defines value %%%d, which does not record it as its definition", i, pi->name, n->out);
+      ir_fail(err, cap, "node %d (%s) defines value %%%d, which does not record it as its definition", i, pi->name, n->out);
       goto out;
     }
     if (defined[n->out] != INT32_MAX) {
-      fail(err, cap, "%s: value %%%d is defined twice", describe(g, n, d, sizeof d), n->out);
+      ir_fail(err, cap, "%s: value %%%d is defined twice", describe(g, n, d, sizeof d), n->out);
       goto out;
     }
     if ((pi->arity >= 0 && n->n_in != pi->arity) || (pi->arity < 0 && n->n_in < 1)) {
-      fail(err, cap, "%s: %s takes %d operand%s, got %d", describe(g, n, d, sizeof d), pi->name, pi->arity,
+      ir_fail(err, cap, "%s: %s takes %d operand%s, got %d", describe(g, n, d, sizeof d), pi->name, pi->arity,
            pi->arity == 1 ? "" : "s", n->n_in);
       goto out;
     }
     prim_meta small[4], *metas = small;
     if (n->n_in > 4 && !(metas = malloc(sizeof(prim_meta) * (size_t)n->n_in))) {
-      fail(err, cap, "out of memory");
+      ir_fail(err, cap, "out of memory");
       goto out;
     }
     bool concrete = true, node_ok = true;
@@ -86,27 +78,27 @@ bool ir_verify(const ir_graph *g, unsigned flags, char *err, size_t cap) {
     for (int j = 0; j < n->n_in && node_ok; j++) {
       int v = ir_operands(g, n)[j];
       if (v < 0 || v >= g->n_values) {
-        node_ok = fail(err, cap, "%s: operand %d is %%%d, which does not exist (dangling)", describe(g, n, d, sizeof d), j, v);
+        node_ok = ir_fail(err, cap, "%s: operand %d is %%%d, which does not exist (dangling)", describe(g, n, d, sizeof d), j, v);
       } else if (defined[v] == INT32_MAX) {
-        node_ok = fail(err, cap, "%s: operand %d (%%%d) is used before it is defined", describe(g, n, d, sizeof d), j, v);
+        node_ok = ir_fail(err, cap, "%s: operand %d (%%%d) is used before it is defined", describe(g, n, d, sizeof d), j, v);
       } else {
         const ir_type *ot = &g->values[v].type;
         if (ot->device != ty->device)
-          node_ok = fail(err, cap, "%s: operand %%%d is on another device than the result", describe(g, n, d, sizeof d), v);
+          node_ok = ir_fail(err, cap, "%s: operand %%%d is on another device than the result", describe(g, n, d, sizeof d), v);
         concrete = concrete && ir_type_concrete(ot);
         metas[j] = ir_meta_of_type(ot);
       }
     }
-    if (node_ok && !ir_dtype_valid(ty->dtype)) node_ok = fail(err, cap, "%s: invalid result dtype", describe(g, n, d, sizeof d));
+    if (node_ok && !ir_dtype_valid(ty->dtype)) node_ok = ir_fail(err, cap, "%s: invalid result dtype", describe(g, n, d, sizeof d));
     if (node_ok && concrete && ir_type_concrete(ty)) {
       prim_meta m;
       char why[256];
       if (!prim_meta_fn(n->op, &n->attrs, metas, n->n_in, &m, why, sizeof why)) {
-        node_ok = fail(err, cap, "%s: %s", describe(g, n, d, sizeof d), why);
+        node_ok = ir_fail(err, cap, "%s: %s", describe(g, n, d, sizeof d), why);
       } else {
         ir_type expect = ir_type_of_meta(&m, ty->device);
         if (!ir_type_equal(&expect, ty))
-          node_ok = fail(err, cap, "%s: the result is declared %s but %s gives %s", describe(g, n, d, sizeof d),
+          node_ok = ir_fail(err, cap, "%s: the result is declared %s but %s gives %s", describe(g, n, d, sizeof d),
                          ir_fmt_ir_type(g, ty, t0, sizeof t0), pi->name, ir_fmt_ir_type(g, &expect, t1, sizeof t1));
       }
     }
@@ -117,7 +109,7 @@ bool ir_verify(const ir_graph *g, unsigned flags, char *err, size_t cap) {
   for (int i = 0; i < g->n_outputs; i++) {
     int v = g->outputs[i];
     if (v < 0 || v >= g->n_values || defined[v] == INT32_MAX) {
-      fail(err, cap, "output %d names %%%d, which is not defined", i, v);
+      ir_fail(err, cap, "output %d names %%%d, which is not defined", i, v);
       goto out;
     }
   }
@@ -125,7 +117,7 @@ bool ir_verify(const ir_graph *g, unsigned flags, char *err, size_t cap) {
     ir_count_uses(g, uses);
     for (int i = 0; i < g->n_nodes; i++)
       if (!uses[g->nodes[i].out] && !(prim_get(g->nodes[i].op)->flags & P_RANDOM)) { /* random: consumes counters */
-        fail(err, cap, "%s: the result is never used (dead code)", describe(g, &g->nodes[i], d, sizeof d));
+        ir_fail(err, cap, "%s: the result is never used (dead code)", describe(g, &g->nodes[i], d, sizeof d));
         goto out;
       }
   }
