@@ -39,7 +39,8 @@ ir_graph *aot_joint_graph(const ir_graph *fwd, const bool *in_rg, aot_joint_info
   int n_rg = 0, n_diff = 0;
   for (int i = 0; ok && i < np; i++) {
     info->grad_of_primal[i] = -1;
-    prim[i] = rt_scope_add(rt_trace_new_input(&tr, &fwd->values[fwd->inputs[i]].type, site), "em_compile", site);
+    ir_type ty = fwd->values[fwd->inputs[i]].type;
+    prim[i] = rt_scope_add(rt_trace_new_input(&tr, &ty, site), "em_compile", site);
     ok = prim[i] != NULL;
     if (ok && in_rg[i] && ir_is_float(prim[i]->dtype)) {
       prim[i]->requires_grad = true; /* a leaf of the traced autograd graph */
@@ -51,7 +52,8 @@ ir_graph *aot_joint_graph(const ir_graph *fwd, const bool *in_rg, aot_joint_info
   for (int k = 0; ok && k < no; k++) {
     info->tangent_of_output[k] = -1;
     if (!outs[k]->requires_grad) continue;
-    tang[n_diff] = rt_scope_add(rt_trace_new_input(&tr, &tr.g->values[outs[k]->proxy - 1].type, site), "em_compile", site);
+    ir_type ty = tr.g->values[outs[k]->proxy - 1].type; /* a copy: adding an input may move the array */
+    tang[n_diff] = rt_scope_add(rt_trace_new_input(&tr, &ty, site), "em_compile", site);
     ok = tang[n_diff] != NULL;
     info->tangent_of_output[k] = n_diff;
     diff[n_diff++] = outs[k];

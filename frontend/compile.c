@@ -46,6 +46,7 @@ typedef struct outmap {
 typedef struct fe_graph {
   ir_graph *g;
   aot_compiled *aot;
+  bool no_grad; /* the graph holds its own backward (em_backward traced): run it without autograd */
 } fe_graph;
 
 typedef struct entry {
@@ -62,6 +63,10 @@ typedef struct entry {
   int n_src;
   int n_out;
   outmap out[EM_MAX_OUTPUTS];
+  int n_wb, n_gb;
+  int (*wb)[2];      /* epilogue: copy graph output wb[i][1] into source wb[i][0] (a mutated tensor) */
+  int (*gb)[2];      /* epilogue: source gb[i][0]'s .grad = graph output gb[i][1], or none when < 0 */
+  uint64_t host_epoch;
 } entry;
 
 
@@ -155,7 +160,7 @@ static void entry_free(entry *e) {
   rt_unwatch_all(e);
   for (int i = 0; i < e->n_src; i++)
     if (e->src[i].kind == SRC_CONST) em_release(e->src[i].t);
-  free(e->src), free(e->in), free(e->alias);
+  free(e->src), free(e->in), free(e->alias), free(e->wb), free(e->gb);
   free(e);
 }
 
@@ -176,6 +181,8 @@ static bool entry_fails(const entry *e, void *ctx, em_tensor *const *in, int n_i
     return snprintf(why, cap, "grad_mode: expected %s, got %s", e->grad_mode ? "enabled" : "disabled",
                     e->grad_mode ? "disabled" : "enabled"), true;
   if (n_in != e->n_in) return snprintf(why, cap, "len(inputs): expected %d, got %d", e->n_in, n_in), true;
+  if (e->host_epoch != rt_host_epoch())
+    return snprintf(why, cap, "a hyperparameter the trace baked in changed (em_optimizer_set_lr)"), true;
   char what[32];
   for (int k = 0; k < n_in; k++) {
     snprintf(what, sizeof what, "inputs[%d]", k);
@@ -277,7 +284,8 @@ static void log_aot(em_compiled *c, const aot_compiled *a) {
  * bits. "aot_eager" optimises the graph and, when grad mode is on and some input requires grad,
  * builds the joint graph and partitions it (aot_autograd/); a failure there falls back to the
  * plain graph with eager autograd, logged. */
-static fe_graph *backend_compile(em_compiled *c, const ir_graph *traced, const bool *in_rg, bool any_rg, em_site site) {
+static fe_graph *backend_compile(em_compiled *c, const ir_graph *traced, const bool *in_rg, bool any_rg,
+                                 bool has_backward, em_site site) {
   double t0 = now_ms();
   fe_graph *fg = calloc(1, sizeof *fg);
   ir_graph *g = fg ? ir_graph_clone(traced) : NULL;
@@ -299,7 +307,8 @@ static fe_graph *backend_compile(em_compiled *c, const ir_graph *traced, const b
     free(text);
   }
   fe_dump_graph(g);
-  if (c->aot && any_rg && rt_grad_enabled()) {
+  fg->no_grad = has_backward;
+  if (c->aot && any_rg && rt_grad_enabled() && !has_backward) {
     char *saved_err = NULL;
     fg->aot = aot_compile(g, in_rg, c->partitioner, c->name, site);
     if (!fg->aot) { /* fall back to the plain graph, with eager autograd, and say why */
@@ -325,17 +334,20 @@ static fe_graph *backend_compile(em_compiled *c, const ir_graph *traced, const b
 /* Runs a compiled graph: the AOT pair when there is one, else the interpreter. */
 static bool fe_run(const fe_graph *fg, em_tensor *const *in, int n_in, em_tensor **out, em_site site) {
   if (fg->aot) return aot_run(fg->aot, in, n_in, out, site);
-  return rt_interpret(fg->g, in, n_in, out, &(rt_interp_opts){.fresh_rng = true}, site);
+  bool prev = fg->no_grad ? em_set_grad_enabled(false) : rt_grad_enabled();
+  bool ok = rt_interpret(fg->g, in, n_in, out, &(rt_interp_opts){.fresh_rng = true}, site);
+  if (fg->no_grad) em_set_grad_enabled(prev);
+  return ok;
 }
 
 /* The compiled graph for traced with these inputs, from the cache or newly compiled into it. */
 static const fe_graph *lookup_or_compile(em_compiled *c, const ir_graph *traced, em_tensor *const *inputs,
-                                         em_site site) {
+                                         bool has_backward, em_site site) {
   uint64_t h = ir_graph_hash(traced);
   int n = traced->n_inputs;
   bool small[64], *in_rg = n <= 64 ? small : malloc(sizeof(bool) * (size_t)n), any_rg = false;
   if (!in_rg) return rt_error(site, "em_compile", "out of memory");
-  uint64_t variant = rt_grad_enabled() ? 0x9e3779b97f4a7c15ull : 0x51ed270b27ull;
+  uint64_t variant = (rt_grad_enabled() ? 0x9e3779b97f4a7c15ull : 0x51ed270b27ull) ^ (has_backward ? 0xb5ull : 0);
   for (int i = 0; i < n; i++) {
     in_rg[i] = inputs[i]->requires_grad;
     any_rg |= in_rg[i];
@@ -354,7 +366,7 @@ static const fe_graph *lookup_or_compile(em_compiled *c, const ir_graph *traced,
   }
   if (!found && c->n_graphs < c->cap_graphs) {
     ir_graph *copy = ir_graph_clone(traced);
-    fe_graph *compiled = copy ? backend_compile(c, traced, in_rg, any_rg, site) : NULL;
+    fe_graph *compiled = copy ? backend_compile(c, traced, in_rg, any_rg, has_backward, site) : NULL;
     if (compiled) {
       c->graphs[c->n_graphs++] = (cached_graph){h, copy, variant, compiled};
       found = compiled;
@@ -374,20 +386,71 @@ static void note_graph(run_state *rs, const ir_graph *g) {
   rs->n_graphs++;
 }
 
-/* Runs the trace's current graph on its lifted inputs and materializes the live proxies. */
-static bool run_graph_so_far(run_state *rs, rt_trace *tr, em_site site) {
+/* What the last graph of a run did, for the entry that will replay it. */
+typedef struct final_info {
+  const fe_graph *cg;
+  int n_wb;
+  int *wb_lifted, *wb_out;   /* lifted tensor i was written: graph output k is its new value */
+  em_tensor **materialized;  /* proxies made real (owned refs), to find what escaped the run */
+  int n_mat;
+} final_info;
+
+static void final_info_free(final_info *fi) {
+  for (int i = 0; i < fi->n_mat; i++) em_release(fi->materialized[i]);
+  free(fi->materialized), free(fi->wb_lifted), free(fi->wb_out);
+  memset(fi, 0, sizeof *fi);
+}
+
+/* Runs the trace's current graph on its lifted inputs, materializes the live proxies and writes
+ * the new values of lifted tensors written in place back into them (functionalization's
+ * epilogue). With fi, reports what it did. */
+static bool run_graph_so_far(run_state *rs, rt_trace *tr, em_site site, final_info *fi) {
   if (!rt_trace_output_live(tr)) return rt_error(site, "em_compile", "out of memory"), false;
   ir_graph *g = tr->g;
-  if (g->n_nodes == 0) return true;
-  const fe_graph *cg = lookup_or_compile(rs->c, g, tr->lifted, site);
-  if (!cg) return false;
+  int *wbl = malloc(sizeof(int) * (size_t)(tr->n_lifted + 1)), *wbo = malloc(sizeof(int) * (size_t)(tr->n_lifted + 1));
+  int n_wb = 0;
+  bool ok = wbl && wbo;
+  for (int i = 0; ok && i < tr->n_lifted; i++)
+    if (tr->lifted_mutated[i]) {
+      wbl[n_wb] = i, wbo[n_wb++] = g->n_outputs;
+      ok = ir_add_output(g, tr->lifted_value[i]);
+    }
+  if (!ok) {
+    free(wbl), free(wbo);
+    return rt_error(site, "em_compile", "out of memory"), false;
+  }
+  if (g->n_nodes == 0) {
+    free(wbl), free(wbo);
+    return true;
+  }
+  const fe_graph *cg = lookup_or_compile(rs->c, g, tr->lifted, tr->has_backward, site);
+  em_tensor **outs = cg ? calloc((size_t)(g->n_outputs ? g->n_outputs : 1), sizeof(em_tensor *)) : NULL;
+  em_tensor **mat = fi && cg ? calloc((size_t)(tr->live_proxies + 1), sizeof(em_tensor *)) : NULL;
+  if (!cg || !outs || (fi && !mat)) {
+    free(wbl), free(wbo), free(outs), free(mat);
+    return cg ? (rt_error(site, "em_compile", "out of memory"), false) : false;
+  }
   note_graph(rs, cg->g);
-  em_tensor **outs = calloc((size_t)(g->n_outputs ? g->n_outputs : 1), sizeof(em_tensor *));
-  if (!outs) return rt_error(site, "em_compile", "out of memory"), false;
-  bool ok = fe_run(cg, tr->lifted, tr->n_lifted, outs, site);
+  ok = fe_run(cg, tr->lifted, tr->n_lifted, outs, site);
+  int n_mat = 0;
+  if (ok && mat)
+    for (int i = 0; i < tr->n_proxies; i++)
+      if (tr->proxies[i]) mat[n_mat++] = em_retain(tr->proxies[i]);
   if (ok) rt_trace_materialize(tr, outs);
+  if (ok && n_wb) {
+    rt_trace_suspend();
+    bool prev = em_set_grad_enabled(false);
+    for (int j = 0; ok && j < n_wb; j++) ok = em_copy__at(tr->lifted[wbl[j]], outs[wbo[j]], site) != NULL;
+    em_set_grad_enabled(prev);
+    rt_trace_resume();
+  }
   for (int i = 0; i < g->n_outputs; i++) em_release(outs[i]);
   free(outs);
+  if (fi) {
+    *fi = (final_info){cg, n_wb, wbl, wbo, mat, n_mat};
+  } else {
+    free(wbl), free(wbo);
+  }
   return ok;
 }
 
@@ -403,7 +466,7 @@ static bool on_break(rt_trace *tr, const char *op, const char *reason, em_site s
   c->stats.breaks++;
   fe_log(FE_LOG_GRAPH_BREAKS, "graph break in %s at %s:%d in %s: %s %s", c->name, site.file, site.line,
          site.func ? site.func : "?", op, reason);
-  if (!run_graph_so_far(rs, tr, site)) return false;
+  if (!run_graph_so_far(rs, tr, site, NULL)) return false;
   return rt_trace_reset(tr, c->name) || (rt_error(site, "em_compile", "out of memory"), false);
 }
 
@@ -429,19 +492,34 @@ static bool add_source(entry *e, const rt_trace *tr, em_tensor *t, em_tensor *co
   return true;
 }
 
-/* A new entry for a run without breaks: its sources, output map and guards. */
-static entry *make_entry(em_compiled *c, const rt_trace *tr, const fe_graph *cg, void *ctx, em_tensor *const *in,
-                         int n_in, const em_outputs *o, const int *graph_out, bool has_breaks) {
+static int source_of(entry *e, const rt_trace *tr, em_tensor *t, em_tensor *const *in, int n_in) {
+  for (int k = 0; k < n_in; k++)
+    if (in[k] == t)
+      for (int j = 0; j < e->n_src; j++)
+        if (e->src[j].kind == SRC_ARG && e->src[j].arg == k) return j;
+  int s = find_source(e, t);
+  if (s >= 0) return s;
+  return add_source(e, tr, t, in, n_in) ? e->n_src - 1 : -1;
+}
+
+/* A new entry. Without breaks it replays: its sources, output map, epilogue and guards. fo_val
+ * are the graph values of fn's outputs (-1 for real tensors), gval those of the grad leaves'
+ * .grad (-1 none, -2 a real tensor left as it was). */
+static entry *make_entry(em_compiled *c, const rt_trace *tr, const final_info *fi, void *ctx, em_tensor *const *in,
+                         int n_in, const em_outputs *o, const int *fo_val, const int *gval, bool has_breaks) {
   entry *e = calloc(1, sizeof *e);
   if (!e) return NULL;
   e->ctx = ctx;
   e->grad_mode = rt_grad_enabled();
+  e->host_epoch = rt_host_epoch();
   e->n_in = n_in;
   e->has_breaks = has_breaks;
   e->in = malloc(sizeof(tguard) * (size_t)(n_in ? n_in : 1));
   e->alias = malloc(sizeof(int) * (size_t)(n_in ? n_in : 1));
-  e->src = malloc(sizeof(source) * (size_t)(tr->n_lifted + o->n + 1));
-  if (!e->in || !e->alias || !e->src) goto oom;
+  e->src = malloc(sizeof(source) * (size_t)(tr->n_lifted + o->n + tr->n_grad_leaves + 1));
+  e->wb = malloc(sizeof *e->wb * (size_t)(fi->n_wb + 1));
+  e->gb = malloc(sizeof *e->gb * (size_t)(tr->n_grad_leaves + 1));
+  if (!e->in || !e->alias || !e->src || !e->wb || !e->gb) goto oom;
   for (int k = 0; k < n_in; k++) {
     e->in[k] = guard_of(in[k]);
     int j = 0;
@@ -449,28 +527,32 @@ static entry *make_entry(em_compiled *c, const rt_trace *tr, const fe_graph *cg,
     e->alias[k] = j;
   }
   if (has_breaks) return e;
-  e->graph = cg;
+  e->graph = fi->cg;
   for (int i = 0; i < tr->n_lifted; i++)
     if (!add_source(e, tr, tr->lifted[i], in, n_in)) goto oom;
+  const ir_graph *g = tr->g;
   e->n_out = o->n;
   for (int i = 0; i < o->n; i++) {
-    if (graph_out[i] >= 0) {
-      e->out[i] = (outmap){true, graph_out[i]};
-      continue;
+    int k = -1;
+    for (int j = 0; fo_val[i] >= 0 && j < g->n_outputs && k < 0; j++)
+      if (g->outputs[j] == fo_val[i]) k = j;
+    if (k >= 0) {
+      e->out[i] = (outmap){true, k};
+    } else {
+      int s = source_of(e, tr, o->t[i], in, n_in);
+      if (s < 0) goto oom;
+      e->out[i] = (outmap){false, s};
     }
-    int s = find_source(e, o->t[i]);
-    if (s < 0) {
-      for (int k = 0; k < n_in && s < 0; k++)
-        if (in[k] == o->t[i]) {
-          for (int j = 0; j < e->n_src && s < 0; j++)
-            if (e->src[j].kind == SRC_ARG && e->src[j].arg == k) s = j;
-        }
-    }
-    if (s < 0) {
-      if (!add_source(e, tr, o->t[i], in, n_in)) goto oom;
-      s = e->n_src - 1;
-    }
-    e->out[i] = (outmap){false, s};
+  }
+  for (int j = 0; j < fi->n_wb; j++) e->wb[e->n_wb][0] = fi->wb_lifted[j], e->wb[e->n_wb++][1] = fi->wb_out[j];
+  for (int j = 0; j < tr->n_grad_leaves; j++) {
+    if (gval[j] == -2) continue; /* a real .grad left in place (written back if it was updated) */
+    int k = -1;
+    for (int m = 0; gval[j] >= 0 && m < g->n_outputs && k < 0; m++)
+      if (g->outputs[m] == gval[j]) k = m;
+    int s = source_of(e, tr, tr->grad_leaves[j], in, n_in);
+    if (s < 0) goto oom;
+    e->gb[e->n_gb][0] = s, e->gb[e->n_gb++][1] = k;
   }
   return e;
 oom:
@@ -483,9 +565,9 @@ static em_outputs failed_outputs(int n) {
   return r;
 }
 
-/* Runs fn under a new trace. With want_entry, a run without breaks also yields a new entry
- * (*made); an existing entry with breaks passes want_entry false. Results are caller-owned
- * references in res (not yet in any scope). */
+/* Runs fn under a new trace. With want_entry, a run also yields a new entry (*made) unless it
+ * is unstable (it left new tensors in state outside fn: retraced next call); an existing entry
+ * with breaks passes want_entry false. Results are caller-owned references in res. */
 static bool run_traced(em_compiled *c, void *ctx, em_tensor *const *in, int n_in, run_state *rs, bool want_entry,
                        entry **made, em_outputs *res, em_site site) {
   double t0 = now_ms();
@@ -499,54 +581,61 @@ static bool run_traced(em_compiled *c, void *ctx, em_tensor *const *in, int n_in
   }
   c->stats.traces++;
   em_outputs o = c->fn(ctx, in, n_in);
-  bool ok = true;
+  bool ok = !rs->refused;
   if (o.n < 0 || o.n > EM_MAX_OUTPUTS) {
     rt_error(site, "em_call", "%s returned %d outputs (0 to %d allowed)", c->name, o.n, EM_MAX_OUTPUTS);
+    o.n = 0;
     ok = false;
   }
-  if (rs->refused) ok = false;
   for (int i = 0; ok && i < o.n; i++)
     if (!o.t[i]) {
       if (!rt_has_error()) rt_error(site, "em_call", "%s returned NULL as output %d", c->name, i);
       ok = false;
     }
-  /* The last graph: its outputs are fn's proxy outputs. */
-  int graph_out[EM_MAX_OUTPUTS];
-  const fe_graph *cg = NULL;
-  em_tensor **outs = NULL;
-  for (int i = 0; ok && i < o.n; i++) {
-    int v = rt_trace_value_of(&tr, o.t[i]);
-    graph_out[i] = -1;
-    if (v < 0) continue;
-    for (int k = 0; k < tr.g->n_outputs && graph_out[i] < 0; k++)
-      if (tr.g->outputs[k] == v) graph_out[i] = k;
-    if (graph_out[i] < 0) {
-      graph_out[i] = tr.g->n_outputs;
-      if (!ir_add_output(tr.g, v)) ok = (rt_error(site, "em_call", "out of memory"), false);
-    }
+  int fo_val[EM_MAX_OUTPUTS];
+  bool retained = ok; /* then we hold a reference to each output */
+  for (int i = 0; retained && i < o.n; i++) fo_val[i] = rt_trace_value_of(&tr, em_retain(o.t[i]));
+  int *gval = malloc(sizeof(int) * (size_t)(tr.n_grad_leaves + 1));
+  if (!gval) ok = (rt_error(site, "em_call", "out of memory"), false);
+  for (int j = 0; ok && j < tr.n_grad_leaves; j++) {
+    em_tensor *gr = tr.grad_leaves[j]->grad;
+    gval[j] = !gr ? -1 : rt_trace_value_of(&tr, gr) >= 0 ? rt_trace_value_of(&tr, gr) : -2;
   }
-  if (ok && tr.g->n_nodes > 0) {
-    ok = (cg = lookup_or_compile(c, tr.g, tr.lifted, site)) != NULL;
-    if (ok) note_graph(rs, cg->g);
-    outs = ok ? calloc((size_t)(cg->g->n_outputs ? cg->g->n_outputs : 1), sizeof(em_tensor *)) : NULL;
-    if (ok && !outs) ok = (rt_error(site, "em_call", "out of memory"), false);
-    ok = ok && fe_run(cg, tr.lifted, tr.n_lifted, outs, site);
+  em_scope_end_at(site); /* what only fn held dies here, while the trace still knows its proxies */
+  /* The last graph, run like the graph before a break: everything alive becomes real. */
+  final_info fi = {0};
+  if (ok) ok = run_graph_so_far(rs, &tr, site, &fi);
+  bool stable = true;
+  for (int m = 0; ok && m < fi.n_mat; m++) {
+    em_tensor *t = fi.materialized[m];
+    bool expected = t->refcount == 1; /* only our reference: it would have died */
+    for (int i = 0; !expected && i < o.n; i++) expected = t == o.t[i];
+    for (int j = 0; !expected && j < tr.n_grad_leaves; j++) expected = t == tr.grad_leaves[j]->grad;
+    if (!expected) {
+      stable = false;
+      if (fe_log_on(FE_LOG_RECOMPILES)) {
+        char b[128];
+        fe_log(FE_LOG_RECOMPILES, "%s: %s made while tracing is still referenced outside the function", c->name,
+               rt_fmt(b, sizeof b, t));
+      }
+    }
   }
   if (ok) {
     res->n = o.n;
-    for (int i = 0; i < o.n; i++) res->t[i] = em_retain(graph_out[i] >= 0 ? outs[graph_out[i]] : o.t[i]);
-    if (want_entry) {
-      *made = make_entry(c, &tr, cg, ctx, in, n_in, &o, graph_out, rs->n_breaks > 0);
+    for (int i = 0; i < o.n; i++) res->t[i] = o.t[i]; /* our references; real now */
+    if (want_entry && (stable || rs->n_breaks > 0)) {
+      *made = make_entry(c, &tr, &fi, ctx, in, n_in, &o, fo_val, gval, rs->n_breaks > 0);
       if (!*made) ok = (rt_error(site, "em_call", "out of memory recording a cache entry"), false);
+    } else if (want_entry) {
+      fe_log(FE_LOG_RECOMPILES, "%s: not caching this trace: it left new tensors in state outside the function "
+             "(optimizer state made on a first step?); the next call traces again", c->name);
     }
   }
-  if (outs)
-    for (int i = 0; i < cg->g->n_outputs; i++) em_release(outs[i]);
-  free(outs);
-  em_scope_end_at(site); /* the proxies die here, while the trace still knows them */
+  final_info_free(&fi);
+  free(gval);
   rt_trace_end(&tr);
   if (!ok) {
-    for (int i = 0; i < res->n; i++) em_release(res->t[i]), res->t[i] = NULL;
+    for (int i = 0; retained && i < o.n; i++) em_release(o.t[i]);
     *res = failed_outputs(o.n);
   }
   fe_log(FE_LOG_PERF, "%s: traced %d ops into %d graph(s) with %d break(s) in %.3f ms", c->name, tr.n_ops, rs->n_graphs,
@@ -562,9 +651,26 @@ static bool replay(em_compiled *c, entry *e, em_tensor *const *in, em_outputs *r
   em_tensor **gin = g->n_inputs <= 16 ? small_in : malloc(sizeof(em_tensor *) * (size_t)g->n_inputs);
   em_tensor **gout = g->n_outputs <= 16 ? small_out : malloc(sizeof(em_tensor *) * (size_t)g->n_outputs);
   bool ok = gin && gout;
+  if (gout) memset(gout, 0, sizeof(em_tensor *) * (size_t)g->n_outputs);
   if (!ok) rt_error(site, "em_call", "out of memory");
   for (int i = 0; ok && i < g->n_inputs; i++) gin[i] = e->src[i].kind == SRC_ARG ? in[e->src[i].arg] : e->src[i].t;
   ok = ok && fe_run(e->graph, gin, g->n_inputs, gout, site);
+  if (ok && (e->n_wb || e->n_gb)) { /* the epilogue: write-backs and .grad bindings */
+    bool prev = em_set_grad_enabled(false);
+    for (int i = 0; ok && i < e->n_wb; i++) {
+      const source *s = &e->src[e->wb[i][0]];
+      ok = em_copy__at(s->kind == SRC_ARG ? in[s->arg] : s->t, gout[e->wb[i][1]], site) != NULL;
+    }
+    em_set_grad_enabled(prev);
+    for (int i = 0; ok && i < e->n_gb; i++) {
+      const source *s = &e->src[e->gb[i][0]];
+      em_tensor *leaf = s->kind == SRC_ARG ? in[s->arg] : s->t;
+      em_release(leaf->grad);
+      leaf->grad = e->gb[i][1] >= 0 ? em_retain(gout[e->gb[i][1]]) : NULL;
+    }
+  }
+  if (!ok && gout)
+    for (int i = 0; i < g->n_outputs; i++) em_release(gout[i]), gout[i] = NULL;
   if (ok) {
     res->n = e->n_out;
     for (int i = 0; i < e->n_out; i++) {
@@ -691,6 +797,7 @@ em_outputs em_call_at(em_compiled *c, void *ctx, em_tensor *const *in, int n_in,
   entry *e = NULL;
   em_outputs r;
   if (!run_traced(c, ctx, in, n_in, &rs, true, &e, &r, site)) return r;
+  if (!e) return to_scope(r, site); /* an unstable trace: not cached */
   if (c->n_entries == c->cap_entries) {
     int cap = c->cap_entries ? 2 * c->cap_entries : 4;
     entry **p = realloc(c->entries, sizeof(entry *) * (size_t)cap);

@@ -212,6 +212,7 @@ const char *em_grad_fn_name(const em_tensor *x) { return x && x->grad_fn ? x->gr
 
 void em_zero_grad(em_tensor *x) {
   if (!x) return;
+  if (x->grad) rt_trace_note_grad(x);
   em_release(x->grad);
   x->grad = NULL;
 }
@@ -280,6 +281,7 @@ static bool accumulate_leaf(em_tensor *leaf, em_tensor *g, bool create_graph, em
     em_set_grad_enabled(prev);
   }
   if (!ng) return false;
+  rt_trace_note_grad(leaf);
   em_release(leaf->grad);
   leaf->grad = ng;
   return true;
@@ -320,6 +322,8 @@ static bool run_backward(const char *name, int n_roots, em_tensor *const *roots,
                       rt_fmt(b1, sizeof b1, roots[i])), false;
   }
   bool ok = false;
+  rt_trace *tr = rt_tracing();
+  if (tr) tr->has_backward = true;
   bool prev_mode = em_set_grad_enabled(create);
   if (!em_scope_begin_at(site)) {
     em_set_grad_enabled(prev_mode);
@@ -433,15 +437,11 @@ out:
   return ok;
 }
 
-/* Under em_compile, em_backward is a graph break: it accumulates into the .grad of leaves, a
- * mutation that AOT autograd will capture; em_grad, which returns its gradients, is traced. */
+/* Under em_compile the backward is traced like any other ops; the accumulation into .grad is
+ * a functionalized in-place add or a new binding of .grad, which the compiled entry replays. */
 bool em_backward_at(em_tensor *out, em_tensor *grad, bool retain_graph, bool create_graph, em_site site) {
   if (!out) return false;
-  int tok = rt_break_begin("em_backward", "accumulates gradients into .grad (AOT autograd will capture it)", site);
-  if (tok < 0) return false;
-  bool ok = run_backward("em_backward", 1, &out, grad ? &grad : NULL, retain_graph, create_graph, NULL, site);
-  rt_break_end(tok);
-  return ok;
+  return run_backward("em_backward", 1, &out, grad ? &grad : NULL, retain_graph, create_graph, NULL, site);
 }
 
 bool rt_grad(int n_outputs, em_tensor *const *outputs, em_tensor *const *grad_outputs, int n_inputs,

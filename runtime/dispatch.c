@@ -102,11 +102,42 @@ bool rt_dispatch_out(const char *name, em_prim op, em_tensor *const *in, int n_i
   if (!out) return false;
   for (int i = 0; i < n_in; i++)
     if (!in[i]) return false;
-  int tok = rt_break_begin(name, "writes into a tensor in place", site);
+  rt_trace *tr = rt_tracing();
+  if (tr) {
+    int r = rt_trace_inplace(tr, name, op, in, n_in, at, out, site);
+    if (r != 0) return r > 0;
+  }
+  int tok = rt_break_begin(name, "writes in place into a tensor whose aliases the graph cannot follow", site);
   if (tok < 0) return false;
   bool ok = dispatch_out(name, op, in, n_in, at, out, site);
   rt_break_end(tok);
   return ok;
+}
+
+int rt_trace_inplace(rt_trace *tr, const char *name, em_prim op, em_tensor *const *in, int n_in, const prim_attrs *at,
+                     em_tensor *out, em_site site) {
+  prim_meta metas[4], m;
+  int ids[4];
+  char err[512], b0[128], b1[128];
+  if (!check_operands(name, op, in, n_in, metas, site)) return -1;
+  if (!rt_autograd_check_inplace(name, out, in, n_in, site)) return -1;
+  if (!prim_meta_fn(op, at, metas, n_in, &m, err, sizeof err)) return rt_error(site, name, "%s", err), -1;
+  if (m.dtype != out->dtype || m.ndim != out->ndim || memcmp(m.sizes, out->sizes, sizeof(int64_t) * (size_t)m.ndim))
+    return rt_error(site, name, "result %s does not fit the destination %s",
+                    ir_fmt_type(b0, sizeof b0, m.dtype, m.ndim, m.sizes), rt_fmt(b1, sizeof b1, out)), -1;
+  for (int i = 0; i < n_in; i++) {
+    ids[i] = rt_trace_operand(tr, in[i], name, site);
+    if (ids[i] == -2) return 0;
+    if (ids[i] < 0) return -1;
+  }
+  ir_type ty = ir_type_of_meta(&m, out->storage->device);
+  int v = ir_add_node(tr->g, op, ids, n_in, at, &ty, site, name);
+  if (v < 0) return rt_error(site, name, "out of memory recording a graph node"), -1;
+  int w = rt_trace_write(tr, out, v, site);
+  if (w <= 0) return w; /* 0: not expressible; the node stays unused (DCE drops it) and we break */
+  tr->n_ops++;
+  rt_bump_version(out, name, site);
+  return 1;
 }
 
 static bool dispatch_out(const char *name, em_prim op, em_tensor *const *in, int n_in,
@@ -136,15 +167,30 @@ em_tensor *rt_trace_dispatch(rt_trace *tr, const char *name, em_prim op, em_tens
   int ids[MAX_IN];
   char err[512];
   if (!check_operands(name, op, in, n_in, metas, site)) return NULL;
-  for (int i = 0; i < n_in; i++)
-    if ((ids[i] = rt_trace_operand(tr, in[i], name, site)) < 0) return NULL;
+  for (int i = 0; i < n_in; i++) {
+    ids[i] = rt_trace_operand(tr, in[i], name, site);
+    if (ids[i] == -2) { /* in[i] aliases a tensor the graph wrote: break, then run eagerly */
+      int tok = rt_break_begin(name, "reads a tensor that aliases one written in place earlier in the graph", site);
+      if (tok < 0) return NULL;
+      em_tensor *r = rt_dispatch(name, op, in, n_in, at, site);
+      rt_break_end(tok);
+      return r;
+    }
+    if (ids[i] < 0) return NULL;
+  }
   if (!prim_meta_fn(op, at, metas, n_in, &out_meta, err, sizeof err)) return rt_error(site, name, "%s", err);
   em_device dev = n_in ? in[0]->storage->device : EM_CPU;
   ir_type ty = ir_type_of_meta(&out_meta, dev);
   int v = ir_add_node(tr->g, op, ids, n_in, at, &ty, site, name);
   if (v < 0) return rt_error(site, name, "out of memory recording a graph node");
   tr->n_ops++;
-  em_tensor *out = rt_new_proxy((prim_get(op)->flags & P_VIEW) ? in[0] : NULL, &out_meta, v, tr, name, site);
+  bool view = prim_get(op)->flags & P_VIEW;
+  em_tensor *out = rt_new_proxy(view ? in[0] : NULL, &out_meta, v, tr, name, site);
+  if (out && view) { /* provenance, for writes into the view (functionalization) */
+    out->view_base = em_retain(in[0]);
+    out->view_node = tr->g->n_nodes - 1;
+    out->view_graph = tr->graph_serial;
+  }
   if (out && !rt_autograd_record(name, op, in, n_in, at, out, site)) {
     em_release(out);
     out = NULL;

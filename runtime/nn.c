@@ -201,6 +201,7 @@ void em_optimizer_zero_grad(em_optimizer *o) {
 
 void em_optimizer_set_lr(em_optimizer *o, double lr) {
   if (!o) return;
+  rt_host_epoch_bump(); /* compiled entries that baked the old lr in recompile */
   if (o->kind == SGD) o->sgd.lr = lr;
   else o->adamw.lr = lr;
 }
@@ -253,8 +254,10 @@ static bool adamw_step(em_optimizer *o, int i, em_tensor *p, em_tensor *g, em_si
 
 bool em_optimizer_step_at(em_optimizer *o, em_site site) {
   if (!o) return rt_error(site, "em_optimizer_step", "optimizer is NULL"), false;
-  /* one graph break for the whole step (it updates in place) rather than one per update */
-  int tok = rt_break_begin("em_optimizer_step", "updates parameters in place", site);
+  /* Under em_compile the updates are functionalized (see trace.c). AdamW's step count is host
+   * state that its bias corrections bake into the graph as constants, so its step is a graph
+   * break (torch keeps that count in a tensor for the same reason). */
+  int tok = o->kind == SGD ? 0 : rt_break_begin("em_optimizer_step", "AdamW's step count is host state", site);
   if (tok < 0) return false;
   em_no_grad_begin();
   bool ok = true;

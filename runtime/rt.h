@@ -75,6 +75,12 @@ struct em_tensor {
   int proxy_slot;
   uint32_t proxy_trace;
   bool watched;                 /* some compiled entry holds a weak reference (trace.c) */
+  /* functionalization (trace.c): a proxy made by a view prim remembers its base (owned ref) and
+   * the node that made it, in graph view_graph of its trace, so a write into it can be written
+   * back into the base */
+  em_tensor *view_base;
+  int view_node;
+  uint32_t view_graph;
 };
 
 /* A new contiguous tensor with uninitialised data, owned by the caller (refcount 1, in no
@@ -211,6 +217,15 @@ struct rt_trace {
   void *break_ctx;
   int n_ops;                /* prim applications recorded, all graphs */
   rt_trace *prev;           /* the trace this one interrupted (AOT traces inside a compile) */
+  /* functionalization: the current value of each lifted tensor (in-place writes rebind it;
+   * the graph's epilogue writes mutated ones back), and the real leaves whose .grad the trace
+   * changed (owned refs) */
+  int *lifted_value;
+  bool *lifted_mutated;
+  em_tensor **grad_leaves;
+  int n_grad_leaves, cap_grad_leaves;
+  bool has_backward;        /* the autograd engine ran under this trace (em_backward, em_grad) */
+  uint32_t graph_serial;    /* bumped by rt_trace_reset: views recorded before are stale */
 };
 
 /* The active trace of this thread (NULL when none or suspended). */
@@ -244,9 +259,25 @@ void rt_trace_resume(void);
 /* dispatch.c: records one prim application into the active trace and returns its proxy. */
 em_tensor *rt_trace_dispatch(rt_trace *tr, const char *name, em_prim op, em_tensor *const *in, int n_in,
                              const prim_attrs *at, em_site site);
-/* Lifts a tensor into the trace: its value id (a proxy's own, or a new graph input for a real
- * tensor), or -1 with an error for a proxy of another trace. */
+/* Lifts a tensor into the trace: its value id (a proxy's own, or for a real tensor its graph
+ * input, or the value an in-place write left in it), -1 with an error for a proxy of another
+ * trace, or -2 when t aliases the storage of a lifted tensor the trace has written to (the
+ * caller breaks the graph, since t's data is not what the graph holds). */
 int rt_trace_operand(rt_trace *tr, em_tensor *t, const char *name, em_site site);
+/* dispatch.c: functionalization of an in-place write under a trace (see trace.c). Returns 1
+ * when recorded, 0 when the write cannot be made functional here (the caller breaks the graph
+ * and writes eagerly), -1 on error. */
+int rt_trace_inplace(rt_trace *tr, const char *name, em_prim op, em_tensor *const *in, int n_in, const prim_attrs *at,
+                     em_tensor *out, em_site site);
+/* trace.c: records that in-place result value v now lives in out (and in the bases it views).
+ * Returns 1, 0 when that cannot be expressed (the caller breaks), -1 on error. */
+int rt_trace_write(rt_trace *tr, em_tensor *out, int v, em_site site);
+/* trace.c: a real leaf's .grad is about to change under the trace (engine, zero_grad). */
+void rt_trace_note_grad(em_tensor *leaf);
+/* Increments when a library-managed hyperparameter changes (em_optimizer_set_lr): compiled
+ * entries guard on it, since such values are constants of a trace. */
+uint64_t rt_host_epoch(void);
+void rt_host_epoch_bump(void);
 /* tensor.c: a proxy header (caller-owned) with metadata m, viewing base's storage when base is
  * not NULL (view prims), else over a storage without data; registered with tr. */
 em_tensor *rt_new_proxy(em_tensor *base, const prim_meta *m, int value, rt_trace *tr, const char *op, em_site site);

@@ -41,6 +41,7 @@ void em_release(em_tensor *t) {
   if (__atomic_sub_fetch(&t->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
     if (t->proxy) rt_trace_forget(t);
     if (t->watched) rt_watch_notify(t);
+    em_release(t->view_base);
     em_release(t->grad);
     rt_node_release(t->grad_fn);
     storage_release(t->storage);
@@ -156,7 +157,10 @@ void rt_tensor_become(em_tensor *p, em_tensor *real) {
   p->grad_fn = real->grad_fn;
   if (p->grad_fn) __atomic_add_fetch(&p->grad_fn->refcount, 1, __ATOMIC_RELAXED);
   p->requires_grad = real->requires_grad;
+  em_tensor *old_base = p->view_base; /* a real tensor needs no provenance */
+  p->view_base = NULL;
   rt_node_release(old_fn); /* may free other proxies; p itself is still owned */
+  em_release(old_base);
   storage_release(old);
 }
 

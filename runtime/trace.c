@@ -44,13 +44,20 @@ static void drop_lifted(rt_trace *tr) {
   tr->n_lifted = 0;
 }
 
+static void drop_grad_leaves(rt_trace *tr) {
+  for (int i = 0; i < tr->n_grad_leaves; i++) em_release(tr->grad_leaves[i]);
+  tr->n_grad_leaves = 0;
+}
+
 void rt_trace_end(rt_trace *tr) {
   if (active == tr) active = tr->prev;
   for (int i = 0; i < tr->n_proxies; i++)
     if (tr->proxies[i]) tr->proxies[i]->proxy_slot = -1;
   rt_free(tr->proxies);
   drop_lifted(tr);
-  rt_free(tr->lifted);
+  drop_grad_leaves(tr);
+  rt_free(tr->lifted), rt_free(tr->lifted_value), rt_free(tr->lifted_mutated), rt_free(tr->grad_leaves);
+  tr->lifted_value = NULL, tr->lifted_mutated = NULL, tr->grad_leaves = NULL, tr->cap_grad_leaves = 0;
   ir_graph_free(tr->g);
   tr->g = NULL;
   tr->proxies = NULL, tr->lifted = NULL;
@@ -62,6 +69,7 @@ bool rt_trace_reset(rt_trace *tr, const char *name) {
   if (!g) return false;
   ir_graph_free(tr->g);
   tr->g = g;
+  tr->graph_serial++;
   drop_lifted(tr);
   /* compact the proxy list: every survivor was materialized, so nothing is live */
   int k = 0;
@@ -115,6 +123,39 @@ int rt_trace_value_of(const rt_trace *tr, const em_tensor *t) {
   return t->proxy && t->proxy_trace == tr->id ? t->proxy - 1 : -1;
 }
 
+/* Lifts real tensor t as a new graph input (three parallel arrays grow together). */
+static int lift(rt_trace *tr, em_tensor *t, const char *name, em_site site) {
+  if (tr->n_lifted == tr->cap_lifted) {
+    int c = tr->cap_lifted ? 2 * tr->cap_lifted : 64;
+    em_tensor **l = rt_alloc(sizeof(em_tensor *) * (size_t)c, 16);
+    int *v = rt_alloc(sizeof(int) * (size_t)c, 16);
+    bool *m = rt_alloc(sizeof(bool) * (size_t)c, 16);
+    if (!l || !v || !m) {
+      rt_free(l), rt_free(v), rt_free(m);
+      rt_error(site, name, "out of memory lifting a tensor into the graph");
+      return -1;
+    }
+    if (tr->n_lifted) {
+      memcpy(l, tr->lifted, sizeof(em_tensor *) * (size_t)tr->n_lifted);
+      memcpy(v, tr->lifted_value, sizeof(int) * (size_t)tr->n_lifted);
+      memcpy(m, tr->lifted_mutated, sizeof(bool) * (size_t)tr->n_lifted);
+    }
+    rt_free(tr->lifted), rt_free(tr->lifted_value), rt_free(tr->lifted_mutated);
+    tr->lifted = l, tr->lifted_value = v, tr->lifted_mutated = m, tr->cap_lifted = c;
+  }
+  ir_type ty = {.dtype = t->dtype, .device = t->storage->device, .ndim = t->ndim};
+  for (int i = 0; i < t->ndim; i++) ty.sizes[i] = t->sizes[i];
+  int v = ir_add_input(tr->g, &ty);
+  if (v < 0) {
+    rt_error(site, name, "out of memory lifting a tensor into the graph");
+    return -1;
+  }
+  tr->lifted[tr->n_lifted] = em_retain(t);
+  tr->lifted_value[tr->n_lifted] = v;
+  tr->lifted_mutated[tr->n_lifted++] = false;
+  return v;
+}
+
 int rt_trace_operand(rt_trace *tr, em_tensor *t, const char *name, em_site site) {
   if (t->proxy) {
     if (t->proxy_trace == tr->id) return t->proxy - 1;
@@ -123,18 +164,126 @@ int rt_trace_operand(rt_trace *tr, em_tensor *t, const char *name, em_site site)
              "ctx or a static?); return it from the function instead", rt_fmt(b, sizeof b, t));
     return -1;
   }
-  for (int i = 0; i < tr->n_lifted; i++)
-    if (tr->lifted[i] == t) return tr->g->inputs[i];
-  ir_type ty = {.dtype = t->dtype, .device = t->storage->device, .ndim = t->ndim};
-  for (int i = 0; i < t->ndim; i++) ty.sizes[i] = t->sizes[i];
-  int v = ir_add_input(tr->g, &ty);
-  if (v < 0 || !push((void ***)&tr->lifted, &tr->n_lifted, &tr->cap_lifted, t)) {
-    rt_error(site, name, "out of memory lifting a tensor into the graph");
-    return -1;
+  int found = -1;
+  bool hazard = false;
+  for (int i = 0; i < tr->n_lifted; i++) {
+    if (tr->lifted[i] == t) found = i;
+    else if (tr->lifted_mutated[i] && tr->lifted[i]->storage == t->storage) hazard = true;
   }
-  em_retain(t);
-  return v;
+  if (hazard && !(found >= 0 && tr->lifted_mutated[found])) return -2;
+  if (found >= 0) return tr->lifted_value[found];
+  return lift(tr, t, name, site);
 }
+
+/* ---- functionalization ----
+ *
+ * An in-place write under a trace becomes an out-of-place node whose value the written tensor
+ * (and, through its view chain, its base) stands for from then on: a proxy is rebound to the new
+ * value; a real tensor the graph lifted gets a new current value and is written back by the
+ * graph's epilogue (frontend). A write into a view becomes a scatter of the new values into the
+ * base (SLICE -> slice_scatter; reshape, squeeze, unsqueeze and permute invert exactly;
+ * detach is the identity). What this cannot express (an expanded view; a storage that other
+ * live tensors alias, which would go stale; a real tensor that is only part of its storage) is
+ * left to a graph break, so results stay eager's. */
+
+static bool chain_member(em_tensor *const *chain, int n, const em_tensor *t) {
+  for (int i = 0; i < n; i++)
+    if (chain[i] == t) return true;
+  return false;
+}
+
+static bool invertible(em_prim op) {
+  return op == EM_PRIM_SLICE || op == EM_PRIM_RESHAPE || op == EM_PRIM_SQUEEZE || op == EM_PRIM_UNSQUEEZE ||
+         op == EM_PRIM_PERMUTE || op == EM_PRIM_DETACH;
+}
+
+/* base's new value after view node vn's result took value nv. */
+static int inverse_view(rt_trace *tr, ir_node vn, int base_val, int nv, em_site site) {
+  ir_type bt = tr->g->values[base_val].type;
+  prim_attrs at = vn.attrs;
+  switch (vn.op) {
+  case EM_PRIM_DETACH:
+    return nv;
+  case EM_PRIM_SLICE:
+    return ir_add_node(tr->g, EM_PRIM_SLICE_SCATTER, (int[]){base_val, nv}, 2, &at, &bt, site, "functionalize");
+  case EM_PRIM_PERMUTE: {
+    prim_attrs inv = {.n_axes = at.n_axes};
+    for (int i = 0; i < at.n_axes; i++) inv.axes[at.axes[i] < 0 ? at.axes[i] + at.n_axes : at.axes[i]] = i;
+    return ir_add_node(tr->g, EM_PRIM_PERMUTE, &nv, 1, &inv, &bt, site, "functionalize");
+  }
+  default: { /* reshape, squeeze, unsqueeze: the same elements in row-major order */
+    prim_attrs r = {.shape = {.ndim = bt.ndim}};
+    for (int i = 0; i < bt.ndim; i++) r.shape.sizes[i] = bt.sizes[i];
+    return ir_add_node(tr->g, EM_PRIM_RESHAPE, &nv, 1, &r, &bt, site, "functionalize");
+  }
+  }
+}
+
+int rt_trace_write(rt_trace *tr, em_tensor *out, int v, em_site site) {
+  /* dry run: the chain to the root, and whether it can be written functionally */
+  em_tensor *chain[32];
+  int n = 0;
+  em_tensor *t = out;
+  for (;;) {
+    if (n == 32) return 0;
+    chain[n++] = t;
+    if (!t->proxy) break; /* a real root */
+    if (t->proxy_trace != tr->id) return 0;
+    if (!t->view_base || t->view_graph != tr->graph_serial) break; /* a proxy root */
+    if (!invertible(tr->g->nodes[t->view_node].op)) return 0;
+    t = t->view_base;
+  }
+  em_tensor *root = chain[n - 1];
+  int li = -1;
+  if (!root->proxy) {
+    size_t es = ir_dtype(root->dtype)->size;
+    if (root->offset != 0 || !ir_is_contiguous(root->ndim, root->sizes, root->strides) ||
+        (size_t)root->numel * es != root->storage->bytes)
+      return 0; /* part of a storage: other parts could be viewed elsewhere */
+    for (int i = 0; i < tr->n_lifted; i++) {
+      if (tr->lifted[i] == root) li = i;
+      else if (tr->lifted[i]->storage == root->storage) return 0;
+    }
+  }
+  for (int i = 0; i < tr->n_proxies; i++) { /* live aliases outside the chain would go stale */
+    em_tensor *p = tr->proxies[i];
+    if (p && p->storage == root->storage && !chain_member(chain, n, p)) return 0;
+  }
+  if (!root->proxy && li < 0 && lift(tr, root, "functionalize", site) < 0) return -1;
+  /* apply: rebind each view, scattering into its base */
+  int val = v;
+  for (int k = 0; k < n - 1; k++) {
+    em_tensor *view = chain[k], *base = chain[k + 1];
+    int bv = base->proxy ? base->proxy - 1 : -1;
+    if (!base->proxy)
+      for (int i = 0; i < tr->n_lifted; i++)
+        if (tr->lifted[i] == base) bv = tr->lifted_value[i];
+    if (bv < 0) return 0; /* cannot happen after the dry run */
+    int nb = inverse_view(tr, tr->g->nodes[view->view_node], bv, val, site);
+    if (nb < 0) return rt_error(site, "functionalize", "out of memory"), -1;
+    view->proxy = val + 1;
+    val = nb;
+  }
+  if (root->proxy) {
+    root->proxy = val + 1;
+  } else {
+    for (int i = 0; i < tr->n_lifted; i++)
+      if (tr->lifted[i] == root) tr->lifted_value[i] = val, tr->lifted_mutated[i] = true;
+  }
+  return 1;
+}
+
+void rt_trace_note_grad(em_tensor *leaf) {
+  rt_trace *tr = active;
+  if (!tr || leaf->proxy) return;
+  for (int i = 0; i < tr->n_grad_leaves; i++)
+    if (tr->grad_leaves[i] == leaf) return;
+  if (push((void ***)&tr->grad_leaves, &tr->n_grad_leaves, &tr->cap_grad_leaves, leaf)) em_retain(leaf);
+}
+
+static uint64_t host_epoch;
+uint64_t rt_host_epoch(void) { return __atomic_load_n(&host_epoch, __ATOMIC_RELAXED); }
+void rt_host_epoch_bump(void) { __atomic_add_fetch(&host_epoch, 1, __ATOMIC_RELAXED); }
 
 em_tensor *rt_trace_new_input(rt_trace *tr, const ir_type *t, em_site site) {
   int v = ir_add_input(tr->g, t);
