@@ -36,9 +36,17 @@ typedef struct source { /* where a graph input (or a passed-through output) come
   tguard guard;
 } source;
 
+/* One view prim of a chain that rebuilds an output as a view of a tensor the graph wrote. */
+typedef struct view_link {
+  em_prim op;
+  prim_attrs attrs;
+} view_link;
+
 typedef struct outmap {
   bool from_graph; /* graph output index, or a source index */
   int index;
+  int n_links;     /* > 0: the source viewed through links[n_links - 1], ..., links[0] (an output */
+  view_link *links; /*   aliasing an input the graph wrote: a view of it, as in eager) */
 } outmap;
 
 /* What a backend made of a graph: the graph to interpret, and with "aot_eager" (when some input
@@ -160,8 +168,22 @@ static void entry_free(entry *e) {
   rt_unwatch_all(e);
   for (int i = 0; i < e->n_src; i++)
     if (e->src[i].kind == SRC_CONST) em_release(e->src[i].t);
+  for (int i = 0; i < e->n_out; i++) free(e->out[i].links);
   free(e->src), free(e->in), free(e->alias), free(e->wb), free(e->gb);
   free(e);
+}
+
+/* Applies links (innermost last) to base eagerly: a view of base. Caller-owned, or NULL. */
+static em_tensor *apply_links(em_tensor *base, const view_link *links, int n, em_site site) {
+  em_tensor *r = em_retain(base);
+  for (int k = n - 1; k >= 0 && r; k--) {
+    const view_link *l = &links[k];
+    em_tensor *nr = l->op == EM_PRIM_RESHAPE ? rt_reshape(r, l->attrs.shape.ndim, l->attrs.shape.sizes, "em_call", site)
+                                             : rt_dispatch("em_call", l->op, &r, 1, &l->attrs, site);
+    em_release(r);
+    r = nr;
+  }
+  return r;
 }
 
 static void entry_tensor_died(void *ctx, const em_tensor *t) {
@@ -393,10 +415,18 @@ typedef struct final_info {
   int *wb_lifted, *wb_out;   /* lifted tensor i was written: graph output k is its new value */
   em_tensor **materialized;  /* proxies made real (owned refs), to find what escaped the run */
   int n_mat;
+  /* proxies that view a lifted tensor the graph wrote, rebuilt as views of it after the write-back */
+  int n_alias;
+  em_tensor **alias_t;       /* owned refs */
+  int *alias_root;           /* lifted index */
+  int *alias_n;
+  view_link (*alias_links)[8];
 } final_info;
 
 static void final_info_free(final_info *fi) {
   for (int i = 0; i < fi->n_mat; i++) em_release(fi->materialized[i]);
+  for (int i = 0; i < fi->n_alias; i++) em_release(fi->alias_t[i]);
+  free(fi->alias_t), free(fi->alias_root), free(fi->alias_n), free(fi->alias_links);
   free(fi->materialized), free(fi->wb_lifted), free(fi->wb_out);
   memset(fi, 0, sizeof *fi);
 }
@@ -431,6 +461,38 @@ static bool run_graph_so_far(run_state *rs, rt_trace *tr, em_site site, final_in
     return cg ? (rt_error(site, "em_compile", "out of memory"), false) : false;
   }
   note_graph(rs, cg->g);
+  /* live views of lifted tensors the graph writes: after the write-back they are rebuilt as
+   * views of those tensors, so aliasing stays as in eager */
+  final_info al = {0};
+  if (n_wb) {
+    al.alias_t = calloc((size_t)tr->live_proxies + 1, sizeof(em_tensor *));
+    al.alias_root = calloc((size_t)tr->live_proxies + 1, sizeof(int));
+    al.alias_n = calloc((size_t)tr->live_proxies + 1, sizeof(int));
+    al.alias_links = calloc((size_t)tr->live_proxies + 1, sizeof *al.alias_links);
+    if (!al.alias_t || !al.alias_root || !al.alias_n || !al.alias_links) {
+      final_info_free(&al);
+      free(wbl), free(wbo), free(outs), free(mat);
+      return rt_error(site, "em_compile", "out of memory"), false;
+    }
+    for (int i = 0; i < tr->n_proxies; i++) {
+      em_tensor *p = tr->proxies[i], *q = p;
+      int nl = 0;
+      if (!p) continue;
+      view_link links[8];
+      while (q->proxy && q->view_base && q->view_graph == tr->graph_serial && nl < 8) {
+        links[nl++] = (view_link){g->nodes[q->view_node].op, g->nodes[q->view_node].attrs};
+        q = q->view_base;
+      }
+      if (q->proxy || nl == 0) continue;
+      for (int j = 0; j < n_wb; j++)
+        if (tr->lifted[wbl[j]] == q) {
+          al.alias_t[al.n_alias] = em_retain(p);
+          al.alias_root[al.n_alias] = wbl[j];
+          al.alias_n[al.n_alias] = nl;
+          memcpy(al.alias_links[al.n_alias++], links, sizeof links);
+        }
+    }
+  }
   ok = fe_run(cg, tr->lifted, tr->n_lifted, outs, site);
   int n_mat = 0;
   if (ok && mat)
@@ -442,13 +504,21 @@ static bool run_graph_so_far(run_state *rs, rt_trace *tr, em_site site, final_in
     bool prev = em_set_grad_enabled(false);
     for (int j = 0; ok && j < n_wb; j++) ok = em_copy__at(tr->lifted[wbl[j]], outs[wbo[j]], site) != NULL;
     em_set_grad_enabled(prev);
+    for (int a = 0; ok && a < al.n_alias; a++) {
+      em_tensor *v = apply_links(tr->lifted[al.alias_root[a]], al.alias_links[a], al.alias_n[a], site);
+      if (v) rt_tensor_become(al.alias_t[a], v);
+      em_release(v);
+      ok = v != NULL;
+    }
     rt_trace_resume();
   }
   for (int i = 0; i < g->n_outputs; i++) em_release(outs[i]);
   free(outs);
   if (fi) {
-    *fi = (final_info){cg, n_wb, wbl, wbo, mat, n_mat};
+    *fi = al;
+    fi->cg = cg, fi->n_wb = n_wb, fi->wb_lifted = wbl, fi->wb_out = wbo, fi->materialized = mat, fi->n_mat = n_mat;
   } else {
+    final_info_free(&al);
     free(wbl), free(wbo);
   }
   return ok;
@@ -533,15 +603,29 @@ static entry *make_entry(em_compiled *c, const rt_trace *tr, const final_info *f
   const ir_graph *g = tr->g;
   e->n_out = o->n;
   for (int i = 0; i < o->n; i++) {
+    int a = -1;
+    for (int j = 0; j < fi->n_alias && a < 0; j++)
+      if (fi->alias_t[j] == o->t[i]) a = j;
+    if (a >= 0) {
+      int s = source_of(e, tr, tr->lifted[fi->alias_root[a]], in, n_in);
+      view_link *l = malloc(sizeof(view_link) * 8);
+      if (s < 0 || !l) {
+        free(l);
+        goto oom;
+      }
+      memcpy(l, fi->alias_links[a], sizeof(view_link) * 8);
+      e->out[i] = (outmap){false, s, fi->alias_n[a], l};
+      continue;
+    }
     int k = -1;
     for (int j = 0; fo_val[i] >= 0 && j < g->n_outputs && k < 0; j++)
       if (g->outputs[j] == fo_val[i]) k = j;
     if (k >= 0) {
-      e->out[i] = (outmap){true, k};
+      e->out[i] = (outmap){true, k, 0, NULL};
     } else {
       int s = source_of(e, tr, o->t[i], in, n_in);
       if (s < 0) goto oom;
-      e->out[i] = (outmap){false, s};
+      e->out[i] = (outmap){false, s, 0, NULL};
     }
   }
   for (int j = 0; j < fi->n_wb; j++) e->wb[e->n_wb][0] = fi->wb_lifted[j], e->wb[e->n_wb++][1] = fi->wb_out[j];
@@ -676,6 +760,15 @@ static bool replay(em_compiled *c, entry *e, em_tensor *const *in, em_outputs *r
     for (int i = 0; i < e->n_out; i++) {
       const outmap *m = &e->out[i];
       const source *s = m->from_graph ? NULL : &e->src[m->index];
+      if (m->n_links) {
+        res->t[i] = apply_links(s->kind == SRC_ARG ? in[s->arg] : s->t, m->links, m->n_links, site);
+        if (!res->t[i]) {
+          for (int j = 0; j < i; j++) em_release(res->t[j]), res->t[j] = NULL;
+          ok = false;
+          break;
+        }
+        continue;
+      }
       res->t[i] = m->from_graph ? em_retain(gout[m->index]) : em_retain(s->kind == SRC_ARG ? in[s->arg] : s->t);
     }
     for (int i = 0; i < g->n_outputs; i++) em_release(gout[i]);

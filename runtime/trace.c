@@ -245,9 +245,15 @@ int rt_trace_write(rt_trace *tr, em_tensor *out, int v, em_site site) {
       else if (tr->lifted[i]->storage == root->storage) return 0;
     }
   }
-  for (int i = 0; i < tr->n_proxies; i++) { /* live aliases outside the chain would go stale */
+  /* live aliases outside the chain would go stale: each must be a view chain of the root made
+   * in this graph, so it can be regenerated from the root's new value */
+  for (int i = 0; i < tr->n_proxies; i++) {
     em_tensor *p = tr->proxies[i];
-    if (p && p->storage == root->storage && !chain_member(chain, n, p)) return 0;
+    if (!p || p->storage != root->storage || chain_member(chain, n, p)) continue;
+    em_tensor *q = p;
+    int depth = 0;
+    while (q != root && q->proxy && q->view_base && q->view_graph == tr->graph_serial && depth < 32) q = q->view_base, depth++;
+    if (q != root) return 0;
   }
   if (!root->proxy && li < 0 && lift(tr, root, "functionalize", site) < 0) return -1;
   /* apply: rebind each view, scattering into its base */
@@ -269,6 +275,24 @@ int rt_trace_write(rt_trace *tr, em_tensor *out, int v, em_site site) {
   } else {
     for (int i = 0; i < tr->n_lifted; i++)
       if (tr->lifted[i] == root) tr->lifted_value[i] = val, tr->lifted_mutated[i] = true;
+  }
+  /* regenerate the other aliases: replay each one's view chain on the root's new value */
+  for (int i = 0; i < tr->n_proxies; i++) {
+    em_tensor *p = tr->proxies[i];
+    if (!p || p->storage != root->storage || chain_member(chain, n, p)) continue;
+    em_tensor *links[32];
+    int depth = 0;
+    for (em_tensor *q = p; q != root; q = q->view_base) links[depth++] = q;
+    int cur = val;
+    for (int d = depth - 1; d >= 0; d--) {
+      em_tensor *q = links[d];
+      ir_node vn = tr->g->nodes[q->view_node];
+      ir_type ty = {.dtype = q->dtype, .device = q->storage->device, .ndim = q->ndim};
+      for (int k = 0; k < q->ndim; k++) ty.sizes[k] = q->sizes[k];
+      cur = vn.op == EM_PRIM_DETACH ? cur : ir_add_node(tr->g, vn.op, &cur, 1, &vn.attrs, &ty, vn.site, vn.opname);
+      if (cur < 0) return rt_error(site, "functionalize", "out of memory"), -1;
+    }
+    p->proxy = cur + 1;
   }
   return 1;
 }
