@@ -157,6 +157,7 @@ ETEST(compile, lifted_parameter_identity_guard) {
 
 static int break_line;
 static int break_kind;
+static em_tensor *break_part; /* a slice of a real tensor, for the in-place break */
 
 static em_outputs opaque_double(void *ctx, em_tensor *const *in, int n) {
   float *p = em_data_ptr(in[0]); /* real data here */
@@ -199,13 +200,11 @@ static em_outputs with_break(void *ctx, em_tensor *const *in, int n) {
     em_graph_break();
     b = a;
     break;
-  case 6: { /* a write into a view while another view of the same tensor is alive: not functional */
-    em_tensor *t = em_clone(a), *lo = em_slice(t, 0, 0, 2, 1), *hi = em_slice(t, 0, 2, em_size(t, 0), 1);
+  case 6: /* a write into a real tensor that is part of a bigger storage: not functionalized */
     break_line = __LINE__ + 1;
-    em_add_scalar_(lo, 1.0);
-    b = em_add(em_sum(hi, 0, NULL, true), t);
+    em_add_scalar_(break_part, 1.0);
+    b = a;
     break;
-  }
   }
   return EM_OUTPUTS(em_tanh(em_mul_scalar(b, 0.25)));
 }
@@ -216,6 +215,7 @@ static const char *const break_ops[] = {"em_item", "em_data_ptr", "em_nonzero", 
 
 ETEST(compile, every_break_is_explained_with_its_site) {
   em_tensor *x = em_arange(EM_F32, -2, 2, 0.5);
+  break_part = em_slice(em_zeros(EM_F32, EM_SHAPE(6)), 0, 1, 3, 1);
   for (break_kind = 0; break_kind < N_BREAK_KINDS; break_kind++) {
     em_explanation *e = em_explain(with_break, NULL, x);
     cr_assert_not_null(e, "kind %d: %s", break_kind, em_last_error() ? em_last_error() : "");
@@ -238,6 +238,7 @@ ETEST(compile, every_break_is_explained_with_its_site) {
 
 ETEST(compile, breaks_equal_eager_and_compile_each_graph_once) {
   em_tensor *x = em_arange(EM_F32, -2, 2, 0.25);
+  break_part = em_slice(em_zeros(EM_F32, EM_SHAPE(6)), 0, 1, 3, 1);
   for (break_kind = 0; break_kind < N_BREAK_KINDS; break_kind++) {
     em_compiled *c = em_compile(with_break, NULL);
     for (int i = 0; i < 10; i++) {
