@@ -4,11 +4,13 @@
  *   fashion_mnist [--model mlp|lenet] [--epochs N] [--batch-size B] [--lr LR]
  *                 [--optimizer sgd|adamw] [--momentum M] [--weight-decay WD] [--seed S]
  *                 [--threads T] [--train-limit N] [--data DIR] [--json]
- *                 [--compile] [--backend eager] [--loss-log FILE]
+ *                 [--compile] [--backend eager|aot_eager] [--whole-step] [--loss-log FILE]
  *
  * With --compile, the forward pass and loss of each step (and the test-set predictions) run
  * through em_compile(); the backward pass and the optimizer step stay eager, as with
- * torch.compile applied to a model. --loss-log writes every step's loss as a hexadecimal float,
+ * torch.compile applied to a model (with --backend aot_eager the backward is compiled ahead of
+ * time too). With --whole-step, the whole training step (forward, backward, optimizer update)
+ * is one compiled function: one graph, the parameter updates written back. --loss-log writes every step's loss as a hexadecimal float,
  * so two runs can be compared bit for bit.
  *
  * On a terminal it draws a progress bar (step, loss, steps/s, ETA); otherwise it prints plain
@@ -30,7 +32,7 @@ typedef struct {
   int64_t batch, train_limit;
   double lr, momentum, weight_decay;
   uint64_t seed;
-  bool json, compile;
+  bool json, compile, whole_step;
   const char *backend, *loss_log;
 } options;
 
@@ -50,7 +52,8 @@ static void usage(FILE *f) {
           "  --data DIR             Fashion-MNIST files (default /usr/share/datasets/fashion-mnist)\n"
           "  --json                 one JSON object per epoch instead of the progress display\n"
           "  --compile              run forward and loss through em_compile()\n"
-          "  --backend NAME         em_compile backend (default eager)\n"
+          "  --backend NAME         em_compile backend: eager (default) or aot_eager\n"
+          "  --whole-step           with --compile: compile forward, backward and update as one function\n"
           "  --loss-log FILE        write each step's loss as a hex float (bit-exact comparisons)\n"
           "  --help                 this text\n");
 }
@@ -62,7 +65,7 @@ static double now(void) {
 }
 
 static bool parse(int argc, char **argv, options *o) {
-  *o = (options){"mlp", "sgd", NULL, 1, 0, 128, 0, NAN, 0.9, NAN, 0, false, false, "eager", NULL};
+  *o = (options){"mlp", "sgd", NULL, 1, 0, 128, 0, NAN, 0.9, NAN, 0, false, false, false, "eager", NULL};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--help")) {
@@ -73,6 +76,9 @@ static bool parse(int argc, char **argv, options *o) {
       continue;
     } else if (!strcmp(a, "--compile")) {
       o->compile = true;
+      continue;
+    } else if (!strcmp(a, "--whole-step")) {
+      o->whole_step = true;
       continue;
     }
     if (!v) {
@@ -161,6 +167,20 @@ static em_tensor *forward(model *m, em_tensor *x) {
 static em_outputs loss_fn(void *ctx, em_tensor *const *in, int n) {
   return EM_OUTPUTS(em_cross_entropy(forward(ctx, in[0]), in[1], EM_CROSS_ENTROPY_DEFAULT));
 }
+typedef struct step_ctx {
+  model *m;
+  em_optimizer *opt;
+} step_ctx;
+
+/* A whole training step: loss, backward, update. */
+static em_outputs step_fn(void *ctx, em_tensor *const *in, int n) {
+  step_ctx *s = ctx;
+  em_tensor *loss = loss_fn(s->m, in, n).t[0];
+  em_optimizer_zero_grad(s->opt);
+  if (!em_backward(loss, NULL) || !em_optimizer_step(s->opt)) return EM_OUTPUTS(NULL);
+  return EM_OUTPUTS(loss);
+}
+
 static em_outputs predict_fn(void *ctx, em_tensor *const *in, int n) {
   return EM_OUTPUTS(em_argmax(forward(ctx, in[0]), 1, false));
 }
@@ -223,10 +243,12 @@ int main(int argc, char **argv) {
   if (!opt) fail("creating the optimizer");
   em_compiled *step_c = NULL, *predict_c = NULL;
   if (o.compile) {
-    step_c = em_compile(loss_fn, &(em_compile_options){.backend = o.backend, .name = "loss_fn"});
+    step_c = o.whole_step ? em_compile(step_fn, &(em_compile_options){.backend = o.backend, .name = "step_fn"})
+                          : em_compile(loss_fn, &(em_compile_options){.backend = o.backend, .name = "loss_fn"});
     predict_c = em_compile(predict_fn, &(em_compile_options){.backend = o.backend, .name = "predict_fn"});
     if (!step_c || !predict_c) fail("em_compile");
   }
+  step_ctx sc = {&m, opt};
   FILE *loss_log = o.loss_log ? fopen(o.loss_log, "w") : NULL;
   if (o.loss_log && !loss_log) {
     fprintf(stderr, "fashion_mnist: cannot write %s\n", o.loss_log);
@@ -252,9 +274,14 @@ int main(int argc, char **argv) {
         break;
       }
       em_tensor *x = em_index_select(train_x, 0, idx), *y = em_index_select(train_y, 0, idx);
-      em_tensor *loss = step_c ? em_call(step_c, &m, x, y).t[0] : loss_fn(&m, (em_tensor *[]){x, y}, 2).t[0];
-      em_optimizer_zero_grad(opt);
-      if (!loss || !em_backward(loss, NULL) || !em_optimizer_step(opt)) fail("training step");
+      em_tensor *loss;
+      if (o.whole_step && step_c) {
+        if (!(loss = em_call(step_c, &sc, x, y).t[0])) fail("training step");
+      } else {
+        loss = step_c ? em_call(step_c, &m, x, y).t[0] : loss_fn(&m, (em_tensor *[]){x, y}, 2).t[0];
+        em_optimizer_zero_grad(opt);
+        if (!loss || !em_backward(loss, NULL) || !em_optimizer_step(opt)) fail("training step");
+      }
       double l = em_item(loss);
       if (loss_log) fprintf(loss_log, "%a\n", l);
       em_scope_end();
@@ -288,8 +315,11 @@ int main(int argc, char **argv) {
   if (!o.json) printf("peak live tensor memory: %.1f MiB\n", (double)em_debug_peak_bytes() / (1 << 20));
   if (step_c && !o.json) {
     em_compile_stats s = em_compiled_stats(step_c);
-    printf("em_compile(loss_fn): %lld calls, %lld traced, %lld replayed, %lld entries, %lld graph breaks\n",
-           (long long)s.calls, (long long)s.traces, (long long)s.replays, (long long)s.entries, (long long)s.breaks);
+    printf("em_compile(%s): %lld calls, %lld traced, %lld replayed, %lld entries, %lld graphs compiled, %lld graph breaks",
+           o.whole_step ? "step_fn" : "loss_fn", (long long)s.calls, (long long)s.traces, (long long)s.replays,
+           (long long)s.entries, (long long)s.graphs_compiled, (long long)s.breaks);
+    if (s.aot_graphs) printf(", %lld bytes saved for the backward per step", (long long)s.aot_saved_bytes);
+    printf("\n");
   }
   if (loss_log) fclose(loss_log);
   em_compiled_free(step_c);
