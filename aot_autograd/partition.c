@@ -169,6 +169,59 @@ static bool copy_nodes(const ir_graph *j, ir_graph *dst, const bool *take, int *
   return true;
 }
 
+/* Like copy_nodes for the backward graph, but each recomputed (tangent-independent) node is
+ * emitted just before its first consumer instead of in joint order, where every recomputation
+ * would come first and stay alive through the whole backward. Iterative DFS over operands. */
+static bool copy_nodes_by_need(const ir_graph *j, ir_graph *dst, const bool *take, const bool *td, int *map) {
+  int n = j->n_nodes;
+  int *stack = malloc(sizeof(int) * (size_t)(2 * n + 2));
+  if (!stack) return false;
+  bool ok = true;
+  for (int i = 0; ok && i < n; i++) {
+    const ir_node *root = &j->nodes[i];
+    if (!take[root->out] || map[root->out] >= 0 || !td[root->out]) continue;
+    int sp = 0;
+    stack[sp++] = i;
+    while (ok && sp > 0) {
+      const ir_node *x = &j->nodes[stack[sp - 1]];
+      if (map[x->out] >= 0) {
+        sp--;
+        continue;
+      }
+      bool ready = true;
+      for (int k = 0; k < x->n_in; k++) {
+        int v = ir_operands(j, x)[k];
+        if (map[v] < 0 && j->values[v].def >= 0) {
+          if (sp >= 2 * n + 2) {
+            ok = false;
+            break;
+          }
+          stack[sp++] = j->values[v].def;
+          ready = false;
+        }
+      }
+      if (!ready || !ok) continue;
+      int small[64], *in = x->n_in <= 64 ? small : malloc(sizeof(int) * (size_t)x->n_in);
+      if (!in) {
+        ok = false;
+        break;
+      }
+      for (int k = 0; k < x->n_in; k++) in[k] = map[ir_operands(j, x)[k]];
+      int v = ir_add_node(dst, x->op, in, x->n_in, &x->attrs, &j->values[x->out].type, x->site, x->opname);
+      if (in != small) free(in);
+      if (v < 0) {
+        ok = false;
+        break;
+      }
+      if (prim_get(x->op)->flags & P_RANDOM) dst->nodes[dst->n_nodes - 1].rng_slot = (int)(x - j->nodes);
+      map[x->out] = v;
+      sp--;
+    }
+  }
+  free(stack);
+  return ok && copy_nodes(j, dst, take, map); /* whatever no tangent-dependent node reached */
+}
+
 /* Marks in mark every value the values already marked depend on, not crossing stop. */
 static void close_upward(const ir_graph *j, bool *mark, const bool *stop) {
   for (int i = j->n_nodes - 1; i >= 0; i--) {
@@ -301,7 +354,7 @@ bool aot_partition(const ir_graph *j, const aot_joint_info *info, aot_partitione
     }
     if (!td[v]) out->n_recomputed++;
   }
-  if (!copy_nodes(j, out->bwd, bwd_take, map)) {
+  if (!copy_nodes_by_need(j, out->bwd, bwd_take, td, map)) {
     ir_fail(err, cap, "out of memory partitioning");
     goto done;
   }

@@ -788,7 +788,9 @@ em_compiled *em_compile_at(em_model_fn fn, const em_compile_options *opts, em_si
   if (strcmp(backend, "eager") && strcmp(backend, "aot_eager"))
     return rt_error(site, "em_compile", "unknown backend \"%s\" (this build has \"eager\" and \"aot_eager\"; "
                     "\"inductor\" arrives with the CPU code generator)", backend);
-  const char *part = o.partitioner ? o.partitioner : "min_cut";
+  /* as in PyTorch: recomputation pays off when the recomputed ops fuse into the backward's
+   * kernels (inductor); run one op at a time (aot_eager), it only adds passes over memory */
+  const char *part = o.partitioner ? o.partitioner : "default";
   if (strcmp(part, "min_cut") && strcmp(part, "default"))
     return rt_error(site, "em_compile", "unknown partitioner \"%s\" (\"min_cut\" or \"default\")", part);
   em_compiled *c = calloc(1, sizeof *c);

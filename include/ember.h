@@ -870,9 +870,12 @@ void em_batch_iter_free(em_batch_iter *it);
  * one joint graph, optimised (CSE, folding, rewrites) and split into a forward and a backward
  * graph; a call runs the forward and gives the differentiable outputs a grad_fn that runs the
  * backward graph, so em_backward works on them. The partitioner decides what the forward saves:
- * "min_cut" (default) saves the fewest bytes from which the backward can recompute the rest
- * (cheap pointwise and view chains, and random values, replayed from the same Philox counters,
- * so dropout's mask is the forward's); "default" saves every value the backward reads.
+ * "default" saves every value the backward reads; "min_cut" saves the fewest bytes from which
+ * the backward can recompute the rest (cheap pointwise and view chains, and random values,
+ * replayed from the same Philox counters, so dropout's mask is the forward's). As in PyTorch,
+ * aot_eager defaults to "default": without fusion, recomputing costs extra passes over memory
+ * (measured: the transformer of bench/aot's backward took twice as long); the CPU code
+ * generator will default to "min_cut".
  * Gradients equal eager's up to rounding (the summation order may differ). Differentiating a
  * compiled backward again (double backward) is not supported, as in torch.compile. "inductor"
  * arrives with the CPU code generator.
@@ -905,7 +908,7 @@ typedef struct em_compile_options {
   bool fullgraph;      /* a graph break is an error instead */
   const char *name;    /* used in logs and dumps; NULL: "fn" */
   int recompile_limit; /* entries before falling back to eager; <= 0: 8 (torch's default) */
-  const char *partitioner; /* aot_eager: "min_cut" (default; NULL) or "default" (see below) */
+  const char *partitioner; /* aot_eager: "default" (NULL) or "min_cut" (see below) */
 } em_compile_options;
 
 typedef struct em_compiled em_compiled;

@@ -83,82 +83,7 @@ ETEST(aot, f64_gradients) {
   for (composite = 0; composite < 14; composite++) check_grads(apply_composite, NULL, 3, (em_tensor *[]){x, w, t}, 2, (em_tensor *[]){x, w}, NULL);
 }
 
-/* ---- models ---- */
-
-typedef struct net {
-  em_linear_layer fc[4];
-  em_conv2d_layer conv[2];
-  em_tensor *ln_w[6], *ln_b[6], *tok, *pos;
-  em_tensor *params[32];
-  int n_params;
-} net;
-
-static void add_linear(net *m, int i, int64_t a, int64_t b) {
-  cr_assert(em_linear_layer_init(&m->fc[i], a, b, true));
-  m->params[m->n_params++] = m->fc[i].weight, m->params[m->n_params++] = m->fc[i].bias;
-}
-
-static em_outputs mlp_fn(void *ctx, em_tensor *const *in, int n) {
-  net *m = ctx;
-  em_tensor *h = em_relu(em_linear(in[0], m->fc[0].weight, m->fc[0].bias));
-  h = em_relu(em_linear(h, m->fc[1].weight, m->fc[1].bias));
-  em_tensor *logits = em_linear(h, m->fc[2].weight, m->fc[2].bias);
-  return EM_OUTPUTS(em_cross_entropy(logits, in[1], EM_CROSS_ENTROPY_DEFAULT), logits);
-}
-
-static em_outputs gelu_ln_mlp_fn(void *ctx, em_tensor *const *in, int n) {
-  net *m = ctx;
-  em_tensor *h = em_layer_norm(em_linear(in[0], m->fc[0].weight, m->fc[0].bias), 1, m->ln_w[0], m->ln_b[0], 1e-5);
-  h = em_gelu(h, false);
-  h = em_gelu(em_layer_norm(em_linear(h, m->fc[1].weight, m->fc[1].bias), 1, m->ln_w[1], m->ln_b[1], 1e-5), true);
-  return EM_OUTPUTS(em_cross_entropy(em_linear(h, m->fc[2].weight, m->fc[2].bias), in[1], EM_CROSS_ENTROPY_DEFAULT));
-}
-
-static em_outputs lenet_fn(void *ctx, em_tensor *const *in, int n) {
-  net *m = ctx;
-  em_tensor *h = em_max_pool2d(em_relu(em_conv2d(in[0], m->conv[0].weight, m->conv[0].bias, m->conv[0].params)), 2, 2, 2, 2, 0, 0);
-  h = em_max_pool2d(em_relu(em_conv2d(h, m->conv[1].weight, m->conv[1].bias, m->conv[1].params)), 2, 2, 2, 2, 0, 0);
-  h = em_reshape(h, EM_SHAPE(-1, 400));
-  h = em_relu(em_linear(h, m->fc[0].weight, m->fc[0].bias));
-  h = em_relu(em_linear(h, m->fc[1].weight, m->fc[1].bias));
-  return EM_OUTPUTS(em_cross_entropy(em_linear(h, m->fc[2].weight, m->fc[2].bias), in[1], EM_CROSS_ENTROPY_DEFAULT));
-}
-
-enum { VOCAB = 16, DM = 32, HEADS = 4, CTX = 8, BATCH = 2, LAYERS = 2 };
-
-/* A decoder-only transformer (pre-norm GPT): token + position embeddings; per layer causal
- * self-attention and a GELU MLP, each behind a layer_norm and a residual; a final layer_norm;
- * the LM head; next-token cross entropy. */
-static em_outputs transformer_fn(void *ctx, em_tensor *const *in, int n) {
-  net *m = ctx;
-  em_tensor *x = em_add(em_embedding(in[0], m->tok), m->pos); /* [B, T, D] */
-  for (int l = 0; l < LAYERS; l++) {
-    em_linear_layer *qkv = &m->fc[0], *proj = &m->fc[1];
-    em_tensor *h = em_layer_norm(x, 1, m->ln_w[2 * l], m->ln_b[2 * l], 1e-5);
-    em_tensor *q = em_linear(h, em_slice(qkv->weight, 0, l * 3 * DM, l * 3 * DM + DM, 1), EM_NONE);
-    em_tensor *k = em_linear(h, em_slice(qkv->weight, 0, l * 3 * DM + DM, l * 3 * DM + 2 * DM, 1), EM_NONE);
-    em_tensor *v = em_linear(h, em_slice(qkv->weight, 0, l * 3 * DM + 2 * DM, l * 3 * DM + 3 * DM, 1), EM_NONE);
-    em_tensor *qs[3] = {q, k, v};
-    for (int j = 0; j < 3; j++) qs[j] = em_transpose(em_reshape(qs[j], EM_SHAPE(BATCH, CTX, HEADS, DM / HEADS)), 1, 2);
-    em_tensor *a = em_scaled_dot_product_attention(qs[0], qs[1], qs[2], true, 0, 0);
-    a = em_reshape(em_transpose(a, 1, 2), EM_SHAPE(BATCH, CTX, DM));
-    x = em_add(x, em_linear(a, em_slice(proj->weight, 0, l * DM, l * DM + DM, 1), EM_NONE));
-    h = em_layer_norm(x, 1, m->ln_w[2 * l + 1], m->ln_b[2 * l + 1], 1e-5);
-    h = em_gelu(em_linear(h, em_slice(m->fc[2].weight, 0, l * 4 * DM, (l + 1) * 4 * DM, 1), EM_NONE), true);
-    x = em_add(x, em_linear(h, em_slice(m->fc[3].weight, 0, l * DM, (l + 1) * DM, 1), EM_NONE));
-  }
-  x = em_layer_norm(x, 1, m->ln_w[4], m->ln_b[4], 1e-5);
-  em_tensor *logits = em_matmul(x, em_transpose(m->tok, 0, 1)); /* tied embeddings */
-  em_tensor *loss = em_cross_entropy(em_reshape(logits, EM_SHAPE(BATCH * CTX, VOCAB)), em_reshape(in[1], EM_SHAPE(BATCH * CTX)),
-                                     EM_CROSS_ENTROPY_DEFAULT);
-  return EM_OUTPUTS(loss);
-}
-
-static void add_ln(net *m, int i, int64_t d) {
-  m->ln_w[i] = em_requires_grad_(em_add_scalar(em_rand(EM_F32, EM_SHAPE(d)), 0.5), true);
-  m->ln_b[i] = em_requires_grad_(em_mul_scalar(em_randn(EM_F32, EM_SHAPE(d)), 0.1), true);
-  m->params[m->n_params++] = m->ln_w[i], m->params[m->n_params++] = m->ln_b[i];
-}
+#include "../bench/models.h"
 
 ETEST(aot, mlp_lenet_transformer_gradients_and_saved_bytes) {
   int64_t saved[4][2];
@@ -166,39 +91,28 @@ ETEST(aot, mlp_lenet_transformer_gradients_and_saved_bytes) {
   { /* MLP */
     em_manual_seed(20);
     net m = {0};
-    add_linear(&m, 0, 64, 48), add_linear(&m, 1, 48, 32), add_linear(&m, 2, 32, 10);
+    models_mlp(&m, 64, 48, 32, 10);
     em_tensor *x = em_randn(EM_F32, EM_SHAPE(16, 64)), *y = em_randint(0, 10, EM_SHAPE(16));
     check_grads(mlp_fn, &m, 2, (em_tensor *[]){x, y}, m.n_params, m.params, saved[0]);
   }
   { /* GELU + LayerNorm MLP */
     em_manual_seed(21);
     net m = {0};
-    add_linear(&m, 0, 64, 48), add_linear(&m, 1, 48, 32), add_linear(&m, 2, 32, 10);
-    add_ln(&m, 0, 48), add_ln(&m, 1, 32);
+    models_gelu_ln_mlp(&m, 64, 48, 32, 10);
     em_tensor *x = em_randn(EM_F32, EM_SHAPE(16, 64)), *y = em_randint(0, 10, EM_SHAPE(16));
     check_grads(gelu_ln_mlp_fn, &m, 2, (em_tensor *[]){x, y}, m.n_params, m.params, saved[1]);
   }
   { /* LeNet-5 */
     em_manual_seed(22);
     net m = {0};
-    em_conv2d_params pad2 = EM_CONV2D_DEFAULT;
-    pad2.padding[0] = pad2.padding[1] = 2;
-    cr_assert(em_conv2d_layer_init(&m.conv[0], 1, 6, 5, 5, pad2, true) &&
-              em_conv2d_layer_init(&m.conv[1], 6, 16, 5, 5, EM_CONV2D_DEFAULT, true));
-    for (int i = 0; i < 2; i++) m.params[m.n_params++] = m.conv[i].weight, m.params[m.n_params++] = m.conv[i].bias;
-    add_linear(&m, 0, 400, 120), add_linear(&m, 1, 120, 84), add_linear(&m, 2, 84, 10);
+    cr_assert(models_lenet(&m));
     em_tensor *x = em_rand(EM_F32, EM_SHAPE(4, 1, 28, 28)), *y = em_randint(0, 10, EM_SHAPE(4));
     check_grads(lenet_fn, &m, 2, (em_tensor *[]){x, y}, m.n_params, m.params, saved[2]);
   }
   { /* transformer */
     em_manual_seed(23);
     net m = {0};
-    m.tok = em_requires_grad_(em_mul_scalar(em_randn(EM_F32, EM_SHAPE(VOCAB, DM)), 0.5), true);
-    m.pos = em_requires_grad_(em_mul_scalar(em_randn(EM_F32, EM_SHAPE(CTX, DM)), 0.1), true);
-    m.params[m.n_params++] = m.tok, m.params[m.n_params++] = m.pos;
-    add_linear(&m, 0, DM, 3 * DM * LAYERS), add_linear(&m, 1, DM, DM * LAYERS);
-    add_linear(&m, 2, DM, 4 * DM * LAYERS), add_linear(&m, 3, 4 * DM, DM * LAYERS);
-    for (int i = 0; i < 2 * LAYERS + 1; i++) add_ln(&m, i, DM);
+    models_transformer(&m);
     em_tensor *tokens = em_randint(0, VOCAB, EM_SHAPE(BATCH, CTX)), *next = em_randint(0, VOCAB, EM_SHAPE(BATCH, CTX));
     check_grads(transformer_fn, &m, 2, (em_tensor *[]){tokens, next}, m.n_params, m.params, saved[3]);
   }
@@ -396,7 +310,7 @@ ETEST(aot, training_step_with_optimizer_state_equals_eager) {
   for (int k = 0; k < 2; k++) {
     em_manual_seed(40);
     memset(&s[k].m, 0, sizeof s[k].m);
-    add_linear(&s[k].m, 0, 20, 16), add_linear(&s[k].m, 1, 16, 12), add_linear(&s[k].m, 2, 12, 5);
+    models_mlp(&s[k].m, 20, 16, 12, 5);
     s[k].opt = em_sgd_new(s[k].m.n_params, s[k].m.params, ((em_sgd_opts){0.1, 0.9, 0, 1e-4, true}));
   }
   em_compiled *c = em_compile(train_step, &(em_compile_options){.backend = "aot_eager", .name = "step"});
@@ -427,7 +341,7 @@ ETEST(aot, changing_the_learning_rate_recompiles) {
   step_ctx s;
   em_manual_seed(41);
   memset(&s.m, 0, sizeof s.m);
-  add_linear(&s.m, 0, 20, 16), add_linear(&s.m, 1, 16, 12), add_linear(&s.m, 2, 12, 5);
+  models_mlp(&s.m, 20, 16, 12, 5);
   s.opt = em_sgd_new(s.m.n_params, s.m.params, EM_SGD_DEFAULT(0.1));
   em_compiled *c = em_compile(train_step, NULL);
   em_tensor *x = em_randn(EM_F32, EM_SHAPE(8, 20)), *y = em_randint(0, 5, EM_SHAPE(8));
