@@ -272,7 +272,21 @@ bool aot_partition(const ir_graph *j, const aot_joint_info *info, aot_partitione
     if (!td[j->outputs[o]]) req[j->outputs[o]] = true;
 
   if (p == AOT_PARTITION_DEFAULT) {
-    memcpy(save, req, bytes);
+    /* every required value, except those made from constants alone (fills, iotas, random
+     * draws, and views and pointwise ops of them): the backward makes those itself */
+    bool *cd = calloc(1, bytes);
+    if (!cd) {
+      ir_fail(err, cap, "out of memory partitioning");
+      goto done;
+    }
+    for (int i = 0; i < j->n_nodes; i++) {
+      const ir_node *n = &j->nodes[i];
+      bool c = !banned(n->op);
+      for (int k = 0; c && k < n->n_in; k++) c = cd[ir_operands(j, n)[k]];
+      cd[n->out] = c;
+    }
+    for (int v = 0; v < nv; v++) save[v] = req[v] && !cd[v];
+    free(cd);
   } else {
     int S = 2 * nv, T = 2 * nv + 1;
     if (!net_init(&f, 2 * nv + 2)) {

@@ -435,6 +435,7 @@ static void final_info_free(final_info *fi) {
  * the new values of lifted tensors written in place back into them (functionalization's
  * epilogue). With fi, reports what it did. */
 static bool run_graph_so_far(run_state *rs, rt_trace *tr, em_site site, final_info *fi) {
+  rt_trace_drop_history(tr);
   if (!rt_trace_output_live(tr)) return rt_error(site, "em_compile", "out of memory"), false;
   ir_graph *g = tr->g;
   int *wbl = malloc(sizeof(int) * (size_t)(tr->n_lifted + 1)), *wbo = malloc(sizeof(int) * (size_t)(tr->n_lifted + 1));

@@ -170,7 +170,9 @@ int ir_pass_dce(ir_graph *g);
 int ir_pass_cse(ir_graph *g);
 int ir_pass_fold(ir_graph *g);
 int ir_pass_simplify(ir_graph *g);
-/* simplify, fold, cse, dce to a fixed point. Returns false on out of memory. */
+/* full(shape=S) -> expand(full([]), S) for S of more than one element (see passes.c). */
+int ir_pass_scalar_constants(ir_graph *g);
+/* simplify, fold, cse, dce, scalar constants to a fixed point. Returns false on out of memory. */
 bool ir_optimize(ir_graph *g, ir_pass_stats *stats);
 /* The names of the algebraic rewrite rules, for tests and logs (NULL-terminated). */
 extern const char *const ir_rewrite_rule_names[];

@@ -176,8 +176,7 @@ int ir_pass_fold(ir_graph *g) {
     }
     if (!all) continue;
     double r;
-    if (n->op == EM_PRIM_EXPAND || n->op == EM_PRIM_RESHAPE || n->op == EM_PRIM_PERMUTE || n->op == EM_PRIM_SQUEEZE ||
-        n->op == EM_PRIM_UNSQUEEZE || n->op == EM_PRIM_SLICE || n->op == EM_PRIM_CLONE || n->op == EM_PRIM_FLIP) {
+    if (n->op == EM_PRIM_CLONE || n->op == EM_PRIM_FLIP) { /* copies of a constant; views of one stay views */
       r = vals[0];
     } else if (f & P_POINTWISE) {
       if (!ir_dtype(t->dtype)->cpu_compute) continue;
@@ -302,14 +301,6 @@ static int rule_reshape_reshape(ir_graph *g, ir_node *n) { /* reshape(reshape(x)
   return n->out;
 }
 
-static int rule_expand_scalar(ir_graph *g, ir_node *n) { /* expand(full([], v)) -> full(shape, v) */
-  if (n->op != EM_PRIM_EXPAND) return -1;
-  const ir_node *d = def_of(g, ir_operands(g, n)[0]);
-  if (!d || d->op != EM_PRIM_FULL || !ir_type_concrete(type_of(g, n->out))) return -1;
-  make_full(g, n, d->attrs.value);
-  return n->out;
-}
-
 static int rule_expand_expand(ir_graph *g, ir_node *n) { /* expand(expand(x)) -> expand(x) */
   if (n->op != EM_PRIM_EXPAND) return -1;
   const ir_node *d = def_of(g, ir_operands(g, n)[0]);
@@ -337,7 +328,6 @@ static const struct {
     {"identity_view", rule_identity_view},
     {"permute_permute", rule_permute_permute},
     {"reshape_reshape", rule_reshape_reshape},
-    {"expand_scalar", rule_expand_scalar},
     {"expand_expand", rule_expand_expand},
     {"where_same", rule_where_same},
 };
@@ -345,7 +335,7 @@ static const struct {
 
 const char *const ir_rewrite_rule_names[N_RULES + 1] = {
     "mul_one", "add_zero", "sub_zero", "div_one", "neg_neg", "convert_same_dtype", "identity_view",
-    "permute_permute", "reshape_reshape", "expand_scalar", "expand_expand", "where_same", NULL};
+    "permute_permute", "reshape_reshape", "expand_expand", "where_same", NULL};
 _Static_assert(sizeof ir_rewrite_rule_names / sizeof ir_rewrite_rule_names[0] == N_RULES + 1, "rule names");
 
 int ir_pass_simplify(ir_graph *g) {
@@ -374,13 +364,66 @@ int ir_pass_simplify(ir_graph *g) {
   return changed;
 }
 
+/* Constants as expanded scalars: full(shape=S, v) with more than one element becomes
+ * expand(full([], v), S), a view of one element. An interpreter then fills one element instead
+ * of S, the partitioner sees a cheap constant, and a code generator a broadcast. Rebuilds the
+ * graph (the scalar must come before its expand). Returns the number rewritten, -1 on OOM. */
+int ir_pass_scalar_constants(ir_graph *g) {
+  int count = 0;
+  for (int i = 0; i < g->n_nodes; i++)
+    if (g->nodes[i].op == EM_PRIM_FULL && ir_type_concrete(&g->values[g->nodes[i].out].type) &&
+        ir_numel(g->nodes[i].attrs.shape.ndim, g->nodes[i].attrs.shape.sizes) > 1)
+      count++;
+  if (!count) return 0;
+  ir_graph *h = ir_graph_new(g->name);
+  int *map = malloc(sizeof(int) * (size_t)(g->n_values ? g->n_values : 1));
+  bool ok = h && map;
+  for (int i = 0; ok && i < g->n_inputs; i++) ok = (map[g->inputs[i]] = ir_add_input(h, &g->values[g->inputs[i]].type)) >= 0;
+  int small[64];
+  for (int i = 0; ok && i < g->n_nodes; i++) {
+    const ir_node *n = &g->nodes[i];
+    ir_type t = g->values[n->out].type;
+    if (n->op == EM_PRIM_FULL && ir_type_concrete(&t) && ir_numel(n->attrs.shape.ndim, n->attrs.shape.sizes) > 1) {
+      prim_attrs sa = n->attrs, ea = {.shape = {.ndim = t.ndim}};
+      sa.shape.ndim = 0;
+      for (int d = 0; d < t.ndim; d++) ea.shape.sizes[d] = t.sizes[d];
+      ir_type st = {.dtype = t.dtype, .device = t.device, .ndim = 0};
+      int sv = ir_add_node(h, EM_PRIM_FULL, NULL, 0, &sa, &st, n->site, n->opname);
+      ok = sv >= 0 && (map[n->out] = ir_add_node(h, EM_PRIM_EXPAND, &sv, 1, &ea, &t, n->site, n->opname)) >= 0;
+      continue;
+    }
+    int *in = n->n_in <= 64 ? small : malloc(sizeof(int) * (size_t)n->n_in);
+    if (!in) {
+      ok = false;
+      break;
+    }
+    for (int k = 0; k < n->n_in; k++) in[k] = map[ir_operands(g, n)[k]];
+    int v = ir_add_node(h, n->op, in, n->n_in, &n->attrs, &t, n->site, n->opname);
+    if (in != small) free(in);
+    ok = v >= 0;
+    if (ok) map[n->out] = v, h->nodes[h->n_nodes - 1].rng_slot = n->rng_slot;
+  }
+  for (int i = 0; ok && i < g->n_outputs; i++) ok = ir_add_output(h, map[g->outputs[i]]);
+  free(map);
+  if (!ok) {
+    ir_graph_free(h);
+    return -1;
+  }
+  ir_graph tmp = *g; /* swap contents, keep g's address */
+  *g = *h;
+  *h = tmp;
+  ir_graph_free(h);
+  return count;
+}
+
 bool ir_optimize(ir_graph *g, ir_pass_stats *stats) {
   ir_pass_stats s = {0};
   for (;;) {
     s.rounds++;
     int a = ir_pass_simplify(g), b = a < 0 ? -1 : ir_pass_fold(g), c = b < 0 ? -1 : ir_pass_cse(g),
-        d = c < 0 ? -1 : ir_pass_dce(g);
-    if (a < 0 || b < 0 || c < 0 || d < 0) return false;
+        d = c < 0 ? -1 : ir_pass_dce(g), e = d < 0 ? -1 : ir_pass_scalar_constants(g);
+    if (a < 0 || b < 0 || c < 0 || d < 0 || e < 0) return false;
+    a += e;
     s.simplified += a, s.folded += b, s.cse += c, s.dce += d;
     if ((a == 0 && b == 0 && c == 0 && d == 0) || s.rounds >= 32) break;
   }

@@ -241,6 +241,9 @@ void rt_trace_end(rt_trace *tr);
 bool rt_trace_reset(rt_trace *tr, const char *name);
 /* The value a tensor stands for in the active trace: a proxy's value, or -1 for real tensors. */
 int rt_trace_value_of(const rt_trace *tr, const em_tensor *t);
+/* Drops the traced autograd history of every live proxy (the graph run gives the real tensors
+ * theirs), so proxies that only that history kept alive die and do not become outputs. */
+void rt_trace_drop_history(rt_trace *tr);
 /* Marks graph outputs for every live proxy (deduplicated, in creation order). */
 bool rt_trace_output_live(rt_trace *tr);
 /* Turns each live proxy whose value is the graph's output k into the real tensor outs[k]

@@ -316,6 +316,18 @@ em_tensor *rt_trace_new_input(rt_trace *tr, const ir_type *t, em_site site) {
   return rt_new_proxy(NULL, &m, v, tr, "em_compile", site);
 }
 
+void rt_trace_drop_history(rt_trace *tr) {
+  for (int i = 0; i < tr->n_proxies; i++) {
+    em_tensor *p = tr->proxies[i];
+    if (!p || !p->grad_fn) continue;
+    em_retain(p);
+    rt_node *n = p->grad_fn;
+    p->grad_fn = NULL;
+    rt_node_release(n); /* may free proxies only that history kept alive */
+    em_release(p);
+  }
+}
+
 bool rt_trace_output_live(rt_trace *tr) {
   ir_graph *g = tr->g;
   bool *seen = rt_alloc((size_t)(g->n_values ? g->n_values : 1), 16);
