@@ -432,8 +432,15 @@ ETEST(compile, whole_training_step_is_one_graph) {
   cr_assert_eq(st.graphs_compiled, 1);
   cr_assert_eq(st.traces, 1);
   cr_assert_eq(st.replays, 3);
-  for (int k = 0; k < 4; k++) /* the .grad bindings were replayed too */
-    EXPECT_SAME_BITS(em_get_grad(s[1].m.l1.weight), em_get_grad(s[0].m.l1.weight), "grad after the step");
+  em_tensor *p0[4] = {s[0].m.l1.weight, s[0].m.l1.bias, s[0].m.l2.weight, s[0].m.l2.bias};
+  em_tensor *p1[4] = {s[1].m.l1.weight, s[1].m.l1.bias, s[1].m.l2.weight, s[1].m.l2.bias};
+  for (int k = 0; k < 4; k++) { /* the .grad bindings were replayed too */
+    EXPECT_SAME_BITS(p1[k], p0[k], "parameter after the steps");
+    EXPECT_SAME_BITS(em_get_grad(p1[k]), em_get_grad(p0[k]), "grad after the steps");
+  }
+  em_explanation *ex = em_explain(whole_step, &s[1], x, y); /* (it runs one more step on s[1]) */
+  cr_assert(ex && ex->n_graphs == 1 && ex->n_breaks == 0, "forward, backward and update: one graph");
+  em_explanation_free(ex);
   for (int k = 0; k < 2; k++) em_optimizer_free(s[k].opt);
   em_compiled_free(c);
 }
