@@ -854,14 +854,26 @@ void em_batch_iter_free(em_batch_iter *it);
  * the trace, as in jax.jit. Tensors fn reaches through ctx are bound by identity: if ctx points
  * at other tensors later, free the old ones (their entries die) or compile anew.
  *
+ * Mutation. In-place writes inside fn (em_add_ and friends, em_copy_ into a view, SGD updates,
+ * batch-norm running statistics) are functionalized: they become out-of-place nodes, and after
+ * the graph runs an epilogue writes the new values back into the tensors fn wrote (a write into
+ * a view is scattered into its base; other live views of it are regenerated). em_backward is
+ * traced like any op, and the .grad it sets is rebound on every replay, so a whole training step
+ * (forward, em_backward, optimizer step) is one graph. A trace that leaves new tensors in state
+ * outside fn (SGD momentum buffers made on the first step) is not cached: the next call traces
+ * again. Scalars fn passes to ops are constants of the trace; em_optimizer_set_lr invalidates
+ * entries (a guard), other host values do not.
+ *
  * Graph breaks. Where fn needs data or does something a graph cannot hold, the graph so far is
  * run, every live proxy becomes a real tensor in place (the pointers fn holds stay valid), the
  * operation runs eagerly, and tracing resumes in a new graph. Breaks happen at: em_item,
  * em_data_ptr, em_to_buffer, em_format / em_print, em_save, data-dependent shapes (em_nonzero,
- * em_masked_select), in-place writes (em_add_ and friends, optimizer steps), em_backward
- * (it writes .grad), em_requires_grad_, em_call_opaque and em_graph_break. An entry with
- * breaks re-runs fn on every call; each graph between breaks is looked up by its structure,
- * so each compiles once. With opts.fullgraph a break is an error naming its site.
+ * em_masked_select), em_requires_grad_, em_call_opaque, em_graph_break, AdamW's step (its step
+ * count is host state), and in-place writes functionalization cannot express (into a tensor
+ * that is part of a larger storage it did not view through fn, or whose storage other inputs
+ * share). An entry with breaks re-runs fn on every call; each graph between breaks is looked up
+ * by its structure, so each compiles once. With opts.fullgraph a break is an error naming its
+ * site.
  *
  * Backends: "eager" runs each captured graph with the graph interpreter on the eager kernels
  * (results are bit-identical to eager execution; autograd works on the outputs as in eager).
