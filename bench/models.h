@@ -27,12 +27,12 @@ typedef struct net {
   int n_params;
 } net;
 
-static void add_linear(net *m, int i, int64_t a, int64_t b) {
+static inline void add_linear(net *m, int i, int64_t a, int64_t b) {
   if (!em_linear_layer_init(&m->fc[i], a, b, true)) return;
   m->params[m->n_params++] = m->fc[i].weight, m->params[m->n_params++] = m->fc[i].bias;
 }
 
-static em_outputs mlp_fn(void *ctx, em_tensor *const *in, int n) {
+static inline em_outputs mlp_fn(void *ctx, em_tensor *const *in, int n) {
   net *m = ctx;
   em_tensor *h = em_relu(em_linear(in[0], m->fc[0].weight, m->fc[0].bias));
   h = em_relu(em_linear(h, m->fc[1].weight, m->fc[1].bias));
@@ -40,7 +40,7 @@ static em_outputs mlp_fn(void *ctx, em_tensor *const *in, int n) {
   return EM_OUTPUTS(em_cross_entropy(logits, in[1], EM_CROSS_ENTROPY_DEFAULT), logits);
 }
 
-static em_outputs gelu_ln_mlp_fn(void *ctx, em_tensor *const *in, int n) {
+static inline em_outputs gelu_ln_mlp_fn(void *ctx, em_tensor *const *in, int n) {
   net *m = ctx;
   em_tensor *h = em_layer_norm(em_linear(in[0], m->fc[0].weight, m->fc[0].bias), 1, m->ln_w[0], m->ln_b[0], 1e-5);
   h = em_gelu(h, false);
@@ -48,7 +48,7 @@ static em_outputs gelu_ln_mlp_fn(void *ctx, em_tensor *const *in, int n) {
   return EM_OUTPUTS(em_cross_entropy(em_linear(h, m->fc[2].weight, m->fc[2].bias), in[1], EM_CROSS_ENTROPY_DEFAULT));
 }
 
-static em_outputs lenet_fn(void *ctx, em_tensor *const *in, int n) {
+static inline em_outputs lenet_fn(void *ctx, em_tensor *const *in, int n) {
   net *m = ctx;
   em_tensor *h = em_max_pool2d(em_relu(em_conv2d(in[0], m->conv[0].weight, m->conv[0].bias, m->conv[0].params)), 2, 2, 2, 2, 0, 0);
   h = em_max_pool2d(em_relu(em_conv2d(h, m->conv[1].weight, m->conv[1].bias, m->conv[1].params)), 2, 2, 2, 2, 0, 0);
@@ -64,7 +64,7 @@ enum { VOCAB = MODELS_VOCAB, DM = MODELS_DM, HEADS = MODELS_HEADS, CTX = MODELS_
 /* A decoder-only transformer (pre-norm GPT): token + position embeddings; per layer causal
  * self-attention and a GELU MLP, each behind a layer_norm and a residual; a final layer_norm;
  * the LM head; next-token cross entropy. */
-static em_outputs transformer_fn(void *ctx, em_tensor *const *in, int n) {
+static inline em_outputs transformer_fn(void *ctx, em_tensor *const *in, int n) {
   net *m = ctx;
   em_tensor *x = em_add(em_embedding(in[0], m->tok), m->pos); /* [B, T, D] */
   for (int l = 0; l < LAYERS; l++) {
@@ -89,7 +89,7 @@ static em_outputs transformer_fn(void *ctx, em_tensor *const *in, int n) {
   return EM_OUTPUTS(loss);
 }
 
-static void add_ln(net *m, int i, int64_t d) {
+static inline void add_ln(net *m, int i, int64_t d) {
   m->ln_w[i] = em_requires_grad_(em_add_scalar(em_rand(EM_F32, EM_SHAPE(d)), 0.5), true);
   m->ln_b[i] = em_requires_grad_(em_mul_scalar(em_randn(EM_F32, EM_SHAPE(d)), 0.1), true);
   m->params[m->n_params++] = m->ln_w[i], m->params[m->n_params++] = m->ln_b[i];
@@ -97,14 +97,14 @@ static void add_ln(net *m, int i, int64_t d) {
 
 
 /* Parameter set-ups for each model. */
-static void models_mlp(net *m, int64_t in, int64_t h1, int64_t h2, int64_t out) {
+static inline void models_mlp(net *m, int64_t in, int64_t h1, int64_t h2, int64_t out) {
   add_linear(m, 0, in, h1), add_linear(m, 1, h1, h2), add_linear(m, 2, h2, out);
 }
-static void models_gelu_ln_mlp(net *m, int64_t in, int64_t h1, int64_t h2, int64_t out) {
+static inline void models_gelu_ln_mlp(net *m, int64_t in, int64_t h1, int64_t h2, int64_t out) {
   models_mlp(m, in, h1, h2, out);
   add_ln(m, 0, h1), add_ln(m, 1, h2);
 }
-static bool models_lenet(net *m) {
+static inline bool models_lenet(net *m) {
   em_conv2d_params pad2 = EM_CONV2D_DEFAULT;
   pad2.padding[0] = pad2.padding[1] = 2;
   if (!em_conv2d_layer_init(&m->conv[0], 1, 6, 5, 5, pad2, true) ||
@@ -114,7 +114,7 @@ static bool models_lenet(net *m) {
   add_linear(m, 0, 400, 120), add_linear(m, 1, 120, 84), add_linear(m, 2, 84, 10);
   return true;
 }
-static void models_transformer(net *m) {
+static inline void models_transformer(net *m) {
   m->tok = em_requires_grad_(em_mul_scalar(em_randn(EM_F32, EM_SHAPE(VOCAB, DM)), 0.5), true);
   m->pos = em_requires_grad_(em_mul_scalar(em_randn(EM_F32, EM_SHAPE(CTX, DM)), 0.1), true);
   m->params[m->n_params++] = m->tok, m->params[m->n_params++] = m->pos;

@@ -1,0 +1,44 @@
+/* inductor/inductor.h: the CPU code generator (first stage).
+ *
+ * A graph is scheduled into steps. Runs of pointwise prims over one iteration space (f32 and
+ * bool values; views and scalar constants between them run first, as they only make headers)
+ * are fused into one kernel: a loop nest over the output shape, the innermost dimension
+ * vectorized 8 lanes wide (AVX2 ymm, the width the eager kernels and their SLEEF calls use)
+ * with a scalar tail, every input read through its own strides (0 for broadcast). Each kernel
+ * is emitted as LLVM IR through the C API, optimised with LLVMRunPasses (default<O3>) and
+ * compiled by ORC's LLJIT. Everything else (reductions, extern GEMM and convolutions,
+ * indexing, other dtypes) runs through the eager kernels for now.
+ *
+ * Kernels compute what the eager kernels compute, op for op, with the same SLEEF vector
+ * functions in the vector body and libm in the tail, so results are bit-identical to eager
+ * except where eager itself takes another path (eager runs SLEEF only on contiguous operands;
+ * a kernel uses it whenever the innermost stride is 0 or 1): then within the functions' 1 ULP.
+ *
+ * Programs are specialised to the strides of their inputs (the frontend guards on them). Not
+ * yet here (issue 6): reductions and GEMM epilogues in generated code, memory planning, OpenMP
+ * threading of kernels, the disk cache. */
+#ifndef EMBER_INDUCTOR_H
+#define EMBER_INDUCTOR_H
+
+#include "../runtime/rt.h"
+#include "../ir/graph.h"
+
+typedef struct ind_program ind_program;
+
+typedef struct ind_stats {
+  int kernels;        /* generated kernels */
+  int fused_nodes;    /* graph nodes inside them */
+  int fallback_nodes; /* nodes run by the eager kernels */
+  double compile_ms;  /* lowering, LLVM optimisation and JIT */
+} ind_stats;
+
+/* Compiles g for inputs with these layouts. NULL with a reason in err when something is not
+ * supported or LLVM fails (the caller falls back to the interpreter). */
+ind_program *ind_compile(const ir_graph *g, em_tensor *const *inputs, ind_stats *stats, char *err, size_t cap);
+/* Runs p: outputs receive caller-owned references, as rt_interpret's. */
+bool ind_run(const ind_program *p, em_tensor *const *inputs, int n_inputs, em_tensor **outputs, em_site site);
+void ind_free(ind_program *p);
+/* The LLVM IR of p's kernels (EMBER_LOGS=output_code), or NULL. Borrowed. */
+const char *ind_kernel_ir(const ind_program *p);
+
+#endif /* EMBER_INDUCTOR_H */
