@@ -100,14 +100,6 @@ void ind_free(ind_program *p) {
   free(p);
 }
 
-static bool fail(char *err, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static bool fail(char *err, size_t cap, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, cap, fmt, ap);
-  va_end(ap);
-  return false;
-}
 
 /* ---- the schedule ---- */
 
@@ -420,7 +412,7 @@ static bool emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, kernel 
   const ir_type *t = &g->values[g->nodes[k->nodes[0]].out].type;
   int nb = k->n_out + k->n_in;
   access acc[128];
-  if (nb > 128) return fail(err, cap, "kernel with %d buffers", nb);
+  if (nb > 128) return ir_fail(err, cap, "kernel with %d buffers", nb);
   /* coalesce dims: merge i into i+1 where every buffer's strides allow it */
   int64_t sizes[EM_MAX_DIMS];
   int nd = 0;
@@ -508,7 +500,7 @@ static bool emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, kernel 
                            : LLVMConstInt(c->i1, 0, 0);
   LLVMBuildCondBr(b, vcond, vbody, thdr);
   LLVMValueRef *vals = calloc((size_t)g->n_values + 1, sizeof(LLVMValueRef));
-  if (!vals) return fail(err, cap, "out of memory");
+  if (!vals) return ir_fail(err, cap, "out of memory");
   LLVMPositionBuilderAtEnd(b, vbody);
   LLVMValueRef off[128];
   for (int bi = 0; bi < nb; bi++)
@@ -582,19 +574,19 @@ ind_program *ind_compile(const ir_graph *graph, em_tensor *const *inputs, ind_st
   prim_meta *meta = p ? calloc((size_t)graph->n_values + 1, sizeof(prim_meta)) : NULL;
   if (!p || !meta || !(p->g = ir_graph_clone(graph))) {
     free(meta), free(p);
-    fail(err, cap, "out of memory");
+    ir_fail(err, cap, "out of memory");
     return NULL;
   }
   const ir_graph *g = p->g;
   bool ok = true;
   p->in_meta = malloc(sizeof(prim_meta) * (size_t)(g->n_inputs + 1));
-  if (!p->in_meta) ok = fail(err, cap, "out of memory");
+  if (!p->in_meta) ok = ir_fail(err, cap, "out of memory");
   for (int i = 0; ok && i < g->n_inputs; i++) p->in_meta[i] = rt_meta(inputs[i]);
   for (int i = 0; ok && i < g->n_nodes; i++)
-    if (!ir_type_concrete(&g->values[g->nodes[i].out].type)) ok = fail(err, cap, "symbolic sizes");
-  if (ok && !value_metas(g, p->in_meta, meta)) ok = fail(err, cap, "the graph's layouts do not follow from its inputs");
+    if (!ir_type_concrete(&g->values[g->nodes[i].out].type)) ok = ir_fail(err, cap, "symbolic sizes");
+  if (ok && !value_metas(g, p->in_meta, meta)) ok = ir_fail(err, cap, "the graph's layouts do not follow from its inputs");
   builder bld = {p};
-  if (ok && !schedule(&bld)) ok = fail(err, cap, "out of memory scheduling");
+  if (ok && !schedule(&bld)) ok = ir_fail(err, cap, "out of memory scheduling");
   if (ok && p->n_kernels) {
     cg c = {0};
     LLVMOrcThreadSafeContextRef tsc = LLVMOrcCreateNewThreadSafeContext();
@@ -614,7 +606,7 @@ ind_program *ind_compile(const ir_graph *graph, em_tensor *const *inputs, ind_st
       LLVMDisposePassBuilderOptions(po);
       if (e) {
         char *m = LLVMGetErrorMessage(e);
-        ok = fail(err, cap, "LLVM passes: %s", m);
+        ok = ir_fail(err, cap, "LLVM passes: %s", m);
         LLVMDisposeErrorMessage(m);
       }
     }
@@ -633,7 +625,7 @@ ind_program *ind_compile(const ir_graph *graph, em_tensor *const *inputs, ind_st
       pthread_mutex_unlock(&jit_lock);
       if (e) {
         char *m = LLVMGetErrorMessage(e);
-        ok = fail(err, cap, "LLJIT: %s", m);
+        ok = ir_fail(err, cap, "LLJIT: %s", m);
         LLVMDisposeErrorMessage(m);
       }
     } else {
