@@ -12,6 +12,7 @@
  * the node keeps; a backward graph that recomputes a random value (min-cut) reads the same
  * slot, so dropout's mask is replayed, not saved. */
 #include "aot.h"
+#include "../inductor/inductor.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -25,7 +26,34 @@ struct aot_compiled {
   int n_diff;           /* differentiable outputs (one tangent each) */
   int *diff_output;     /* [n_diff] forward output index */
   int *grad_primal;     /* [bwd outputs] primal the gradient belongs to */
+  bool use_inductor;
+  ind_program *ind[2];  /* forward, backward: compiled at first run */
+  bool ind_failed[2];
 };
+
+void aot_set_inductor(aot_compiled *a, bool use_inductor) { a->use_inductor = use_inductor; }
+
+/* Runs graph `which` (0 forward, 1 backward) with generated kernels when enabled and possible,
+ * else with the interpreter. */
+static bool run_graph(aot_compiled *a, int which, em_tensor *const *in, int n_in, em_tensor **out,
+                      const rt_interp_opts *opts, em_site site) {
+  const ir_graph *g = which ? a->split.bwd : a->split.fwd;
+  bool random = false;
+  for (int i = 0; i < g->n_nodes && !random; i++) random = prim_get(g->nodes[i].op)->flags & P_RANDOM;
+  if (a->use_inductor && !random && !rt_grad_enabled() && !a->ind_failed[which]) {
+    if (!a->ind[which]) {
+      char err[256];
+      a->ind[which] = ind_compile(g, in, NULL, err, sizeof err);
+      a->ind_failed[which] = !a->ind[which];
+    }
+    if (a->ind[which]) {
+      bool ok = ind_run(a->ind[which], in, n_in, out, site);
+      if (ok || !strstr(em_last_error() ? em_last_error() : "", "layout")) return ok;
+      em_clear_error(); /* another layout than the kernels': interpret */
+    }
+  }
+  return rt_interpret(g, in, n_in, out, opts, site);
+}
 
 const aot_split *aot_get_split(const aot_compiled *a) { return &a->split; }
 
@@ -33,6 +61,7 @@ void aot_release(aot_compiled *a) {
   if (!a || __atomic_sub_fetch(&a->refcount, 1, __ATOMIC_ACQ_REL) != 0) return;
   aot_joint_info_free(&a->info);
   aot_split_free(&a->split);
+  ind_free(a->ind[0]), ind_free(a->ind[1]);
   free(a->diff_output), free(a->grad_primal);
   free(a);
 }
@@ -137,7 +166,7 @@ static bool aot_backward(rt_node *n, em_tensor *g, em_tensor **grads) {
     in[c->n_saved + d] = t;
     ok = t != NULL;
   }
-  ok = ok && rt_interpret(bwd, in, n_in, out, &(rt_interp_opts){.fresh_rng = true, .slots = c->slots, .n_slots = a->n_slots}, s);
+  ok = ok && run_graph(a, 1, in, n_in, out, &(rt_interp_opts){.fresh_rng = true, .slots = c->slots, .n_slots = a->n_slots}, s);
   for (int k = 0; ok && k < n_out; k++) {
     int i = a->grad_primal[k];
     grads[i] = rt_scope_add(out[k], n->name, s);
@@ -193,8 +222,8 @@ bool aot_run(aot_compiled *a, em_tensor *const *in, int n_in, em_tensor **outs, 
     return rt_error(site, "em_call", "out of memory"), false;
   }
   bool prev = em_set_grad_enabled(false);
-  ok = rt_interpret(fwd, in, n_in, all, &(rt_interp_opts){.fresh_rng = true, .slots = c->slots, .n_slots = a->n_slots},
-                    site);
+  ok = run_graph(a, 0, in, n_in, all, &(rt_interp_opts){.fresh_rng = true, .slots = c->slots, .n_slots = a->n_slots},
+                 site);
   em_set_grad_enabled(prev);
   if (ok) {
     for (int k = 0; k < n_fo; k++) outs[k] = all[k];

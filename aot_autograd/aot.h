@@ -52,6 +52,10 @@ typedef struct aot_compiled aot_compiled;
 /* Joint graph, partition (p), checks. NULL with an error, or with *unsupported set when the
  * graph cannot be split (differentiable outputs of mixed dtypes): run it plainly then. */
 aot_compiled *aot_compile(const ir_graph *fwd, const bool *in_rg, aot_partitioner p, const char *name, em_site site);
+/* With use_inductor, the forward and backward graphs run as generated kernels (compiled at their
+ * first run, for the layouts seen then; the interpreter runs them when that fails or layouts
+ * differ later). */
+void aot_set_inductor(aot_compiled *a, bool use_inductor);
 /* Runs the forward graph; outputs get a grad_fn that runs the backward graph. */
 bool aot_run(aot_compiled *a, em_tensor *const *in, int n_in, em_tensor **out, em_site site);
 void aot_release(aot_compiled *a);

@@ -13,6 +13,7 @@
 #define _POSIX_C_SOURCE 200809L /* strdup, clock_gettime */
 #include "frontend.h"
 #include "../aot_autograd/aot.h"
+#include "../inductor/inductor.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -55,6 +56,9 @@ typedef struct fe_graph {
   ir_graph *g;
   aot_compiled *aot;
   bool no_grad; /* the graph holds its own backward (em_backward traced): run it without autograd */
+  bool inductor;          /* backend inductor: run g as generated kernels when no autograd is needed */
+  ind_program *ind;       /* compiled at the first such run, for the layouts of that run */
+  bool ind_failed;
 } fe_graph;
 
 typedef struct entry {
@@ -89,7 +93,8 @@ struct em_compiled {
   em_model_fn fn;
   char name[64];
   char backend[16];
-  bool aot;                 /* backend aot_eager */
+  bool aot;                 /* backend aot_eager or inductor */
+  bool inductor;            /* backend inductor */
   aot_partitioner partitioner;
   bool fullgraph;
   int limit;
@@ -276,6 +281,7 @@ static void fe_graph_free(fe_graph *fg) {
   if (!fg) return;
   ir_graph_free(fg->g);
   aot_release(fg->aot);
+  ind_free(fg->ind);
   free(fg);
 }
 
@@ -330,6 +336,7 @@ static fe_graph *backend_compile(em_compiled *c, const ir_graph *traced, const b
   }
   fe_dump_graph(g);
   fg->no_grad = has_backward;
+  fg->inductor = c->inductor;
   if (c->aot && any_rg && rt_grad_enabled() && !has_backward) {
     char *saved_err = NULL;
     fg->aot = aot_compile(g, in_rg, c->partitioner, c->name, site);
@@ -343,6 +350,7 @@ static fe_graph *backend_compile(em_compiled *c, const ir_graph *traced, const b
               saved_err ? saved_err : "?");
       free(saved_err);
     } else {
+      aot_set_inductor(fg->aot, c->inductor);
       c->stats.aot_graphs++;
       c->stats.aot_saved_bytes = aot_get_split(fg->aot)->saved_bytes;
       log_aot(c, fg->aot);
@@ -354,9 +362,36 @@ static fe_graph *backend_compile(em_compiled *c, const ir_graph *traced, const b
 }
 
 /* Runs a compiled graph: the AOT pair when there is one, else the interpreter. */
-static bool fe_run(const fe_graph *fg, em_tensor *const *in, int n_in, em_tensor **out, em_site site) {
+static bool fe_run(const fe_graph *cfg, em_tensor *const *in, int n_in, em_tensor **out, em_site site) {
+  fe_graph *fg = (fe_graph *)cfg; /* the lazily compiled program is a cache */
   if (fg->aot) return aot_run(fg->aot, in, n_in, out, site);
   bool prev = fg->no_grad ? em_set_grad_enabled(false) : rt_grad_enabled();
+  bool needs_autograd = false;
+  for (int i = 0; i < n_in && !needs_autograd; i++) needs_autograd = rt_grad_enabled() && in[i]->requires_grad;
+  bool random = false;
+  for (int i = 0; i < fg->g->n_nodes && !random; i++) random = prim_get(fg->g->nodes[i].op)->flags & P_RANDOM;
+  if (fg->inductor && !needs_autograd && !random && !fg->ind_failed) {
+    if (!fg->ind) {
+      char err[256];
+      ind_stats st;
+      fg->ind = ind_compile(fg->g, in, &st, err, sizeof err);
+      fg->ind_failed = !fg->ind;
+      if (!fg->ind) fe_log(FE_LOG_SCHEDULE, "%s: code generation failed, interpreting: %s", fg->g->name, err);
+      else {
+        fe_log(FE_LOG_SCHEDULE, "%s: %d kernels holding %d nodes, %d nodes on the eager kernels, compiled in %.1f ms",
+               fg->g->name, st.kernels, st.fused_nodes, st.fallback_nodes, st.compile_ms);
+        if (fe_log_on(FE_LOG_OUTPUT_CODE) && ind_kernel_ir(fg->ind)) fe_log(FE_LOG_OUTPUT_CODE, "%s", ind_kernel_ir(fg->ind));
+      }
+    }
+    if (fg->ind) {
+      bool ok = ind_run(fg->ind, in, n_in, out, site);
+      if (ok || !strstr(em_last_error() ? em_last_error() : "", "layout")) {
+        if (fg->no_grad) em_set_grad_enabled(prev);
+        return ok;
+      }
+      em_clear_error();
+    }
+  }
   bool ok = rt_interpret(fg->g, in, n_in, out, &(rt_interp_opts){.fresh_rng = true}, site);
   if (fg->no_grad) em_set_grad_enabled(prev);
   return ok;
@@ -786,9 +821,8 @@ em_compiled *em_compile_at(em_model_fn fn, const em_compile_options *opts, em_si
   em_compile_options o = opts ? *opts : (em_compile_options){0};
   if (!fn) return rt_error(site, "em_compile", "fn is NULL");
   const char *backend = o.backend ? o.backend : "eager";
-  if (strcmp(backend, "eager") && strcmp(backend, "aot_eager"))
-    return rt_error(site, "em_compile", "unknown backend \"%s\" (this build has \"eager\" and \"aot_eager\"; "
-                    "\"inductor\" arrives with the CPU code generator)", backend);
+  if (strcmp(backend, "eager") && strcmp(backend, "aot_eager") && strcmp(backend, "inductor"))
+    return rt_error(site, "em_compile", "unknown backend \"%s\" (\"eager\", \"aot_eager\" or \"inductor\")", backend);
   /* as in PyTorch: recomputation pays off when the recomputed ops fuse into the backward's
    * kernels (inductor); run one op at a time (aot_eager), it only adds passes over memory */
   const char *part = o.partitioner ? o.partitioner : "default";
@@ -801,7 +835,8 @@ em_compiled *em_compile_at(em_model_fn fn, const em_compile_options *opts, em_si
   for (char *p = c->name; *p; p++) /* names go into IR text and file names */
     if (!(*p == '_' || (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9'))) *p = '_';
   snprintf(c->backend, sizeof c->backend, "%s", backend);
-  c->aot = !strcmp(backend, "aot_eager");
+  c->aot = !strcmp(backend, "aot_eager") || !strcmp(backend, "inductor");
+  c->inductor = !strcmp(backend, "inductor");
   c->partitioner = strcmp(part, "default") ? AOT_PARTITION_MIN_CUT : AOT_PARTITION_DEFAULT;
   c->fullgraph = o.fullgraph;
   c->limit = o.recompile_limit > 0 ? o.recompile_limit : 8;

@@ -649,6 +649,9 @@ ind_program *ind_compile(const ir_graph *graph, em_tensor *const *inputs, ind_st
 
 /* ---- running ---- */
 
+static int64_t kernel_runs;
+int64_t ind_kernel_runs(void) { return __atomic_load_n(&kernel_runs, __ATOMIC_RELAXED); }
+
 bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **out, em_site site) {
   const ir_graph *g = p->g;
   char b0[128];
@@ -713,7 +716,10 @@ bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **o
       if (ok) bufs[o] = rt_data(vals[k->out[o]]);
     }
     for (int i = 0; ok && i < k->n_in; i++) bufs[k->n_out + i] = rt_data(vals[k->in[i]]);
-    if (ok) k->fn(bufs);
+    if (ok) {
+      k->fn(bufs);
+      __atomic_add_fetch(&kernel_runs, 1, __ATOMIC_RELAXED);
+    }
     if (bufs != small) rt_free(bufs);
     for (int j = 0; ok && j < k->n_nodes; j++) { /* operands consumed inside the kernel */
       const ir_node *n = &g->nodes[k->nodes[j]];

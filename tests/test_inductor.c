@@ -160,3 +160,31 @@ ETEST(inductor, random_programs) {
               exact, outputs);
   cr_assert_gt(kernels, n / 2, "the programs exercise the code generator");
 }
+
+/* ---- backend "inductor" in em_compile: forward and backward graphs as generated kernels ---- */
+
+#include "../bench/models.h"
+
+ETEST(inductor, backend_trains_like_eager) {
+  em_manual_seed(9);
+  net m = {0};
+  models_gelu_ln_mlp(&m, 40, 32, 24, 10);
+  em_tensor *x = em_randn(EM_F32, EM_SHAPE(16, 40)), *y = em_randint(0, 10, EM_SHAPE(16));
+  em_tensor *le = gelu_ln_mlp_fn(&m, (em_tensor *[]){x, y}, 2).t[0], *ge[16], *gc[16];
+  cr_assert(em_grad(1, &le, NULL, m.n_params, m.params, ge, false, false));
+  em_compiled *c = em_compile(gelu_ln_mlp_fn, &(em_compile_options){.backend = "inductor", .name = "ind"});
+  int64_t runs0 = ind_kernel_runs();
+  for (int call = 0; call < 2; call++) {
+    em_tensor *lc = em_call(c, &m, x, y).t[0];
+    cr_assert(lc && em_grad(1, &lc, NULL, m.n_params, m.params, gc, false, false), "%s", em_last_error());
+    cr_assert(fabs(em_item(lc) - em_item(le)) <= 1e-5 * fabs(em_item(le)), "loss %.9g, eager %.9g", em_item(lc), em_item(le));
+    for (int i = 0; i < m.n_params; i++) {
+      double d = em_item(em_amax(em_abs(em_sub(gc[i], ge[i])), 0, NULL, false));
+      double s = em_item(em_amax(em_abs(ge[i]), 0, NULL, false));
+      cr_assert_leq(d, 1e-5 * s + 1e-6, "parameter %d: gradient differs by %g (scale %g)", i, d, s);
+    }
+  }
+  cr_assert_eq(em_compiled_stats(c).aot_graphs, 1);
+  cr_assert_gt(ind_kernel_runs() - runs0, 10, "the forward and backward graphs ran as generated kernels");
+  em_compiled_free(c);
+}
