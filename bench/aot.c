@@ -4,7 +4,8 @@
  *
  * Figures, per model: bytes the forward saves for the backward per step with the min-cut and
  * the default partitioner; first-call ms (trace, joint graph, partition); and ms per forward +
- * backward, eager against aot_eager (medians of repeated runs, alternated in one process).
+ * backward, eager against aot_eager (both partitioners) and against the inductor backend's
+ * first stage (fused pointwise kernels), medians of repeated runs alternated in one process.
  * Pass --json for one JSON object per figure. */
 #define MODELS_VOCAB 256
 #define MODELS_DM 256
@@ -53,13 +54,15 @@ static void run(const char *name, em_model_fn fn, net *m, em_tensor *x, em_tenso
   }
   snprintf(key, sizeof key, "%s_saved_ratio", name);
   bench_report(key, (double)saved[0] / (double)saved[1], "x", "min-cut / default");
-  double t[3][REPS];
+  em_compiled *ci = em_compile(fn, &(em_compile_options){.backend = "inductor", .name = name});
+  double t[4][REPS];
   for (int r = -1; r < REPS; r++)
-    for (int k = 0; k < 3; k++) {
-      double ms = step(k ? c[k - 1] : NULL, fn, m, x, y);
+    for (int k = 0; k < 4; k++) {
+      double ms = step(k == 3 ? ci : k ? c[k - 1] : NULL, fn, m, x, y);
       if (r >= 0) t[k][r] = ms;
     }
-  double e = bench_median(t[0], REPS), a = bench_median(t[1], REPS), d = bench_median(t[2], REPS);
+  double e = bench_median(t[0], REPS), a = bench_median(t[1], REPS), d = bench_median(t[2], REPS),
+         ind = bench_median(t[3], REPS);
   char note[64];
   snprintf(key, sizeof key, "%s_eager_ms", name);
   bench_report(key, e, "ms", "forward + backward");
@@ -69,7 +72,11 @@ static void run(const char *name, em_model_fn fn, net *m, em_tensor *x, em_tenso
   snprintf(key, sizeof key, "%s_aot_default_ms", name);
   snprintf(note, sizeof note, "%.2fx eager", d / e);
   bench_report(key, d, "ms", note);
+  snprintf(key, sizeof key, "%s_inductor_ms", name);
+  snprintf(note, sizeof note, "%.2fx eager (fused pointwise kernels)", ind / e);
+  bench_report(key, ind, "ms", note);
   for (int p = 0; p < 2; p++) em_compiled_free(c[p]);
+  em_compiled_free(ci);
 }
 
 static em_outputs transformer_loss(void *ctx, em_tensor *const *in, int n) { return transformer_fn(ctx, in, n); }
