@@ -11,6 +11,7 @@
 #include <llvm-c/Target.h>
 #include <llvm-c/TargetMachine.h>
 #include <llvm-c/Transforms/PassBuilder.h>
+#include <omp.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -65,7 +66,9 @@ static bool jit_get(char *err, size_t cap) {
 
 /* ---- programs ---- */
 
-typedef void (*kernel_fn)(char **bufs);
+/* A kernel covers rows [r0, r1) and columns [j0, j1) of its coalesced iteration space, so the
+ * runtime can split it across threads either way. */
+typedef void (*kernel_fn)(char **bufs, int64_t r0, int64_t r1, int64_t j0, int64_t j1);
 
 typedef struct kernel {
   int n_nodes, *nodes;    /* graph node indices, in order */
@@ -73,6 +76,7 @@ typedef struct kernel {
   int n_out, *out;        /* values other steps or the graph's outputs read */
   char name[32];
   kernel_fn fn;
+  int64_t rows, cols; /* the coalesced iteration space */
 } kernel;
 
 typedef struct step {
@@ -452,8 +456,10 @@ static bool emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, kernel 
   for (int d = 0; d < inner; d++) outer *= sizes[d];
   int64_t cols = sizes[inner];
 
+  k->rows = outer, k->cols = cols;
   LLVMBuilderRef b = c->b;
-  LLVMTypeRef ft = LLVMFunctionType(LLVMVoidTypeInContext(c->ctx), &c->ptr, 1, 0);
+  LLVMTypeRef params[5] = {c->ptr, c->i64, c->i64, c->i64, c->i64};
+  LLVMTypeRef ft = LLVMFunctionType(LLVMVoidTypeInContext(c->ctx), params, 5, 0);
   LLVMValueRef fn = LLVMAddFunction(c->mod, k->name, ft);
   LLVMAddTargetDependentFunctionAttr(fn, "target-cpu", host_cpu);
   LLVMAddTargetDependentFunctionAttr(fn, "target-features", host_features);
@@ -468,6 +474,7 @@ static bool emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, kernel 
                     exitb = LLVMAppendBasicBlockInContext(c->ctx, fn, "exit");
   LLVMPositionBuilderAtEnd(b, entry);
   LLVMValueRef bufs = LLVMGetParam(fn, 0), base[128];
+  LLVMValueRef r0 = LLVMGetParam(fn, 1), r1 = LLVMGetParam(fn, 2), j0 = LLVMGetParam(fn, 3), j1 = LLVMGetParam(fn, 4);
   for (int bi = 0; bi < nb; bi++) {
     LLVMValueRef idx = LLVMConstInt(c->i64, (unsigned long long)bi, 0);
     LLVMValueRef pp = LLVMBuildGEP2(b, c->ptr, bufs, &idx, 1, "");
@@ -478,7 +485,7 @@ static bool emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, kernel 
   /* outer: r in [0, outer) */
   LLVMPositionBuilderAtEnd(b, ohdr);
   LLVMValueRef r = LLVMBuildPhi(b, c->i64, "r");
-  LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, r, LLVMConstInt(c->i64, (unsigned long long)outer, 0), ""), obody, exitb);
+  LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, r, r1, ""), obody, exitb);
   LLVMPositionBuilderAtEnd(b, obody);
   LLVMValueRef row[128];
   for (int bi = 0; bi < nb; bi++) row[bi] = zero;
@@ -495,7 +502,7 @@ static bool emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, kernel 
   /* vector loop: j in steps of LANES while j + LANES <= cols */
   LLVMPositionBuilderAtEnd(b, vhdr);
   LLVMValueRef j = LLVMBuildPhi(b, c->i64, "j");
-  LLVMValueRef lanes = LLVMConstInt(c->i64, LANES, 0), ncols = LLVMConstInt(c->i64, (unsigned long long)cols, 0);
+  LLVMValueRef lanes = LLVMConstInt(c->i64, LANES, 0), ncols = j1;
   LLVMValueRef vcond = vec ? LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, j, lanes, ""), ncols, "")
                            : LLVMConstInt(c->i1, 0, 0);
   LLVMBuildCondBr(b, vcond, vbody, thdr);
@@ -508,7 +515,7 @@ static bool emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, kernel 
   if (vec) emit_body(c, g, k, base, off, acc, inner, LANES, vals);
   LLVMValueRef jn = LLVMBuildAdd(b, j, lanes, "");
   LLVMBuildBr(b, vhdr);
-  LLVMValueRef jin[2] = {zero, jn};
+  LLVMValueRef jin[2] = {j0, jn};
   LLVMBasicBlockRef jbb[2] = {obody, vbody};
   LLVMAddIncoming(j, jin, jbb, 2);
   /* scalar tail */
@@ -528,7 +535,7 @@ static bool emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, kernel 
   LLVMPositionBuilderAtEnd(b, olatch);
   LLVMValueRef rn = LLVMBuildAdd(b, r, one, "");
   LLVMBuildBr(b, ohdr);
-  LLVMValueRef rin[2] = {zero, rn};
+  LLVMValueRef rin[2] = {r0, rn};
   LLVMBasicBlockRef rbb[2] = {entry, olatch};
   LLVMAddIncoming(r, rin, rbb, 2);
   LLVMPositionBuilderAtEnd(b, exitb);
@@ -650,6 +657,33 @@ ind_program *ind_compile(const ir_graph *graph, em_tensor *const *inputs, ind_st
 /* ---- running ---- */
 
 static int64_t kernel_runs;
+
+/* Runs k over its whole iteration space, split across the OpenMP threads when it is large
+ * (rows when there are enough of them, else column blocks that are multiples of the vector
+ * width), with the eager loops' grain so small kernels stay on the calling thread. */
+static void run_kernel(const kernel *k, char **bufs) {
+  int64_t n = k->rows * k->cols;
+  int nt = omp_get_max_threads();
+  if (nt < 2 || n < 2 * PRIM_PARALLEL_GRAIN) {
+    k->fn(bufs, 0, k->rows, 0, k->cols);
+    return;
+  }
+  if (k->rows >= nt) {
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < nt; t++) {
+      int64_t a = k->rows * t / nt, z = k->rows * (t + 1) / nt;
+      if (a < z) k->fn(bufs, a, z, 0, k->cols);
+    }
+  } else {
+    int64_t block = (k->cols / nt + LANES - 1) / LANES * LANES;
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < nt; t++) {
+      int64_t a = block * t, z = t == nt - 1 ? k->cols : block * (t + 1);
+      if (z > k->cols) z = k->cols;
+      if (a < z) k->fn(bufs, 0, k->rows, a, z);
+    }
+  }
+}
 int64_t ind_kernel_runs(void) { return __atomic_load_n(&kernel_runs, __ATOMIC_RELAXED); }
 
 bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **out, em_site site) {
@@ -717,7 +751,7 @@ bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **o
     }
     for (int i = 0; ok && i < k->n_in; i++) bufs[k->n_out + i] = rt_data(vals[k->in[i]]);
     if (ok) {
-      k->fn(bufs);
+      run_kernel(k, bufs);
       __atomic_add_fetch(&kernel_runs, 1, __ATOMIC_RELAXED);
     }
     if (bufs != small) rt_free(bufs);

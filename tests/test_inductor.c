@@ -8,6 +8,7 @@
  * absolute after chains of them. */
 #define _POSIX_C_SOURCE 200809L
 #include "common.h"
+
 #include "random_program.h"
 #include "../runtime/rt.h"
 #include "../ir/graph.h"
@@ -110,6 +111,20 @@ static int arithmetic(em_tensor *const *in, em_tensor **out, void *ctx) {
   out[1] = em_where(em_logical_and(em_ge(x, y), em_ne(x, em_neg(y))), em_minimum(x, y), em_maximum(x, y));
   out[2] = em_cast(em_cast(em_le(x, y), EM_F32), EM_F32);
   return 3;
+}
+
+ETEST(inductor, large_kernels_split_across_threads) {
+  int64_t shapes[3][2] = {{1, 100003}, {5, 30011}, {70001, 1}};
+  for (int i = 0; i < 3; i++) {
+    em_scope_begin();
+    em_manual_seed(70 + i);
+    em_tensor *x = em_randn(EM_F32, EM_SHAPE(shapes[i][0], shapes[i][1]));
+    em_tensor *b = em_randn(EM_F32, EM_SHAPE(shapes[i][1]));
+    ind_stats st;
+    check(chain, (em_tensor *[]){x, b}, NULL, &st, "large");
+    check(arithmetic, (em_tensor *[]){x, em_neg(x)}, NULL, &st, "large arithmetic");
+    em_scope_end();
+  }
 }
 
 ETEST(inductor, exact_ops_are_bit_identical) {
