@@ -46,11 +46,8 @@ static bool run_graph(aot_compiled *a, int which, em_tensor *const *in, int n_in
       a->ind[which] = ind_compile(g, in, NULL, err, sizeof err);
       a->ind_failed[which] = !a->ind[which];
     }
-    if (a->ind[which]) {
-      bool ok = ind_run(a->ind[which], in, n_in, out, site);
-      if (ok || !strstr(em_last_error() ? em_last_error() : "", "layout")) return ok;
-      em_clear_error(); /* another layout than the kernels': interpret */
-    }
+    if (a->ind[which] && ind_accepts(a->ind[which], in, n_in)) /* else another layout: interpret */
+      return ind_run(a->ind[which], in, n_in, out, site);
   }
   return rt_interpret(g, in, n_in, out, opts, site);
 }
@@ -98,9 +95,6 @@ aot_compiled *aot_compile(const ir_graph *fwd, const bool *in_rg, aot_partitione
   int k = 0;
   for (int i = 0; ok && i < a->info.n_primals; i++)
     if (a->info.grad_of_primal[i] >= 0) a->grad_primal[k++] = i;
-  if (ok) {
-    /* EMBER_LOGS=aot is printed by the frontend from the split */
-  }
   ir_graph_free(joint);
   if (!ok) {
     aot_release(a);

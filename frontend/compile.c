@@ -383,13 +383,10 @@ static bool fe_run(const fe_graph *cfg, em_tensor *const *in, int n_in, em_tenso
         if (fe_log_on(FE_LOG_OUTPUT_CODE) && ind_kernel_ir(fg->ind)) fe_log(FE_LOG_OUTPUT_CODE, "%s", ind_kernel_ir(fg->ind));
       }
     }
-    if (fg->ind) {
+    if (fg->ind && ind_accepts(fg->ind, in, n_in)) { /* else another layout: interpret */
       bool ok = ind_run(fg->ind, in, n_in, out, site);
-      if (ok || !strstr(em_last_error() ? em_last_error() : "", "layout")) {
-        if (fg->no_grad) em_set_grad_enabled(prev);
-        return ok;
-      }
-      em_clear_error();
+      if (fg->no_grad) em_set_grad_enabled(prev);
+      return ok;
     }
   }
   bool ok = rt_interpret(fg->g, in, n_in, out, &(rt_interp_opts){.fresh_rng = true}, site);

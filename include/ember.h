@@ -889,8 +889,12 @@ void em_batch_iter_free(em_batch_iter *it);
  * (measured: the transformer of bench/aot's backward took twice as long); the CPU code
  * generator will default to "min_cut".
  * Gradients equal eager's up to rounding (the summation order may differ). Differentiating a
- * compiled backward again (double backward) is not supported, as in torch.compile. "inductor"
- * arrives with the CPU code generator.
+ * compiled backward again (double backward) is not supported, as in torch.compile.
+ * "inductor" is aot_eager whose graphs run as generated code where no autograd recording is
+ * needed: runs of f32/bool pointwise prims fused into LLVM-compiled, vectorized kernels, the
+ * rest on the eager kernels (results within 1 ULP of eager for exp, log, tanh and the like,
+ * bit-identical otherwise). It is the first stage of the CPU code generator, not yet the
+ * default.
  *
  * Logs: EMBER_LOGS is a comma-separated list of graph, guards, recompiles, graph_breaks, aot,
  * schedule, output_code, perf, all (as TORCH_LOGS); each line on stderr starts with
@@ -916,7 +920,7 @@ typedef struct em_outputs {
 typedef em_outputs (*em_model_fn)(void *ctx, em_tensor *const *inputs, int n_inputs);
 
 typedef struct em_compile_options {
-  const char *backend; /* "eager" (default; NULL) or "aot_eager" */
+  const char *backend; /* "eager" (default; NULL), "aot_eager" or "inductor" */
   bool fullgraph;      /* a graph break is an error instead */
   const char *name;    /* used in logs and dumps; NULL: "fn" */
   int recompile_limit; /* entries before falling back to eager; <= 0: 8 (torch's default) */
@@ -957,9 +961,11 @@ typedef struct em_compile_stats {
   int64_t aot_saved_bytes; /* bytes the most recent of them saves for its backward per call
                             * (values other than inputs, which are alive anyway) */
 } em_compile_stats;
+/* The counters of c (all zero for NULL). */
 em_compile_stats em_compiled_stats(const em_compiled *c);
 
-/* Frees the compiled function, its entries and graphs. NULL-safe. */
+/* Frees the compiled function, its entries and graphs. NULL-safe. Outputs it returned stay
+ * valid, and em_backward through them still works (their backward nodes hold what they need). */
 void em_compiled_free(em_compiled *c);
 
 /* One graph break as em_explain reports it: the op that broke, why, and the user's site. */
@@ -988,6 +994,7 @@ typedef struct em_explanation {
   em_explain_at((fn), (ctx), (em_tensor *const[]){__VA_ARGS__}, \
                 (int)(sizeof((em_tensor *[]){__VA_ARGS__}) / sizeof(em_tensor *)), EM_HERE)
 em_explanation *em_explain_at(em_model_fn fn, void *ctx, em_tensor *const *inputs, int n_inputs, em_site site);
+/* Frees an explanation and everything it points to. NULL-safe. */
 void em_explanation_free(em_explanation *e);
 
 /* An explicit graph break (torch._dynamo.graph_break). Does nothing outside a trace. */

@@ -155,7 +155,6 @@ static bool same_shape(const ir_type *a, const ir_type *b) {
 typedef struct builder {
   ind_program *p;
   int cap_steps, cap_kernels;
-  int *uses_after; /* scratch */
 } builder;
 
 static bool push_step(builder *b, step s) {
@@ -192,7 +191,7 @@ static bool close_group(builder *b, const int *grp, int n, bool *in_group) {
   memcpy(k->nodes, grp, sizeof(int) * (size_t)n);
   k->n_nodes = n;
   /* inputs: operands made outside; outputs: results read after the kernel or returned */
-  int first = grp[0], last = grp[n - 1];
+  int last = grp[n - 1];
   for (int i = 0; i < n; i++) {
     const ir_node *x = &g->nodes[grp[i]];
     for (int a = 0; a < x->n_in; a++) {
@@ -213,7 +212,6 @@ static bool close_group(builder *b, const int *grp, int n, bool *in_group) {
      * hoistable), so only later nodes and outputs count */
     if (used) k->out[k->n_out++] = v;
   }
-  (void)first;
   snprintf(k->name, sizeof k->name, "ember_k%d", __atomic_add_fetch(&kernel_serial, 1, __ATOMIC_RELAXED));
   for (int i = 0; i < n; i++) in_group[g->nodes[grp[i]].out] = false;
   p->n_kernels++;
@@ -257,7 +255,7 @@ typedef struct cg {
   LLVMContextRef ctx;
   LLVMModuleRef mod;
   LLVMBuilderRef b;
-  LLVMTypeRef f32, i1, i8, i64, ptr, vf32, vi1, vi8;
+  LLVMTypeRef f32, i1, i8, i64, ptr, vf32, vi8;
 } cg;
 
 static LLVMValueRef splat(cg *c, LLVMValueRef s, int w) {
@@ -410,7 +408,17 @@ static void emit_body(cg *c, const ir_graph *g, const kernel *k, LLVMValueRef *b
   }
 }
 
-/* Emits kernel k as `void name(char **bufs)`: outer loops over the coalesced leading dims, the
+/* Element offsets of every buffer at column j of the current row. */
+static void column_offsets(cg *c, const access *acc, int nb, int inner, LLVMValueRef *row, LLVMValueRef j,
+                           LLVMValueRef *off) {
+  for (int bi = 0; bi < nb; bi++)
+    off[bi] = acc[bi].strides[inner]
+                  ? LLVMBuildAdd(c->b, row[bi],
+                                 LLVMBuildMul(c->b, j, LLVMConstInt(c->i64, (unsigned long long)acc[bi].strides[inner], 0), ""), "")
+                  : row[bi];
+}
+
+/* Emits kernel k as `void name(char **bufs, r0, r1, j0, j1)`: outer loops over the coalesced leading dims, the
  * innermost dim vectorized when every buffer's innermost stride is 0 or 1, a scalar tail. */
 static bool emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, kernel *k, char *err, size_t cap) {
   const ir_type *t = &g->values[g->nodes[k->nodes[0]].out].type;
@@ -510,8 +518,7 @@ static bool emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, kernel 
   if (!vals) return ir_fail(err, cap, "out of memory");
   LLVMPositionBuilderAtEnd(b, vbody);
   LLVMValueRef off[128];
-  for (int bi = 0; bi < nb; bi++)
-    off[bi] = acc[bi].strides[inner] ? LLVMBuildAdd(b, row[bi], LLVMBuildMul(b, j, LLVMConstInt(c->i64, (unsigned long long)acc[bi].strides[inner], 0), ""), "") : row[bi];
+  column_offsets(c, acc, nb, inner, row, j, off);
   if (vec) emit_body(c, g, k, base, off, acc, inner, LANES, vals);
   LLVMValueRef jn = LLVMBuildAdd(b, j, lanes, "");
   LLVMBuildBr(b, vhdr);
@@ -523,8 +530,7 @@ static bool emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, kernel 
   LLVMValueRef t2 = LLVMBuildPhi(b, c->i64, "t");
   LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, t2, ncols, ""), tbody, olatch);
   LLVMPositionBuilderAtEnd(b, tbody);
-  for (int bi = 0; bi < nb; bi++)
-    off[bi] = acc[bi].strides[inner] ? LLVMBuildAdd(b, row[bi], LLVMBuildMul(b, t2, LLVMConstInt(c->i64, (unsigned long long)acc[bi].strides[inner], 0), ""), "") : row[bi];
+  column_offsets(c, acc, nb, inner, row, t2, off);
   emit_body(c, g, k, base, off, acc, inner, 1, vals);
   LLVMValueRef tn = LLVMBuildAdd(b, t2, one, "");
   LLVMBuildBr(b, thdr);
@@ -604,7 +610,7 @@ ind_program *ind_compile(const ir_graph *graph, em_tensor *const *inputs, ind_st
     c.b = LLVMCreateBuilderInContext(c.ctx);
     c.f32 = LLVMFloatTypeInContext(c.ctx), c.i1 = LLVMInt1TypeInContext(c.ctx), c.i8 = LLVMInt8TypeInContext(c.ctx);
     c.i64 = LLVMInt64TypeInContext(c.ctx), c.ptr = LLVMPointerTypeInContext(c.ctx, 0);
-    c.vf32 = LLVMVectorType(c.f32, LANES), c.vi1 = LLVMVectorType(c.i1, LANES), c.vi8 = LLVMVectorType(c.i8, LANES);
+    c.vf32 = LLVMVectorType(c.f32, LANES), c.vi8 = LLVMVectorType(c.i8, LANES);
     for (int k = 0; ok && k < p->n_kernels; k++) ok = emit_kernel(&c, g, meta, &p->kernels[k], err, cap);
     LLVMDisposeBuilder(c.b);
     if (ok) { /* O3 over explicit vectors: the vectorizers have little left; inlining and GVN matter */
@@ -686,19 +692,23 @@ static void run_kernel(const kernel *k, char **bufs) {
 }
 int64_t ind_kernel_runs(void) { return __atomic_load_n(&kernel_runs, __ATOMIC_RELAXED); }
 
-bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **out, em_site site) {
-  const ir_graph *g = p->g;
-  char b0[128];
-  for (int i = 0; i < g->n_outputs; i++) out[i] = NULL;
-  if (n_in != g->n_inputs) return rt_error(site, "em_call", "compiled graph takes %d inputs, got %d", g->n_inputs, n_in), false;
+bool ind_accepts(const ind_program *p, em_tensor *const *in, int n_in) {
+  if (n_in != p->g->n_inputs) return false;
   for (int i = 0; i < n_in; i++) {
     prim_meta m = rt_meta(in[i]);
     const prim_meta *w = &p->in_meta[i];
     if (m.dtype != w->dtype || m.ndim != w->ndim || memcmp(m.sizes, w->sizes, sizeof(int64_t) * (size_t)m.ndim) ||
         memcmp(m.strides, w->strides, sizeof(int64_t) * (size_t)m.ndim))
-      return rt_error(site, "em_call", "input %d (%s) does not have the layout the kernels were compiled for", i,
-                      rt_fmt(b0, sizeof b0, in[i])), false;
+      return false;
   }
+  return true;
+}
+
+bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **out, em_site site) {
+  const ir_graph *g = p->g;
+  for (int i = 0; i < g->n_outputs; i++) out[i] = NULL;
+  if (!ind_accepts(p, in, n_in))
+    return rt_error(site, "em_call", "the inputs do not have the layouts the kernels were compiled for"), false;
   int nv = g->n_values;
   em_tensor **vals = rt_alloc(sizeof(em_tensor *) * (size_t)(nv + 1), 16);
   int *uses = rt_alloc(sizeof(int) * (size_t)(nv + 1), 16);

@@ -35,6 +35,8 @@ typedef struct ind_stats {
 /* Compiles g for inputs with these layouts. NULL with a reason in err when something is not
  * supported or LLVM fails (the caller falls back to the interpreter). */
 ind_program *ind_compile(const ir_graph *g, em_tensor *const *inputs, ind_stats *stats, char *err, size_t cap);
+/* Whether inputs have the dtypes, sizes and strides p was compiled for. */
+bool ind_accepts(const ind_program *p, em_tensor *const *inputs, int n_inputs);
 /* Runs p: outputs receive caller-owned references, as rt_interpret's. */
 bool ind_run(const ind_program *p, em_tensor *const *inputs, int n_inputs, em_tensor **outputs, em_site site);
 void ind_free(ind_program *p);

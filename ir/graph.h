@@ -1,7 +1,7 @@
 /* ir/graph.h: the graph IR: SSA values, nodes, symbolic sizes, printer, parser, verifier, passes.
  *
  * A graph is a list of nodes in topological order (each node defines one SSA value from values
- * defined before it), a list of input values (placeholders) and a list of output values. Every
+ * defined before it), a list of graph inputs and a list of output values. Every
  * node applies one prim (prims/prims.def) with its attributes and carries the user's source site.
  *
  * Layering. ir/types.c sits below prims/ (prims use its dtypes and shapes). The graph half of

@@ -3,7 +3,7 @@
  * ir/ is pure data: no tensors, no execution. This first part holds the types every layer above
  * shares: dtype properties (one X-macro table), shapes and their arithmetic (numel, contiguous
  * strides, broadcasting), type promotion, and the "f32[3,4]" form used in every error message.
- * The graph of values and nodes arrives with the capture issue and builds on these. */
+ * The graph of values and nodes (graph.h) builds on these. */
 #ifndef EMBER_IR_H
 #define EMBER_IR_H
 

@@ -109,7 +109,7 @@ static inline void rt_bump_version(em_tensor *t, const char *op, em_site site) {
 /* The one entry of every op: checks operands (NULL in -> NULL out, silently), runs the meta
  * function, makes a view or allocates the result and runs the reference kernel. Returns a
  * caller-owned reference (not in any scope) or NULL with a located error naming `name`. This is
- * where tracing and autograd will hook in. */
+ * where tracing (trace.c) and autograd hook in. */
 em_tensor *rt_dispatch(const char *name, em_prim op, em_tensor *const *in, int n_in,
                        const prim_attrs *at, em_site site);
 /* Runs a pointwise prim writing into an existing tensor out (any strides, not overlapping
