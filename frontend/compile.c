@@ -876,7 +876,16 @@ static void drop_dead_entries(em_compiled *c) {
   c->n_entries = k;
 }
 
+static em_outputs call(em_compiled *c, void *ctx, em_tensor *const *in, int n_in, em_site site);
+
 em_outputs em_call_at(em_compiled *c, void *ctx, em_tensor *const *in, int n_in, em_site site) {
+  int64_t k0 = ind_kernel_runs(); /* this thread's: a call runs its kernels on the calling thread */
+  em_outputs r = call(c, ctx, in, n_in, site);
+  if (c) c->stats.kernel_runs += ind_kernel_runs() - k0;
+  return r;
+}
+
+static em_outputs call(em_compiled *c, void *ctx, em_tensor *const *in, int n_in, em_site site) {
   if (!c) return rt_error(site, "em_call", "the compiled function is NULL"), failed_outputs(0);
   if (n_in < 0 || (n_in > 0 && !in)) return rt_error(site, "em_call", "bad inputs (n = %d)", n_in), failed_outputs(0);
   for (int i = 0; i < n_in; i++)

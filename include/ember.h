@@ -960,6 +960,7 @@ typedef struct em_compile_stats {
   int64_t aot_graphs;      /* graphs split into forward and backward (backend aot_eager) */
   int64_t aot_saved_bytes; /* bytes the most recent of them saves for its backward per call
                             * (values other than inputs, which are alive anyway) */
+  int64_t kernel_runs;     /* generated kernels run inside em_call (backend inductor) */
 } em_compile_stats;
 /* The counters of c (all zero for NULL). */
 em_compile_stats em_compiled_stats(const em_compiled *c);

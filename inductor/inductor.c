@@ -662,7 +662,7 @@ ind_program *ind_compile(const ir_graph *graph, em_tensor *const *inputs, ind_st
 
 /* ---- running ---- */
 
-static int64_t kernel_runs;
+static _Thread_local int64_t kernel_runs;
 
 /* Runs k over its whole iteration space, split across the OpenMP threads when it is large
  * (rows when there are enough of them, else column blocks that are multiples of the vector
@@ -690,7 +690,7 @@ static void run_kernel(const kernel *k, char **bufs) {
     }
   }
 }
-int64_t ind_kernel_runs(void) { return __atomic_load_n(&kernel_runs, __ATOMIC_RELAXED); }
+int64_t ind_kernel_runs(void) { return kernel_runs; }
 
 bool ind_accepts(const ind_program *p, em_tensor *const *in, int n_in) {
   if (n_in != p->g->n_inputs) return false;
@@ -762,7 +762,7 @@ bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **o
     for (int i = 0; ok && i < k->n_in; i++) bufs[k->n_out + i] = rt_data(vals[k->in[i]]);
     if (ok) {
       run_kernel(k, bufs);
-      __atomic_add_fetch(&kernel_runs, 1, __ATOMIC_RELAXED);
+      kernel_runs++;
     }
     if (bufs != small) rt_free(bufs);
     for (int j = 0; ok && j < k->n_nodes; j++) { /* operands consumed inside the kernel */

@@ -40,7 +40,7 @@ bool ind_accepts(const ind_program *p, em_tensor *const *inputs, int n_inputs);
 /* Runs p: outputs receive caller-owned references, as rt_interpret's. */
 bool ind_run(const ind_program *p, em_tensor *const *inputs, int n_inputs, em_tensor **outputs, em_site site);
 void ind_free(ind_program *p);
-/* Generated kernels run since the process started (all threads), for tests and benchmarks. */
+/* Generated kernels the calling thread has run, for em_compiled_stats, tests and benchmarks. */
 int64_t ind_kernel_runs(void);
 /* The LLVM IR of p's kernels (EMBER_LOGS=output_code), or NULL. Borrowed. */
 const char *ind_kernel_ir(const ind_program *p);

@@ -243,8 +243,15 @@ typedef struct {
 #define SMALL_GEMM ((int64_t)1 << 18)
 
 #ifdef EMBER_HAVE_DNNL
+static dnnl_status_t sgemm_one(const gemm_job *g, int64_t i) {
+  const float *pa = (const float *)g->a.data + batch_offset(&g->a, i);
+  const float *pb = (const float *)g->b.data + batch_offset(&g->b, i);
+  return dnnl_sgemm(g->ta, g->tb, g->m, g->n, g->k, 1.0f, pa, g->lda, pb, g->ldb, 0.0f,
+                    (float *)g->out->data + i * g->m * g->n, g->n);
+}
+
 static bool sgemm_dnnl(const gemm_job *g, char *err, size_t cap) {
-  int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+  int nt = omp_get_level() > 0 ? 1 : omp_get_max_threads();
   /* A batch per thread when the products are small, or large but numerous enough (or evenly
    * divisible) to keep every thread busy: oneDNN sees it is inside a parallel region and runs
    * each call on its caller's thread, so the two levels never nest. Otherwise one product at
@@ -252,16 +259,21 @@ static bool sgemm_dnnl(const gemm_job *g, char *err, size_t cap) {
   bool per_thread =
       g->batches > 1 && (g->m * g->n * g->k <= SMALL_GEMM || g->batches % nt == 0 || g->batches >= 4 * nt);
   dnnl_status_t bad = dnnl_success;
-#pragma omp parallel for schedule(static) if (per_thread)
-  for (int64_t i = 0; i < g->batches; i++) {
-    const float *pa = (const float *)g->a.data + batch_offset(&g->a, i);
-    const float *pb = (const float *)g->b.data + batch_offset(&g->b, i);
-    dnnl_status_t st = dnnl_sgemm(g->ta, g->tb, g->m, g->n, g->k, 1.0f, pa, g->lda, pb, g->ldb, 0.0f,
-                                  (float *)g->out->data + i * g->m * g->n, g->n);
-    if (st != dnnl_success) {
+  /* Not `omp parallel for if (per_thread)`: a region with a false if-clause still opens a
+   * nesting level without being active, so omp_in_parallel() says false, oneDNN opens its own
+   * team inside it, and libgomp starts (and ends) fresh threads for that nested team on every
+   * call. With spinning waits on two cores that made a training step 4x slower. */
+  if (per_thread) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < g->batches; i++) {
+      dnnl_status_t st = sgemm_one(g, i);
+      if (st != dnnl_success) {
 #pragma omp atomic write
-      bad = st;
+        bad = st;
+      }
     }
+  } else {
+    for (int64_t i = 0; i < g->batches && bad == dnnl_success; i++) bad = sgemm_one(g, i);
   }
   if (bad != dnnl_success) return snprintf(err, cap, "oneDNN sgemm failed: %s", dnnl_status2str(bad)), false;
   return true;
@@ -287,7 +299,7 @@ static void dgemm_blas(const gemm_job *g) {
     return;
   }
   blas_single_thread();
-  int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+  int nt = omp_get_level() > 0 ? 1 : omp_get_max_threads();
   int64_t work = g->batches * g->m * g->n * g->k, blocks = 1;
   /* Tiles of (batch, block of rows), so that a single large product also uses every thread;
    * a row block of op(a) starts r0 rows down ('N') or r0 columns across ('T'). */

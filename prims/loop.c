@@ -95,7 +95,7 @@ void prim_foreach(int nops, const prim_buf *bufs, prim_loop1d fn, const void *ct
   iter it;
   iter_init(&it, nops, bufs);
   int nt = omp_get_max_threads();
-  if (nt < 2 || total < 2 * PRIM_PARALLEL_GRAIN || omp_in_parallel()) {
+  if (nt < 2 || total < 2 * PRIM_PARALLEL_GRAIN || omp_get_level() > 0) {
     iter_range(&it, 0, total, fn, ctx);
     return;
   }

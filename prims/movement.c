@@ -95,7 +95,7 @@ static prim_loop1d fill_loop(size_t size) {
 
 static void par_memcpy(char *dst, const char *src, size_t bytes) {
   size_t chunks = bytes / MEMCPY_GRAIN;
-  int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+  int nt = omp_get_level() > 0 ? 1 : omp_get_max_threads();
   if (chunks > (size_t)nt) chunks = (size_t)nt;
   if (chunks < 2) {
     memcpy(dst, src, bytes);
@@ -413,7 +413,7 @@ static void select_rows(const prim_buf *out, const prim_buf *x, const prim_buf *
   const int64_t *idx = (const int64_t *)index->data;
   int64_t idx_step = index->ndim ? index->strides[0] : 0;
   int64_t axis_step = x->strides[axis] * (int64_t)es;
-  int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+  int nt = omp_get_level() > 0 ? 1 : omp_get_max_threads();
   int64_t chunks = rows * row_elems / PRIM_PARALLEL_GRAIN;
   if (chunks > nt) chunks = nt;
   if (chunks > rows) chunks = rows;
@@ -525,7 +525,7 @@ static void scatter_add(const prim_buf *out, const prim_buf *x, const prim_buf *
   int split = -1;
   for (int d = 0; d < index->ndim; d++)
     if (d != axis && (split < 0 || index->sizes[d] > index->sizes[split])) split = d;
-  int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+  int nt = omp_get_level() > 0 ? 1 : omp_get_max_threads();
   int64_t parts = total / PRIM_PARALLEL_GRAIN;
   if (parts > nt) parts = nt;
   if (split >= 0 && parts > index->sizes[split]) parts = index->sizes[split];

@@ -1,0 +1,185 @@
+/* bench/compiled.c: em_compile's default backend (inductor) against Ember eager on the
+ * workloads of issue 6:
+ *   - training steps (forward, backward, SGD with momentum 0.9; the whole step compiled as one
+ *     function) of the Fashion-MNIST MLP (784-512-512-10) and LeNet-5 at batch 128, and of a
+ *     decoder-only transformer (2 layers, d_model 256, 4 heads, context 128, batch 16, byte
+ *     vocabulary);
+ *   - softmax and layer_norm over [4096, 1024] rows, against memcpy of the same bytes.
+ * Figures per workload: ms per step eager and compiled (medians of alternated runs in one
+ * process) and their ratio, generated kernels run per step, cold compile ms (first call:
+ * trace, AOT, lowering, LLVM, JIT), warm compile ms (the same in a fresh em_compiled, kernels
+ * loaded from the disk cache), peak bytes of live tensor storage during a compiled step.
+ * --json: one JSON object per figure. --only NAME runs one workload (for profiling). */
+#define _POSIX_C_SOURCE 200809L /* setenv, mkdtemp */
+#define MODELS_VOCAB 256
+#define MODELS_DM 256
+#define MODELS_HEADS 4
+#define MODELS_CTX 128
+#define MODELS_BATCH 16
+#define MODELS_LAYERS 2
+#include "bench.h"
+#include "models.h"
+
+enum { REPS = 15 };
+
+static const char *only;
+
+static void fail(const char *what) {
+  fprintf(stderr, "bench compiled: %s: %s\n", what, em_last_error() ? em_last_error() : "?");
+  exit(1);
+}
+
+typedef struct step_ctx {
+  em_model_fn loss_fn;
+  net *m;
+  em_optimizer *opt;
+} step_ctx;
+
+/* A whole training step: loss, backward, update; returns the loss. */
+static em_outputs train_step(void *ctx, em_tensor *const *in, int n) {
+  step_ctx *s = ctx;
+  em_tensor *loss = s->loss_fn(s->m, in, n).t[0];
+  em_optimizer_zero_grad(s->opt);
+  if (!loss || !em_backward(loss, NULL) || !em_optimizer_step(s->opt)) return EM_OUTPUTS(NULL);
+  return EM_OUTPUTS(loss);
+}
+
+/* One call, eager (c NULL) or compiled; returns ms. */
+static double once(em_compiled *c, em_model_fn fn, void *ctx, em_tensor *const *in, int n) {
+  em_scope_begin();
+  double t0 = bench_now();
+  em_tensor *r = c ? em_call_n(c, ctx, n, in).t[0] : fn(ctx, in, n).t[0];
+  if (!r) fail("step");
+  double dt = bench_now() - t0;
+  em_scope_end();
+  return 1e3 * dt;
+}
+
+static em_compiled *compile(em_model_fn fn, const char *name) {
+  em_compiled *c = em_compile(fn, &(em_compile_options){.backend = "inductor", .name = name});
+  if (!c) fail("em_compile");
+  return c;
+}
+
+/* Eager against compiled on fn(ctx, in), with the figures listed above. */
+static void run(const char *name, em_model_fn fn, void *ctx, em_tensor *const *in, int n, double bytes_moved) {
+  if (only && strcmp(only, name)) return;
+  char key[96], note[96];
+  em_compiled *c = compile(fn, name);
+  double cold = once(c, fn, ctx, in, n);
+  em_compiled *w = compile(fn, name);
+  double warm = once(w, fn, ctx, in, n);
+  em_compiled_free(w);
+  double t[2][REPS];
+  int64_t k0 = em_compiled_stats(c).kernel_runs;
+  for (int r = -1; r < REPS; r++)
+    for (int k = 0; k < 2; k++) {
+      double ms = once(k ? c : NULL, fn, ctx, in, n);
+      if (r >= 0) t[k][r] = ms;
+    }
+  int64_t kernels = (em_compiled_stats(c).kernel_runs - k0) / (REPS + 1);
+  em_debug_reset_peak();
+  int64_t base = em_debug_live_bytes();
+  once(c, fn, ctx, in, n);
+  int64_t peak_c = em_debug_peak_bytes() - base;
+  em_debug_reset_peak();
+  base = em_debug_live_bytes();
+  once(NULL, fn, ctx, in, n);
+  int64_t peak_e = em_debug_peak_bytes() - base;
+  double e = bench_median(t[0], REPS), ms = bench_median(t[1], REPS);
+  snprintf(key, sizeof key, "%s_eager_ms", name);
+  bench_report(key, e, "ms", "per step");
+  snprintf(key, sizeof key, "%s_compiled_ms", name);
+  bench_report(key, ms, "ms", "per step, em_compile default backend");
+  snprintf(key, sizeof key, "%s_speedup", name);
+  bench_report(key, e / ms, "x", "eager ms / compiled ms");
+  if (bytes_moved > 0) {
+    snprintf(key, sizeof key, "%s_compiled_GBps", name);
+    bench_report(key, bytes_moved / (ms * 1e6), "GB/s", "bytes read + written once / compiled time");
+  }
+  snprintf(key, sizeof key, "%s_kernels_per_step", name);
+  bench_report(key, (double)kernels, "", "generated kernels run");
+  snprintf(key, sizeof key, "%s_cold_compile_ms", name);
+  bench_report(key, cold, "ms", "first call: trace, AOT, lowering, LLVM, run");
+  snprintf(key, sizeof key, "%s_warm_compile_ms", name);
+  snprintf(note, sizeof note, "first call of a fresh em_compiled, kernels from the disk cache");
+  bench_report(key, warm, "ms", note);
+  snprintf(key, sizeof key, "%s_peak_bytes_compiled", name);
+  bench_report(key, (double)peak_c, "bytes", "peak live tensor storage during a step, beyond what was live before");
+  snprintf(key, sizeof key, "%s_peak_bytes_eager", name);
+  bench_report(key, (double)peak_e, "bytes", NULL);
+  em_compiled_free(c);
+}
+
+static void train(const char *name, em_model_fn loss_fn, net *m, em_tensor *x, em_tensor *y) {
+  if (only && strcmp(only, name)) return;
+  step_ctx s = {loss_fn, m, em_sgd_new(m->n_params, m->params, ((em_sgd_opts){0.01, 0.9, 0, 0, false}))};
+  if (!s.opt) fail("optimizer");
+  run(name, train_step, &s, (em_tensor *[]){x, y}, 2, 0);
+  em_optimizer_free(s.opt);
+}
+
+static em_outputs softmax_fn(void *ctx, em_tensor *const *in, int n) { return EM_OUTPUTS(em_softmax(in[0], 1)); }
+static em_outputs layer_norm_fn(void *ctx, em_tensor *const *in, int n) {
+  em_tensor **wb = ctx;
+  return EM_OUTPUTS(em_layer_norm(in[0], 1, wb[0], wb[1], 1e-5));
+}
+static em_outputs transformer_loss(void *ctx, em_tensor *const *in, int n) { return transformer_fn(ctx, in, n); }
+
+/* memcpy bandwidth over the same bytes (read + write), median GB/s. */
+static double memcpy_gbps(size_t bytes) {
+  char *a = malloc(bytes), *b = malloc(bytes);
+  if (!a || !b) fail("malloc");
+  memset(a, 1, bytes), memset(b, 2, bytes);
+  double t[REPS];
+  for (int r = 0; r < REPS; r++) {
+    double t0 = bench_now();
+    memcpy(b, a, bytes);
+    t[r] = bench_now() - t0;
+    a[r] = b[bytes - 1 - (size_t)r];
+  }
+  double s = bench_median(t, REPS);
+  free(a), free(b);
+  return 2.0 * (double)bytes / s / 1e9;
+}
+
+int main(int argc, char **argv) {
+  bench_init("compiled", argc, argv);
+  for (int i = 1; i + 1 < argc; i++)
+    if (!strcmp(argv[i], "--only")) only = argv[i + 1];
+  /* the warm compile reads a disk cache this run fills: keep it out of the user's */
+  char dir[] = "/tmp/ember-bench-cacheXXXXXX";
+  if (!getenv("EMBER_CACHE_DIR") && mkdtemp(dir)) setenv("EMBER_CACHE_DIR", dir, 1);
+  em_scope_begin();
+  em_manual_seed(0);
+  {
+    net m = {0};
+    models_mlp(&m, 784, 512, 512, 10);
+    train("mlp", mlp_fn, &m, em_rand(EM_F32, EM_SHAPE(128, 784)), em_randint(0, 10, EM_SHAPE(128)));
+  }
+  {
+    net m = {0};
+    if (!models_lenet(&m)) fail("lenet");
+    train("lenet", lenet_fn, &m, em_rand(EM_F32, EM_SHAPE(128, 1, 28, 28)), em_randint(0, 10, EM_SHAPE(128)));
+  }
+  {
+    net m = {0};
+    models_transformer(&m);
+    train("transformer", transformer_loss, &m, em_randint(0, VOCAB, EM_SHAPE(BATCH, CTX)),
+          em_randint(0, VOCAB, EM_SHAPE(BATCH, CTX)));
+  }
+  {
+    em_no_grad_begin();
+    em_tensor *x = em_randn(EM_F32, EM_SHAPE(4096, 1024));
+    em_tensor *wb[2] = {em_rand(EM_F32, EM_SHAPE(1024)), em_randn(EM_F32, EM_SHAPE(1024))};
+    double bytes = 2.0 * 4096 * 1024 * 4;
+    if (!only || !strcmp(only, "softmax") || !strcmp(only, "layer_norm"))
+      bench_report("memcpy_GBps", memcpy_gbps((size_t)(bytes / 2)), "GB/s", "16 MiB, read + write");
+    run("softmax", softmax_fn, NULL, &x, 1, bytes);
+    run("layer_norm", layer_norm_fn, wb, &x, 1, bytes);
+    em_no_grad_end();
+  }
+  em_scope_end();
+  em_thread_cleanup();
+  return 0;
+}
