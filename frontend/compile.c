@@ -378,8 +378,9 @@ static bool fe_run(const fe_graph *cfg, em_tensor *const *in, int n_in, em_tenso
       fg->ind_failed = !fg->ind;
       if (!fg->ind) fe_log(FE_LOG_SCHEDULE, "%s: code generation failed, interpreting: %s", fg->g->name, err);
       else {
-        fe_log(FE_LOG_SCHEDULE, "%s: %d kernels holding %d nodes, %d nodes on the eager kernels, compiled in %.1f ms",
-               fg->g->name, st.kernels, st.fused_nodes, st.fallback_nodes, st.compile_ms);
+        fe_log(FE_LOG_SCHEDULE, "%s: %d kernels holding %d nodes, %d nodes on the eager kernels, compiled in %.1f ms\n%s",
+               fg->g->name, st.kernels, st.fused_nodes, st.fallback_nodes, st.compile_ms,
+               ind_schedule(fg->ind) ? ind_schedule(fg->ind) : "");
         if (fe_log_on(FE_LOG_OUTPUT_CODE) && ind_kernel_ir(fg->ind)) fe_log(FE_LOG_OUTPUT_CODE, "%s", ind_kernel_ir(fg->ind));
       }
     }

@@ -13,12 +13,16 @@
 #include <llvm-c/Transforms/PassBuilder.h>
 #include <omp.h>
 #include <pthread.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-enum { LANES = 8 }; /* f32 lanes in a ymm register: the width of the eager SLEEF loops */
+/* f32 lanes of the vector loops: 16 (a zmm register) where the host has AVX-512F, else 8 (ymm,
+ * the width of the eager SLEEF loops). SLEEF's f16 and f8 u10 functions share their algorithm
+ * and error bound (1 ULP). */
+static int LANES = 8;
 
 /* ---- the JIT ---- */
 
@@ -55,6 +59,7 @@ static bool jit_get(char *err, size_t cap) {
         LLVMOrcJITDylibAddGenerator(LLVMOrcLLJITGetMainJITDylib(jit), gen);
         host_cpu = LLVMGetHostCPUName();
         host_features = LLVMGetHostCPUFeatures();
+        if (host_features && strstr(host_features, "+avx512f,") && !getenv("EMBER_NO_AVX512")) LANES = 16;
       }
     }
   }
@@ -66,9 +71,17 @@ static bool jit_get(char *err, size_t cap) {
 
 /* ---- programs ---- */
 
-/* A kernel covers rows [r0, r1) and columns [j0, j1) of its coalesced iteration space, so the
- * runtime can split it across threads either way. */
-typedef void (*kernel_fn)(char **bufs, int64_t r0, int64_t r1, int64_t j0, int64_t j1);
+/* A kernel covers rows [r0, r1) and columns [j0, j1) of its iteration space, so the runtime can
+ * split it across threads either way (row kernels only by rows); scratch holds the row kernel's
+ * spilled values: n_spill rows of cols floats for the calling thread. */
+typedef void (*kernel_fn)(char **bufs, int64_t r0, int64_t r1, int64_t j0, int64_t j1, float *scratch);
+
+/* Kinds of the values a kernel computes or reads. A pointwise kernel's values are all FULL:
+ * one element per point of its iteration shape. A row kernel's iteration shape S splits into
+ * rows (dims [0, split)) and the reduced columns (dims [split, ndim)); its FULL values have
+ * shape S, its ROW values one element per row (any shape of that many elements, row r at
+ * linear index r): reductions over the columns, and pointwise ops and views on them. */
+enum { K_NONE = 0, K_FULL = 1, K_ROW = 2 };
 
 typedef struct kernel {
   int n_nodes, *nodes;    /* graph node indices, in order */
@@ -76,12 +89,18 @@ typedef struct kernel {
   int n_out, *out;        /* values other steps or the graph's outputs read */
   char name[32];
   kernel_fn fn;
-  int64_t rows, cols; /* the coalesced iteration space */
+  bool row;               /* a row kernel (holds reductions) */
+  ir_type shape;          /* iteration shape S */
+  int split;              /* row kernel: dims [split, ndim) are reduced */
+  int n_spill;            /* row kernel: FULL values kept in scratch between passes over a row */
+  int64_t rows, cols;     /* the iteration space as the generated loops see it */
+  int64_t bytes;          /* bytes read and written, for EMBER_LOGS=schedule */
 } kernel;
 
 typedef struct step {
   int node;   /* >= 0: run this node with the eager kernels */
   int kernel; /* >= 0: run this kernel */
+  int n_release, *release; /* values whose last reader is this step */
 } step;
 
 struct ind_program {
@@ -91,15 +110,19 @@ struct ind_program {
   int n_steps;
   kernel *kernels;
   int n_kernels;
+  signed char *kind;  /* [n_values] K_FULL / K_ROW for values computed inside kernels */
   char *ir_text;
+  char *schedule_text;
 };
 
 const char *ind_kernel_ir(const ind_program *p) { return p->ir_text; }
+const char *ind_schedule(const ind_program *p) { return p->schedule_text; }
 
 void ind_free(ind_program *p) {
   if (!p) return;
   for (int k = 0; k < p->n_kernels; k++) free(p->kernels[k].nodes), free(p->kernels[k].in), free(p->kernels[k].out);
-  free(p->kernels), free(p->steps), free(p->in_meta), free(p->ir_text);
+  for (int s = 0; s < p->n_steps; s++) free(p->steps[s].release);
+  free(p->kernels), free(p->steps), free(p->in_meta), free(p->ir_text), free(p->schedule_text), free(p->kind);
   ir_graph_free(p->g);
   free(p);
 }
@@ -136,6 +159,21 @@ static bool fusible(const ir_graph *g, const ir_node *n) {
   }
 }
 
+/* An f32 sum, amax or amin over the trailing dims of its operand: the first reduced dim, or -1. */
+static int trailing_reduction(const ir_graph *g, const ir_node *n) {
+  if (n->op != EM_PRIM_SUM && n->op != EM_PRIM_AMAX && n->op != EM_PRIM_AMIN) return -1;
+  const ir_type *u = &g->values[ir_operands(g, n)[0]].type;
+  if (u->dtype != EM_F32 || g->values[n->out].type.dtype != EM_F32 || !ir_type_concrete(u)) return -1;
+  bool red[EM_MAX_DIMS] = {0};
+  for (int a = 0; a < n->attrs.n_axes; a++) red[n->attrs.axes[a]] = true;
+  int k = u->ndim;
+  while (k > 0 && (red[k - 1] || u->sizes[k - 1] == 1)) k--;
+  for (int d = 0; d < k; d++)
+    if (red[d] && u->sizes[d] != 1) return -1;
+  if (k == u->ndim) return -1; /* reduces nothing of size > 1: leave it to the eager kernel */
+  return k;
+}
+
 /* Views and scalar constants only make headers: they may run before a kernel that does not feed
  * them, so they do not split a run of pointwise nodes. */
 static bool hoistable(const ir_graph *g, const ir_node *n, const bool *in_group) {
@@ -152,8 +190,38 @@ static bool same_shape(const ir_type *a, const ir_type *b) {
   return true;
 }
 
+static int64_t numel_of(const ir_type *t) {
+  int64_t n = 1;
+  for (int d = 0; d < t->ndim; d++) n *= t->sizes[d];
+  return n;
+}
+
+/* Whether dims [split, ndim) of a buffer with these strides (over sizes) coalesce into one. */
+static bool inner_coalesces(int ndim, const int64_t *sizes, const int64_t *strides, int split) {
+  int prev = -1;
+  for (int d = split; d < ndim; d++) {
+    if (sizes[d] == 1) continue;
+    if (prev >= 0 && strides[prev] != strides[d] * sizes[d]) return false;
+    prev = d;
+  }
+  return true;
+}
+
+/* The group being built: nodes fused so far and the iteration space they share. */
+enum { G_EMPTY, G_PW, G_ROW };
+typedef struct group {
+  int n, *nodes;
+  int mode;
+  ir_type shape;
+  int split;
+  int64_t rows;
+} group;
+
 typedef struct builder {
   ind_program *p;
+  const prim_meta *meta;
+  bool *in_group;
+  group gr;
   int cap_steps, cap_kernels;
 } builder;
 
@@ -164,13 +232,125 @@ static bool push_step(builder *b, step s) {
     if (!n) return false;
     b->p->steps = n, b->cap_steps = c;
   }
+  s.n_release = 0, s.release = NULL;
   b->p->steps[b->p->n_steps++] = s;
   return true;
 }
 
-/* Closes the open group (nodes grp[0..n)) into a kernel step. */
-static bool close_group(builder *b, const int *grp, int n, bool *in_group) {
-  if (!n) return true;
+/* Whether external operand v can be read by a node of kind `kind` in the group. */
+static bool external_ok(const builder *b, int v, int kind) {
+  const prim_meta *m = &b->meta[v];
+  if (kind == K_ROW || b->gr.mode != G_ROW) return true; /* row r: linear index r, any strides */
+  return inner_coalesces(m->ndim, m->sizes, m->strides, b->gr.split);
+}
+
+static bool operands_ok(const builder *b, const ir_node *n, int kind) {
+  const ir_graph *g = b->p->g;
+  for (int k = 0; k < n->n_in; k++) {
+    int v = ir_operands(g, n)[k];
+    if (!b->in_group[v] && !external_ok(b, v, kind)) return false;
+  }
+  return true;
+}
+
+/* Every external operand of the group's nodes is still readable if the group's nodes took the
+ * given kind (FULL under a new split, or ROW). */
+static bool group_operands_ok(const builder *b, int kind) {
+  for (int i = 0; i < b->gr.n; i++)
+    if (!operands_ok(b, &b->p->g->nodes[b->gr.nodes[i]], kind)) return false;
+  return true;
+}
+
+static void set_kind_all(builder *b, int kind) {
+  for (int i = 0; i < b->gr.n; i++) b->p->kind[b->p->g->nodes[b->gr.nodes[i]].out] = (signed char)kind;
+}
+
+static void add(builder *b, int node, int kind) {
+  b->gr.nodes[b->gr.n++] = node;
+  b->in_group[b->p->g->nodes[node].out] = true;
+  b->p->kind[b->p->g->nodes[node].out] = (signed char)kind;
+}
+
+static int64_t prefix_numel(const ir_type *t, int k) {
+  int64_t n = 1;
+  for (int d = 0; d < k; d++) n *= t->sizes[d];
+  return n;
+}
+
+/* Adds node i to the open group when it fits its iteration space; false when it does not. */
+static bool try_add(builder *b, int i) {
+  const ir_graph *g = b->p->g;
+  const ir_node *n = &g->nodes[i];
+  const ir_type *t = &g->values[n->out].type;
+  group *gr = &b->gr;
+  signed char *kind = b->p->kind;
+  if (fusible(g, n)) {
+    if (gr->mode == G_EMPTY) {
+      if (!operands_ok(b, n, K_FULL)) return false;
+      gr->mode = G_PW, gr->shape = *t, gr->split = t->ndim, gr->rows = numel_of(t);
+      return add(b, i, K_FULL), true;
+    }
+    if (same_shape(t, &gr->shape)) return operands_ok(b, n, K_FULL) ? (add(b, i, K_FULL), true) : false;
+    if (gr->mode == G_ROW && numel_of(t) == gr->rows && operands_ok(b, n, K_ROW)) return add(b, i, K_ROW), true;
+    return false;
+  }
+  int k = trailing_reduction(g, n);
+  if (k >= 0) {
+    int u = ir_operands(g, n)[0];
+    const ir_type *ut = &g->values[u].type;
+    if (b->in_group[u] && kind[u] != K_FULL) return false;
+    if (gr->mode == G_EMPTY) {
+      gr->mode = G_ROW, gr->shape = *ut, gr->split = k, gr->rows = prefix_numel(ut, k);
+      if (!operands_ok(b, n, K_FULL)) return gr->mode = G_EMPTY, false;
+      return add(b, i, K_ROW), true;
+    }
+    if (!same_shape(ut, &gr->shape)) return false;
+    if (gr->mode == G_ROW) return k == gr->split && operands_ok(b, n, K_FULL) ? (add(b, i, K_ROW), true) : false;
+    /* a pointwise group over S becomes a row kernel */
+    group saved = *gr;
+    gr->mode = G_ROW, gr->split = k, gr->rows = prefix_numel(ut, k);
+    if (!group_operands_ok(b, K_FULL) || !operands_ok(b, n, K_FULL)) return *gr = saved, false;
+    return add(b, i, K_ROW), true;
+  }
+  if (!(prim_get(n->op)->flags & P_VIEW) || n->n_in != 1) return false;
+  int u = ir_operands(g, n)[0];
+  if (!b->in_group[u]) return false;
+  const ir_type *ut = &g->values[u].type;
+  if (n->op == EM_PRIM_DETACH) return add(b, i, kind[u]), true;
+  if (kind[u] == K_ROW && (n->op == EM_PRIM_RESHAPE || n->op == EM_PRIM_SQUEEZE || n->op == EM_PRIM_UNSQUEEZE))
+    return add(b, i, K_ROW), true;
+  if (n->op != EM_PRIM_EXPAND || ut->ndim != t->ndim) return false;
+  /* a broadcast of per-row values over the trailing dims */
+  k = ut->ndim;
+  while (k > 0 && ut->sizes[k - 1] == 1) k--;
+  for (int d = 0; d < k; d++)
+    if (ut->sizes[d] != t->sizes[d]) return false;
+  if (k == t->ndim) return false;
+  if (gr->mode == G_ROW) {
+    if (kind[u] != K_ROW || !same_shape(t, &gr->shape) || prefix_numel(t, k) != gr->rows) return false;
+    return add(b, i, K_FULL), true;
+  }
+  /* a pointwise group over per-row values becomes a row kernel over t */
+  if (gr->mode != G_PW || numel_of(&gr->shape) != prefix_numel(t, k)) return false;
+  group saved = *gr;
+  gr->mode = G_ROW, gr->shape = *t, gr->split = k, gr->rows = prefix_numel(t, k);
+  if (!group_operands_ok(b, K_ROW)) return *gr = saved, false;
+  set_kind_all(b, K_ROW);
+  return add(b, i, K_FULL), true;
+}
+
+static bool contains(const int *a, int n, int v) {
+  for (int i = 0; i < n; i++)
+    if (a[i] == v) return true;
+  return false;
+}
+
+/* Closes the open group into a kernel step. In-group broadcasts that later steps read are
+ * made again after the kernel, as views of their operand (which the kernel then stores). */
+static bool close_group(builder *b) {
+  group *gr = &b->gr;
+  int n = gr->n;
+  if (!n) return gr->mode = G_EMPTY, true;
   ind_program *p = b->p;
   const ir_graph *g = p->g;
   if (p->n_kernels == b->cap_kernels) {
@@ -183,69 +363,109 @@ static bool close_group(builder *b, const int *grp, int n, bool *in_group) {
   memset(k, 0, sizeof *k);
   k->nodes = malloc(sizeof(int) * (size_t)n);
   k->in = malloc(sizeof(int) * (size_t)(n * 3 + 1));
-  k->out = malloc(sizeof(int) * (size_t)(n + 1));
-  if (!k->nodes || !k->in || !k->out) {
-    free(k->nodes), free(k->in), free(k->out);
+  k->out = malloc(sizeof(int) * (size_t)(2 * n + 1));
+  int *redo = malloc(sizeof(int) * (size_t)(n + 1)), n_redo = 0;
+  if (!k->nodes || !k->in || !k->out || !redo) {
+    free(k->nodes), free(k->in), free(k->out), free(redo);
     return false;
   }
-  memcpy(k->nodes, grp, sizeof(int) * (size_t)n);
+  memcpy(k->nodes, gr->nodes, sizeof(int) * (size_t)n);
   k->n_nodes = n;
-  /* inputs: operands made outside; outputs: results read after the kernel or returned */
-  int last = grp[n - 1];
+  k->row = gr->mode == G_ROW;
+  k->shape = gr->shape;
+  k->split = k->row ? gr->split : gr->shape.ndim;
   for (int i = 0; i < n; i++) {
-    const ir_node *x = &g->nodes[grp[i]];
+    const ir_node *x = &g->nodes[gr->nodes[i]];
     for (int a = 0; a < x->n_in; a++) {
       int v = ir_operands(g, x)[a];
-      if (in_group[v]) continue;
-      bool seen = false;
-      for (int j = 0; j < k->n_in && !seen; j++) seen = k->in[j] == v;
-      if (!seen) k->in[k->n_in++] = v;
+      if (!b->in_group[v] && !contains(k->in, k->n_in, v)) k->in[k->n_in++] = v;
     }
   }
-  for (int i = 0; i < n; i++) {
-    int v = g->nodes[grp[i]].out;
+  /* outputs: results read after the kernel or returned (hoisted views between the group's
+   * nodes cannot read a group value: see hoistable) */
+  int last = gr->nodes[n - 1];
+  for (int i = n - 1; i >= 0; i--) {
+    const ir_node *x = &g->nodes[gr->nodes[i]];
+    int v = x->out;
+    if (contains(k->out, k->n_out, v)) continue; /* already: the operand of a broadcast made again */
     bool used = false;
     for (int o = 0; o < g->n_outputs && !used; o++) used = g->outputs[o] == v;
     for (int j = last + 1; j < g->n_nodes && !used; j++)
-      for (int a = 0; a < g->nodes[j].n_in && !used; a++) used = ir_operands(g, &g->nodes[j])[a] == v;
-    /* hoisted views between the group's nodes may also read a group value: they cannot (see
-     * hoistable), so only later nodes and outputs count */
-    if (used) k->out[k->n_out++] = v;
+      used = contains(ir_operands(g, &g->nodes[j]), g->nodes[j].n_in, v);
+    if (!used) continue;
+    if (x->op == EM_PRIM_EXPAND) { /* stored, it would not have the view's layout */
+      redo[n_redo++] = gr->nodes[i];
+      int u = ir_operands(g, x)[0];
+      if (!contains(k->out, k->n_out, u)) k->out[k->n_out++] = u;
+    } else {
+      k->out[k->n_out++] = v;
+    }
   }
+  /* in graph order, so a later output of the same group is after the values it reads */
+  for (int i = 0; i < k->n_out; i++)
+    for (int j = i + 1; j < k->n_out; j++)
+      if (k->out[j] < k->out[i]) {
+        int t = k->out[i];
+        k->out[i] = k->out[j], k->out[j] = t;
+      }
   snprintf(k->name, sizeof k->name, "ember_k%d", __atomic_add_fetch(&kernel_serial, 1, __ATOMIC_RELAXED));
-  for (int i = 0; i < n; i++) in_group[g->nodes[grp[i]].out] = false;
+  for (int i = 0; i < n; i++) b->in_group[g->nodes[gr->nodes[i]].out] = false;
   p->n_kernels++;
-  return push_step(b, (step){-1, p->n_kernels - 1});
+  bool ok = push_step(b, (step){-1, p->n_kernels - 1, 0, NULL});
+  for (int i = n_redo - 1; ok && i >= 0; i--) ok = push_step(b, (step){redo[i], -1, 0, NULL});
+  free(redo);
+  gr->n = 0, gr->mode = G_EMPTY;
+  return ok;
 }
 
 static bool schedule(builder *b) {
   const ir_graph *g = b->p->g;
-  int *grp = malloc(sizeof(int) * (size_t)(g->n_nodes + 1));
-  bool *in_group = calloc((size_t)(g->n_values + 1), 1);
-  if (!grp || !in_group) {
-    free(grp), free(in_group);
-    return false;
-  }
-  int n = 0;
-  const ir_type *shape = NULL;
-  bool ok = true;
+  b->gr.nodes = malloc(sizeof(int) * (size_t)(g->n_nodes + 1));
+  b->in_group = calloc((size_t)(g->n_values + 1), 1);
+  bool ok = b->gr.nodes && b->in_group;
   for (int i = 0; ok && i < g->n_nodes; i++) {
     const ir_node *x = &g->nodes[i];
-    const ir_type *t = &g->values[x->out].type;
-    if (fusible(g, x)) {
-      if (n && !same_shape(shape, t)) ok = close_group(b, grp, n, in_group), n = 0;
-      if (!n) shape = t;
-      grp[n++] = i;
-      in_group[x->out] = true;
-    } else if (n && hoistable(g, x, in_group)) {
-      ok = push_step(b, (step){i, -1});
+    if (try_add(b, i)) continue;
+    if (b->gr.n && hoistable(g, x, b->in_group)) {
+      ok = push_step(b, (step){i, -1, 0, NULL});
+      continue;
+    }
+    ok = close_group(b) && (try_add(b, i) || push_step(b, (step){i, -1, 0, NULL}));
+  }
+  ok = ok && close_group(b);
+  free(b->gr.nodes), free(b->in_group);
+  return ok;
+}
+
+/* For each step, the values whose last reader it is (graph outputs are never released). */
+static bool plan_releases(ind_program *p) {
+  const ir_graph *g = p->g;
+  int *last = malloc(sizeof(int) * (size_t)(g->n_values + 1));
+  int *count = calloc((size_t)p->n_steps + 1, sizeof(int));
+  if (!last || !count) return free(last), free(count), false;
+  for (int v = 0; v < g->n_values; v++) last[v] = -1;
+  for (int s = 0; s < p->n_steps; s++) {
+    const step *st = &p->steps[s];
+    if (st->node >= 0) {
+      const ir_node *n = &g->nodes[st->node];
+      for (int a = 0; a < n->n_in; a++) last[ir_operands(g, n)[a]] = s;
+      if (last[n->out] < s) last[n->out] = s; /* made and never read: released at once */
     } else {
-      ok = close_group(b, grp, n, in_group) && push_step(b, (step){i, -1});
-      n = 0;
+      const kernel *k = &p->kernels[st->kernel];
+      for (int i = 0; i < k->n_in; i++) last[k->in[i]] = s;
+      for (int i = 0; i < k->n_out; i++)
+        if (last[k->out[i]] < s) last[k->out[i]] = s;
     }
   }
-  ok = ok && close_group(b, grp, n, in_group);
-  free(grp), free(in_group);
+  for (int o = 0; o < g->n_outputs; o++) last[g->outputs[o]] = -1;
+  for (int v = 0; v < g->n_values; v++)
+    if (last[v] >= 0) count[last[v]]++;
+  bool ok = true;
+  for (int s = 0; ok && s < p->n_steps; s++)
+    if (count[s]) ok = (p->steps[s].release = malloc(sizeof(int) * (size_t)count[s])) != NULL;
+  for (int v = 0; ok && v < g->n_values; v++)
+    if (last[v] >= 0) p->steps[last[v]].release[p->steps[last[v]].n_release++] = v;
+  free(last), free(count);
   return ok;
 }
 
@@ -305,7 +525,7 @@ static LLVMValueRef transcendental(cg *c, em_prim op, LLVMValueRef x, int w) {
     return call_fn(c, name, c->f32, &x, 1);
   }
 #ifdef EMBER_HAVE_SLEEF
-  snprintf(name, sizeof name, "Sleef_%sf8_u10", base);
+  snprintf(name, sizeof name, "Sleef_%sf%d_u10", base, w);
   return call_fn(c, name, c->vf32, &x, 1);
 #else
   LLVMValueRef r = LLVMGetUndef(c->vf32);
@@ -325,6 +545,7 @@ static LLVMValueRef emit_node(cg *c, const ir_graph *g, const ir_node *n, LLVMVa
   LLVMValueRef x = v[o[0]], y = n->n_in > 1 ? v[o[1]] : NULL;
   em_dtype xd = g->values[o[0]].type.dtype;
   switch (n->op) {
+  case EM_PRIM_DETACH: case EM_PRIM_RESHAPE: case EM_PRIM_SQUEEZE: case EM_PRIM_UNSQUEEZE: return x;
   case EM_PRIM_NEG: return LLVMBuildFNeg(b, x, "");
   case EM_PRIM_ABS: return intrinsic(c, "llvm.fabs", x);
   case EM_PRIM_SQRT: return intrinsic(c, "llvm.sqrt", x);
@@ -418,10 +639,10 @@ static void column_offsets(cg *c, const access *acc, int nb, int inner, LLVMValu
                   : row[bi];
 }
 
-/* Emits kernel k as `void name(char **bufs, r0, r1, j0, j1)`: outer loops over the coalesced leading dims, the
+/* Emits pointwise kernel k as `void name(char **bufs, r0, r1, j0, j1, scratch)`: outer loops over the coalesced leading dims, the
  * innermost dim vectorized when every buffer's innermost stride is 0 or 1, a scalar tail. */
 static bool emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, kernel *k, char *err, size_t cap) {
-  const ir_type *t = &g->values[g->nodes[k->nodes[0]].out].type;
+  const ir_type *t = &k->shape;
   int nb = k->n_out + k->n_in;
   access acc[128];
   if (nb > 128) return ir_fail(err, cap, "kernel with %d buffers", nb);
@@ -466,8 +687,8 @@ static bool emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, kernel 
 
   k->rows = outer, k->cols = cols;
   LLVMBuilderRef b = c->b;
-  LLVMTypeRef params[5] = {c->ptr, c->i64, c->i64, c->i64, c->i64};
-  LLVMTypeRef ft = LLVMFunctionType(LLVMVoidTypeInContext(c->ctx), params, 5, 0);
+  LLVMTypeRef params[6] = {c->ptr, c->i64, c->i64, c->i64, c->i64, c->ptr};
+  LLVMTypeRef ft = LLVMFunctionType(LLVMVoidTypeInContext(c->ctx), params, 6, 0);
   LLVMValueRef fn = LLVMAddFunction(c->mod, k->name, ft);
   LLVMAddTargetDependentFunctionAttr(fn, "target-cpu", host_cpu);
   LLVMAddTargetDependentFunctionAttr(fn, "target-features", host_features);
@@ -550,6 +771,375 @@ static bool emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, kernel 
   return true;
 }
 
+/* ---- row kernels ----
+ *
+ * Per row: the loads of per-row inputs, then passes over the row's columns. Pass p computes the
+ * FULL values whose inputs are ready at p (avail), accumulates the reductions whose operand is
+ * one of them, stores the FULL outputs made in it and spills to scratch the values a later pass
+ * reads; between passes the finished reductions become per-row scalars and the ROW values that
+ * depend on them are computed. Each value is computed once per row; several passes over a row
+ * run in cache. Vector body (8 lanes) plus scalar tail, accumulators in stack slots that
+ * mem2reg turns into registers. */
+
+enum { UNROLL = 4 }; /* vectors per step of a pass that reduces: independent accumulator chains */
+
+typedef struct rowgen {
+  cg *c;
+  const ir_graph *g;
+  const kernel *k;
+  const signed char *kind; /* of the kernel's own values; 0 for what it reads from outside */
+  int *avail;           /* [n_values] pass at which a value is ready (externals 0) */
+  int *red_pass;        /* [n_values] pass a reduction's result accumulates in, or -1 */
+  int *spill;           /* [n_values] scratch row of a spilled value, or -1 */
+  int *buf;             /* [n_values] buffer index of a kernel input or output, or -1 */
+  bool *is_full_buf;    /* [buffers] */
+  int64_t *inner;       /* [buffers] FULL buffers: stride of the coalesced columns */
+  LLVMValueRef *base, *rowoff, *rowval, *vals, scratch, acc_v[64][4], acc_s[64];
+  int n_acc, acc_of[64];
+} rowgen;
+
+/* a op x for the accumulator a: a NaN in x or in a stays (torch.amax propagates NaN); the chain
+ * through a is one compare and one select. */
+static LLVMValueRef combine(cg *c, em_prim op, LLVMValueRef a, LLVMValueRef x) {
+  LLVMBuilderRef b = c->b;
+  if (op == EM_PRIM_SUM) return LLVMBuildFAdd(b, a, x, "");
+  LLVMValueRef better = LLVMBuildFCmp(b, op == EM_PRIM_AMAX ? LLVMRealOGT : LLVMRealOLT, x, a, "");
+  return LLVMBuildSelect(b, LLVMBuildOr(b, better, LLVMBuildFCmp(b, LLVMRealUNO, x, x, ""), ""), x, a, "");
+}
+
+static double reduce_init(em_prim op) { return op == EM_PRIM_SUM ? 0.0 : op == EM_PRIM_AMAX ? -INFINITY : INFINITY; }
+
+static LLVMValueRef load_elem(cg *c, LLVMValueRef base, LLVMValueRef off, em_dtype dt, int w, bool contiguous) {
+  LLVMBuilderRef b = c->b;
+  bool is_bool = dt == EM_BOOL;
+  LLVMTypeRef et = is_bool ? c->i8 : c->f32;
+  LLVMValueRef p = LLVMBuildGEP2(b, et, base, &off, 1, "");
+  LLVMValueRef x;
+  if (w > 1 && contiguous) {
+    x = LLVMBuildLoad2(b, is_bool ? c->vi8 : c->vf32, p, "");
+    LLVMSetAlignment(x, is_bool ? 1 : 4);
+  } else {
+    x = LLVMBuildLoad2(b, et, p, "");
+    LLVMSetAlignment(x, is_bool ? 1 : 4);
+    x = splat(c, x, w);
+  }
+  if (is_bool) x = LLVMBuildICmp(b, LLVMIntNE, x, LLVMConstNull(w == 1 ? c->i8 : c->vi8), "");
+  return x;
+}
+
+static void store_elem(cg *c, LLVMValueRef base, LLVMValueRef off, em_dtype dt, LLVMValueRef x, int w) {
+  bool is_bool = dt == EM_BOOL;
+  if (is_bool) x = LLVMBuildZExt(c->b, x, w == 1 ? c->i8 : c->vi8, "");
+  LLVMValueRef p = LLVMBuildGEP2(c->b, is_bool ? c->i8 : c->f32, base, &off, 1, "");
+  LLVMSetAlignment(LLVMBuildStore(c->b, x, p), is_bool ? 1 : 4);
+}
+
+/* The value of v at column j of the current row in pass `pass`, w lanes. */
+static LLVMValueRef row_get(rowgen *r, int v, int pass, LLVMValueRef j, int w) {
+  if (r->vals[v]) return r->vals[v];
+  cg *c = r->c;
+  const ir_graph *g = r->g;
+  LLVMValueRef x;
+  int bi = r->buf[v];
+  if (r->kind[v] == K_ROW || (bi >= 0 && !r->is_full_buf[bi] && !r->kind[v])) {
+    x = splat(c, r->rowval[v], w);
+  } else if (!r->kind[v]) { /* an external FULL input */
+    LLVMValueRef off = r->inner[bi] ? LLVMBuildAdd(c->b, r->rowoff[bi], LLVMBuildMul(c->b, j, LLVMConstInt(c->i64, (unsigned long long)r->inner[bi], 0), ""), "")
+                                    : r->rowoff[bi];
+    x = load_elem(c, r->base[bi], off, g->values[v].type.dtype, w, r->inner[bi] == 1);
+  } else {
+    const ir_node *n = NULL;
+    for (int i = 0; i < r->k->n_nodes && !n; i++)
+      if (g->nodes[r->k->nodes[i]].out == v) n = &g->nodes[r->k->nodes[i]];
+    if (n->op == EM_PRIM_EXPAND) {
+      x = splat(c, r->rowval[ir_operands(g, n)[0]], w);
+    } else if (n->op == EM_PRIM_DETACH) {
+      x = row_get(r, ir_operands(g, n)[0], pass, j, w);
+    } else if (bi >= 0) { /* made in an earlier pass and stored: read it back */
+      LLVMValueRef off = LLVMBuildAdd(c->b, r->rowoff[bi], j, "");
+      x = load_elem(c, r->base[bi], off, g->values[v].type.dtype, w, true);
+    } else {
+      EM_ASSERT(r->spill[v] >= 0);
+      LLVMValueRef off = LLVMBuildAdd(c->b, LLVMConstInt(c->i64, (unsigned long long)(r->spill[v] * r->k->cols), 0), j, "");
+      x = load_elem(c, r->scratch, off, g->values[v].type.dtype, w, true);
+    }
+  }
+  return r->vals[v] = x;
+}
+
+/* One column step of pass `pass` at column j, w lanes, accumulating into accumulator set u. */
+static void row_body(rowgen *r, int pass, LLVMValueRef j, int w, int u) {
+  cg *c = r->c;
+  const ir_graph *g = r->g;
+  const kernel *k = r->k;
+  for (int v = 0; v < g->n_values; v++) r->vals[v] = NULL;
+  for (int i = 0; i < k->n_nodes; i++) {
+    const ir_node *n = &g->nodes[k->nodes[i]];
+    if (r->red_pass[n->out] == pass) {
+      int a = 0;
+      while (r->acc_of[a] != n->out) a++;
+      LLVMValueRef slot = w > 1 ? r->acc_v[a][u] : r->acc_s[a];
+      LLVMValueRef acc = LLVMBuildLoad2(c->b, w > 1 ? c->vf32 : c->f32, slot, "");
+      LLVMBuildStore(c->b, combine(c, n->op, acc, row_get(r, ir_operands(g, n)[0], pass, j, w)), slot);
+      continue;
+    }
+    if (r->kind[n->out] != K_FULL || r->avail[n->out] != pass) continue;
+    if (n->op == EM_PRIM_EXPAND || n->op == EM_PRIM_DETACH) {
+      row_get(r, n->out, pass, j, w);
+      continue;
+    }
+    for (int a = 0; a < n->n_in; a++) row_get(r, ir_operands(g, n)[a], pass, j, w);
+    r->vals[n->out] = emit_node(c, g, n, r->vals, w);
+  }
+  for (int i = 0; i < k->n_nodes; i++) {
+    int v = g->nodes[k->nodes[i]].out;
+    if (r->kind[v] != K_FULL || r->avail[v] != pass) continue;
+    int bi = r->buf[v];
+    if (bi >= 0) store_elem(c, r->base[bi], LLVMBuildAdd(c->b, r->rowoff[bi], j, ""), g->values[v].type.dtype, row_get(r, v, pass, j, w), w);
+    if (r->spill[v] >= 0) {
+      LLVMValueRef off = LLVMBuildAdd(c->b, LLVMConstInt(c->i64, (unsigned long long)(r->spill[v] * k->cols), 0), j, "");
+      store_elem(c, r->scratch, off, g->values[v].type.dtype, row_get(r, v, pass, j, w), w);
+    }
+  }
+}
+
+/* Per-row values with avail == pass, in order. */
+static void row_scalars(rowgen *r, int pass) {
+  const ir_graph *g = r->g;
+  for (int i = 0; i < r->k->n_nodes; i++) {
+    const ir_node *n = &g->nodes[r->k->nodes[i]];
+    if (r->kind[n->out] != K_ROW || r->avail[n->out] != pass || r->red_pass[n->out] >= 0) continue;
+    if (prim_get(n->op)->flags & P_VIEW) r->rowval[n->out] = r->rowval[ir_operands(g, n)[0]];
+    else r->rowval[n->out] = emit_node(r->c, g, n, r->rowval, 1);
+  }
+}
+
+static bool emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const signed char *kind, kernel *k,
+                            char *err, size_t cap) {
+  const ir_type *S = &k->shape;
+  int nb = k->n_out + k->n_in, nv = g->n_values;
+  k->rows = prefix_numel(S, k->split), k->cols = numel_of(S) / (k->rows ? k->rows : 1);
+  if (k->rows == 0) k->cols = 0;
+  signed char *mine = calloc((size_t)nv + 1, 1);
+  if (mine)
+    for (int i = 0; i < k->n_nodes; i++) mine[g->nodes[k->nodes[i]].out] = kind[g->nodes[k->nodes[i]].out];
+  kind = mine;
+  rowgen r = {c, g, k, kind};
+  r.avail = calloc((size_t)nv + 1, sizeof(int));
+  r.red_pass = malloc(sizeof(int) * ((size_t)nv + 1));
+  r.spill = malloc(sizeof(int) * ((size_t)nv + 1));
+  r.buf = malloc(sizeof(int) * ((size_t)nv + 1));
+  r.is_full_buf = calloc((size_t)nb + 1, sizeof(bool));
+  r.inner = calloc((size_t)nb + 1, sizeof(int64_t));
+  int64_t (*outer)[EM_MAX_DIMS] = calloc((size_t)nb + 1, sizeof *outer);
+  r.base = calloc((size_t)nb + 1, sizeof(LLVMValueRef));
+  r.rowoff = calloc((size_t)nb + 1, sizeof(LLVMValueRef));
+  r.rowval = calloc((size_t)nv + 1, sizeof(LLVMValueRef));
+  r.vals = calloc((size_t)nv + 1, sizeof(LLVMValueRef));
+  bool ok = mine && r.avail && r.red_pass && r.spill && r.buf && r.is_full_buf && r.inner && outer && r.base &&
+            r.rowoff && r.rowval && r.vals;
+  if (!ok) ir_fail(err, cap, "out of memory");
+  int passes = 0;
+  for (int v = 0; ok && v < nv; v++) r.red_pass[v] = r.spill[v] = r.buf[v] = -1;
+  /* passes */
+  for (int i = 0; ok && i < k->n_nodes; i++) {
+    const ir_node *n = &g->nodes[k->nodes[i]];
+    int a = 0;
+    for (int o = 0; o < n->n_in; o++) {
+      int u = ir_operands(g, n)[o];
+      if (r.avail[u] > a) a = r.avail[u];
+    }
+    if (trailing_reduction(g, n) >= 0) {
+      if (r.n_acc == 64) ok = ir_fail(err, cap, "more than 64 reductions in one kernel");
+      else r.acc_of[r.n_acc++] = n->out;
+      r.red_pass[n->out] = a, r.avail[n->out] = a + 1;
+      if (a + 1 > passes) passes = a + 1;
+    } else {
+      r.avail[n->out] = a;
+      if (kind[n->out] == K_FULL && a + 1 > passes) passes = a + 1;
+    }
+  }
+  /* buffers */
+  for (int bi = 0; ok && bi < nb; bi++) {
+    int v = bi < k->n_out ? k->out[bi] : k->in[bi - k->n_out];
+    const ir_type *t = &g->values[v].type;
+    r.buf[v] = bi;
+    r.is_full_buf[bi] = kind[v] ? kind[v] == K_FULL : same_shape(t, S);
+    if (!r.is_full_buf[bi]) continue;
+    int64_t st[EM_MAX_DIMS];
+    if (bi < k->n_out) ir_contiguous_strides(S->ndim, S->sizes, st);
+    else memcpy(st, meta[v].strides, sizeof(int64_t) * (size_t)S->ndim);
+    for (int d = 0; d < k->split; d++) outer[bi][d] = st[d];
+    for (int d = S->ndim - 1; d >= k->split; d--)
+      if (S->sizes[d] != 1) {
+        r.inner[bi] = st[d];
+        break;
+      }
+    if (bi < k->n_out && k->cols > 0) r.inner[bi] = 1;
+  }
+  /* spills: FULL values a later pass reads that are neither stored nor remade for free */
+  for (int i = 0; ok && i < k->n_nodes; i++) {
+    const ir_node *n = &g->nodes[k->nodes[i]];
+    for (int o = 0; o < n->n_in; o++) {
+      int u = ir_operands(g, n)[o];
+      if (kind[u] != K_FULL || r.buf[u] >= 0 || r.spill[u] >= 0) continue;
+      int use_pass = r.red_pass[n->out] >= 0 ? r.red_pass[n->out] : r.avail[n->out];
+      if (kind[n->out] != K_FULL && r.red_pass[n->out] < 0) continue;
+      if (use_pass <= r.avail[u]) continue;
+      int w = u;
+      for (;;) { /* through in-kernel detaches to the value that is computed */
+        const ir_node *pn = NULL;
+        for (int q = 0; q < k->n_nodes && !pn; q++)
+          if (g->nodes[k->nodes[q]].out == w) pn = &g->nodes[k->nodes[q]];
+        if (pn->op == EM_PRIM_EXPAND) { w = -1; break; }
+        if (pn->op != EM_PRIM_DETACH) break;
+        w = ir_operands(g, pn)[0];
+        if (kind[w] != K_FULL || r.buf[w] >= 0) { w = -1; break; }
+      }
+      if (w >= 0 && r.spill[w] < 0) r.spill[w] = k->n_spill++;
+    }
+  }
+  if (!ok) goto done;
+  /* the function */
+  LLVMBuilderRef b = c->b;
+  LLVMTypeRef params[6] = {c->ptr, c->i64, c->i64, c->i64, c->i64, c->ptr};
+  LLVMTypeRef ft = LLVMFunctionType(LLVMVoidTypeInContext(c->ctx), params, 6, 0);
+  LLVMValueRef fn = LLVMAddFunction(c->mod, k->name, ft);
+  LLVMAddTargetDependentFunctionAttr(fn, "target-cpu", host_cpu);
+  LLVMAddTargetDependentFunctionAttr(fn, "target-features", host_features);
+  LLVMBasicBlockRef entry = LLVMAppendBasicBlockInContext(c->ctx, fn, "entry"),
+                    ohdr = LLVMAppendBasicBlockInContext(c->ctx, fn, "row_hdr"),
+                    obody = LLVMAppendBasicBlockInContext(c->ctx, fn, "row"),
+                    exitb = LLVMAppendBasicBlockInContext(c->ctx, fn, "exit");
+  LLVMPositionBuilderAtEnd(b, entry);
+  LLVMValueRef bufs = LLVMGetParam(fn, 0), r0 = LLVMGetParam(fn, 1), r1 = LLVMGetParam(fn, 2);
+  r.scratch = LLVMGetParam(fn, 5);
+  for (int bi = 0; bi < nb; bi++) {
+    LLVMValueRef idx = LLVMConstInt(c->i64, (unsigned long long)bi, 0);
+    r.base[bi] = LLVMBuildLoad2(b, c->ptr, LLVMBuildGEP2(b, c->ptr, bufs, &idx, 1, ""), "");
+  }
+  for (int a = 0; a < r.n_acc; a++) {
+    for (int u = 0; u < UNROLL; u++) r.acc_v[a][u] = LLVMBuildAlloca(b, c->vf32, "accv");
+    r.acc_s[a] = LLVMBuildAlloca(b, c->f32, "accs");
+  }
+  LLVMValueRef jslot = LLVMBuildAlloca(b, c->i64, "j");
+  LLVMBuildBr(b, ohdr);
+  LLVMValueRef zero = LLVMConstInt(c->i64, 0, 0), one = LLVMConstInt(c->i64, 1, 0);
+  LLVMValueRef ncols = LLVMConstInt(c->i64, (unsigned long long)k->cols, 0), lanes = LLVMConstInt(c->i64, LANES, 0);
+  LLVMPositionBuilderAtEnd(b, ohdr);
+  LLVMValueRef row = LLVMBuildPhi(b, c->i64, "r");
+  LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, row, r1, ""), obody, exitb);
+  LLVMPositionBuilderAtEnd(b, obody);
+  /* row offsets */
+  for (int bi = 0; bi < nb; bi++) r.rowoff[bi] = r.is_full_buf[bi] ? zero : row;
+  LLVMValueRef rem = row;
+  for (int d = k->split - 1; d >= 0; d--) {
+    if (S->sizes[d] == 1) continue;
+    LLVMValueRef sz = LLVMConstInt(c->i64, (unsigned long long)S->sizes[d], 0);
+    LLVMValueRef id = d > 0 ? LLVMBuildURem(b, rem, sz, "") : rem;
+    if (d > 0) rem = LLVMBuildUDiv(b, rem, sz, "");
+    for (int bi = 0; bi < nb; bi++)
+      if (r.is_full_buf[bi] && outer[bi][d])
+        r.rowoff[bi] = LLVMBuildAdd(b, r.rowoff[bi], LLVMBuildMul(b, id, LLVMConstInt(c->i64, (unsigned long long)outer[bi][d], 0), ""), "");
+  }
+  for (int i = 0; i < k->n_in; i++) { /* per-row inputs: row r is element r in row-major order */
+    int bi = k->n_out + i, v = k->in[i];
+    if (r.is_full_buf[bi]) continue;
+    const prim_meta *m = &meta[v];
+    LLVMValueRef off = zero, q = row;
+    for (int d = m->ndim - 1; d >= 0; d--) {
+      if (m->sizes[d] == 1) continue;
+      LLVMValueRef sz = LLVMConstInt(c->i64, (unsigned long long)m->sizes[d], 0);
+      if (m->strides[d])
+        off = LLVMBuildAdd(b, off, LLVMBuildMul(b, LLVMBuildURem(b, q, sz, ""), LLVMConstInt(c->i64, (unsigned long long)m->strides[d], 0), ""), "");
+      q = LLVMBuildUDiv(b, q, sz, "");
+    }
+    r.rowval[v] = load_elem(c, r.base[bi], off, g->values[v].type.dtype, 1, false);
+  }
+  bool vec = true;
+  for (int bi = 0; bi < nb; bi++) vec = vec && (!r.is_full_buf[bi] || r.inner[bi] == 0 || r.inner[bi] == 1);
+  for (int pass = 0; pass < passes; pass++) {
+    row_scalars(&r, pass);
+    for (int a = 0; a < r.n_acc; a++)
+      if (r.red_pass[r.acc_of[a]] == pass) {
+        em_prim op = EM_PRIM_SUM;
+        for (int i = 0; i < k->n_nodes; i++)
+          if (g->nodes[k->nodes[i]].out == r.acc_of[a]) op = g->nodes[k->nodes[i]].op;
+        for (int u = 0; u < UNROLL; u++) LLVMBuildStore(b, fconst(c, reduce_init(op), LANES), r.acc_v[a][u]);
+        LLVMBuildStore(b, fconst(c, reduce_init(op), 1), r.acc_s[a]);
+      }
+    bool reduces = false;
+    for (int a = 0; a < r.n_acc; a++) reduces |= r.red_pass[r.acc_of[a]] == pass;
+    LLVMBasicBlockRef vh = LLVMAppendBasicBlockInContext(c->ctx, fn, "vhdr"), vb = LLVMAppendBasicBlockInContext(c->ctx, fn, "vbody"),
+                      th = LLVMAppendBasicBlockInContext(c->ctx, fn, "thdr"), tb = LLVMAppendBasicBlockInContext(c->ctx, fn, "tbody"),
+                      done_bb = LLVMAppendBasicBlockInContext(c->ctx, fn, "pass_end");
+    LLVMBuildStore(b, zero, jslot);
+    if (vec && reduces) { /* UNROLL vectors a step, each into its own accumulators */
+      LLVMBasicBlockRef uh = LLVMAppendBasicBlockInContext(c->ctx, fn, "uhdr"), ub = LLVMAppendBasicBlockInContext(c->ctx, fn, "ubody");
+      LLVMBuildBr(b, uh);
+      LLVMPositionBuilderAtEnd(b, uh);
+      LLVMValueRef j = LLVMBuildLoad2(b, c->i64, jslot, "");
+      LLVMValueRef ustep = LLVMConstInt(c->i64, (unsigned long long)(UNROLL * LANES), 0);
+      LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, j, ustep, ""), ncols, ""), ub, vh);
+      LLVMPositionBuilderAtEnd(b, ub);
+      for (int u = 0; u < UNROLL; u++)
+        row_body(&r, pass, LLVMBuildAdd(b, j, LLVMConstInt(c->i64, (unsigned long long)(u * LANES), 0), ""), LANES, u);
+      LLVMBuildStore(b, LLVMBuildAdd(b, j, ustep, ""), jslot);
+      LLVMBuildBr(b, uh);
+    } else {
+      LLVMBuildBr(b, vec ? vh : th);
+    }
+    if (vec) {
+      LLVMPositionBuilderAtEnd(b, vh);
+      LLVMValueRef j = LLVMBuildLoad2(b, c->i64, jslot, "");
+      LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, j, lanes, ""), ncols, ""), vb, th);
+      LLVMPositionBuilderAtEnd(b, vb);
+      row_body(&r, pass, j, LANES, 0);
+      LLVMBuildStore(b, LLVMBuildAdd(b, j, lanes, ""), jslot);
+      LLVMBuildBr(b, vh);
+    } else {
+      LLVMPositionBuilderAtEnd(b, vh);
+      LLVMBuildUnreachable(b);
+      LLVMPositionBuilderAtEnd(b, vb);
+      LLVMBuildUnreachable(b);
+    }
+    LLVMPositionBuilderAtEnd(b, th);
+    LLVMValueRef t = LLVMBuildLoad2(b, c->i64, jslot, "");
+    LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, t, ncols, ""), tb, done_bb);
+    LLVMPositionBuilderAtEnd(b, tb);
+    row_body(&r, pass, t, 1, 0);
+    LLVMBuildStore(b, LLVMBuildAdd(b, t, one, ""), jslot);
+    LLVMBuildBr(b, th);
+    LLVMPositionBuilderAtEnd(b, done_bb);
+    for (int a = 0; a < r.n_acc; a++) { /* finished reductions: lanes in order, then the tail */
+      int v = r.acc_of[a];
+      if (r.red_pass[v] != pass) continue;
+      em_prim op = EM_PRIM_SUM;
+      for (int i = 0; i < k->n_nodes; i++)
+        if (g->nodes[k->nodes[i]].out == v) op = g->nodes[k->nodes[i]].op;
+      LLVMValueRef av = LLVMBuildLoad2(b, c->vf32, r.acc_v[a][0], ""), x = LLVMConstReal(c->f32, reduce_init(op));
+      for (int u = 1; u < UNROLL; u++) av = combine(c, op, av, LLVMBuildLoad2(b, c->vf32, r.acc_v[a][u], ""));
+      for (int l = 0; l < LANES; l++) x = combine(c, op, x, LLVMBuildExtractElement(b, av, LLVMConstInt(c->i64, (unsigned)l, 0), ""));
+      r.rowval[v] = combine(c, op, x, LLVMBuildLoad2(b, c->f32, r.acc_s[a], ""));
+    }
+  }
+  row_scalars(&r, passes);
+  for (int o = 0; o < k->n_out; o++) /* per-row outputs */
+    if (!r.is_full_buf[o]) store_elem(c, r.base[o], row, g->values[k->out[o]].type.dtype, r.rowval[k->out[o]], 1);
+  LLVMValueRef rn = LLVMBuildAdd(b, row, one, "");
+  LLVMBasicBlockRef latch = LLVMGetInsertBlock(b);
+  LLVMBuildBr(b, ohdr);
+  LLVMValueRef rin[2] = {r0, rn};
+  LLVMBasicBlockRef rbb[2] = {entry, latch};
+  LLVMAddIncoming(row, rin, rbb, 2);
+  LLVMPositionBuilderAtEnd(b, exitb);
+  LLVMBuildRetVoid(b);
+done:
+  free(r.avail), free(r.red_pass), free(r.spill), free(r.buf), free(r.is_full_buf), free(r.inner), free(outer);
+  free(r.base), free(r.rowoff), free(r.rowval), free(r.vals), free(mine);
+  return ok;
+}
+
 /* Layouts of every value, as the eager execution of g on inputs with metas in_meta gives them:
  * views carry their strides, everything else is contiguous (a RESHAPE that cannot be a view
  * copies). */
@@ -571,6 +1161,46 @@ static bool value_metas(const ir_graph *g, const prim_meta *in_meta, prim_meta *
     }
   }
   return true;
+}
+
+/* EMBER_LOGS=schedule: each kernel's nodes, iteration space and bytes moved. */
+static void describe_schedule(ind_program *p) {
+  const ir_graph *g = p->g;
+  size_t cap = 256, len = 0;
+  char *t = malloc(cap);
+  for (int s = 0; t && s < p->n_steps; s++) {
+    char line[512];
+    int n = 0;
+    if (p->steps[s].node >= 0) {
+      const ir_node *x = &g->nodes[p->steps[s].node];
+      n = snprintf(line, sizeof line, "  step %d: %%%d = %s (eager kernel)\n", s, x->out, prim_get(x->op)->name);
+    } else {
+      kernel *k = &p->kernels[p->steps[s].kernel];
+      int64_t bytes = 0;
+      for (int i = 0; i < k->n_in; i++) bytes += numel_of(&g->values[k->in[i]].type) * (int64_t)em_dtype_size(g->values[k->in[i]].type.dtype);
+      for (int i = 0; i < k->n_out; i++) bytes += numel_of(&g->values[k->out[i]].type) * (int64_t)em_dtype_size(g->values[k->out[i]].type.dtype);
+      k->bytes = bytes;
+      n = snprintf(line, sizeof line, "  step %d: %s, %s kernel over [", s, k->name, k->row ? "row" : "pointwise");
+      for (int d = 0; d < k->shape.ndim && n < 400; d++)
+        n += snprintf(line + n, sizeof line - (size_t)n, "%s%lld%s", d ? "," : "", (long long)k->shape.sizes[d],
+                      k->row && d == k->split - 1 ? " |" : "");
+      n += snprintf(line + n, sizeof line - (size_t)n, "], %d nodes (", k->n_nodes);
+      for (int i = 0; i < k->n_nodes && n < 440; i++)
+        n += snprintf(line + n, sizeof line - (size_t)n, "%s%s", i ? " " : "", prim_get(g->nodes[k->nodes[i]].op)->name);
+      if (n >= 440) n = 440 + snprintf(line + 440, sizeof line - 440, " ...");
+      n += snprintf(line + n, sizeof line - (size_t)n, "), %d in, %d out, %lld bytes\n", k->n_in, k->n_out, (long long)bytes);
+    }
+    if (n > (int)sizeof line - 1) n = (int)sizeof line - 1;
+    if (len + (size_t)n + 1 > cap) {
+      while (len + (size_t)n + 1 > cap) cap *= 2;
+      char *nt = realloc(t, cap);
+      if (!nt) { free(t); t = NULL; break; }
+      t = nt;
+    }
+    memcpy(t + len, line, (size_t)n), len += (size_t)n;
+    t[len] = 0;
+  }
+  p->schedule_text = t;
 }
 
 static double now_ms(void) {
@@ -598,8 +1228,11 @@ ind_program *ind_compile(const ir_graph *graph, em_tensor *const *inputs, ind_st
   for (int i = 0; ok && i < g->n_nodes; i++)
     if (!ir_type_concrete(&g->values[g->nodes[i].out].type)) ok = ir_fail(err, cap, "symbolic sizes");
   if (ok && !value_metas(g, p->in_meta, meta)) ok = ir_fail(err, cap, "the graph's layouts do not follow from its inputs");
-  builder bld = {p};
-  if (ok && !schedule(&bld)) ok = ir_fail(err, cap, "out of memory scheduling");
+  p->kind = calloc((size_t)g->n_values + 1, 1);
+  if (ok && !p->kind) ok = ir_fail(err, cap, "out of memory");
+  builder bld = {p, meta};
+  if (ok && (!schedule(&bld) || !plan_releases(p))) ok = ir_fail(err, cap, "out of memory scheduling");
+  if (ok) describe_schedule(p);
   if (ok && p->n_kernels) {
     cg c = {0};
     LLVMOrcThreadSafeContextRef tsc = LLVMOrcCreateNewThreadSafeContext();
@@ -611,7 +1244,9 @@ ind_program *ind_compile(const ir_graph *graph, em_tensor *const *inputs, ind_st
     c.f32 = LLVMFloatTypeInContext(c.ctx), c.i1 = LLVMInt1TypeInContext(c.ctx), c.i8 = LLVMInt8TypeInContext(c.ctx);
     c.i64 = LLVMInt64TypeInContext(c.ctx), c.ptr = LLVMPointerTypeInContext(c.ctx, 0);
     c.vf32 = LLVMVectorType(c.f32, LANES), c.vi8 = LLVMVectorType(c.i8, LANES);
-    for (int k = 0; ok && k < p->n_kernels; k++) ok = emit_kernel(&c, g, meta, &p->kernels[k], err, cap);
+    for (int k = 0; ok && k < p->n_kernels; k++)
+      ok = p->kernels[k].row ? emit_row_kernel(&c, g, meta, p->kind, &p->kernels[k], err, cap)
+                             : emit_kernel(&c, g, meta, &p->kernels[k], err, cap);
     LLVMDisposeBuilder(c.b);
     if (ok) { /* O3 over explicit vectors: the vectorizers have little left; inlining and GVN matter */
       LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
@@ -666,19 +1301,22 @@ static _Thread_local int64_t kernel_runs;
 
 /* Runs k over its whole iteration space, split across the OpenMP threads when it is large
  * (rows when there are enough of them, else column blocks that are multiples of the vector
- * width), with the eager loops' grain so small kernels stay on the calling thread. */
-static void run_kernel(const kernel *k, char **bufs) {
+ * width; row kernels only by rows), with the eager loops' grain so small kernels stay on the
+ * calling thread. scratch: k->n_spill * k->cols floats per thread. */
+static void run_kernel(const kernel *k, char **bufs, float *scratch) {
   int64_t n = k->rows * k->cols;
   int nt = omp_get_max_threads();
-  if (nt < 2 || n < 2 * PRIM_PARALLEL_GRAIN) {
-    k->fn(bufs, 0, k->rows, 0, k->cols);
+  int64_t per = k->n_spill * k->cols;
+  if (nt < 2 || n < 2 * PRIM_PARALLEL_GRAIN || (k->row && k->rows < 2) || omp_get_level() > 0) {
+    k->fn(bufs, 0, k->rows, 0, k->cols, scratch);
     return;
   }
-  if (k->rows >= nt) {
-#pragma omp parallel for schedule(static)
+  if (k->rows >= nt || k->row) {
+    if (nt > k->rows) nt = (int)k->rows;
+#pragma omp parallel for num_threads(nt) schedule(static)
     for (int t = 0; t < nt; t++) {
       int64_t a = k->rows * t / nt, z = k->rows * (t + 1) / nt;
-      if (a < z) k->fn(bufs, a, z, 0, k->cols);
+      if (a < z) k->fn(bufs, a, z, 0, k->cols, scratch + per * t);
     }
   } else {
     int64_t block = (k->cols / nt + LANES - 1) / LANES * LANES;
@@ -686,7 +1324,7 @@ static void run_kernel(const kernel *k, char **bufs) {
     for (int t = 0; t < nt; t++) {
       int64_t a = block * t, z = t == nt - 1 ? k->cols : block * (t + 1);
       if (z > k->cols) z = k->cols;
-      if (a < z) k->fn(bufs, 0, k->rows, a, z);
+      if (a < z) k->fn(bufs, 0, k->rows, a, z, scratch);
     }
   }
 }
@@ -711,15 +1349,13 @@ bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **o
     return rt_error(site, "em_call", "the inputs do not have the layouts the kernels were compiled for"), false;
   int nv = g->n_values;
   em_tensor **vals = rt_alloc(sizeof(em_tensor *) * (size_t)(nv + 1), 16);
-  int *uses = rt_alloc(sizeof(int) * (size_t)(nv + 1), 16);
-  if (!vals || !uses) {
-    rt_free(vals), rt_free(uses);
-    return rt_error(site, "em_call", "out of memory"), false;
-  }
+  if (!vals) return rt_error(site, "em_call", "out of memory"), false;
   memset(vals, 0, sizeof(em_tensor *) * (size_t)nv);
-  ir_count_uses(g, uses);
   for (int i = 0; i < n_in; i++) vals[g->inputs[i]] = em_retain(in[i]);
   bool ok = true;
+  float *scratch = NULL;
+  size_t scratch_bytes = 0;
+  int nt = omp_get_max_threads();
   rt_trace_suspend();
   for (int s = 0; ok && s < p->n_steps; s++) {
     const step *st = &p->steps[s];
@@ -739,44 +1375,42 @@ bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **o
       if (ops != small) rt_free(ops);
       vals[n->out] = r;
       ok = r != NULL;
-      for (int k = 0; ok && k < n->n_in; k++) {
-        int v = ir_operands(g, n)[k];
-        if (--uses[v] == 0) em_release(vals[v]), vals[v] = NULL;
+    } else {
+      const kernel *k = &p->kernels[st->kernel];
+      char *small[32], **bufs = k->n_out + k->n_in <= 32 ? small : rt_alloc(sizeof(char *) * (size_t)(k->n_out + k->n_in), 16);
+      if (!bufs) {
+        ok = (rt_error(site, "em_call", "out of memory"), false);
+        break;
       }
-      continue;
-    }
-    const kernel *k = &p->kernels[st->kernel];
-    char *small[32], **bufs = k->n_out + k->n_in <= 32 ? small : rt_alloc(sizeof(char *) * (size_t)(k->n_out + k->n_in), 16);
-    if (!bufs) {
-      ok = (rt_error(site, "em_call", "out of memory"), false);
-      break;
-    }
-    for (int o = 0; ok && o < k->n_out; o++) {
-      const ir_type *t = &g->values[k->out[o]].type;
-      int64_t sz[EM_MAX_DIMS];
-      for (int d = 0; d < t->ndim; d++) sz[d] = t->sizes[d];
-      vals[k->out[o]] = rt_new(t->dtype, t->ndim, sz, "em_call", site);
-      ok = vals[k->out[o]] != NULL;
-      if (ok) bufs[o] = rt_data(vals[k->out[o]]);
-    }
-    for (int i = 0; ok && i < k->n_in; i++) bufs[k->n_out + i] = rt_data(vals[k->in[i]]);
-    if (ok) {
-      run_kernel(k, bufs);
-      kernel_runs++;
-    }
-    if (bufs != small) rt_free(bufs);
-    for (int j = 0; ok && j < k->n_nodes; j++) { /* operands consumed inside the kernel */
-      const ir_node *n = &g->nodes[k->nodes[j]];
-      for (int a = 0; a < n->n_in; a++) {
-        int v = ir_operands(g, n)[a];
-        if (--uses[v] == 0) em_release(vals[v]), vals[v] = NULL;
+      size_t need = sizeof(float) * (size_t)(k->n_spill * k->cols) * (size_t)nt;
+      if (need > scratch_bytes) {
+        rt_free(scratch);
+        scratch = rt_alloc(need, 64);
+        scratch_bytes = scratch ? need : 0;
+        if (!scratch) ok = (rt_error(site, "em_call", "out of memory for %zu bytes of kernel scratch", need), false);
       }
+      for (int o = 0; ok && o < k->n_out; o++) {
+        const ir_type *t = &g->values[k->out[o]].type;
+        int64_t sz[EM_MAX_DIMS];
+        for (int d = 0; d < t->ndim; d++) sz[d] = t->sizes[d];
+        vals[k->out[o]] = rt_new(t->dtype, t->ndim, sz, "em_call", site);
+        ok = vals[k->out[o]] != NULL;
+        if (ok) bufs[o] = rt_data(vals[k->out[o]]);
+      }
+      for (int i = 0; ok && i < k->n_in; i++) bufs[k->n_out + i] = rt_data(vals[k->in[i]]);
+      if (ok) {
+        run_kernel(k, bufs, scratch);
+        kernel_runs++;
+      }
+      if (bufs != small) rt_free(bufs);
     }
+    for (int i = 0; ok && i < st->n_release; i++) em_release(vals[st->release[i]]), vals[st->release[i]] = NULL;
   }
   rt_trace_resume();
+  rt_free(scratch);
   if (ok)
     for (int i = 0; i < g->n_outputs; i++) out[i] = em_retain(vals[g->outputs[i]]);
   for (int v = 0; v < nv; v++) em_release(vals[v]);
-  rt_free(vals), rt_free(uses);
+  rt_free(vals);
   return ok;
 }

@@ -44,5 +44,8 @@ void ind_free(ind_program *p);
 int64_t ind_kernel_runs(void);
 /* The LLVM IR of p's kernels (EMBER_LOGS=output_code), or NULL. Borrowed. */
 const char *ind_kernel_ir(const ind_program *p);
+/* The schedule: one line per step (eager node or kernel: its iteration space, nodes, bytes
+ * read and written), for EMBER_LOGS=schedule. Borrowed; NULL when out of memory. */
+const char *ind_schedule(const ind_program *p);
 
 #endif /* EMBER_INDUCTOR_H */
