@@ -40,6 +40,15 @@ bool ind_accepts(const ind_program *p, em_tensor *const *inputs, int n_inputs);
 /* Runs p: outputs receive caller-owned references, as rt_interpret's. */
 bool ind_run(const ind_program *p, em_tensor *const *inputs, int n_inputs, em_tensor **outputs, em_site site);
 void ind_free(ind_program *p);
+/* The disk cache of compiled kernels (see inductor.c), or NULL when off or unusable. */
+const char *ind_cache_dir(void);
+/* Where the calling thread's compiled modules came from. */
+typedef struct ind_cache_stats {
+  int64_t memory_hits; /* already in this process's JIT */
+  int64_t disk_hits;   /* object code loaded from the disk cache */
+  int64_t misses;      /* optimised and compiled by LLVM (and written to the disk cache) */
+} ind_cache_stats;
+ind_cache_stats ind_cache_counters(void);
 /* Generated kernels the calling thread has run, for em_compiled_stats, tests and benchmarks. */
 int64_t ind_kernel_runs(void);
 /* The LLVM IR of p's kernels (EMBER_LOGS=output_code), or NULL. Borrowed. */
