@@ -4,7 +4,7 @@
  *   fashion_mnist [--model mlp|lenet] [--epochs N] [--batch-size B] [--lr LR]
  *                 [--optimizer sgd|adamw] [--momentum M] [--weight-decay WD] [--seed S]
  *                 [--threads T] [--train-limit N] [--data DIR] [--json]
- *                 [--compile] [--backend eager|aot_eager] [--whole-step] [--loss-log FILE]
+ *                 [--compile] [--backend inductor|aot_eager|eager] [--whole-step] [--loss-log FILE]
  *
  * With --compile, the forward pass and loss of each step (and the test-set predictions) run
  * through em_compile(); the backward pass and the optimizer step stay eager, as with
@@ -52,7 +52,7 @@ static void usage(FILE *f) {
           "  --data DIR             Fashion-MNIST files (default /usr/share/datasets/fashion-mnist)\n"
           "  --json                 one JSON object per epoch instead of the progress display\n"
           "  --compile              run forward and loss through em_compile()\n"
-          "  --backend NAME         em_compile backend: eager (default) or aot_eager\n"
+          "  --backend NAME         em_compile backend: inductor (default), aot_eager or eager\n"
           "  --whole-step           with --compile: compile forward, backward and update as one function\n"
           "  --loss-log FILE        write each step's loss as a hex float (bit-exact comparisons)\n"
           "  --help                 this text\n");

@@ -815,15 +815,26 @@ static bool replay(em_compiled *c, entry *e, em_tensor *const *in, em_outputs *r
 
 /* ---- public API ---- */
 
+/* A graph the inductor could not compile runs with the interpreter (aot_eager's path): said
+ * once per process on stderr, and every time under EMBER_LOGS=schedule. */
+static void inductor_failed(const char *graph, const char *why) {
+  static int said;
+  if (fe_log_on(FE_LOG_SCHEDULE)) fe_log(FE_LOG_SCHEDULE, "%s: no generated kernels (%s); running it op by op", graph, why);
+  else if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+    fprintf(stderr, "[ember] inductor: graph %s runs op by op without generated kernels: %s (EMBER_LOGS=schedule for more)\n",
+            graph, why);
+}
+
 em_compiled *em_compile_at(em_model_fn fn, const em_compile_options *opts, em_site site) {
+  ind_set_failure_hook(inductor_failed);
   em_compile_options o = opts ? *opts : (em_compile_options){0};
   if (!fn) return rt_error(site, "em_compile", "fn is NULL");
-  const char *backend = o.backend ? o.backend : "eager";
+  const char *backend = o.backend ? o.backend : "inductor";
   if (strcmp(backend, "eager") && strcmp(backend, "aot_eager") && strcmp(backend, "inductor"))
     return rt_error(site, "em_compile", "unknown backend \"%s\" (\"eager\", \"aot_eager\" or \"inductor\")", backend);
   /* as in PyTorch: recomputation pays off when the recomputed ops fuse into the backward's
    * kernels (inductor); run one op at a time (aot_eager), it only adds passes over memory */
-  const char *part = o.partitioner ? o.partitioner : "default";
+  const char *part = o.partitioner ? o.partitioner : strcmp(backend, "inductor") ? "default" : "min_cut";
   if (strcmp(part, "min_cut") && strcmp(part, "default"))
     return rt_error(site, "em_compile", "unknown partitioner \"%s\" (\"min_cut\" or \"default\")", part);
   em_compiled *c = calloc(1, sizeof *c);
@@ -880,9 +891,10 @@ static void drop_dead_entries(em_compiled *c) {
 static em_outputs call(em_compiled *c, void *ctx, em_tensor *const *in, int n_in, em_site site);
 
 em_outputs em_call_at(em_compiled *c, void *ctx, em_tensor *const *in, int n_in, em_site site) {
-  int64_t k0 = ind_kernel_runs(); /* this thread's: a call runs its kernels on the calling thread */
+  /* this thread's counters: a call compiles and runs its kernels on the calling thread */
+  int64_t k0 = ind_kernel_runs(), f0 = ind_failures();
   em_outputs r = call(c, ctx, in, n_in, site);
-  if (c) c->stats.kernel_runs += ind_kernel_runs() - k0;
+  if (c) c->stats.kernel_runs += ind_kernel_runs() - k0, c->stats.inductor_fallbacks += ind_failures() - f0;
   return r;
 }
 

@@ -886,8 +886,8 @@ void em_batch_iter_free(em_batch_iter *it);
  * the backward can recompute the rest (cheap pointwise and view chains, and random values,
  * replayed from the same Philox counters, so dropout's mask is the forward's). As in PyTorch,
  * aot_eager defaults to "default": without fusion, recomputing costs extra passes over memory
- * (measured: the transformer of bench/aot's backward took twice as long); the CPU code
- * generator will default to "min_cut".
+ * (measured: the transformer of bench/aot's backward took twice as long); inductor defaults to
+ * "min_cut", whose recomputed values fuse into the backward's kernels.
  * Gradients equal eager's up to rounding (the summation order may differ). Differentiating a
  * compiled backward again (double backward) is not supported, as in torch.compile.
  * "inductor" is aot_eager whose graphs run as generated code where no autograd recording is
@@ -920,11 +920,12 @@ typedef struct em_outputs {
 typedef em_outputs (*em_model_fn)(void *ctx, em_tensor *const *inputs, int n_inputs);
 
 typedef struct em_compile_options {
-  const char *backend; /* "eager" (default; NULL), "aot_eager" or "inductor" */
+  const char *backend; /* "inductor" (default; NULL), "aot_eager" or "eager" */
   bool fullgraph;      /* a graph break is an error instead */
   const char *name;    /* used in logs and dumps; NULL: "fn" */
   int recompile_limit; /* entries before falling back to eager; <= 0: 8 (torch's default) */
-  const char *partitioner; /* aot_eager: "default" (NULL) or "min_cut" (see below) */
+  const char *partitioner; /* "default" or "min_cut" (see below); NULL: min_cut for inductor,
+                            * default for aot_eager */
 } em_compile_options;
 
 typedef struct em_compiled em_compiled;
@@ -961,6 +962,8 @@ typedef struct em_compile_stats {
   int64_t aot_saved_bytes; /* bytes the most recent of them saves for its backward per call
                             * (values other than inputs, which are alive anyway) */
   int64_t kernel_runs;     /* generated kernels run inside em_call (backend inductor) */
+  int64_t inductor_fallbacks; /* graphs the inductor could not compile inside em_call, run op by
+                            * op instead (the reason is logged) */
 } em_compile_stats;
 /* The counters of c (all zero for NULL). */
 em_compile_stats em_compiled_stats(const em_compiled *c);

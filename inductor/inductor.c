@@ -1440,7 +1440,26 @@ static bool build_kernels(ind_program *p, const prim_meta *meta, ind_stats *stat
   return ok;
 }
 
+static ind_failure_hook failure_hook;
+static const char *injected_failure;
+static _Thread_local int64_t failures;
+
+void ind_set_failure_hook(ind_failure_hook hook) { failure_hook = hook; }
+void ind_debug_fail(const char *reason) { injected_failure = reason; }
+int64_t ind_failures(void) { return failures; }
+
+static ind_program *compile(const ir_graph *graph, em_tensor *const *inputs, ind_stats *stats, char *err, size_t cap);
+
 ind_program *ind_compile(const ir_graph *graph, em_tensor *const *inputs, ind_stats *stats, char *err, size_t cap) {
+  ind_program *p = injected_failure ? (ir_fail(err, cap, "%s", injected_failure), NULL) : compile(graph, inputs, stats, err, cap);
+  if (!p) {
+    failures++;
+    if (failure_hook) failure_hook(graph->name, err);
+  }
+  return p;
+}
+
+static ind_program *compile(const ir_graph *graph, em_tensor *const *inputs, ind_stats *stats, char *err, size_t cap) {
   double t0 = now_ms();
   if (stats) memset(stats, 0, sizeof *stats);
   if (!jit_get(err, cap)) return NULL;

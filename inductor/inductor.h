@@ -35,6 +35,14 @@ typedef struct ind_stats {
 /* Compiles g for inputs with these layouts. NULL with a reason in err when something is not
  * supported or LLVM fails (the caller falls back to the interpreter). */
 ind_program *ind_compile(const ir_graph *g, em_tensor *const *inputs, ind_stats *stats, char *err, size_t cap);
+/* Called with the graph's name and the reason whenever ind_compile fails (the caller then runs
+ * the graph with the interpreter): the frontend logs it. */
+typedef void (*ind_failure_hook)(const char *graph, const char *why);
+void ind_set_failure_hook(ind_failure_hook hook);
+/* Failed compiles on the calling thread (for em_compiled_stats). */
+int64_t ind_failures(void);
+/* Tests: with a reason, every ind_compile fails with it; NULL restores normal compiles. */
+void ind_debug_fail(const char *reason);
 /* Whether inputs have the dtypes, sizes and strides p was compiled for. */
 bool ind_accepts(const ind_program *p, em_tensor *const *inputs, int n_inputs);
 /* Runs p: outputs receive caller-owned references, as rt_interpret's. */

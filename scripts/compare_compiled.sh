@@ -3,7 +3,10 @@
 # Fashion-MNIST images eagerly and through em_compile in three ways (forward compiled with backend
 # eager; forward and an ahead-of-time backward with aot_eager; the whole step, forward, backward
 # and SGD update, as one compiled function) and requires every loss curve to equal eager's to the
-# last bit (losses are logged as hexadecimal floats).
+# last bit (losses are logged as hexadecimal floats). Then the default backend, inductor, on the
+# forward and on the whole step: its reductions sum in another order and its exp, log and tanh
+# run SLEEF's 16-lane functions (1 ULP), so it must give the mean training loss within 1e-3
+# relative and the test accuracy within 1 point of eager's.
 set -euo pipefail
 bin=$1
 dir=$(mktemp -d)
@@ -19,5 +22,18 @@ for model in mlp lenet; do
       exit 1
     fi
     echo "ok: $model --compile $mode: $(wc -l < "$dir/compiled.txt") steps, losses identical to eager"
+  done
+  want=$("$bin" --model "$model" --train-limit 2048 --json | tail -1)
+  for mode in "" "--whole-step"; do
+    # shellcheck disable=SC2086
+    got=$("$bin" --model "$model" --train-limit 2048 --json --compile $mode | tail -1)
+    if ! awk -v a="$want" -v b="$got" 'function f(s, k) { match(s, "\"" k "\": [0-9.eE+-]+"); return substr(s, RSTART + length(k) + 4, RLENGTH - length(k) - 4) + 0 }
+        BEGIN { la = f(a, "train_loss"); lb = f(b, "train_loss"); aa = f(a, "test_accuracy"); ab = f(b, "test_accuracy");
+                d = la - lb; if (d < 0) d = -d; e = aa - ab; if (e < 0) e = -e;
+                exit !(la > 0 && d <= 1e-3 * la && e <= 0.01) }'; then
+      echo "not ok: $model --compile $mode (inductor): $got, eager $want"
+      exit 1
+    fi
+    echo "ok: $model --compile $mode (inductor): $got"
   done
 done

@@ -5,6 +5,11 @@
 #define _POSIX_C_SOURCE 200809L /* setenv, mkdtemp, dup */
 #include "common.h"
 
+/* Tests that compare with eager bit for bit use backend "eager" (the traced graph, run by the
+ * eager kernels); the default backend, inductor, is compared within tolerances in
+ * test_inductor. */
+static const em_compile_options EXACT = {.backend = "eager"};
+
 #include <unistd.h>
 
 void fe_log_reload(void); /* frontend/log.c: re-reads EMBER_LOGS */
@@ -64,7 +69,7 @@ ETEST(compile, outputs_are_differentiable) {
   em_tensor *eager[4];
   cr_assert(em_backward(mlp_forward(&m, (em_tensor *[]){x, y}, 2).t[0], NULL));
   for (int i = 0; i < 4; i++) eager[i] = em_clone(em_get_grad(params[i])), em_zero_grad(params[i]);
-  em_compiled *c = em_compile(mlp_forward, NULL);
+  em_compiled *c = em_compile(mlp_forward, &EXACT);
   for (int call = 0; call < 2; call++) { /* trace, then replay */
     em_outputs o = em_call(c, &m, x, y);
     cr_assert(em_backward(o.t[0], NULL), "%s", em_last_error() ? em_last_error() : "");
@@ -240,7 +245,7 @@ ETEST(compile, breaks_equal_eager_and_compile_each_graph_once) {
   em_tensor *x = em_arange(EM_F32, -2, 2, 0.25);
   break_part = em_slice(em_zeros(EM_F32, EM_SHAPE(6)), 0, 1, 3, 1);
   for (break_kind = 0; break_kind < N_BREAK_KINDS; break_kind++) {
-    em_compiled *c = em_compile(with_break, NULL);
+    em_compiled *c = em_compile(with_break, &EXACT);
     for (int i = 0; i < 10; i++) {
       em_scope_begin();
       em_tensor *xi = em_add_scalar(x, 0.1 + 0.01 * i); /* no element crosses 0: the data-dependent shapes stay put */
@@ -287,7 +292,7 @@ ETEST(compile, every_composite_equals_eager_bit_for_bit) {
   em_tensor *t = em_randint(0, 6, EM_SHAPE(5));
   for (composite = 0; composite < N_COMPOSITES; composite++) {
     em_scope_begin();
-    em_compiled *c = em_compile(apply_composite, NULL);
+    em_compiled *c = em_compile(apply_composite, &EXACT);
     em_tensor *in[3] = {x, w, t};
     em_tensor *want = apply_composite(NULL, in, 3).t[0];
     for (int call = 0; call < 2; call++) {
@@ -372,7 +377,7 @@ ETEST(compile, training_steps_match_eager_bit_for_bit) {
     em_tensor *p[4] = {m[k].l1.weight, m[k].l1.bias, m[k].l2.weight, m[k].l2.bias};
     opt[k] = em_sgd_new(4, p, ((em_sgd_opts){0.1, 0.9, 0, 0, false}));
   }
-  em_compiled *c = em_compile(mlp_forward, NULL);
+  em_compiled *c = em_compile(mlp_forward, &EXACT);
   for (int step = 0; step < 5; step++) {
     em_scope_begin();
     em_manual_seed(100 + step);
@@ -417,7 +422,7 @@ ETEST(compile, whole_training_step_is_one_graph) {
     em_tensor *p[4] = {s[k].m.l1.weight, s[k].m.l1.bias, s[k].m.l2.weight, s[k].m.l2.bias};
     s[k].opt = em_sgd_new(4, p, EM_SGD_DEFAULT(0.05));
   }
-  em_compiled *c = em_compile(whole_step, NULL);
+  em_compiled *c = em_compile(whole_step, &EXACT);
   em_tensor *x = em_randn(EM_F32, EM_SHAPE(6, 12)), *y = em_randint(0, 4, EM_SHAPE(6));
   for (int step = 0; step < 4; step++) {
     em_scope_begin();
