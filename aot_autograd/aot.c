@@ -47,7 +47,7 @@ static bool run_graph(aot_compiled *a, int which, em_tensor *const *in, int n_in
       a->ind_failed[which] = !a->ind[which];
     }
     if (a->ind[which] && ind_accepts(a->ind[which], in, n_in)) /* else another layout: interpret */
-      return ind_run(a->ind[which], in, n_in, out, site);
+      return ind_run(a->ind[which], in, n_in, out, NULL, site);
   }
   return rt_interpret(g, in, n_in, out, opts, site);
 }

@@ -362,7 +362,8 @@ static fe_graph *backend_compile(em_compiled *c, const ir_graph *traced, const b
 }
 
 /* Runs a compiled graph: the AOT pair when there is one, else the interpreter. */
-static bool fe_run(const fe_graph *cfg, em_tensor *const *in, int n_in, em_tensor **out, em_site site) {
+/* Runs a compiled graph. donate: see ind_run (NULL: none). */
+static bool fe_run(const fe_graph *cfg, em_tensor *const *in, int n_in, em_tensor **out, const int *donate, em_site site) {
   fe_graph *fg = (fe_graph *)cfg; /* the lazily compiled program is a cache */
   if (fg->aot) return aot_run(fg->aot, in, n_in, out, site);
   bool prev = fg->no_grad ? em_set_grad_enabled(false) : rt_grad_enabled();
@@ -376,8 +377,7 @@ static bool fe_run(const fe_graph *cfg, em_tensor *const *in, int n_in, em_tenso
       ind_stats st;
       fg->ind = ind_compile(fg->g, in, &st, err, sizeof err);
       fg->ind_failed = !fg->ind;
-      if (!fg->ind) fe_log(FE_LOG_SCHEDULE, "%s: code generation failed, interpreting: %s", fg->g->name, err);
-      else {
+      if (fg->ind) { /* a failure is logged by inductor_failed */
         fe_log(FE_LOG_SCHEDULE, "%s: %d kernels holding %d nodes, %d nodes on the eager kernels, compiled in %.1f ms\n%s",
                fg->g->name, st.kernels, st.fused_nodes, st.fallback_nodes, st.compile_ms,
                ind_schedule(fg->ind) ? ind_schedule(fg->ind) : "");
@@ -385,7 +385,7 @@ static bool fe_run(const fe_graph *cfg, em_tensor *const *in, int n_in, em_tenso
       }
     }
     if (fg->ind && ind_accepts(fg->ind, in, n_in)) { /* else another layout: interpret */
-      bool ok = ind_run(fg->ind, in, n_in, out, site);
+      bool ok = ind_run(fg->ind, in, n_in, out, donate, site);
       if (fg->no_grad) em_set_grad_enabled(prev);
       return ok;
     }
@@ -527,7 +527,7 @@ static bool run_graph_so_far(run_state *rs, rt_trace *tr, em_site site, final_in
         }
     }
   }
-  ok = fe_run(cg, tr->lifted, tr->n_lifted, outs, site);
+  ok = fe_run(cg, tr->lifted, tr->n_lifted, outs, NULL, site);
   int n_mat = 0;
   if (ok && mat)
     for (int i = 0; i < tr->n_proxies; i++)
@@ -772,12 +772,22 @@ static bool replay(em_compiled *c, entry *e, em_tensor *const *in, em_outputs *r
   if (gout) memset(gout, 0, sizeof(em_tensor *) * (size_t)g->n_outputs);
   if (!ok) rt_error(site, "em_call", "out of memory");
   for (int i = 0; ok && i < g->n_inputs; i++) gin[i] = e->src[i].kind == SRC_ARG ? in[e->src[i].arg] : e->src[i].t;
-  ok = ok && fe_run(e->graph, gin, g->n_inputs, gout, site);
+  /* write-backs into graph inputs may be done by the kernels themselves (in place) */
+  int small_don[16], *donate = NULL;
+  if (ok && e->n_wb && e->graph->inductor) {
+    donate = g->n_outputs <= 16 ? small_don : malloc(sizeof(int) * (size_t)g->n_outputs);
+    for (int o = 0; donate && o < g->n_outputs; o++) donate[o] = -1;
+    for (int i = 0; donate && i < e->n_wb; i++)
+      if (e->wb[i][0] < g->n_inputs) donate[e->wb[i][1]] = e->wb[i][0];
+  }
+  ok = ok && fe_run(e->graph, gin, g->n_inputs, gout, donate, site);
+  if (donate != small_don) free(donate);
   if (ok && (e->n_wb || e->n_gb)) { /* the epilogue: write-backs and .grad bindings */
     bool prev = em_set_grad_enabled(false);
     for (int i = 0; ok && i < e->n_wb; i++) {
       const source *s = &e->src[e->wb[i][0]];
-      ok = em_copy__at(s->kind == SRC_ARG ? in[s->arg] : s->t, gout[e->wb[i][1]], site) != NULL;
+      em_tensor *dst = s->kind == SRC_ARG ? in[s->arg] : s->t, *src = gout[e->wb[i][1]];
+      if (src != dst) ok = em_copy__at(dst, src, site) != NULL; /* else written in place */
     }
     em_set_grad_enabled(prev);
     for (int i = 0; ok && i < e->n_gb; i++) {

@@ -213,6 +213,7 @@ typedef struct kernel {
 typedef struct step {
   int node;   /* >= 0: run this node with the eager kernels */
   int kernel; /* >= 0: run this kernel */
+  int tmat;   /* >= 0: node is clone(transpose(matmul(a, b))), run as matmul(b^T, a^T): this matmul */
   int n_release, *release; /* values whose last reader is this step */
 } step;
 
@@ -224,6 +225,14 @@ struct ind_program {
   kernel *kernels;
   int n_kernels;
   signed char *kind;  /* [n_values] K_FULL / K_ROW for values computed inside kernels */
+  /* memory planning */
+  int64_t *arena_off;      /* [n_values] byte offset in the arena of a kernel output, or -1 */
+  int64_t arena_bytes;
+  int64_t planned_peak;    /* most bytes of kernel outputs live at once (arena and outputs) */
+  int *out_step;           /* [n_outputs] the pointwise kernel step that stores output o, or -1 */
+  int *in_last_read;       /* [n_inputs] last step that reads input i or a view of it */
+  int *in_view_read;       /* [n_inputs] last step that reads a view of input i (not i itself) */
+  bool *in_returned;       /* [n_inputs] input i or a view of it is a graph output */
   char *ir_text;
   char *schedule_text;
 };
@@ -236,6 +245,7 @@ void ind_free(ind_program *p) {
   for (int k = 0; k < p->n_kernels; k++) free(p->kernels[k].nodes), free(p->kernels[k].in), free(p->kernels[k].out);
   for (int s = 0; s < p->n_steps; s++) free(p->steps[s].release);
   free(p->kernels), free(p->steps), free(p->in_meta), free(p->ir_text), free(p->schedule_text), free(p->kind);
+  free(p->arena_off), free(p->out_step), free(p->in_last_read), free(p->in_view_read), free(p->in_returned);
   ir_graph_free(p->g);
   free(p);
 }
@@ -334,6 +344,8 @@ typedef struct builder {
   ind_program *p;
   const prim_meta *meta;
   bool *in_group;
+  int *tmat;  /* [n_nodes] see step.tmat */
+  bool *skip; /* [n_nodes] a matmul or transpose folded into a later node's tmat */
   group gr;
   int cap_steps, cap_kernels;
 } builder;
@@ -524,62 +536,202 @@ static bool close_group(builder *b) {
   snprintf(k->name, sizeof k->name, "k%d", p->n_kernels); /* renamed after the module's key */
   for (int i = 0; i < n; i++) b->in_group[g->nodes[gr->nodes[i]].out] = false;
   p->n_kernels++;
-  bool ok = push_step(b, (step){-1, p->n_kernels - 1, 0, NULL});
-  for (int i = n_redo - 1; ok && i >= 0; i--) ok = push_step(b, (step){redo[i], -1, 0, NULL});
+  bool ok = push_step(b, (step){-1, p->n_kernels - 1, -1, 0, NULL});
+  for (int i = n_redo - 1; ok && i >= 0; i--) ok = push_step(b, (step){redo[i], -1, -1, 0, NULL});
   free(redo);
   gr->n = 0, gr->mode = G_EMPTY;
   return ok;
+}
+
+/* A contiguous copy of a transposed product, clone(permute(matmul(a, b))) with the last two dims
+ * swapped (the gradient of a weight, as the autograd engine accumulates it), is the product
+ * b^T a^T, which the GEMM library writes contiguous directly: no transposing copy. The rounding
+ * may differ from eager's (the library may sum in another order). */
+static void find_transposed_products(builder *b) {
+  const ir_graph *g = b->p->g;
+  int *uses = malloc(sizeof(int) * (size_t)(g->n_values + 1));
+  int *def = malloc(sizeof(int) * (size_t)(g->n_values + 1));
+  if (!uses || !def) {
+    free(uses), free(def);
+    return; /* an optimisation: without it the copies run */
+  }
+  ir_count_uses(g, uses);
+  for (int v = 0; v < g->n_values; v++) def[v] = -1;
+  for (int i = 0; i < g->n_nodes; i++) def[g->nodes[i].out] = i;
+  for (int i = 0; i < g->n_nodes; i++) {
+    const ir_node *c = &g->nodes[i];
+    if (c->op != EM_PRIM_CLONE) continue;
+    int v = ir_operands(g, c)[0];
+    if (def[v] < 0 || uses[v] != 1 || g->nodes[def[v]].op != EM_PRIM_PERMUTE) continue;
+    const ir_node *t = &g->nodes[def[v]];
+    int nd = t->attrs.n_axes;
+    bool swap = nd >= 2 && t->attrs.axes[nd - 1] == nd - 2 && t->attrs.axes[nd - 2] == nd - 1;
+    for (int d = 0; swap && d < nd - 2; d++) swap = t->attrs.axes[d] == d;
+    int m = ir_operands(g, t)[0];
+    if (!swap || def[m] < 0 || uses[m] != 1 || g->nodes[def[m]].op != EM_PRIM_MATMUL) continue;
+    const ir_node *mm = &g->nodes[def[m]];
+    const ir_type *ta = &g->values[ir_operands(g, mm)[0]].type, *tb = &g->values[ir_operands(g, mm)[1]].type;
+    if (ta->ndim < 2 || tb->ndim < 2 || ta->dtype != EM_F32 || tb->dtype != EM_F32) continue;
+    b->tmat[i] = def[m];
+    b->skip[def[m]] = b->skip[def[v]] = true;
+  }
+  free(uses), free(def);
 }
 
 static bool schedule(builder *b) {
   const ir_graph *g = b->p->g;
   b->gr.nodes = malloc(sizeof(int) * (size_t)(g->n_nodes + 1));
   b->in_group = calloc((size_t)(g->n_values + 1), 1);
-  bool ok = b->gr.nodes && b->in_group;
+  b->tmat = malloc(sizeof(int) * (size_t)(g->n_nodes + 1));
+  b->skip = calloc((size_t)g->n_nodes + 1, 1);
+  bool ok = b->gr.nodes && b->in_group && b->tmat && b->skip;
+  for (int i = 0; ok && i < g->n_nodes; i++) b->tmat[i] = -1;
+  if (ok) find_transposed_products(b);
   for (int i = 0; ok && i < g->n_nodes; i++) {
     const ir_node *x = &g->nodes[i];
-    if (try_add(b, i)) continue;
+    if (b->skip[i]) continue;
+    if (b->tmat[i] < 0 && try_add(b, i)) continue;
     if (b->gr.n && hoistable(g, x, b->in_group)) {
-      ok = push_step(b, (step){i, -1, 0, NULL});
+      ok = push_step(b, (step){i, -1, b->tmat[i], 0, NULL});
       continue;
     }
-    ok = close_group(b) && (try_add(b, i) || push_step(b, (step){i, -1, 0, NULL}));
+    ok = close_group(b) && ((b->tmat[i] < 0 && try_add(b, i)) || push_step(b, (step){i, -1, b->tmat[i], 0, NULL}));
   }
   ok = ok && close_group(b);
-  free(b->gr.nodes), free(b->in_group);
+  free(b->gr.nodes), free(b->in_group), free(b->tmat), free(b->skip);
   return ok;
 }
 
-/* For each step, the values whose last reader it is (graph outputs are never released). */
-static bool plan_releases(ind_program *p) {
+/* Memory planning over the schedule. Each value gets the last step that reads it; a view shares
+ * its base's storage (its alias root), so a root's storage lives until the last read of any of
+ * its views. Then:
+ *  - each step releases the tensors whose last reader it is (graph outputs are kept);
+ *  - the intermediates that kernels store (not graph outputs, nor viewed by one) get fixed
+ *    byte offsets in one arena per run, placed greedily by size so that two whose lifetimes
+ *    overlap never share bytes (the order TFLite's planner uses);
+ *  - for in-place updates, each input's last reader and each output's producing kernel. */
+static bool plan_memory(ind_program *p) {
   const ir_graph *g = p->g;
-  int *last = malloc(sizeof(int) * (size_t)(g->n_values + 1));
-  int *count = calloc((size_t)p->n_steps + 1, sizeof(int));
-  if (!last || !count) return free(last), free(count), false;
-  for (int v = 0; v < g->n_values; v++) last[v] = -1;
-  for (int s = 0; s < p->n_steps; s++) {
+  int nv = g->n_values, ns = p->n_steps;
+  int *last = malloc(sizeof(int) * (size_t)(nv + 1)), *root = malloc(sizeof(int) * (size_t)(nv + 1));
+  int *prod = malloc(sizeof(int) * (size_t)(nv + 1)), *end = malloc(sizeof(int) * (size_t)(nv + 1));
+  int *count = calloc((size_t)ns + 1, sizeof(int));
+  bool *pinned = calloc((size_t)nv + 1, 1), *stored = calloc((size_t)nv + 1, 1);
+  p->arena_off = malloc(sizeof(int64_t) * (size_t)(nv + 1));
+  p->out_step = malloc(sizeof(int) * (size_t)(g->n_outputs + 1));
+  p->in_last_read = malloc(sizeof(int) * (size_t)(g->n_inputs + 1));
+  p->in_view_read = malloc(sizeof(int) * (size_t)(g->n_inputs + 1));
+  p->in_returned = calloc((size_t)g->n_inputs + 1, 1);
+  bool ok = last && root && prod && end && count && pinned && stored && p->arena_off && p->out_step && p->in_last_read &&
+            p->in_view_read && p->in_returned;
+  for (int v = 0; ok && v < nv; v++) last[v] = prod[v] = -1, root[v] = v, p->arena_off[v] = -1;
+  for (int s = 0; ok && s < ns; s++) {
     const step *st = &p->steps[s];
     if (st->node >= 0) {
       const ir_node *n = &g->nodes[st->node];
-      for (int a = 0; a < n->n_in; a++) last[ir_operands(g, n)[a]] = s;
-      if (last[n->out] < s) last[n->out] = s; /* made and never read: released at once */
+      const ir_node *r = st->tmat >= 0 ? &g->nodes[st->tmat] : n; /* a lowered clone reads the product's operands */
+      for (int a = 0; a < r->n_in; a++) last[ir_operands(g, r)[a]] = s;
+      prod[n->out] = s;
+      if ((prim_get(n->op)->flags & P_VIEW) && st->tmat < 0) root[n->out] = root[ir_operands(g, n)[0]];
     } else {
       const kernel *k = &p->kernels[st->kernel];
       for (int i = 0; i < k->n_in; i++) last[k->in[i]] = s;
-      for (int i = 0; i < k->n_out; i++)
-        if (last[k->out[i]] < s) last[k->out[i]] = s;
+      for (int i = 0; i < k->n_out; i++) prod[k->out[i]] = s, stored[k->out[i]] = true;
     }
   }
-  for (int o = 0; o < g->n_outputs; o++) last[g->outputs[o]] = -1;
-  for (int v = 0; v < g->n_values; v++)
-    if (last[v] >= 0) count[last[v]]++;
-  bool ok = true;
-  for (int s = 0; ok && s < p->n_steps; s++)
+  for (int v = 0; ok && v < nv; v++) end[v] = prod[v];
+  for (int v = 0; ok && v < nv; v++)
+    if (last[v] > end[root[v]]) end[root[v]] = last[v];
+  for (int o = 0; ok && o < g->n_outputs; o++) pinned[root[g->outputs[o]]] = true;
+  /* releases: a header at its own last read (its storage lives on in its views) */
+  for (int v = 0; ok && v < nv; v++) {
+    int at = last[v] > prod[v] ? last[v] : prod[v];
+    if (at < 0) continue;
+    bool output = false;
+    for (int o = 0; o < g->n_outputs && !output; o++) output = g->outputs[o] == v;
+    if (!output) count[at]++;
+  }
+  for (int s = 0; ok && s < ns; s++)
     if (count[s]) ok = (p->steps[s].release = malloc(sizeof(int) * (size_t)count[s])) != NULL;
-  for (int v = 0; ok && v < g->n_values; v++)
-    if (last[v] >= 0) p->steps[last[v]].release[p->steps[last[v]].n_release++] = v;
-  free(last), free(count);
+  for (int v = 0; ok && v < nv; v++) {
+    int at = last[v] > prod[v] ? last[v] : prod[v];
+    bool output = false;
+    for (int o = 0; o < g->n_outputs && !output; o++) output = g->outputs[o] == v;
+    if (at >= 0 && !output) p->steps[at].release[p->steps[at].n_release++] = v;
+  }
+  /* the arena: greedy by size, first offset clear of every placed value live at the same time */
+  int n_cand = 0;
+  int *cand = ok ? malloc(sizeof(int) * (size_t)(nv + 1)) : NULL;
+  ok = ok && cand;
+  for (int v = 0; ok && v < nv; v++)
+    if (stored[v] && !pinned[v] && numel_of(&g->values[v].type) > 0) cand[n_cand++] = v;
+  for (int i = 0; ok && i < n_cand; i++) /* by size, largest first */
+    for (int j = i + 1; j < n_cand; j++) {
+      const ir_type *ti = &g->values[cand[i]].type, *tj = &g->values[cand[j]].type;
+      if (numel_of(tj) * (int64_t)em_dtype_size(tj->dtype) > numel_of(ti) * (int64_t)em_dtype_size(ti->dtype)) {
+        int t = cand[i];
+        cand[i] = cand[j], cand[j] = t;
+      }
+    }
+  p->arena_bytes = 0;
+  for (int i = 0; ok && i < n_cand; i++) {
+    int v = cand[i];
+    const ir_type *t = &g->values[v].type;
+    int64_t size = (numel_of(t) * (int64_t)em_dtype_size(t->dtype) + 63) / 64 * 64, off = 0;
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (int j = 0; j < i; j++) {
+        int u = cand[j];
+        const ir_type *tu = &g->values[u].type;
+        int64_t us = (numel_of(tu) * (int64_t)em_dtype_size(tu->dtype) + 63) / 64 * 64;
+        bool overlap_time = !(end[u] < prod[v] || end[v] < prod[u]);
+        if (overlap_time && off < p->arena_off[u] + us && p->arena_off[u] < off + size) off = p->arena_off[u] + us, moved = true;
+      }
+    }
+    p->arena_off[v] = off;
+    if (off + size > p->arena_bytes) p->arena_bytes = off + size;
+  }
+  /* the peak of stored bytes live at once, arena and outputs together */
+  p->planned_peak = 0;
+  for (int s = 0; ok && s < ns; s++) {
+    int64_t live = 0;
+    for (int v = 0; v < nv; v++)
+      if (stored[v] && prod[v] <= s && (pinned[v] || end[v] >= s))
+        live += numel_of(&g->values[v].type) * (int64_t)em_dtype_size(g->values[v].type.dtype);
+    if (live > p->planned_peak) p->planned_peak = live;
+  }
+  /* in-place updates */
+  for (int o = 0; ok && o < g->n_outputs; o++) {
+    int v = g->outputs[o], s = prod[v];
+    p->out_step[o] = s >= 0 && p->steps[s].kernel >= 0 && !p->kernels[p->steps[s].kernel].row ? s : -1;
+  }
+  for (int i = 0; ok && i < g->n_inputs; i++) {
+    int x = g->inputs[i];
+    p->in_last_read[i] = end[x];
+    p->in_view_read[i] = -1;
+    p->in_returned[i] = pinned[x];
+    for (int v = 0; v < nv; v++)
+      if (v != x && root[v] == x && last[v] > p->in_view_read[i]) p->in_view_read[i] = last[v];
+  }
+  free(last), free(root), free(prod), free(end), free(count), free(pinned), free(stored), free(cand);
   return ok;
+}
+
+/* Whether output o may be stored straight into input i (an in-place update the caller would
+ * otherwise copy back): a pointwise kernel stores it, after every other read of i and of its
+ * views, reading i (if at all) at the element it writes; i is not returned and has o's layout. */
+static bool donatable(const ind_program *p, int o, int i) {
+  const ir_graph *g = p->g;
+  int s = p->out_step[o];
+  if (s < 0 || p->in_last_read[i] > s || p->in_view_read[i] >= s || p->in_returned[i]) return false;
+  const ir_type *t = &g->values[g->outputs[o]].type;
+  const prim_meta *m = &p->in_meta[i];
+  if (m->dtype != t->dtype || m->ndim != t->ndim || memcmp(m->sizes, t->sizes, sizeof(int64_t) * (size_t)t->ndim) ||
+      !ir_is_contiguous(m->ndim, m->sizes, m->strides))
+    return false;
+  for (int q = 0; q < g->n_outputs; q++) /* one value, one buffer */
+    if (q != o && g->outputs[q] == g->outputs[o]) return false;
+  return true;
 }
 
 /* ---- code generation ---- */
@@ -1481,7 +1633,7 @@ static ind_program *compile(const ir_graph *graph, em_tensor *const *inputs, ind
   p->kind = calloc((size_t)g->n_values + 1, 1);
   if (ok && !p->kind) ok = ir_fail(err, cap, "out of memory");
   builder bld = {p, meta};
-  if (ok && (!schedule(&bld) || !plan_releases(p))) ok = ir_fail(err, cap, "out of memory scheduling");
+  if (ok && (!schedule(&bld) || !plan_memory(p))) ok = ir_fail(err, cap, "out of memory scheduling");
   if (ok) describe_schedule(p);
   if (ok && p->n_kernels) ok = build_kernels(p, meta, stats, err, cap);
   free(meta);
@@ -1585,7 +1737,7 @@ bool ind_accepts(const ind_program *p, em_tensor *const *in, int n_in) {
   return true;
 }
 
-bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **out, em_site site) {
+bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **out, const int *donate, em_site site) {
   const ir_graph *g = p->g;
   for (int i = 0; i < g->n_outputs; i++) out[i] = NULL;
   if (!ind_accepts(p, in, n_in))
@@ -1599,6 +1751,26 @@ bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **o
   float *scratch = NULL;
   size_t scratch_bytes = 0;
   int nt = omp_get_max_threads();
+  /* in-place updates the caller asked for and the plan allows: output value -> input tensor */
+  em_tensor **into = NULL;
+  if (donate) {
+    into = rt_alloc(sizeof(em_tensor *) * (size_t)(nv + 1), 16);
+    if (!into) ok = (rt_error(site, "em_call", "out of memory"), false);
+    else memset(into, 0, sizeof(em_tensor *) * (size_t)(nv + 1));
+    for (int o = 0; ok && o < g->n_outputs; o++) {
+      int i = donate[o];
+      if (i < 0 || i >= n_in || !donatable(p, o, i) || in[i]->requires_grad) continue;
+      bool shared = false;
+      for (int j = 0; j < n_in && !shared; j++) shared = j != i && in[j]->storage == in[i]->storage;
+      for (int q = 0; q < g->n_outputs && !shared; q++) shared = q != o && donate[q] == i;
+      if (!shared) into[g->outputs[o]] = in[i];
+    }
+  }
+  em_tensor *arena = NULL;
+  if (ok && p->arena_bytes > 0) {
+    arena = rt_new(EM_F32, 1, (int64_t[]){p->arena_bytes / 4}, "em_call", site);
+    ok = arena != NULL;
+  }
   bool prof = profiling();
   rt_trace_suspend();
   for (int s = 0; ok && s < p->n_steps; s++) {
@@ -1615,12 +1787,27 @@ bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **o
       prim_attrs at = n->attrs;
       if (prim_get(n->op)->flags & P_RANDOM)
         rt_rng_reserve(prim_philox_calls(n->op, at.dtype, ir_numel(at.shape.ndim, at.shape.sizes)), &at.seed, &at.offset);
-      em_tensor *r = n->op == EM_PRIM_RESHAPE ? rt_reshape(ops[0], at.shape.ndim, at.shape.sizes, n->opname, n->site)
-                                              : rt_dispatch(n->opname, n->op, ops, n->n_in, &at, n->site);
+      em_tensor *r;
+      if (st->tmat >= 0) { /* (a b)^T as b^T a^T */
+        const ir_node *m = &g->nodes[st->tmat];
+        em_tensor *ab[2];
+        for (int q = 0; q < 2; q++) {
+          em_tensor *x = vals[ir_operands(g, m)[q]];
+          prim_attrs pa = {.n_axes = x->ndim};
+          for (int d = 0; d < x->ndim; d++) pa.axes[d] = d;
+          pa.axes[x->ndim - 1] = x->ndim - 2, pa.axes[x->ndim - 2] = x->ndim - 1;
+          ab[1 - q] = rt_dispatch(m->opname, EM_PRIM_PERMUTE, &x, 1, &pa, m->site);
+        }
+        r = ab[0] && ab[1] ? rt_dispatch(m->opname, EM_PRIM_MATMUL, ab, 2, &m->attrs, m->site) : NULL;
+        em_release(ab[0]), em_release(ab[1]);
+      } else {
+        r = n->op == EM_PRIM_RESHAPE ? rt_reshape(ops[0], at.shape.ndim, at.shape.sizes, n->opname, n->site)
+                                     : rt_dispatch(n->opname, n->op, ops, n->n_in, &at, n->site);
+      }
       if (ops != small) rt_free(ops);
       vals[n->out] = r;
       ok = r != NULL;
-      if (prof) profile_add(n->op, now_ms() - t0, 0);
+      if (prof) profile_add(st->tmat >= 0 ? EM_PRIM_MATMUL : n->op, now_ms() - t0, 0);
     } else {
       const kernel *k = &p->kernels[st->kernel];
       char *small[32], **bufs = k->n_out + k->n_in <= 32 ? small : rt_alloc(sizeof(char *) * (size_t)(k->n_out + k->n_in), 16);
@@ -1636,12 +1823,22 @@ bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **o
         if (!scratch) ok = (rt_error(site, "em_call", "out of memory for %zu bytes of kernel scratch", need), false);
       }
       for (int o = 0; ok && o < k->n_out; o++) {
-        const ir_type *t = &g->values[k->out[o]].type;
-        int64_t sz[EM_MAX_DIMS];
+        int v = k->out[o];
+        const ir_type *t = &g->values[v].type;
+        int64_t sz[EM_MAX_DIMS], st_[EM_MAX_DIMS];
         for (int d = 0; d < t->ndim; d++) sz[d] = t->sizes[d];
-        vals[k->out[o]] = rt_new(t->dtype, t->ndim, sz, "em_call", site);
-        ok = vals[k->out[o]] != NULL;
-        if (ok) bufs[o] = rt_data(vals[k->out[o]]);
+        if (into && into[v]) {
+          vals[v] = em_retain(into[v]);
+          rt_bump_version(into[v], "em_call", site);
+        } else if (p->arena_off[v] >= 0 && arena) { /* a view of the arena at the planned offset */
+          ir_contiguous_strides(t->ndim, sz, st_);
+          vals[v] = rt_new_view(arena, t->ndim, sz, st_, 0, "em_call", site);
+          if (vals[v]) vals[v]->dtype = t->dtype, vals[v]->offset = p->arena_off[v] / (int64_t)em_dtype_size(t->dtype);
+        } else {
+          vals[v] = rt_new(t->dtype, t->ndim, sz, "em_call", site);
+        }
+        ok = vals[v] != NULL;
+        if (ok) bufs[o] = rt_data(vals[v]);
       }
       for (int i = 0; ok && i < k->n_in; i++) bufs[k->n_out + i] = rt_data(vals[k->in[i]]);
       if (ok) {
@@ -1654,10 +1851,14 @@ bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **o
     for (int i = 0; ok && i < st->n_release; i++) em_release(vals[st->release[i]]), vals[st->release[i]] = NULL;
   }
   rt_trace_resume();
-  rt_free(scratch);
+  rt_free(scratch), rt_free(into);
+  em_release(arena);
   if (ok)
     for (int i = 0; i < g->n_outputs; i++) out[i] = em_retain(vals[g->outputs[i]]);
   for (int v = 0; v < nv; v++) em_release(vals[v]);
   rt_free(vals);
   return ok;
 }
+
+int64_t ind_arena_bytes(const ind_program *p) { return p->arena_bytes; }
+int64_t ind_planned_peak(const ind_program *p) { return p->planned_peak; }

@@ -45,8 +45,17 @@ int64_t ind_failures(void);
 void ind_debug_fail(const char *reason);
 /* Whether inputs have the dtypes, sizes and strides p was compiled for. */
 bool ind_accepts(const ind_program *p, em_tensor *const *inputs, int n_inputs);
-/* Runs p: outputs receive caller-owned references, as rt_interpret's. */
-bool ind_run(const ind_program *p, em_tensor *const *inputs, int n_inputs, em_tensor **outputs, em_site site);
+/* Runs p: outputs receive caller-owned references, as rt_interpret's. donate (NULL, or one entry
+ * per graph output: an input index or -1) names inputs the caller will overwrite with an
+ * output's value afterwards (functionalized in-place updates); where the memory plan allows
+ * (see donatable in inductor.c) the kernel stores that output straight into the input, whose
+ * version is bumped, and outputs[o] is the input itself. */
+bool ind_run(const ind_program *p, em_tensor *const *inputs, int n_inputs, em_tensor **outputs, const int *donate,
+             em_site site);
+/* Bytes of the arena a run of p allocates for its intermediates, and the planned peak of the
+ * bytes its kernels store (arena and outputs). */
+int64_t ind_arena_bytes(const ind_program *p);
+int64_t ind_planned_peak(const ind_program *p);
 void ind_free(ind_program *p);
 /* The disk cache of compiled kernels (see inductor.c), or NULL when off or unusable. */
 const char *ind_cache_dir(void);

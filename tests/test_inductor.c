@@ -42,7 +42,7 @@ static int check(builder_fn build, em_tensor *const *in, void *ctx, ind_stats *s
   char err[512];
   ind_program *p = ind_compile(g, gin, st, err, sizeof err);
   cr_assert_not_null(p, "%s: %s", what, err);
-  cr_assert(ind_run(p, gin, n_in, got, EM_HERE), "%s: %s", what, em_last_error() ? em_last_error() : "");
+  cr_assert(ind_run(p, gin, n_in, got, NULL, EM_HERE), "%s: %s", what, em_last_error() ? em_last_error() : "");
   int exact = 0;
   for (int i = 0; i < n; i++) {
     em_tensor *w = want[i], *o = rt_scope_add(got[i], "test", EM_HERE);
