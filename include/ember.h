@@ -476,8 +476,9 @@ em_tensor *em_scatter_add_at(em_tensor *x, int axis, em_tensor *index, em_tensor
 
 /* Matrix product with torch.matmul's rules: a [..., m, k] @ b [..., k, n] -> [..., m, n], batch
  * dims broadcast; a 1-D a is [1, k] (that dim removed after), a 1-D b is [k, 1] (likewise).
- * dtypes: f32, f64, i32, i64 (both alike; integers use a plain loop). Errors: k differs, dtypes
- * differ, 0-dim input, batch dims that do not broadcast. */
+ * dtypes: f32, f64, i32, i64 (both alike; integers use a plain loop). A contiguous a of 3 or
+ * more dims times a matrix b is computed as one product of a's rows (torch.matmul's folding).
+ * Errors: k differs, dtypes differ, 0-dim input, batch dims that do not broadcast. */
 #define em_matmul(a, b) em_matmul_at((a), (b), EM_HERE)
 em_tensor *em_matmul_at(em_tensor *a, em_tensor *b, em_site site);
 

@@ -194,7 +194,10 @@ typedef void (*kernel_fn)(char **bufs, int64_t r0, int64_t r1, int64_t j0, int64
  * rows (dims [0, split)) and the reduced columns (dims [split, ndim)); its FULL values have
  * shape S, its ROW values one element per row (any shape of that many elements, row r at
  * linear index r): reductions over the columns, and pointwise ops and views on them. */
-enum { K_NONE = 0, K_FULL = 1, K_ROW = 2 };
+enum { K_NONE = 0, K_FULL = 1, K_ROW = 2, K_COL = 3 };
+/* K_COL: a pointwise kernel's reduction over the leading dims of its iteration shape (a bias
+ * gradient): accumulated in its output buffer, one column per element, so it is an output only,
+ * never read inside its kernel. */
 
 typedef struct kernel {
   int n_nodes, *nodes;    /* graph node indices, in order */
@@ -203,11 +206,14 @@ typedef struct kernel {
   char name[32];
   kernel_fn fn;
   bool row;               /* a row kernel (holds reductions) */
+  bool has_col;           /* a pointwise kernel with K_COL reductions: split across threads by columns only */
   ir_type shape;          /* iteration shape S */
   int split;              /* row kernel: dims [split, ndim) are reduced */
   int n_spill;            /* row kernel: FULL values kept in scratch between passes over a row */
   int64_t rows, cols;     /* the iteration space as the generated loops see it */
   int64_t bytes;          /* bytes read and written, for EMBER_LOGS=schedule */
+  double prof_ms;         /* EMBER_INDUCTOR_PROFILE: time in this kernel, all runs */
+  int64_t prof_runs;
 } kernel;
 
 typedef struct step {
@@ -240,8 +246,12 @@ struct ind_program {
 const char *ind_kernel_ir(const ind_program *p) { return p->ir_text; }
 const char *ind_schedule(const ind_program *p) { return p->schedule_text; }
 
+static int profile_on = -1; /* EMBER_INDUCTOR_PROFILE, read at the first run */
+static void profile_kernels(const ind_program *p);
+
 void ind_free(ind_program *p) {
   if (!p) return;
+  profile_kernels(p);
   for (int k = 0; k < p->n_kernels; k++) free(p->kernels[k].nodes), free(p->kernels[k].in), free(p->kernels[k].out);
   for (int s = 0; s < p->n_steps; s++) free(p->steps[s].release);
   free(p->kernels), free(p->steps), free(p->in_meta), free(p->ir_text), free(p->schedule_text), free(p->kind);
@@ -297,6 +307,25 @@ static int trailing_reduction(const ir_graph *g, const ir_node *n) {
   return k;
 }
 
+/* An f32 sum, amax or amin over leading dims of its operand that keeps a trailing dim of size
+ * > 1: the number of leading dims, or -1. */
+static int leading_reduction(const ir_graph *g, const ir_node *n) {
+  if (n->op != EM_PRIM_SUM && n->op != EM_PRIM_AMAX && n->op != EM_PRIM_AMIN) return -1;
+  const ir_type *u = &g->values[ir_operands(g, n)[0]].type;
+  if (u->dtype != EM_F32 || g->values[n->out].type.dtype != EM_F32 || !ir_type_concrete(u)) return -1;
+  bool red[EM_MAX_DIMS] = {0};
+  for (int a = 0; a < n->attrs.n_axes; a++) red[n->attrs.axes[a]] = true;
+  int k = 0;
+  while (k < u->ndim && (red[k] || u->sizes[k] == 1)) k++;
+  bool kept = false, reduces = false;
+  for (int d = 0; d < k; d++) reduces |= red[d] && u->sizes[d] > 1;
+  for (int d = k; d < u->ndim; d++) {
+    if (red[d] && u->sizes[d] > 1) return -1;
+    kept |= u->sizes[d] > 1;
+  }
+  return kept && reduces ? k : -1;
+}
+
 /* Views and scalar constants only make headers: they may run before a kernel that does not feed
  * them, so they do not split a run of pointwise nodes. */
 static bool hoistable(const ir_graph *g, const ir_node *n, const bool *in_group) {
@@ -335,6 +364,7 @@ enum { G_EMPTY, G_PW, G_ROW };
 typedef struct group {
   int n, *nodes;
   int mode;
+  bool has_col;
   ir_type shape;
   int split;
   int64_t rows;
@@ -409,6 +439,16 @@ static bool try_add(builder *b, int i) {
   const ir_type *t = &g->values[n->out].type;
   group *gr = &b->gr;
   signed char *kind = b->p->kind;
+  for (int a = 0; a < n->n_in; a++) /* a column reduction is complete only when its kernel ends */
+    if (b->in_group[ir_operands(g, n)[a]] && kind[ir_operands(g, n)[a]] == K_COL) return false;
+  if (leading_reduction(g, n) >= 0 && gr->mode != G_ROW) {
+    int u = ir_operands(g, n)[0];
+    const ir_type *ut = &g->values[u].type;
+    if (gr->mode == G_EMPTY) gr->mode = G_PW, gr->shape = *ut, gr->split = ut->ndim, gr->rows = numel_of(ut);
+    else if (!same_shape(ut, &gr->shape)) return false;
+    gr->has_col = true;
+    return add(b, i, K_COL), true;
+  }
   if (fusible(g, n)) {
     if (gr->mode == G_EMPTY) {
       if (!operands_ok(b, n, K_FULL)) return false;
@@ -432,6 +472,7 @@ static bool try_add(builder *b, int i) {
     if (!same_shape(ut, &gr->shape)) return false;
     if (gr->mode == G_ROW) return k == gr->split && operands_ok(b, n, K_FULL) ? (add(b, i, K_ROW), true) : false;
     /* a pointwise group over S becomes a row kernel */
+    if (gr->has_col) return false;
     group saved = *gr;
     gr->mode = G_ROW, gr->split = k, gr->rows = prefix_numel(ut, k);
     if (!group_operands_ok(b, K_FULL) || !operands_ok(b, n, K_FULL)) return *gr = saved, false;
@@ -456,7 +497,7 @@ static bool try_add(builder *b, int i) {
     return add(b, i, K_FULL), true;
   }
   /* a pointwise group over per-row values becomes a row kernel over t */
-  if (gr->mode != G_PW || numel_of(&gr->shape) != prefix_numel(t, k)) return false;
+  if (gr->mode != G_PW || gr->has_col || numel_of(&gr->shape) != prefix_numel(t, k)) return false;
   group saved = *gr;
   gr->mode = G_ROW, gr->shape = *t, gr->split = k, gr->rows = prefix_numel(t, k);
   if (!group_operands_ok(b, K_ROW)) return *gr = saved, false;
@@ -475,7 +516,7 @@ static bool contains(const int *a, int n, int v) {
 static bool close_group(builder *b) {
   group *gr = &b->gr;
   int n = gr->n;
-  if (!n) return gr->mode = G_EMPTY, true;
+  if (!n) return gr->mode = G_EMPTY, gr->has_col = false, true;
   ind_program *p = b->p;
   const ir_graph *g = p->g;
   if (p->n_kernels == b->cap_kernels) {
@@ -497,6 +538,7 @@ static bool close_group(builder *b) {
   memcpy(k->nodes, gr->nodes, sizeof(int) * (size_t)n);
   k->n_nodes = n;
   k->row = gr->mode == G_ROW;
+  k->has_col = gr->has_col;
   k->shape = gr->shape;
   k->split = k->row ? gr->split : gr->shape.ndim;
   for (int i = 0; i < n; i++) {
@@ -539,7 +581,7 @@ static bool close_group(builder *b) {
   bool ok = push_step(b, (step){-1, p->n_kernels - 1, -1, 0, NULL});
   for (int i = n_redo - 1; ok && i >= 0; i--) ok = push_step(b, (step){redo[i], -1, -1, 0, NULL});
   free(redo);
-  gr->n = 0, gr->mode = G_EMPTY;
+  gr->n = 0, gr->mode = G_EMPTY, gr->has_col = false;
   return ok;
 }
 
@@ -855,10 +897,13 @@ static LLVMValueRef emit_node(cg *c, const ir_graph *g, const ir_node *n, LLVMVa
 typedef struct buf_access {
   int64_t strides[EM_MAX_DIMS];
   em_dtype dtype;
+  em_prim col; /* an output accumulating a column reduction (SUM, AMAX, AMIN), else -1 */
 } buf_access;
 
 /* Emits the loads, the node computations and the stores of one iteration: lanes w, buffers at
  * element offsets off[] (outputs first). */
+static LLVMValueRef combine(cg *c, em_prim op, LLVMValueRef a, LLVMValueRef x);
+
 static void emit_body(cg *c, const ir_graph *g, const kernel *k, LLVMValueRef *base, LLVMValueRef *off,
                       const buf_access *acc, int inner, int w, LLVMValueRef *vals) {
   LLVMBuilderRef b = c->b;
@@ -882,11 +927,19 @@ static void emit_body(cg *c, const ir_graph *g, const kernel *k, LLVMValueRef *b
   }
   for (int j = 0; j < k->n_nodes; j++) {
     const ir_node *n = &g->nodes[k->nodes[j]];
-    vals[n->out] = emit_node(c, g, n, vals, w);
+    bool col = false;
+    for (int i = 0; i < k->n_out && !col; i++) col = k->out[i] == n->out && acc[i].col != (em_prim)-1;
+    vals[n->out] = col ? vals[ir_operands(g, n)[0]] : emit_node(c, g, n, vals, w);
   }
   for (int i = 0; i < k->n_out; i++) {
     bool is_bool = acc[i].dtype == EM_BOOL;
     LLVMValueRef x = vals[k->out[i]];
+    if (acc[i].col != (em_prim)-1) { /* out[column] = out[column] op x */
+      LLVMValueRef p = LLVMBuildGEP2(b, c->f32, base[i], &off[i], 1, "");
+      LLVMValueRef old = LLVMBuildLoad2(b, w > 1 ? c->vf32 : c->f32, p, "");
+      LLVMSetAlignment(old, 4);
+      x = combine(c, acc[i].col, old, x);
+    }
     if (is_bool) x = LLVMBuildZExt(b, x, w == 1 ? c->i8 : c->vi8, "");
     LLVMValueRef p = LLVMBuildGEP2(b, is_bool ? c->i8 : c->f32, base[i], &off[i], 1, "");
     LLVMValueRef st = LLVMBuildStore(b, x, p);
@@ -906,7 +959,8 @@ static void column_offsets(cg *c, const buf_access *acc, int nb, int inner, LLVM
 
 /* Emits pointwise kernel k as `void name(char **bufs, r0, r1, j0, j1, scratch)`: outer loops over the coalesced leading dims, the
  * innermost dim vectorized when every buffer's innermost stride is 0 or 1, a scalar tail. */
-static bool emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, kernel *k, char *err, size_t cap) {
+static bool emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const signed char *kind, kernel *k, char *err,
+                        size_t cap) {
   const ir_type *t = &k->shape;
   int nb = k->n_out + k->n_in;
   buf_access acc[128];
@@ -923,6 +977,20 @@ static bool emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, kernel 
   int64_t st[128][EM_MAX_DIMS];
   for (int bi = 0; bi < nb; bi++) {
     int v = bi < k->n_out ? k->out[bi] : k->in[bi - k->n_out];
+    acc[bi].col = bi < k->n_out && kind[v] == K_COL ? EM_PRIM_SUM : (em_prim)-1;
+    if (acc[bi].col != (em_prim)-1) { /* a column reduction: its element for the kept dims, 0 across the reduced */
+      const ir_node *rn = NULL;
+      for (int i = 0; i < k->n_nodes && !rn; i++)
+        if (g->nodes[k->nodes[i]].out == v) rn = &g->nodes[k->nodes[i]];
+      acc[bi].col = rn->op;
+      int lead = leading_reduction(g, rn);
+      int64_t run = 1;
+      for (int d = t->ndim - 1; d >= 0; d--) {
+        st[bi][d] = d < lead ? 0 : run;
+        if (d >= lead) run *= t->sizes[d];
+      }
+      continue;
+    }
     for (int d = 0; d < t->ndim; d++) st[bi][d] = bi < k->n_out ? cont[d] : meta[v].strides[d];
   }
   for (int d = 0; d < t->ndim; d++) {
@@ -1445,7 +1513,8 @@ static void describe_schedule(ind_program *p) {
       for (int i = 0; i < k->n_in; i++) bytes += numel_of(&g->values[k->in[i]].type) * (int64_t)em_dtype_size(g->values[k->in[i]].type.dtype);
       for (int i = 0; i < k->n_out; i++) bytes += numel_of(&g->values[k->out[i]].type) * (int64_t)em_dtype_size(g->values[k->out[i]].type.dtype);
       k->bytes = bytes;
-      n = snprintf(line, sizeof line, "  step %d: %s, %s kernel over [", s, k->name, k->row ? "row" : "pointwise");
+      n = snprintf(line, sizeof line, "  step %d: %s, %s kernel over [", s, k->name,
+                   k->row ? "row" : k->has_col ? "pointwise + column reduction" : "pointwise");
       for (int d = 0; d < k->shape.ndim && n < 400; d++)
         n += snprintf(line + n, sizeof line - (size_t)n, "%s%lld%s", d ? "," : "", (long long)k->shape.sizes[d],
                       k->row && d == k->split - 1 ? " |" : "");
@@ -1514,7 +1583,7 @@ static bool build_kernels(ind_program *p, const prim_meta *meta, ind_stats *stat
   bool ok = true;
   for (int k = 0; ok && k < p->n_kernels; k++)
     ok = p->kernels[k].row ? emit_row_kernel(&c, g, meta, p->kind, &p->kernels[k], err, cap)
-                           : emit_kernel(&c, g, meta, &p->kernels[k], err, cap);
+                           : emit_kernel(&c, g, meta, p->kind, &p->kernels[k], err, cap);
   LLVMDisposeBuilder(c.b);
   LLVMMemoryBufferRef obj = NULL;
   bool found = false;
@@ -1634,8 +1703,8 @@ static ind_program *compile(const ir_graph *graph, em_tensor *const *inputs, ind
   if (ok && !p->kind) ok = ir_fail(err, cap, "out of memory");
   builder bld = {p, meta};
   if (ok && (!schedule(&bld) || !plan_memory(p))) ok = ir_fail(err, cap, "out of memory scheduling");
-  if (ok) describe_schedule(p);
   if (ok && p->n_kernels) ok = build_kernels(p, meta, stats, err, cap);
+  if (ok) describe_schedule(p);
   free(meta);
   if (!ok) {
     ind_free(p);
@@ -1666,7 +1735,9 @@ static void run_kernel(const kernel *k, char **bufs, float *scratch) {
     k->fn(bufs, 0, k->rows, 0, k->cols, scratch);
     return;
   }
-  if (k->rows >= nt || k->row) {
+  if (k->has_col && k->cols < 2 * LANES * nt) { /* each column's accumulation stays on one thread */
+    k->fn(bufs, 0, k->rows, 0, k->cols, scratch);
+  } else if (!k->has_col && (k->rows >= nt || k->row)) {
     if (nt > k->rows) nt = (int)k->rows;
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int t = 0; t < nt; t++) {
@@ -1687,7 +1758,7 @@ int64_t ind_kernel_runs(void) { return kernel_runs; }
 
 /* EMBER_INDUCTOR_PROFILE=1: time spent per kind of step (each eager prim, pointwise kernels, row
  * kernels) over the process, printed at exit: where a compiled step's time goes. */
-static int profile_on = -1;
+
 static double profile_ms[EM_PRIM_COUNT + 2];
 static int64_t profile_n[EM_PRIM_COUNT + 2], profile_bytes[EM_PRIM_COUNT + 2];
 static pthread_mutex_t profile_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -1708,6 +1779,26 @@ static void profile_print(void) {
     fprintf(stderr, "\n");
     profile_n[best] = 0;
   }
+}
+
+/* The program's ten slowest kernels, when it is freed. */
+static void profile_kernels(const ind_program *p) {
+  if (profile_on != 1 || !p->n_kernels || !p->schedule_text) return;
+  bool *done = calloc((size_t)p->n_kernels, 1);
+  fprintf(stderr, "[ember] inductor profile of %s: slowest kernels\n", p->g->name);
+  for (int r = 0; done && r < 10 && r < p->n_kernels; r++) {
+    int best = -1;
+    for (int k = 0; k < p->n_kernels; k++)
+      if (!done[k] && (best < 0 || p->kernels[k].prof_ms > p->kernels[best].prof_ms)) best = k;
+    done[best] = true;
+    const kernel *k = &p->kernels[best];
+    if (!k->prof_runs) break;
+    const char *line = strstr(p->schedule_text, k->name), *eol = line ? strchr(line, '\n') : NULL;
+    fprintf(stderr, "  %8.3f ms/run %6.1f GB/s  %.*s\n", k->prof_ms / (double)k->prof_runs,
+            (double)k->bytes * (double)k->prof_runs / (k->prof_ms * 1e6), line ? (int)(eol ? eol - line : (long)strlen(line)) : 0,
+            line ? line : "");
+  }
+  free(done);
 }
 
 static bool profiling(void) {
@@ -1840,11 +1931,23 @@ bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **o
         ok = vals[v] != NULL;
         if (ok) bufs[o] = rt_data(vals[v]);
       }
+      for (int o = 0; ok && o < k->n_out; o++) /* column reductions accumulate from their identity */
+        if (p->kind[k->out[o]] == K_COL) {
+          float init = 0;
+          for (int i = 0; i < k->n_nodes; i++)
+            if (g->nodes[k->nodes[i]].out == k->out[o]) init = (float)reduce_init(g->nodes[k->nodes[i]].op);
+          float *d = (float *)bufs[o];
+          for (int64_t e = 0, n = vals[k->out[o]]->numel; e < n; e++) d[e] = init;
+        }
       for (int i = 0; ok && i < k->n_in; i++) bufs[k->n_out + i] = rt_data(vals[k->in[i]]);
       if (ok) {
         run_kernel(k, bufs, scratch);
         kernel_runs++;
-        if (prof) profile_add(EM_PRIM_COUNT + k->row, now_ms() - t0, k->bytes);
+        if (prof) {
+          double dt = now_ms() - t0;
+          profile_add(EM_PRIM_COUNT + k->row, dt, k->bytes);
+          ((kernel *)k)->prof_ms += dt, ((kernel *)k)->prof_runs++;
+        }
       }
       if (bufs != small) rt_free(bufs);
     }

@@ -434,6 +434,20 @@ em_tensor *em_matmul_at(em_tensor *a, em_tensor *b, em_site site) {
   int64_t k_a = a->sizes[a->ndim - 1], k_b = b->ndim == 1 ? b->sizes[0] : b->sizes[b->ndim - 2];
   if (k_a != k_b)
     return rt_error(site, name, "inner dimensions differ: a is %s, b is %s", rt_fmt(s0, 128, a), rt_fmt(s1, 128, b));
+  /* a [..., m, k] @ b [k, n] folds a's batch dims into its rows, as torch.matmul does: one
+   * [B*m, k] x [k, n] product instead of B products against one broadcast matrix, and the
+   * gradient of b becomes one product too (not B products summed over the batch). */
+  if (a->ndim > 2 && b->ndim == 2 && ir_is_contiguous(a->ndim, a->sizes, a->strides)) {
+    int64_t rows = a->numel / k_a, fs[EM_MAX_DIMS];
+    em_tensor *a2 = rt_reshape(a, 2, (int64_t[]){rows, k_a}, name, site);
+    em_tensor *ops[2] = {a2, b};
+    em_tensor *r2 = a2 ? rt_dispatch(name, EM_PRIM_MATMUL, ops, 2, NULL, site) : NULL;
+    memcpy(fs, a->sizes, sizeof(int64_t) * (size_t)a->ndim);
+    fs[a->ndim - 1] = b->sizes[1];
+    em_tensor *r = r2 ? rt_reshape(r2, a->ndim, fs, name, site) : NULL;
+    em_release(a2), em_release(r2);
+    return SCOPED(name, r);
+  }
   /* Lift 1-D operands to matrices and broadcast the batch dims. */
   ir_shape sa = {.ndim = a->ndim == 1 ? 2 : a->ndim}, sb = {.ndim = b->ndim == 1 ? 2 : b->ndim};
   if (a->ndim == 1) sa.sizes[0] = 1, sa.sizes[1] = a->sizes[0];
