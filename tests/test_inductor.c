@@ -142,6 +142,48 @@ static int softmax_and_norm(em_tensor *const *in, em_tensor **out, void *ctx) {
   return 3;
 }
 
+/* One composite per ctx value, as the kernels a model's forward and backward need. */
+static int one_composite(em_tensor *const *in, em_tensor **out, void *ctx) {
+  em_tensor *x = in[0], *w = in[1];
+  switch (*(int *)ctx) {
+  case 0: out[0] = em_softmax(x, -1); break;
+  case 1: out[0] = em_log_softmax(x, -1); break;
+  case 2: out[0] = em_layer_norm(x, 1, w, in[3], 1e-5); break;
+  case 3: out[0] = em_cross_entropy(x, in[2], EM_CROSS_ENTROPY_DEFAULT); break;
+  case 4: out[0] = em_sum(em_mul(x, x), 1, (int64_t[]){0}, false); break;       /* a column reduction */
+  default: out[0] = em_amax(em_exp(x), 1, (int64_t[]){0}, true); break;
+  }
+  return 1;
+}
+
+/* Row reductions fuse with their prologue and epilogue into one kernel over rows (softmax,
+ * log_softmax, layer_norm), column reductions into the pointwise kernel that feeds them; odd
+ * sizes, strided and sliced inputs. Sums run in another order than eager's: 1e-5 relative. */
+ETEST(inductor, fused_reductions_on_odd_shapes_and_layouts) {
+  int64_t rows[] = {1, 3, 13, 64}, cols[] = {1, 5, 17, 67, 1024};
+  static const char *names[] = {"softmax", "log_softmax", "layer_norm", "cross_entropy", "sum(x*x, 0)", "amax(exp(x), 0)"};
+  for (int which = 0; which < 6; which++)
+    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++)
+      for (size_t c = 0; c < sizeof cols / sizeof cols[0]; c++)
+        for (int layout = 0; layout < 3; layout++) {
+          em_scope_begin();
+          em_manual_seed(r * 100 + c);
+          int64_t R = rows[r], C = cols[c];
+          em_tensor *x;
+          if (layout == 0) x = em_randn(EM_F32, EM_SHAPE(R, C));
+          else if (layout == 1) x = em_transpose(em_randn(EM_F32, EM_SHAPE(C, R)), 0, 1);
+          else x = em_slice(em_randn(EM_F32, EM_SHAPE(R, C + 3)), 1, 2, C + 2, 1);
+          em_tensor *in[4] = {x, em_randn(EM_F32, EM_SHAPE(C)), em_randint(0, C, EM_SHAPE(R)), em_randn(EM_F32, EM_SHAPE(C))};
+          char what[96];
+          snprintf(what, sizeof what, "%s of [%lld,%lld] layout %d", names[which], (long long)R, (long long)C, layout);
+          ind_stats st;
+          check(one_composite, in, &which, &st, what);
+          if (layout == 0 && which != 3 && C > 1)
+            cr_assert_eq(st.kernels, 1, "%s: %d kernels (%d nodes eager)", what, st.kernels, st.fallback_nodes);
+          em_scope_end();
+        }
+}
+
 ETEST(inductor, composites_with_reductions) {
   em_manual_seed(4);
   em_tensor *x = em_randn(EM_F32, EM_SHAPE(33, 70)), *w = em_randn(EM_F32, EM_SHAPE(70));
@@ -202,4 +244,166 @@ ETEST(inductor, backend_trains_like_eager) {
   cr_assert_eq(em_compiled_stats(c).aot_graphs, 1);
   cr_assert_gt(ind_kernel_runs() - runs0, 10, "the forward and backward graphs ran as generated kernels");
   em_compiled_free(c);
+}
+
+/* ---- the default backend end to end: in-place updates, fallback, the kernel cache ---- */
+
+typedef struct trainer {
+  net m;
+  em_optimizer *opt;
+} trainer;
+
+static em_outputs sgd_step(void *ctx, em_tensor *const *in, int n) {
+  trainer *t = ctx;
+  em_tensor *loss = gelu_ln_mlp_fn(&t->m, in, n).t[0];
+  em_optimizer_zero_grad(t->opt);
+  if (!loss || !em_backward(loss, NULL) || !em_optimizer_step(t->opt)) return EM_OUTPUTS(NULL);
+  return EM_OUTPUTS(loss);
+}
+
+/* A whole training step (forward, backward, SGD with momentum) under the default backend: the
+ * parameters and momentum buffers are updated in place by the kernels, and after 6 steps every
+ * parameter matches eager training within 1e-4 of its scale. */
+ETEST(inductor, whole_training_step_updates_in_place_like_eager) {
+  trainer t[2];
+  for (int k = 0; k < 2; k++) {
+    em_manual_seed(21);
+    memset(&t[k].m, 0, sizeof t[k].m);
+    models_gelu_ln_mlp(&t[k].m, 40, 32, 24, 10);
+    t[k].opt = em_sgd_new(t[k].m.n_params, t[k].m.params, ((em_sgd_opts){0.05, 0.9, 0, 0, false}));
+  }
+  em_tensor *x = em_randn(EM_F32, EM_SHAPE(16, 40)), *y = em_randint(0, 10, EM_SHAPE(16));
+  em_compiled *c = em_compile(sgd_step, &(em_compile_options){.name = "sgd_step"});
+  for (int step = 0; step < 6; step++) {
+    em_scope_begin();
+    double le = em_item(sgd_step(&t[0], (em_tensor *[]){x, y}, 2).t[0]);
+    em_tensor *lc = em_call(c, &t[1], x, y).t[0];
+    cr_assert(lc, "%s", em_last_error());
+    cr_assert(fabs(em_item(lc) - le) <= 1e-4 * fabs(le), "step %d: loss %.9g, eager %.9g", step, em_item(lc), le);
+    em_scope_end();
+  }
+  for (int i = 0; i < t[0].m.n_params; i++) {
+    double d = em_item(em_amax(em_abs(em_sub(t[1].m.params[i], t[0].m.params[i])), 0, NULL, false));
+    double s = em_item(em_amax(em_abs(t[0].m.params[i]), 0, NULL, false));
+    cr_assert_leq(d, 1e-4 * s + 1e-6, "parameter %d differs by %g (scale %g)", i, d, s);
+  }
+  em_compile_stats st = em_compiled_stats(c);
+  cr_assert_gt(st.replays, 3, "the step replays");
+  cr_assert_gt(st.kernel_runs, 10);
+  cr_assert_eq(st.inductor_fallbacks, 0);
+  em_compiled_free(c);
+  for (int k = 0; k < 2; k++) em_optimizer_free(t[k].opt);
+}
+
+/* Writes the caller makes after reading: an input updated in place whose old value is read
+ * after the update, a view of it returned, a second input aliasing nothing. Values as eager. */
+static em_outputs update_and_read(void *ctx, em_tensor *const *in, int n) {
+  em_tensor **w = ctx;
+  em_tensor *before = em_mul_scalar(w[0], 3);         /* reads w before the update */
+  em_sub_(w[0], em_mul_scalar(in[0], 0.5));            /* w -= x / 2, in place */
+  em_add_(w[1], in[0]);                                /* a second buffer */
+  em_tensor *after = em_add(w[0], before);             /* reads w after the update */
+  return EM_OUTPUTS(after, em_transpose(w[1], 0, 1));  /* a view of an updated tensor */
+}
+
+ETEST(inductor, in_place_updates_keep_eager_semantics) {
+  em_manual_seed(5);
+  em_tensor *w[2][2], *x = em_randn(EM_F32, EM_SHAPE(37, 19));
+  for (int k = 0; k < 2; k++) {
+    em_manual_seed(6);
+    w[k][0] = em_keep(em_randn(EM_F32, EM_SHAPE(37, 19)));
+    w[k][1] = em_keep(em_randn(EM_F32, EM_SHAPE(37, 19)));
+  }
+  em_compiled *c = em_compile(update_and_read, NULL);
+  for (int call = 0; call < 3; call++) {
+    em_scope_begin();
+    em_outputs e = update_and_read(w[0], &x, 1), o = em_call(c, w[1], x);
+    cr_assert(o.t[0] && o.t[1], "%s", em_last_error());
+    for (int i = 0; i < 2; i++) EXPECT_SAME_BITS(o.t[i], e.t[i], "an output");
+    for (int i = 0; i < 2; i++) EXPECT_SAME_BITS(w[1][i], w[0][i], "an updated input");
+    em_scope_end();
+  }
+  cr_assert_gt(em_compiled_stats(c).kernel_runs, 0);
+  em_compiled_free(c);
+}
+
+/* A graph the inductor cannot compile runs op by op: the results are eager's, and the fallback
+ * is counted (and logged). */
+ETEST(inductor, a_failed_compile_falls_back_op_by_op) {
+  em_manual_seed(8);
+  net m = {0};
+  models_gelu_ln_mlp(&m, 12, 10, 8, 4);
+  em_tensor *x = em_randn(EM_F32, EM_SHAPE(6, 12)), *y = em_randint(0, 4, EM_SHAPE(6));
+  ind_debug_fail("injected failure");
+  em_no_grad_begin();
+  em_compiled *c = em_compile(gelu_ln_mlp_fn, NULL);
+  em_tensor *want = gelu_ln_mlp_fn(&m, (em_tensor *[]){x, y}, 2).t[0], *got = em_call(c, &m, x, y).t[0];
+  em_no_grad_end();
+  ind_debug_fail(NULL);
+  cr_assert(got, "%s", em_last_error());
+  EXPECT_SAME_BITS(got, want, "fallback");
+  cr_assert_eq(em_compiled_stats(c).inductor_fallbacks, 1);
+  cr_assert_eq(em_compiled_stats(c).kernel_runs, 0);
+  em_compiled_free(c);
+}
+
+/* Runs the cache probe n times at once with EMBER_CACHE_DIR=dir; each prints its counters. */
+static void probe(const char *dir, int n, long counts[][4]) {
+  const char *exe = getenv("EMBER_CACHE_PROBE");
+  cr_assert(exe, "EMBER_CACHE_PROBE names tests/cache_probe (meson sets it)");
+  FILE *f[8];
+  for (int i = 0; i < n; i++) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "EMBER_CACHE_DIR='%s' '%s'", dir, exe);
+    cr_assert((f[i] = popen(cmd, "r")));
+  }
+  for (int i = 0; i < n; i++) {
+    int got = fscanf(f[i], "%ld %ld %ld %ld", &counts[i][0], &counts[i][1], &counts[i][2], &counts[i][3]);
+    cr_assert_eq(pclose(f[i]), 0, "probe %d failed", i);
+    cr_assert_eq(got, 4);
+    cr_assert_eq(counts[i][3], 1, "probe %d: result differs from eager", i);
+  }
+}
+
+static int count_files(const char *dir, const char *suffix) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "ls '%s' | grep -c -- '%s$'", dir, suffix);
+  FILE *f = popen(cmd, "r");
+  int n = -1;
+  cr_assert(f && fscanf(f, "%d", &n) == 1);
+  pclose(f);
+  return n;
+}
+
+/* The disk cache: a second process loads the object code instead of compiling; a truncated or
+ * corrupted file is detected and compiled again; four processes writing at once leave one
+ * whole file and no temporaries. */
+ETEST(inductor, disk_cache_second_process_corruption_and_concurrent_writers) {
+  char dir[] = "/tmp/ember-cache-testXXXXXX";
+  cr_assert(mkdtemp(dir));
+  long c[8][4];
+  probe(dir, 1, c);
+  cr_assert(c[0][2] == 1 && c[0][1] == 0, "first process compiles (misses %ld)", c[0][2]);
+  probe(dir, 1, c);
+  cr_assert(c[0][1] == 1 && c[0][2] == 0, "second process loads from disk (disk hits %ld, misses %ld)", c[0][1], c[0][2]);
+  cr_assert_eq(count_files(dir, ".o"), 1);
+  char cmd[1200];
+  for (int damage = 0; damage < 2; damage++) {
+    if (damage == 0) snprintf(cmd, sizeof cmd, "for f in '%s'/*.o; do truncate -s 100 \"$f\"; done", dir);
+    else snprintf(cmd, sizeof cmd, "for f in '%s'/*.o; do printf 'XXXX' | dd of=\"$f\" bs=1 seek=200 conv=notrunc 2>/dev/null; done", dir);
+    cr_assert_eq(system(cmd), 0);
+    probe(dir, 1, c);
+    cr_assert(c[0][2] == 1 && c[0][1] == 0, "damage %d: the damaged file is compiled again", damage);
+    probe(dir, 1, c);
+    cr_assert_eq(c[0][1], 1, "damage %d: and the rewritten file loads", damage);
+  }
+  snprintf(cmd, sizeof cmd, "rm -f '%s'/*", dir);
+  cr_assert_eq(system(cmd), 0);
+  probe(dir, 4, c);
+  cr_assert_eq(count_files(dir, ".o"), 1, "concurrent writers leave one file");
+  cr_assert_eq(count_files(dir, "tmp.*"), 0, "and no temporaries");
+  probe(dir, 1, c);
+  cr_assert_eq(c[0][1], 1, "which loads");
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  cr_assert_eq(system(cmd), 0);
 }
