@@ -372,17 +372,10 @@ static bool fe_run(const fe_graph *cfg, em_tensor *const *in, int n_in, em_tenso
   bool random = false;
   for (int i = 0; i < fg->g->n_nodes && !random; i++) random = prim_get(fg->g->nodes[i].op)->flags & P_RANDOM;
   if (fg->inductor && !needs_autograd && !random && !fg->ind_failed) {
-    if (!fg->ind) {
+    if (!fg->ind) { /* logged by inductor_compiled or inductor_failed */
       char err[256];
-      ind_stats st;
-      fg->ind = ind_compile(fg->g, in, &st, err, sizeof err);
+      fg->ind = ind_compile(fg->g, in, NULL, err, sizeof err);
       fg->ind_failed = !fg->ind;
-      if (fg->ind) { /* a failure is logged by inductor_failed */
-        fe_log(FE_LOG_SCHEDULE, "%s: %d kernels holding %d nodes, %d nodes on the eager kernels, compiled in %.1f ms\n%s",
-               fg->g->name, st.kernels, st.fused_nodes, st.fallback_nodes, st.compile_ms,
-               ind_schedule(fg->ind) ? ind_schedule(fg->ind) : "");
-        if (fe_log_on(FE_LOG_OUTPUT_CODE) && ind_kernel_ir(fg->ind)) fe_log(FE_LOG_OUTPUT_CODE, "%s", ind_kernel_ir(fg->ind));
-      }
     }
     if (fg->ind && ind_accepts(fg->ind, in, n_in)) { /* else another layout: interpret */
       bool ok = ind_run(fg->ind, in, n_in, out, donate, site);
@@ -835,8 +828,21 @@ static void inductor_failed(const char *graph, const char *why) {
             graph, why);
 }
 
+/* EMBER_LOGS=schedule and output_code for every program the inductor makes (plain graphs, and
+ * the forward and backward graphs of AOT autograd). */
+static void inductor_compiled(const char *graph, const ind_program *p) {
+  if (fe_log_on(FE_LOG_SCHEDULE)) {
+    ind_stats st = ind_program_stats(p);
+    fe_log(FE_LOG_SCHEDULE, "%s: %d kernels holding %d nodes, %d nodes on the eager kernels, arena %lld bytes, "
+           "compiled in %.1f ms\n%s", graph, st.kernels, st.fused_nodes, st.fallback_nodes, (long long)ind_arena_bytes(p),
+           st.compile_ms, ind_schedule(p) ? ind_schedule(p) : "");
+  }
+  if (fe_log_on(FE_LOG_OUTPUT_CODE) && ind_kernel_ir(p)) fe_log(FE_LOG_OUTPUT_CODE, "%s", ind_kernel_ir(p));
+}
+
 em_compiled *em_compile_at(em_model_fn fn, const em_compile_options *opts, em_site site) {
   ind_set_failure_hook(inductor_failed);
+  ind_set_compiled_hook(inductor_compiled);
   em_compile_options o = opts ? *opts : (em_compile_options){0};
   if (!fn) return rt_error(site, "em_compile", "fn is NULL");
   const char *backend = o.backend ? o.backend : "inductor";

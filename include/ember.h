@@ -891,14 +891,24 @@ void em_batch_iter_free(em_batch_iter *it);
  * "min_cut", whose recomputed values fuse into the backward's kernels.
  * Gradients equal eager's up to rounding (the summation order may differ). Differentiating a
  * compiled backward again (double backward) is not supported, as in torch.compile.
- * "inductor" is aot_eager whose graphs run as generated code where no autograd recording is
- * needed: runs of f32/bool pointwise prims fused into LLVM-compiled, vectorized kernels, the
- * rest on the eager kernels (results within 1 ULP of eager for exp, log, tanh and the like,
- * bit-identical otherwise). It is the first stage of the CPU code generator, not yet the
- * default.
+ * "inductor" (the default) is aot_eager whose graphs (forward, backward, or a whole traced
+ * training step) run as generated CPU code where no autograd recording is needed: pointwise
+ * chains, reductions with their prologues and epilogues (softmax, layer_norm, cross entropy:
+ * one kernel each), bias gradients and optimizer updates fused into few LLVM-compiled,
+ * vectorized, multithreaded kernels, between the GEMM and convolution library calls;
+ * intermediates in one planned arena; optimizer updates written in place. Compiled kernels are
+ * cached in memory and on disk (EMBER_CACHE_DIR, default $XDG_CACHE_HOME/ember/kernels or
+ * ~/.cache/ember/kernels; EMBER_CACHE=0 turns the disk cache off), so a second process skips
+ * LLVM. Results agree with eager within rounding: exp, log, tanh and the like within their
+ * 1 ULP, sums in another order (tests hold them to 1e-5 relative); use "eager" or "aot_eager"
+ * for eager's bits. A graph the code generator cannot compile runs op by op instead, with the
+ * reason on stderr once (every time under EMBER_LOGS=schedule) and counted in
+ * em_compile_stats.inductor_fallbacks. EMBER_INDUCTOR_PROFILE=1 prints where compiled graphs
+ * spend their time at exit.
  *
  * Logs: EMBER_LOGS is a comma-separated list of graph, guards, recompiles, graph_breaks, aot,
- * schedule, output_code, perf, all (as TORCH_LOGS); each line on stderr starts with
+ * schedule (each generated program's steps), output_code (its LLVM IR), perf, all (as
+ * TORCH_LOGS); each line on stderr starts with
  * "[ember:<artifact>]". EMBER_DUMP_DIR names a directory where each compiled graph is written
  * as <name>_<n>.txt (the IR text) and <name>_<n>.dot (Graphviz).
  *

@@ -241,6 +241,7 @@ struct ind_program {
   bool *in_returned;       /* [n_inputs] input i or a view of it is a graph output */
   char *ir_text;
   char *schedule_text;
+  ind_stats stats;
 };
 
 const char *ind_kernel_ir(const ind_program *p) { return p->ir_text; }
@@ -1662,6 +1663,8 @@ static bool build_kernels(ind_program *p, const prim_meta *meta, ind_stats *stat
 }
 
 static ind_failure_hook failure_hook;
+static ind_compiled_hook compiled_hook;
+void ind_set_compiled_hook(ind_compiled_hook hook) { compiled_hook = hook; }
 static const char *injected_failure;
 static _Thread_local int64_t failures;
 
@@ -1676,6 +1679,8 @@ ind_program *ind_compile(const ir_graph *graph, em_tensor *const *inputs, ind_st
   if (!p) {
     failures++;
     if (failure_hook) failure_hook(graph->name, err);
+  } else if (compiled_hook) {
+    compiled_hook(graph->name, p);
   }
   return p;
 }
@@ -1710,14 +1715,15 @@ static ind_program *compile(const ir_graph *graph, em_tensor *const *inputs, ind
     ind_free(p);
     return NULL;
   }
-  if (stats) {
-    stats->kernels = p->n_kernels;
-    for (int k = 0; k < p->n_kernels; k++) stats->fused_nodes += p->kernels[k].n_nodes;
-    for (int s = 0; s < p->n_steps; s++) stats->fallback_nodes += p->steps[s].node >= 0;
-    stats->compile_ms = now_ms() - t0;
-  }
+  p->stats.kernels = p->n_kernels;
+  for (int k = 0; k < p->n_kernels; k++) p->stats.fused_nodes += p->kernels[k].n_nodes;
+  for (int s = 0; s < p->n_steps; s++) p->stats.fallback_nodes += p->steps[s].node >= 0;
+  p->stats.compile_ms = now_ms() - t0;
+  if (stats) *stats = p->stats;
   return p;
 }
+
+ind_stats ind_program_stats(const ind_program *p) { return p->stats; }
 
 /* ---- running ---- */
 

@@ -1,22 +1,48 @@
-/* inductor/inductor.h: the CPU code generator (first stage).
+/* inductor/inductor.h: the CPU code generator: lowering, fusion, memory planning, LLVM JIT.
  *
- * A graph is scheduled into steps. Runs of pointwise prims over one iteration space (f32 and
- * bool values; views and scalar constants between them run first, as they only make headers)
- * are fused into one kernel: a loop nest over the output shape, the innermost dimension
- * vectorized 8 lanes wide (AVX2 ymm, the width the eager kernels and their SLEEF calls use)
- * with a scalar tail, every input read through its own strides (0 for broadcast). Each kernel
- * is emitted as LLVM IR through the C API, optimised with LLVMRunPasses (default<O3>) and
- * compiled by ORC's LLJIT. Everything else (reductions, extern GEMM and convolutions,
- * indexing, other dtypes) runs through the eager kernels for now.
+ * Lowering. Each prim node of a graph becomes part of a generated kernel or a step run by the
+ * eager kernels (extern GEMM and convolutions, indexing, copies, other dtypes). Views and scalar
+ * constants only make headers: they run as steps between the nodes of a kernel. A contiguous
+ * copy of a transposed product (clone(transpose(matmul(a, b))), the weight gradients the
+ * autograd engine accumulates) is lowered to the product b^T a^T, which the GEMM writes
+ * contiguous: no transposing copy.
  *
- * Kernels compute what the eager kernels compute, op for op, with the same SLEEF vector
- * functions in the vector body and libm in the tail, so results are bit-identical to eager
- * except where eager itself takes another path (eager runs SLEEF only on contiguous operands;
- * a kernel uses it whenever the innermost stride is 0 or 1): then within the functions' 1 ULP.
+ * Fusion (the schedule). Nodes are taken in graph order into the open kernel while they fit its
+ * iteration space:
+ *  - pointwise kernels: f32/bool pointwise prims over one shape, vertical chains and horizontal
+ *    neighbours alike; a sum/amax/amin over leading dims (a bias gradient) joins as a column
+ *    reduction, accumulated in its output (one thread per column block);
+ *  - row kernels: a sum/amax/amin over trailing dims makes the kernel a loop over rows; the
+ *    pointwise prologue (the reduction's operand chain), per-row arithmetic on the reduced
+ *    values, their broadcasts back over the row and the pointwise epilogue all join, so
+ *    softmax, log_softmax, layer_norm, rms_norm and cross entropy's log-softmax are one kernel.
+ *    Each value is computed once per row, in the pass over the row where its inputs are ready;
+ *    one a later pass reads is kept in a per-thread scratch row (the row is in cache).
+ * A node that fits neither closes the kernel. The consumers of a GEMM's output (bias,
+ * activation, residual) are the first nodes of the kernel after it: the GEMM's epilogue.
+ * EMBER_LOGS=schedule prints every step: kernel, iteration space, nodes, bytes moved.
  *
- * Programs are specialised to the strides of their inputs (the frontend guards on them). Not
- * yet here (issue 6): reductions and GEMM epilogues in generated code, memory planning, OpenMP
- * threading of kernels, the disk cache. */
+ * Memory planning. Liveness over the schedule, alias-aware (a view keeps its base alive). The
+ * intermediates kernels store get fixed byte offsets in one arena per run, reused as values die;
+ * graph outputs are ordinary tensors. Outputs the caller writes back into inputs (optimizer
+ * updates) are stored straight into those inputs when the plan shows it safe (ind_run).
+ *
+ * Code generation. Each kernel is LLVM IR built through the C API: loops over rows and columns,
+ * the innermost dimension vectorized 16 lanes wide with AVX-512 (8 with AVX2) plus a scalar
+ * tail, every input read through its own strides (0 for broadcast); reductions keep four
+ * independent vector accumulators; exp, log, tanh, erf, ... are SLEEF's u10 vector functions
+ * (1 ULP) in the vector body and libm in the tail. A short pass pipeline (SROA, early CSE,
+ * instcombine, LICM, GVN) and the host's target machine produce object code, loaded into ORC's
+ * LLJIT. Kernels take row and column ranges, so the runtime splits them across OpenMP threads.
+ *
+ * Kernel cache: in memory (the JIT's symbol table) and on disk (see inductor.c), keyed by the
+ * BLAKE3 hash of a module's IR, the host CPU and the LLVM version.
+ *
+ * Numerics: pointwise arithmetic, comparisons, where and conversions are eager's bits;
+ * transcendental functions agree within their 1 ULP; reductions sum in another order than the
+ * eager kernels (vector lanes, then lanes in order), within 1e-5 relative in the tests.
+ *
+ * Programs are specialised to the dtypes, sizes and strides of their inputs (ind_accepts). */
 #ifndef EMBER_INDUCTOR_H
 #define EMBER_INDUCTOR_H
 
@@ -39,6 +65,11 @@ ind_program *ind_compile(const ir_graph *g, em_tensor *const *inputs, ind_stats 
  * the graph with the interpreter): the frontend logs it. */
 typedef void (*ind_failure_hook)(const char *graph, const char *why);
 void ind_set_failure_hook(ind_failure_hook hook);
+/* Called after every successful ind_compile (the frontend logs the schedule and the code). */
+typedef void (*ind_compiled_hook)(const char *graph, const ind_program *p);
+void ind_set_compiled_hook(ind_compiled_hook hook);
+/* What ind_compile made of a graph. */
+ind_stats ind_program_stats(const ind_program *p);
 /* Failed compiles on the calling thread (for em_compiled_stats). */
 int64_t ind_failures(void);
 /* Tests: with a reason, every ind_compile fails with it; NULL restores normal compiles. */
