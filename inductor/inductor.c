@@ -1769,6 +1769,28 @@ static double profile_ms[EM_PRIM_COUNT + 2];
 static int64_t profile_n[EM_PRIM_COUNT + 2], profile_bytes[EM_PRIM_COUNT + 2];
 static pthread_mutex_t profile_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* GEMM time by operand shapes. */
+static struct { char key[96]; double ms; int64_t n; } profile_gemm[64];
+
+static void profile_gemm_add(const em_tensor *a, const em_tensor *b, double ms) {
+  char key[96];
+  int n = 0;
+  for (int q = 0; q < 2; q++) {
+    const em_tensor *t = q ? b : a;
+    n += snprintf(key + n, sizeof key - (size_t)n, "%s[", q ? " x " : "");
+    for (int d = 0; d < t->ndim && n < 80; d++) n += snprintf(key + n, sizeof key - (size_t)n, "%s%lld", d ? "," : "", (long long)t->sizes[d]);
+    n += snprintf(key + n, sizeof key - (size_t)n, "]%s", t->ndim >= 2 && t->strides[t->ndim - 2] == 1 && t->sizes[t->ndim - 1] > 1 ? "T" : "");
+  }
+  pthread_mutex_lock(&profile_lock);
+  for (int i = 0; i < 64; i++)
+    if (!profile_gemm[i].n || !strcmp(profile_gemm[i].key, key)) {
+      snprintf(profile_gemm[i].key, sizeof profile_gemm[i].key, "%s", key);
+      profile_gemm[i].ms += ms, profile_gemm[i].n++;
+      break;
+    }
+  pthread_mutex_unlock(&profile_lock);
+}
+
 static void profile_print(void) {
   double total = 0;
   for (int i = 0; i < EM_PRIM_COUNT + 2; i++) total += profile_ms[i];
@@ -1784,6 +1806,15 @@ static void profile_print(void) {
     if (best >= EM_PRIM_COUNT) fprintf(stderr, " %6.1f GB/s", (double)profile_bytes[best] / (profile_ms[best] * 1e6));
     fprintf(stderr, "\n");
     profile_n[best] = 0;
+  }
+  fprintf(stderr, "  GEMMs by shape (T: transposed operand):\n");
+  for (;;) {
+    int best = -1;
+    for (int i = 0; i < 64; i++)
+      if (profile_gemm[i].n && (best < 0 || profile_gemm[i].ms > profile_gemm[best].ms)) best = i;
+    if (best < 0) break;
+    fprintf(stderr, "    %9.1f ms %6lld runs  %s\n", profile_gemm[best].ms, (long long)profile_gemm[best].n, profile_gemm[best].key);
+    profile_gemm[best].n = 0;
   }
 }
 
@@ -1896,10 +1927,12 @@ bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **o
           ab[1 - q] = rt_dispatch(m->opname, EM_PRIM_PERMUTE, &x, 1, &pa, m->site);
         }
         r = ab[0] && ab[1] ? rt_dispatch(m->opname, EM_PRIM_MATMUL, ab, 2, &m->attrs, m->site) : NULL;
+        if (prof && r) profile_gemm_add(ab[0], ab[1], now_ms() - t0);
         em_release(ab[0]), em_release(ab[1]);
       } else {
         r = n->op == EM_PRIM_RESHAPE ? rt_reshape(ops[0], at.shape.ndim, at.shape.sizes, n->opname, n->site)
                                      : rt_dispatch(n->opname, n->op, ops, n->n_in, &at, n->site);
+        if (prof && r && n->op == EM_PRIM_MATMUL) profile_gemm_add(ops[0], ops[1], now_ms() - t0);
       }
       if (ops != small) rt_free(ops);
       vals[n->out] = r;
