@@ -10,6 +10,7 @@
 #include "common.h"
 
 #include "random_program.h"
+#include "composites.h"
 #include "../runtime/rt.h"
 #include "../ir/graph.h"
 #include "../inductor/inductor.h"
@@ -247,6 +248,46 @@ ETEST(inductor, backend_trains_like_eager) {
 }
 
 /* ---- the default backend end to end: in-place updates, fallback, the kernel cache ---- */
+
+/* max |a - b| <= tol * max |b| + tol, elementwise over the whole tensors */
+static void expect_close(em_tensor *got, em_tensor *want, double tol, const char *what, int which) {
+  double d = em_item(em_amax(em_abs(em_sub(em_cast(got, EM_F64), em_cast(want, EM_F64))), 0, NULL, false));
+  double s = em_item(em_amax(em_abs(em_cast(want, EM_F64)), 0, NULL, false));
+  cr_assert_leq(d, tol * s + tol, "%s %d: differs from eager by %g (scale %g)", what, which, d, s);
+}
+
+/* Every composite through the default backend, forward and gradient (AOT forward and backward
+ * graphs as generated kernels), against eager within 1e-5. */
+ETEST(inductor, every_composite_and_its_gradient_within_tolerance) {
+  em_manual_seed(3);
+  em_tensor *x = em_requires_grad_(em_randn(EM_F32, EM_SHAPE(5, 6)), true);
+  em_tensor *w = em_requires_grad_(em_randn(EM_F32, EM_SHAPE(6)), true);
+  em_tensor *t = em_randint(0, 6, EM_SHAPE(5));
+  int64_t runs = 0;
+  for (composite = 0; composite < N_COMPOSITES; composite++) {
+    em_scope_begin();
+    em_compiled *c = em_compile(apply_composite, NULL);
+    em_tensor *in[3] = {x, w, t};
+    em_tensor *want = apply_composite(NULL, in, 3).t[0];
+    for (int call = 0; call < 2; call++) {
+      em_tensor *got = em_call_n(c, NULL, 3, in).t[0];
+      cr_assert_not_null(got, "composite %d: %s", composite, em_last_error() ? em_last_error() : "");
+      expect_close(got, want, 1e-5, "composite", composite);
+      if (!em_requires_grad(want)) continue;
+      em_tensor *seed = em_ones(EM_F32, em_ndim(want), em_sizes(want));
+      em_tensor *ge[2], *gc[2];
+      cr_assert(em_grad(1, &want, &seed, 2, ((em_tensor *[]){x, w}), ge, true, false));
+      cr_assert(em_grad(1, &got, &seed, 2, ((em_tensor *[]){x, w}), gc, false, false), "%s", em_last_error());
+      for (int i = 0; i < 2; i++)
+        if (ge[i]) expect_close(gc[i], ge[i], 1e-5, "gradient of composite", composite);
+    }
+    cr_assert_eq(em_compiled_stats(c).inductor_fallbacks, 0, "composite %d", composite);
+    runs += em_compiled_stats(c).kernel_runs;
+    em_compiled_free(c);
+    em_scope_end();
+  }
+  cr_assert_gt(runs, N_COMPOSITES, "the composites ran as generated kernels");
+}
 
 typedef struct trainer {
   net m;
