@@ -212,6 +212,7 @@ typedef struct kernel {
   int n_spill;            /* row kernel: FULL values kept in scratch between passes over a row */
   int64_t rows, cols;     /* the iteration space as the generated loops see it */
   int64_t bytes;          /* bytes read and written, for EMBER_LOGS=schedule */
+  char *loop_ir;          /* the loop-level form, printed under EMBER_LOGS=schedule */
   double prof_ms;         /* EMBER_INDUCTOR_PROFILE: time in this kernel, all runs */
   int64_t prof_runs;
 } kernel;
@@ -220,6 +221,7 @@ typedef struct step {
   int node;   /* >= 0: run this node with the eager kernels */
   int kernel; /* >= 0: run this kernel */
   int tmat;   /* >= 0: node is clone(transpose(matmul(a, b))), run as matmul(b^T, a^T): this matmul */
+  bool alias; /* node is a clone of a value nothing else reads: the same tensor when contiguous */
   int n_release, *release; /* values whose last reader is this step */
 } step;
 
@@ -253,7 +255,8 @@ static void profile_kernels(const ind_program *p);
 void ind_free(ind_program *p) {
   if (!p) return;
   profile_kernels(p);
-  for (int k = 0; k < p->n_kernels; k++) free(p->kernels[k].nodes), free(p->kernels[k].in), free(p->kernels[k].out);
+  for (int k = 0; k < p->n_kernels; k++)
+    free(p->kernels[k].nodes), free(p->kernels[k].in), free(p->kernels[k].out), free(p->kernels[k].loop_ir);
   for (int s = 0; s < p->n_steps; s++) free(p->steps[s].release);
   free(p->kernels), free(p->steps), free(p->in_meta), free(p->ir_text), free(p->schedule_text), free(p->kind);
   free(p->arena_off), free(p->out_step), free(p->in_last_read), free(p->in_view_read), free(p->in_returned);
@@ -376,6 +379,7 @@ typedef struct builder {
   const prim_meta *meta;
   bool *in_group;
   int *tmat;  /* [n_nodes] see step.tmat */
+  bool *alias; /* [n_nodes] see step.alias */
   bool *skip; /* [n_nodes] a matmul or transpose folded into a later node's tmat */
   group gr;
   int cap_steps, cap_kernels;
@@ -579,8 +583,8 @@ static bool close_group(builder *b) {
   snprintf(k->name, sizeof k->name, "k%d", p->n_kernels); /* renamed after the module's key */
   for (int i = 0; i < n; i++) b->in_group[g->nodes[gr->nodes[i]].out] = false;
   p->n_kernels++;
-  bool ok = push_step(b, (step){-1, p->n_kernels - 1, -1, 0, NULL});
-  for (int i = n_redo - 1; ok && i >= 0; i--) ok = push_step(b, (step){redo[i], -1, -1, 0, NULL});
+  bool ok = push_step(b, (step){-1, p->n_kernels - 1, -1, false, 0, NULL});
+  for (int i = n_redo - 1; ok && i >= 0; i--) ok = push_step(b, (step){redo[i], -1, -1, false, 0, NULL});
   free(redo);
   gr->n = 0, gr->mode = G_EMPTY, gr->has_col = false;
   return ok;
@@ -618,6 +622,16 @@ static void find_transposed_products(builder *b) {
     b->tmat[i] = def[m];
     b->skip[def[m]] = b->skip[def[v]] = true;
   }
+  /* a clone (the autograd engine's copy of a gradient it keeps) of a value made inside the graph
+   * that nothing else reads copies nothing: the clone is that tensor */
+  for (int i = 0; i < g->n_nodes; i++) {
+    const ir_node *c = &g->nodes[i];
+    if (c->op != EM_PRIM_CLONE || b->tmat[i] >= 0) continue;
+    int v = ir_operands(g, c)[0];
+    bool output = false;
+    for (int o = 0; o < g->n_outputs; o++) output |= g->outputs[o] == v;
+    b->alias[i] = def[v] >= 0 && uses[v] == 1 && !output;
+  }
   free(uses), free(def);
 }
 
@@ -627,21 +641,23 @@ static bool schedule(builder *b) {
   b->in_group = calloc((size_t)(g->n_values + 1), 1);
   b->tmat = malloc(sizeof(int) * (size_t)(g->n_nodes + 1));
   b->skip = calloc((size_t)g->n_nodes + 1, 1);
-  bool ok = b->gr.nodes && b->in_group && b->tmat && b->skip;
+  b->alias = calloc((size_t)g->n_nodes + 1, 1);
+  bool ok = b->gr.nodes && b->in_group && b->tmat && b->skip && b->alias;
   for (int i = 0; ok && i < g->n_nodes; i++) b->tmat[i] = -1;
   if (ok) find_transposed_products(b);
   for (int i = 0; ok && i < g->n_nodes; i++) {
     const ir_node *x = &g->nodes[i];
     if (b->skip[i]) continue;
-    if (b->tmat[i] < 0 && try_add(b, i)) continue;
+    if (b->tmat[i] < 0 && !b->alias[i] && try_add(b, i)) continue;
     if (b->gr.n && hoistable(g, x, b->in_group)) {
-      ok = push_step(b, (step){i, -1, b->tmat[i], 0, NULL});
+      ok = push_step(b, (step){i, -1, b->tmat[i], b->alias[i], 0, NULL});
       continue;
     }
-    ok = close_group(b) && ((b->tmat[i] < 0 && try_add(b, i)) || push_step(b, (step){i, -1, b->tmat[i], 0, NULL}));
+    ok = close_group(b) &&
+         ((b->tmat[i] < 0 && !b->alias[i] && try_add(b, i)) || push_step(b, (step){i, -1, b->tmat[i], b->alias[i], 0, NULL}));
   }
   ok = ok && close_group(b);
-  free(b->gr.nodes), free(b->in_group), free(b->tmat), free(b->skip);
+  free(b->gr.nodes), free(b->in_group), free(b->tmat), free(b->skip), free(b->alias);
   return ok;
 }
 
@@ -675,7 +691,7 @@ static bool plan_memory(ind_program *p) {
       const ir_node *r = st->tmat >= 0 ? &g->nodes[st->tmat] : n; /* a lowered clone reads the product's operands */
       for (int a = 0; a < r->n_in; a++) last[ir_operands(g, r)[a]] = s;
       prod[n->out] = s;
-      if ((prim_get(n->op)->flags & P_VIEW) && st->tmat < 0) root[n->out] = root[ir_operands(g, n)[0]];
+      if (((prim_get(n->op)->flags & P_VIEW) || st->alias) && st->tmat < 0) root[n->out] = root[ir_operands(g, n)[0]];
     } else {
       const kernel *k = &p->kernels[st->kernel];
       for (int i = 0; i < k->n_in; i++) last[k->in[i]] = s;
@@ -775,6 +791,47 @@ static bool donatable(const ind_program *p, int o, int i) {
   for (int q = 0; q < g->n_outputs; q++) /* one value, one buffer */
     if (q != o && g->outputs[q] == g->outputs[o]) return false;
   return true;
+}
+
+/* ---- loop IR text ---- */
+
+/* Appends to a growing string (*s, *len); on out of memory the text is dropped (NULL). */
+static void sappend(char **s, size_t *len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void sappend(char **s, size_t *len, const char *fmt, ...) {
+  if (!*s && *len) return; /* dropped earlier */
+  va_list ap;
+  va_start(ap, fmt);
+  char tmp[512];
+  int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+  va_end(ap);
+  if (n < 0) return;
+  if (n >= (int)sizeof tmp) n = (int)sizeof tmp - 1;
+  char *t = realloc(*s, *len + (size_t)n + 1);
+  if (!t) {
+    free(*s), *s = NULL, *len = 1;
+    return;
+  }
+  memcpy(t + *len, tmp, (size_t)n + 1);
+  *s = t, *len += (size_t)n;
+}
+
+/* "%v = op(%a, %b)" */
+static void node_text(char **s, size_t *len, const ir_graph *g, const ir_node *n) {
+  sappend(s, len, "%%%d = %s(", n->out, prim_get(n->op)->name);
+  for (int a = 0; a < n->n_in; a++) sappend(s, len, "%s%%%d", a ? ", " : "", ir_operands(g, n)[a]);
+  sappend(s, len, ")");
+}
+
+/* A buffer's index expression: sum of loop indices times strides. */
+static void index_text(char **s, size_t *len, int nd, const int64_t *sizes, const int64_t *strides, const char *const *names) {
+  bool any = false;
+  for (int d = 0; d < nd; d++) {
+    if (!strides[d] || sizes[d] == 1) continue;
+    if (strides[d] == 1) sappend(s, len, "%s%s", any ? " + " : "", names[d]);
+    else sappend(s, len, "%s%s*%lld", any ? " + " : "", names[d], (long long)strides[d]);
+    any = true;
+  }
+  if (!any) sappend(s, len, "0");
 }
 
 /* ---- code generation ---- */
@@ -1020,6 +1077,32 @@ static bool emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const s
   int64_t cols = sizes[inner];
 
   k->rows = outer, k->cols = cols;
+  { /* loop IR: for i0..: for j (vectorized): loads, node expressions, stores */
+    char *txt = NULL;
+    size_t len = 0;
+    static const char *const names[] = {"i0", "i1", "i2", "i3", "i4", "i5", "i6", "i7"};
+    const char *nm[EM_MAX_DIMS];
+    for (int d = 0; d < nd; d++) nm[d] = d == inner ? "j" : names[d < 8 ? d : 7];
+    sappend(&txt, &len, "    for");
+    for (int d = 0; d < nd; d++) sappend(&txt, &len, " %s in [0,%lld)%s", nm[d], (long long)sizes[d], d + 1 < nd ? "," : "");
+    sappend(&txt, &len, "%s:\n", vec ? " (j vectorized)" : "");
+    for (int i = 0; i < k->n_in; i++) {
+      sappend(&txt, &len, "      %%%d = load in%d[", k->in[i], i);
+      index_text(&txt, &len, nd, sizes, acc[k->n_out + i].strides, nm);
+      sappend(&txt, &len, "]\n");
+    }
+    for (int i = 0; i < k->n_nodes; i++) {
+      sappend(&txt, &len, "      ");
+      node_text(&txt, &len, g, &g->nodes[k->nodes[i]]);
+      sappend(&txt, &len, "\n");
+    }
+    for (int o = 0; o < k->n_out; o++) {
+      sappend(&txt, &len, "      %s out%d[", acc[o].col != (em_prim)-1 ? "accumulate" : "store", o);
+      index_text(&txt, &len, nd, sizes, acc[o].strides, nm);
+      sappend(&txt, &len, "] = %%%d\n", k->out[o]);
+    }
+    k->loop_ir = txt;
+  }
   LLVMBuilderRef b = c->b;
   LLVMTypeRef params[6] = {c->ptr, c->i64, c->i64, c->i64, c->i64, c->ptr};
   LLVMTypeRef ft = LLVMFunctionType(LLVMVoidTypeInContext(c->ctx), params, 6, 0);
@@ -1334,6 +1417,51 @@ static bool emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, con
     }
   }
   if (!ok) goto done;
+  { /* loop IR: for r: row values; per pass, for j (vectorized): computes, accumulates, stores */
+    char *t = NULL;
+    size_t len = 0;
+    sappend(&t, &len, "    for r in [0,%lld): (rows split across threads)\n", (long long)k->rows);
+    bool rvec = true;
+    for (int bi = 0; bi < nb; bi++) rvec = rvec && (!r.is_full_buf[bi] || r.inner[bi] == 0 || r.inner[bi] == 1);
+    for (int bi = 0; bi < nb; bi++) {
+      int v = bi < k->n_out ? k->out[bi] : k->in[bi - k->n_out];
+      const char *role = bi < k->n_out ? "out" : "in";
+      int idx = bi < k->n_out ? bi : bi - k->n_out;
+      if (!r.is_full_buf[bi]) sappend(&t, &len, "      %s%d[r] is %%%d (per row)\n", role, idx, v);
+      else {
+        sappend(&t, &len, "      %s%d[", role, idx);
+        static const char *const names[] = {"r0", "r1", "r2", "r3", "r4", "r5", "r6", "r7"};
+        index_text(&t, &len, k->split, S->sizes, outer[bi], names);
+        sappend(&t, &len, " + j*%lld] is %%%d\n", (long long)r.inner[bi], v);
+      }
+    }
+    for (int pass = 0; pass <= passes; pass++) {
+      for (int i = 0; i < k->n_nodes; i++) { /* per-row values ready at this pass */
+        const ir_node *n = &g->nodes[k->nodes[i]];
+        if (kind[n->out] != K_ROW || r.avail[n->out] != pass || r.red_pass[n->out] >= 0) continue;
+        sappend(&t, &len, "      ");
+        node_text(&t, &len, g, n);
+        sappend(&t, &len, "\n");
+      }
+      if (pass == passes) break;
+      bool reduces = false;
+      for (int a = 0; a < r.n_acc; a++) reduces |= r.red_pass[r.acc_of[a]] == pass;
+      sappend(&t, &len, "      pass %d: for j in [0,%lld)%s:\n", pass, (long long)k->cols,
+              !rvec ? "" : reduces ? " (vectorized, 4 accumulators a reduction)" : " (vectorized)");
+      for (int i = 0; i < k->n_nodes; i++) {
+        const ir_node *n = &g->nodes[k->nodes[i]];
+        bool here = r.red_pass[n->out] == pass || (kind[n->out] == K_FULL && r.avail[n->out] == pass);
+        if (!here) continue;
+        sappend(&t, &len, "        ");
+        node_text(&t, &len, g, n);
+        if (r.red_pass[n->out] >= 0) sappend(&t, &len, " (accumulated over j)");
+        if (r.spill[n->out] >= 0) sappend(&t, &len, " -> scratch%d[j]", r.spill[n->out]);
+        if (r.buf[n->out] >= 0 && r.buf[n->out] < k->n_out && kind[n->out] == K_FULL) sappend(&t, &len, " -> out%d", r.buf[n->out]);
+        sappend(&t, &len, "\n");
+      }
+    }
+    k->loop_ir = t;
+  }
   /* the function */
   LLVMBuilderRef b = c->b;
   LLVMTypeRef params[6] = {c->ptr, c->i64, c->i64, c->i64, c->i64, c->ptr};
@@ -1507,7 +1635,16 @@ static void describe_schedule(ind_program *p) {
     int n = 0;
     if (p->steps[s].node >= 0) {
       const ir_node *x = &g->nodes[p->steps[s].node];
-      n = snprintf(line, sizeof line, "  step %d: %%%d = %s (eager kernel)\n", s, x->out, prim_get(x->op)->name);
+      const step *st = &p->steps[s];
+      if (st->tmat >= 0)
+        n = snprintf(line, sizeof line, "  step %d: %%%d = matmul(%%%d^T, %%%d^T) (GEMM library; the clone of a transposed product)\n", s,
+                     x->out, ir_operands(g, &g->nodes[st->tmat])[1], ir_operands(g, &g->nodes[st->tmat])[0]);
+      else if (st->alias)
+        n = snprintf(line, sizeof line, "  step %d: %%%d = clone(%%%d): the same tensor (nothing else reads it)\n", s, x->out,
+                     ir_operands(g, x)[0]);
+      else
+        n = snprintf(line, sizeof line, "  step %d: %%%d = %s (%s)\n", s, x->out, prim_get(x->op)->name,
+                     prim_get(x->op)->flags & P_EXTERN ? "library" : prim_get(x->op)->flags & P_VIEW ? "view" : "eager kernel");
     } else {
       kernel *k = &p->kernels[p->steps[s].kernel];
       int64_t bytes = 0;
@@ -1524,6 +1661,24 @@ static void describe_schedule(ind_program *p) {
         n += snprintf(line + n, sizeof line - (size_t)n, "%s%s", i ? " " : "", prim_get(g->nodes[k->nodes[i]].op)->name);
       if (n >= 440) n = 440 + snprintf(line + 440, sizeof line - 440, " ...");
       n += snprintf(line + n, sizeof line - (size_t)n, "), %d in, %d out, %lld bytes\n", k->n_in, k->n_out, (long long)bytes);
+      if (n > (int)sizeof line - 1) n = (int)sizeof line - 1;
+      if (k->loop_ir) { /* the line, then the loop IR after it */
+        size_t extra = strlen(k->loop_ir);
+        if (len + (size_t)n + extra + 1 > cap) {
+          while (len + (size_t)n + extra + 1 > cap) cap *= 2;
+          char *nt = realloc(t, cap);
+          if (!nt) {
+            free(t);
+            t = NULL;
+            break;
+          }
+          t = nt;
+        }
+        memcpy(t + len, line, (size_t)n), len += (size_t)n;
+        memcpy(t + len, k->loop_ir, extra), len += extra;
+        t[len] = 0;
+        continue;
+      }
     }
     if (n > (int)sizeof line - 1) n = (int)sizeof line - 1;
     if (len + (size_t)n + 1 > cap) {
@@ -1929,6 +2084,8 @@ bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **o
         r = ab[0] && ab[1] ? rt_dispatch(m->opname, EM_PRIM_MATMUL, ab, 2, &m->attrs, m->site) : NULL;
         if (prof && r) profile_gemm_add(ab[0], ab[1], now_ms() - t0);
         em_release(ab[0]), em_release(ab[1]);
+      } else if (st->alias && ir_is_contiguous(ops[0]->ndim, ops[0]->sizes, ops[0]->strides)) {
+        r = em_retain(ops[0]);
       } else {
         r = n->op == EM_PRIM_RESHAPE ? rt_reshape(ops[0], at.shape.ndim, at.shape.sizes, n->opname, n->site)
                                      : rt_dispatch(n->opname, n->op, ops, n->n_in, &at, n->site);
