@@ -962,6 +962,16 @@ typedef struct buf_access {
  * element offsets off[] (outputs first). */
 static LLVMValueRef combine(cg *c, em_prim op, LLVMValueRef a, LLVMValueRef x);
 
+/* `void name(char **bufs, i64 r0, i64 r1, i64 j0, i64 j1, float *scratch)` for the host CPU. */
+static LLVMValueRef kernel_function(cg *c, const char *name) {
+  LLVMTypeRef params[6] = {c->ptr, c->i64, c->i64, c->i64, c->i64, c->ptr};
+  LLVMTypeRef ft = LLVMFunctionType(LLVMVoidTypeInContext(c->ctx), params, 6, 0);
+  LLVMValueRef fn = LLVMAddFunction(c->mod, name, ft);
+  LLVMAddTargetDependentFunctionAttr(fn, "target-cpu", host_cpu);
+  LLVMAddTargetDependentFunctionAttr(fn, "target-features", host_features);
+  return fn;
+}
+
 static void emit_body(cg *c, const ir_graph *g, const kernel *k, LLVMValueRef *base, LLVMValueRef *off,
                       const buf_access *acc, int inner, int w, LLVMValueRef *vals) {
   LLVMBuilderRef b = c->b;
@@ -1104,11 +1114,7 @@ static bool emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const s
     k->loop_ir = txt;
   }
   LLVMBuilderRef b = c->b;
-  LLVMTypeRef params[6] = {c->ptr, c->i64, c->i64, c->i64, c->i64, c->ptr};
-  LLVMTypeRef ft = LLVMFunctionType(LLVMVoidTypeInContext(c->ctx), params, 6, 0);
-  LLVMValueRef fn = LLVMAddFunction(c->mod, k->name, ft);
-  LLVMAddTargetDependentFunctionAttr(fn, "target-cpu", host_cpu);
-  LLVMAddTargetDependentFunctionAttr(fn, "target-features", host_features);
+  LLVMValueRef fn = kernel_function(c, k->name);
   LLVMBasicBlockRef entry = LLVMAppendBasicBlockInContext(c->ctx, fn, "entry"),
                     ohdr = LLVMAppendBasicBlockInContext(c->ctx, fn, "outer"),
                     obody = LLVMAppendBasicBlockInContext(c->ctx, fn, "row"),
@@ -1464,11 +1470,7 @@ static bool emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, con
   }
   /* the function */
   LLVMBuilderRef b = c->b;
-  LLVMTypeRef params[6] = {c->ptr, c->i64, c->i64, c->i64, c->i64, c->ptr};
-  LLVMTypeRef ft = LLVMFunctionType(LLVMVoidTypeInContext(c->ctx), params, 6, 0);
-  LLVMValueRef fn = LLVMAddFunction(c->mod, k->name, ft);
-  LLVMAddTargetDependentFunctionAttr(fn, "target-cpu", host_cpu);
-  LLVMAddTargetDependentFunctionAttr(fn, "target-features", host_features);
+  LLVMValueRef fn = kernel_function(c, k->name);
   LLVMBasicBlockRef entry = LLVMAppendBasicBlockInContext(c->ctx, fn, "entry"),
                     ohdr = LLVMAppendBasicBlockInContext(c->ctx, fn, "row_hdr"),
                     obody = LLVMAppendBasicBlockInContext(c->ctx, fn, "row"),
