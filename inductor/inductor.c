@@ -2044,7 +2044,7 @@ bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **o
     else memset(into, 0, sizeof(em_tensor *) * (size_t)(nv + 1));
     for (int o = 0; ok && o < g->n_outputs; o++) {
       int i = donate[o];
-      if (i < 0 || i >= n_in || !donatable(p, o, i) || in[i]->requires_grad) continue;
+      if (i < 0 || i >= n_in || !donatable(p, o, i)) continue;
       bool shared = false;
       for (int j = 0; j < n_in && !shared; j++) shared = j != i && in[j]->storage == in[i]->storage;
       for (int q = 0; q < g->n_outputs && !shared; q++) shared = q != o && donate[q] == i;
