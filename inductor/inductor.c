@@ -1708,6 +1708,35 @@ static void llvm_error(LLVMErrorRef e, const char *what, char *err, size_t cap) 
   LLVMDisposeErrorMessage(m);
 }
 
+/* The module text with the kernels' placeholder names (@k<i>) replaced by their final ones
+ * (@em_<key>_<i>), for EMBER_LOGS=output_code; NULL when out of memory. */
+static char *renamed(const char *text, const char *hex) {
+  size_t n = strlen(text), cap = n + n / 8 + 64, len = 0;
+  char *out = malloc(cap);
+  for (size_t i = 0; out && i < n;) {
+    if (text[i] == '@' && text[i + 1] == 'k' && text[i + 2] >= '0' && text[i + 2] <= '9') {
+      size_t j = i + 2;
+      while (text[j] >= '0' && text[j] <= '9') j++;
+      if (len + 40 > cap) {
+        char *t = realloc(out, cap *= 2);
+        if (!t) return free(out), NULL;
+        out = t;
+      }
+      len += (size_t)snprintf(out + len, cap - len, "@em_%.16s_%.*s", hex, (int)(j - i - 2), text + i + 2);
+      i = j;
+      continue;
+    }
+    if (len + 2 > cap) {
+      char *t = realloc(out, cap *= 2);
+      if (!t) return free(out), NULL;
+      out = t;
+    }
+    out[len++] = text[i++];
+  }
+  if (out) out[len] = 0;
+  return out;
+}
+
 /* Whether the kernels of module `key` are in the JIT already; fills their addresses. Under jit_lock. */
 static bool jit_find(ind_program *p) {
   for (int k = 0; k < p->n_kernels; k++) {
@@ -1764,7 +1793,7 @@ static bool build_kernels(ind_program *p, const prim_meta *meta, ind_stats *stat
       snprintf(kk->name, sizeof kk->name, "em_%.16s_%d", hex, k);
       LLVMSetValueName2(f, kk->name, strlen(kk->name));
     }
-    p->ir_text = strdup(text);
+    p->ir_text = renamed(text, hex);
     LLVMDisposeMessage(text);
     pthread_mutex_lock(&jit_lock);
     found = jit_find(p);
