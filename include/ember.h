@@ -907,9 +907,8 @@ void em_batch_iter_free(em_batch_iter *it);
  * spend their time at exit.
  *
  * Logs: EMBER_LOGS is a comma-separated list of graph, guards, recompiles, graph_breaks, aot,
- * schedule (each generated program's steps and loop IR), output_code (its LLVM IR as generated, before
- * optimisation), perf, all (as
- * TORCH_LOGS); each line on stderr starts with
+ * schedule (each generated program's steps and loop IR), output_code (its LLVM IR as generated,
+ * before optimisation), perf, all (as TORCH_LOGS); each line on stderr starts with
  * "[ember:<artifact>]". EMBER_DUMP_DIR names a directory where each compiled graph is written
  * as <name>_<n>.txt (the IR text) and <name>_<n>.dot (Graphviz).
  *
