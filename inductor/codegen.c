@@ -1,0 +1,813 @@
+/* inductor/codegen.c: LLVM IR through the C API for the two kinds of kernel: pointwise (a loop
+ * nest over the coalesced iteration space, the innermost dim vectorized, a scalar tail; column
+ * reductions accumulated in their outputs) and row kernels (passes over each row with vector
+ * accumulators, per-row values between passes, spills to scratch). Each kernel also gets its
+ * loop IR as text, for EMBER_LOGS=schedule. */
+#include "internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+/* ---- loop IR text ---- */
+
+/* Appends to a growing string (*s, *len); on out of memory the text is dropped (NULL). */
+static void sappend(char **s, size_t *len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void sappend(char **s, size_t *len, const char *fmt, ...) {
+  if (!*s && *len) return; /* dropped earlier */
+  va_list ap;
+  va_start(ap, fmt);
+  char tmp[512];
+  int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+  va_end(ap);
+  if (n < 0) return;
+  if (n >= (int)sizeof tmp) n = (int)sizeof tmp - 1;
+  char *t = realloc(*s, *len + (size_t)n + 1);
+  if (!t) {
+    free(*s), *s = NULL, *len = 1;
+    return;
+  }
+  memcpy(t + *len, tmp, (size_t)n + 1);
+  *s = t, *len += (size_t)n;
+}
+
+/* "%v = op(%a, %b)" */
+static void node_text(char **s, size_t *len, const ir_graph *g, const ir_node *n) {
+  sappend(s, len, "%%%d = %s(", n->out, prim_get(n->op)->name);
+  for (int a = 0; a < n->n_in; a++) sappend(s, len, "%s%%%d", a ? ", " : "", ir_operands(g, n)[a]);
+  sappend(s, len, ")");
+}
+
+/* A buffer's index expression: sum of loop indices times strides. */
+static void index_text(char **s, size_t *len, int nd, const int64_t *sizes, const int64_t *strides, const char *const *names) {
+  bool any = false;
+  for (int d = 0; d < nd; d++) {
+    if (!strides[d] || sizes[d] == 1) continue;
+    if (strides[d] == 1) sappend(s, len, "%s%s", any ? " + " : "", names[d]);
+    else sappend(s, len, "%s%s*%lld", any ? " + " : "", names[d], (long long)strides[d]);
+    any = true;
+  }
+  if (!any) sappend(s, len, "0");
+}
+
+/* ---- code generation ---- */
+
+
+static LLVMValueRef splat(cg *c, LLVMValueRef s, int w) {
+  if (w == 1) return s;
+  LLVMTypeRef vt = LLVMVectorType(LLVMTypeOf(s), (unsigned)w);
+  LLVMValueRef v = LLVMBuildInsertElement(c->b, LLVMGetUndef(vt), s, LLVMConstInt(c->i64, 0, 0), "");
+  LLVMValueRef zero_mask = LLVMConstNull(LLVMVectorType(LLVMInt32TypeInContext(c->ctx), (unsigned)w));
+  return LLVMBuildShuffleVector(c->b, v, LLVMGetUndef(vt), zero_mask, "splat");
+}
+
+static LLVMValueRef fconst(cg *c, double v, int w) { return splat(c, LLVMConstReal(c->f32, v), w); }
+
+static LLVMValueRef call_fn(cg *c, const char *name, LLVMTypeRef ret, LLVMValueRef *args, int n) {
+  LLVMTypeRef at[3];
+  for (int i = 0; i < n; i++) at[i] = LLVMTypeOf(args[i]);
+  LLVMTypeRef ft = LLVMFunctionType(ret, at, (unsigned)n, 0);
+  LLVMValueRef f = LLVMGetNamedFunction(c->mod, name);
+  if (!f) f = LLVMAddFunction(c->mod, name, ft);
+  return LLVMBuildCall2(c->b, ft, f, args, (unsigned)n, "");
+}
+
+static LLVMValueRef intrinsic(cg *c, const char *name, LLVMValueRef x) {
+  unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
+  LLVMTypeRef t = LLVMTypeOf(x);
+  LLVMValueRef f = LLVMGetIntrinsicDeclaration(c->mod, id, &t, 1);
+  return LLVMBuildCall2(c->b, LLVMIntrinsicGetType(c->ctx, id, &t, 1), f, &x, 1, "");
+}
+
+/* exp, log, ...: SLEEF's 8-lane u10 functions in the vector body, libm in the scalar tail: the
+ * functions the eager kernels call. */
+static LLVMValueRef transcendental(cg *c, em_prim op, LLVMValueRef x, int w) {
+  const char *base = NULL;
+  switch (op) {
+  case EM_PRIM_EXP: base = "exp"; break;
+  case EM_PRIM_LOG: base = "log"; break;
+  case EM_PRIM_LOG1P: base = "log1p"; break;
+  case EM_PRIM_EXPM1: base = "expm1"; break;
+  case EM_PRIM_SIN: base = "sin"; break;
+  case EM_PRIM_COS: base = "cos"; break;
+  case EM_PRIM_TANH: base = "tanh"; break;
+  case EM_PRIM_ERF: base = "erf"; break;
+  default: return NULL;
+  }
+  char name[64];
+  if (w == 1) {
+    snprintf(name, sizeof name, "%sf", base);
+    return call_fn(c, name, c->f32, &x, 1);
+  }
+#ifdef EMBER_HAVE_SLEEF
+  snprintf(name, sizeof name, "Sleef_%sf%d_u10", base, w);
+  return call_fn(c, name, c->vf32, &x, 1);
+#else
+  LLVMValueRef r = LLVMGetUndef(c->vf32);
+  snprintf(name, sizeof name, "%sf", base);
+  for (int l = 0; l < w; l++) {
+    LLVMValueRef lane = LLVMBuildExtractElement(c->b, x, LLVMConstInt(c->i64, (unsigned)l, 0), "");
+    r = LLVMBuildInsertElement(c->b, r, call_fn(c, name, c->f32, &lane, 1), LLVMConstInt(c->i64, (unsigned)l, 0), "");
+  }
+  return r;
+#endif
+}
+
+/* One node's value from its operands' (f32 as float, bool as i1), w lanes. */
+static LLVMValueRef emit_node(cg *c, const ir_graph *g, const ir_node *n, LLVMValueRef *v, int w) {
+  LLVMBuilderRef b = c->b;
+  const int *o = ir_operands(g, n);
+  LLVMValueRef x = v[o[0]], y = n->n_in > 1 ? v[o[1]] : NULL;
+  em_dtype xd = g->values[o[0]].type.dtype;
+  switch (n->op) {
+  case EM_PRIM_DETACH: case EM_PRIM_RESHAPE: case EM_PRIM_SQUEEZE: case EM_PRIM_UNSQUEEZE: return x;
+  case EM_PRIM_NEG: return LLVMBuildFNeg(b, x, "");
+  case EM_PRIM_ABS: return intrinsic(c, "llvm.fabs", x);
+  case EM_PRIM_SQRT: return intrinsic(c, "llvm.sqrt", x);
+  case EM_PRIM_RSQRT: return LLVMBuildFDiv(b, fconst(c, 1, w), intrinsic(c, "llvm.sqrt", x), "");
+  case EM_PRIM_RECIPROCAL: return LLVMBuildFDiv(b, fconst(c, 1, w), x, "");
+  case EM_PRIM_ADD: return LLVMBuildFAdd(b, x, y, "");
+  case EM_PRIM_SUB: return LLVMBuildFSub(b, x, y, "");
+  case EM_PRIM_MUL: return LLVMBuildFMul(b, x, y, "");
+  case EM_PRIM_DIV: return LLVMBuildFDiv(b, x, y, "");
+  case EM_PRIM_MAXIMUM: case EM_PRIM_MINIMUM: { /* NaN propagates, as torch.maximum */
+    LLVMValueRef xn = LLVMBuildFCmp(b, LLVMRealUNO, x, x, ""), yn = LLVMBuildFCmp(b, LLVMRealUNO, y, y, "");
+    LLVMValueRef gt = LLVMBuildFCmp(b, n->op == EM_PRIM_MAXIMUM ? LLVMRealOGT : LLVMRealOLT, x, y, "");
+    LLVMValueRef pick = LLVMBuildSelect(b, gt, x, y, "");
+    return LLVMBuildSelect(b, xn, x, LLVMBuildSelect(b, yn, y, pick, ""), "");
+  }
+  case EM_PRIM_EQ: case EM_PRIM_NE: case EM_PRIM_LT: case EM_PRIM_LE: case EM_PRIM_GT: case EM_PRIM_GE: {
+    if (xd == EM_F32) {
+      static const LLVMRealPredicate rp[] = {LLVMRealOEQ, LLVMRealUNE, LLVMRealOLT, LLVMRealOLE, LLVMRealOGT, LLVMRealOGE};
+      return LLVMBuildFCmp(b, rp[n->op - EM_PRIM_EQ], x, y, "");
+    }
+    static const LLVMIntPredicate ip[] = {LLVMIntEQ, LLVMIntNE, LLVMIntULT, LLVMIntULE, LLVMIntUGT, LLVMIntUGE};
+    return LLVMBuildICmp(b, ip[n->op - EM_PRIM_EQ], x, y, "");
+  }
+  case EM_PRIM_LOGICAL_AND: return LLVMBuildAnd(b, x, y, "");
+  case EM_PRIM_LOGICAL_OR: return LLVMBuildOr(b, x, y, "");
+  case EM_PRIM_LOGICAL_NOT:
+    if (xd == EM_F32) return LLVMBuildFCmp(b, LLVMRealOEQ, x, fconst(c, 0, w), "");
+    return LLVMBuildNot(b, x, "");
+  case EM_PRIM_WHERE: return LLVMBuildSelect(b, x, y, v[o[2]], "");
+  case EM_PRIM_CONVERT: {
+    em_dtype to = n->attrs.dtype;
+    if (to == xd) return x;
+    if (to == EM_BOOL) return LLVMBuildFCmp(b, LLVMRealUNE, x, fconst(c, 0, w), ""); /* (bool)x: x != 0 */
+    return LLVMBuildUIToFP(b, x, w == 1 ? c->f32 : c->vf32, "");
+  }
+  default:
+    return transcendental(c, n->op, x, w);
+  }
+}
+
+/* Layout of one buffer of a kernel in the coalesced iteration space. */
+typedef struct buf_access {
+  int64_t strides[EM_MAX_DIMS];
+  em_dtype dtype;
+  em_prim col; /* an output accumulating a column reduction (SUM, AMAX, AMIN), else -1 */
+} buf_access;
+
+/* Emits the loads, the node computations and the stores of one iteration: lanes w, buffers at
+ * element offsets off[] (outputs first). */
+static LLVMValueRef combine(cg *c, em_prim op, LLVMValueRef a, LLVMValueRef x);
+
+/* `void name(char **bufs, i64 r0, i64 r1, i64 j0, i64 j1, float *scratch)` for the host CPU. */
+static LLVMValueRef kernel_function(cg *c, const char *name) {
+  LLVMTypeRef params[6] = {c->ptr, c->i64, c->i64, c->i64, c->i64, c->ptr};
+  LLVMTypeRef ft = LLVMFunctionType(LLVMVoidTypeInContext(c->ctx), params, 6, 0);
+  LLVMValueRef fn = LLVMAddFunction(c->mod, name, ft);
+  LLVMAddTargetDependentFunctionAttr(fn, "target-cpu", ind_host_cpu);
+  LLVMAddTargetDependentFunctionAttr(fn, "target-features", ind_host_features);
+  return fn;
+}
+
+static void emit_body(cg *c, const ir_graph *g, const kernel *k, LLVMValueRef *base, LLVMValueRef *off,
+                      const buf_access *acc, int inner, int w, LLVMValueRef *vals) {
+  LLVMBuilderRef b = c->b;
+  for (int i = 0; i < k->n_in; i++) {
+    const buf_access *a = &acc[k->n_out + i];
+    bool is_bool = a->dtype == EM_BOOL;
+    LLVMTypeRef et = is_bool ? c->i8 : c->f32;
+    LLVMValueRef p = LLVMBuildGEP2(b, et, base[k->n_out + i], &off[k->n_out + i], 1, "");
+    LLVMValueRef x;
+    if (w > 1 && a->strides[inner] == 1) {
+      LLVMTypeRef vt = is_bool ? c->vi8 : c->vf32;
+      x = LLVMBuildLoad2(b, vt, p, "");
+      LLVMSetAlignment(x, is_bool ? 1 : 4);
+    } else {
+      x = LLVMBuildLoad2(b, et, p, "");
+      LLVMSetAlignment(x, is_bool ? 1 : 4);
+      x = splat(c, x, w);
+    }
+    if (is_bool) x = LLVMBuildICmp(b, LLVMIntNE, x, LLVMConstNull(w == 1 ? c->i8 : c->vi8), "");
+    vals[k->in[i]] = x;
+  }
+  for (int j = 0; j < k->n_nodes; j++) {
+    const ir_node *n = &g->nodes[k->nodes[j]];
+    bool col = false;
+    for (int i = 0; i < k->n_out && !col; i++) col = k->out[i] == n->out && acc[i].col != (em_prim)-1;
+    vals[n->out] = col ? vals[ir_operands(g, n)[0]] : emit_node(c, g, n, vals, w);
+  }
+  for (int i = 0; i < k->n_out; i++) {
+    bool is_bool = acc[i].dtype == EM_BOOL;
+    LLVMValueRef x = vals[k->out[i]];
+    if (acc[i].col != (em_prim)-1) { /* out[column] = out[column] op x */
+      LLVMValueRef p = LLVMBuildGEP2(b, c->f32, base[i], &off[i], 1, "");
+      LLVMValueRef old = LLVMBuildLoad2(b, w > 1 ? c->vf32 : c->f32, p, "");
+      LLVMSetAlignment(old, 4);
+      x = combine(c, acc[i].col, old, x);
+    }
+    if (is_bool) x = LLVMBuildZExt(b, x, w == 1 ? c->i8 : c->vi8, "");
+    LLVMValueRef p = LLVMBuildGEP2(b, is_bool ? c->i8 : c->f32, base[i], &off[i], 1, "");
+    LLVMValueRef st = LLVMBuildStore(b, x, p);
+    LLVMSetAlignment(st, is_bool ? 1 : 4);
+  }
+}
+
+/* Element offsets of every buffer at column j of the current row. */
+static void column_offsets(cg *c, const buf_access *acc, int nb, int inner, LLVMValueRef *row, LLVMValueRef j,
+                           LLVMValueRef *off) {
+  for (int bi = 0; bi < nb; bi++)
+    off[bi] = acc[bi].strides[inner]
+                  ? LLVMBuildAdd(c->b, row[bi],
+                                 LLVMBuildMul(c->b, j, LLVMConstInt(c->i64, (unsigned long long)acc[bi].strides[inner], 0), ""), "")
+                  : row[bi];
+}
+
+/* Emits pointwise kernel k as `void name(char **bufs, r0, r1, j0, j1, scratch)`: outer loops over the coalesced leading dims, the
+ * innermost dim vectorized when every buffer's innermost stride is 0 or 1, a scalar tail. */
+bool ind_emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const signed char *kind, kernel *k, char *err,
+                     size_t cap) {
+  const ir_type *t = &k->shape;
+  int nb = k->n_out + k->n_in;
+  buf_access acc[128];
+  if (nb > 128) return ir_fail(err, cap, "kernel with %d buffers", nb);
+  /* coalesce dims: merge i into i+1 where every buffer's strides allow it */
+  int64_t sizes[EM_MAX_DIMS];
+  int nd = 0;
+  int64_t cont[EM_MAX_DIMS];
+  ir_contiguous_strides(t->ndim, t->sizes, cont);
+  for (int bi = 0; bi < nb; bi++) {
+    int v = bi < k->n_out ? k->out[bi] : k->in[bi - k->n_out];
+    acc[bi].dtype = g->values[v].type.dtype;
+  }
+  int64_t st[128][EM_MAX_DIMS];
+  for (int bi = 0; bi < nb; bi++) {
+    int v = bi < k->n_out ? k->out[bi] : k->in[bi - k->n_out];
+    acc[bi].col = bi < k->n_out && kind[v] == K_COL ? EM_PRIM_SUM : (em_prim)-1;
+    if (acc[bi].col != (em_prim)-1) { /* a column reduction: its element for the kept dims, 0 across the reduced */
+      const ir_node *rn = NULL;
+      for (int i = 0; i < k->n_nodes && !rn; i++)
+        if (g->nodes[k->nodes[i]].out == v) rn = &g->nodes[k->nodes[i]];
+      acc[bi].col = rn->op;
+      int lead = leading_reduction(g, rn);
+      int64_t run = 1;
+      for (int d = t->ndim - 1; d >= 0; d--) {
+        st[bi][d] = d < lead ? 0 : run;
+        if (d >= lead) run *= t->sizes[d];
+      }
+      continue;
+    }
+    for (int d = 0; d < t->ndim; d++) st[bi][d] = bi < k->n_out ? cont[d] : meta[v].strides[d];
+  }
+  for (int d = 0; d < t->ndim; d++) {
+    if (t->sizes[d] == 1) continue; /* size-1 dims contribute nothing */
+    bool merge = nd > 0;
+    for (int bi = 0; merge && bi < nb; bi++) merge = acc[bi].strides[nd - 1] == st[bi][d] * t->sizes[d];
+    if (merge) {
+      sizes[nd - 1] *= t->sizes[d];
+      for (int bi = 0; bi < nb; bi++) acc[bi].strides[nd - 1] = st[bi][d];
+    } else {
+      sizes[nd] = t->sizes[d];
+      for (int bi = 0; bi < nb; bi++) acc[bi].strides[nd] = st[bi][d];
+      nd++;
+    }
+  }
+  if (nd == 0) { /* a single element */
+    sizes[0] = 1;
+    for (int bi = 0; bi < nb; bi++) acc[bi].strides[0] = 0;
+    nd = 1;
+  }
+  int inner = nd - 1;
+  bool vec = true;
+  for (int bi = 0; bi < nb; bi++) vec = vec && (acc[bi].strides[inner] == 0 || acc[bi].strides[inner] == 1);
+  int64_t outer = 1;
+  for (int d = 0; d < inner; d++) outer *= sizes[d];
+  int64_t cols = sizes[inner];
+
+  k->rows = outer, k->cols = cols;
+  { /* loop IR: for i0..: for j (vectorized): loads, node expressions, stores */
+    char *txt = NULL;
+    size_t len = 0;
+    static const char *const names[] = {"i0", "i1", "i2", "i3", "i4", "i5", "i6", "i7"};
+    const char *nm[EM_MAX_DIMS];
+    for (int d = 0; d < nd; d++) nm[d] = d == inner ? "j" : names[d < 8 ? d : 7];
+    sappend(&txt, &len, "    for");
+    for (int d = 0; d < nd; d++) sappend(&txt, &len, " %s in [0,%lld)%s", nm[d], (long long)sizes[d], d + 1 < nd ? "," : "");
+    sappend(&txt, &len, "%s:\n", vec ? " (j vectorized)" : "");
+    for (int i = 0; i < k->n_in; i++) {
+      sappend(&txt, &len, "      %%%d = load in%d[", k->in[i], i);
+      index_text(&txt, &len, nd, sizes, acc[k->n_out + i].strides, nm);
+      sappend(&txt, &len, "]\n");
+    }
+    for (int i = 0; i < k->n_nodes; i++) {
+      sappend(&txt, &len, "      ");
+      node_text(&txt, &len, g, &g->nodes[k->nodes[i]]);
+      sappend(&txt, &len, "\n");
+    }
+    for (int o = 0; o < k->n_out; o++) {
+      sappend(&txt, &len, "      %s out%d[", acc[o].col != (em_prim)-1 ? "accumulate" : "store", o);
+      index_text(&txt, &len, nd, sizes, acc[o].strides, nm);
+      sappend(&txt, &len, "] = %%%d\n", k->out[o]);
+    }
+    k->loop_ir = txt;
+  }
+  LLVMBuilderRef b = c->b;
+  LLVMValueRef fn = kernel_function(c, k->name);
+  LLVMBasicBlockRef entry = LLVMAppendBasicBlockInContext(c->ctx, fn, "entry"),
+                    ohdr = LLVMAppendBasicBlockInContext(c->ctx, fn, "outer"),
+                    obody = LLVMAppendBasicBlockInContext(c->ctx, fn, "row"),
+                    vhdr = LLVMAppendBasicBlockInContext(c->ctx, fn, "vhdr"),
+                    vbody = LLVMAppendBasicBlockInContext(c->ctx, fn, "vbody"),
+                    thdr = LLVMAppendBasicBlockInContext(c->ctx, fn, "thdr"),
+                    tbody = LLVMAppendBasicBlockInContext(c->ctx, fn, "tbody"),
+                    olatch = LLVMAppendBasicBlockInContext(c->ctx, fn, "olatch"),
+                    exitb = LLVMAppendBasicBlockInContext(c->ctx, fn, "exit");
+  LLVMPositionBuilderAtEnd(b, entry);
+  LLVMValueRef bufs = LLVMGetParam(fn, 0), base[128];
+  LLVMValueRef r0 = LLVMGetParam(fn, 1), r1 = LLVMGetParam(fn, 2), j0 = LLVMGetParam(fn, 3), j1 = LLVMGetParam(fn, 4);
+  for (int bi = 0; bi < nb; bi++) {
+    LLVMValueRef idx = LLVMConstInt(c->i64, (unsigned long long)bi, 0);
+    LLVMValueRef pp = LLVMBuildGEP2(b, c->ptr, bufs, &idx, 1, "");
+    base[bi] = LLVMBuildLoad2(b, c->ptr, pp, "");
+  }
+  LLVMBuildBr(b, ohdr);
+  LLVMValueRef zero = LLVMConstInt(c->i64, 0, 0), one = LLVMConstInt(c->i64, 1, 0);
+  /* outer: r in [0, outer) */
+  LLVMPositionBuilderAtEnd(b, ohdr);
+  LLVMValueRef r = LLVMBuildPhi(b, c->i64, "r");
+  LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, r, r1, ""), obody, exitb);
+  LLVMPositionBuilderAtEnd(b, obody);
+  LLVMValueRef row[128];
+  for (int bi = 0; bi < nb; bi++) row[bi] = zero;
+  LLVMValueRef rem = r;
+  for (int d = inner - 1; d >= 0; d--) { /* r's index in each leading dim (sizes are constants) */
+    LLVMValueRef sz = LLVMConstInt(c->i64, (unsigned long long)sizes[d], 0);
+    LLVMValueRef id = d > 0 ? LLVMBuildURem(b, rem, sz, "") : rem;
+    if (d > 0) rem = LLVMBuildUDiv(b, rem, sz, "");
+    for (int bi = 0; bi < nb; bi++)
+      if (acc[bi].strides[d])
+        row[bi] = LLVMBuildAdd(b, row[bi], LLVMBuildMul(b, id, LLVMConstInt(c->i64, (unsigned long long)acc[bi].strides[d], 0), ""), "");
+  }
+  LLVMBuildBr(b, vhdr);
+  /* vector loop: j in steps of LANES while j + LANES <= cols */
+  LLVMPositionBuilderAtEnd(b, vhdr);
+  LLVMValueRef j = LLVMBuildPhi(b, c->i64, "j");
+  LLVMValueRef lanes = LLVMConstInt(c->i64, LANES, 0), ncols = j1;
+  LLVMValueRef vcond = vec ? LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, j, lanes, ""), ncols, "")
+                           : LLVMConstInt(c->i1, 0, 0);
+  LLVMBuildCondBr(b, vcond, vbody, thdr);
+  LLVMValueRef *vals = calloc((size_t)g->n_values + 1, sizeof(LLVMValueRef));
+  if (!vals) return ir_fail(err, cap, "out of memory");
+  LLVMPositionBuilderAtEnd(b, vbody);
+  LLVMValueRef off[128];
+  column_offsets(c, acc, nb, inner, row, j, off);
+  if (vec) emit_body(c, g, k, base, off, acc, inner, LANES, vals);
+  LLVMValueRef jn = LLVMBuildAdd(b, j, lanes, "");
+  LLVMBuildBr(b, vhdr);
+  LLVMValueRef jin[2] = {j0, jn};
+  LLVMBasicBlockRef jbb[2] = {obody, vbody};
+  LLVMAddIncoming(j, jin, jbb, 2);
+  /* scalar tail */
+  LLVMPositionBuilderAtEnd(b, thdr);
+  LLVMValueRef t2 = LLVMBuildPhi(b, c->i64, "t");
+  LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, t2, ncols, ""), tbody, olatch);
+  LLVMPositionBuilderAtEnd(b, tbody);
+  column_offsets(c, acc, nb, inner, row, t2, off);
+  emit_body(c, g, k, base, off, acc, inner, 1, vals);
+  LLVMValueRef tn = LLVMBuildAdd(b, t2, one, "");
+  LLVMBuildBr(b, thdr);
+  LLVMValueRef tin[2] = {j, tn};
+  LLVMBasicBlockRef tbb[2] = {vhdr, tbody};
+  LLVMAddIncoming(t2, tin, tbb, 2);
+  /* next row */
+  LLVMPositionBuilderAtEnd(b, olatch);
+  LLVMValueRef rn = LLVMBuildAdd(b, r, one, "");
+  LLVMBuildBr(b, ohdr);
+  LLVMValueRef rin[2] = {r0, rn};
+  LLVMBasicBlockRef rbb[2] = {entry, olatch};
+  LLVMAddIncoming(r, rin, rbb, 2);
+  LLVMPositionBuilderAtEnd(b, exitb);
+  LLVMBuildRetVoid(b);
+  free(vals);
+  return true;
+}
+
+/* ---- row kernels ----
+ *
+ * Per row: the loads of per-row inputs, then passes over the row's columns. Pass p computes the
+ * FULL values whose inputs are ready at p (avail), accumulates the reductions whose operand is
+ * one of them, stores the FULL outputs made in it and spills to scratch the values a later pass
+ * reads; between passes the finished reductions become per-row scalars and the ROW values that
+ * depend on them are computed. Each value is computed once per row; several passes over a row
+ * run in cache. Vector body (8 lanes) plus scalar tail, accumulators in stack slots that
+ * mem2reg turns into registers. */
+
+enum { UNROLL = 4 }; /* vectors per step of a pass that reduces: independent accumulator chains */
+
+typedef struct rowgen {
+  cg *c;
+  const ir_graph *g;
+  const kernel *k;
+  const signed char *kind; /* of the kernel's own values; 0 for what it reads from outside */
+  int *avail;           /* [n_values] pass at which a value is ready (externals 0) */
+  int *red_pass;        /* [n_values] pass a reduction's result accumulates in, or -1 */
+  int *spill;           /* [n_values] scratch row of a spilled value, or -1 */
+  int *buf;             /* [n_values] buffer index of a kernel input or output, or -1 */
+  bool *is_full_buf;    /* [buffers] */
+  int64_t *inner;       /* [buffers] FULL buffers: stride of the coalesced columns */
+  LLVMValueRef *base, *rowoff, *rowval, *vals, scratch, acc_v[64][4], acc_s[64];
+  int n_acc, acc_of[64];
+} rowgen;
+
+/* a op x for the accumulator a: a NaN in x or in a stays (torch.amax propagates NaN); the chain
+ * through a is one compare and one select. */
+static LLVMValueRef combine(cg *c, em_prim op, LLVMValueRef a, LLVMValueRef x) {
+  LLVMBuilderRef b = c->b;
+  if (op == EM_PRIM_SUM) return LLVMBuildFAdd(b, a, x, "");
+  LLVMValueRef better = LLVMBuildFCmp(b, op == EM_PRIM_AMAX ? LLVMRealOGT : LLVMRealOLT, x, a, "");
+  return LLVMBuildSelect(b, LLVMBuildOr(b, better, LLVMBuildFCmp(b, LLVMRealUNO, x, x, ""), ""), x, a, "");
+}
+
+
+static LLVMValueRef load_elem(cg *c, LLVMValueRef base, LLVMValueRef off, em_dtype dt, int w, bool contiguous) {
+  LLVMBuilderRef b = c->b;
+  bool is_bool = dt == EM_BOOL;
+  LLVMTypeRef et = is_bool ? c->i8 : c->f32;
+  LLVMValueRef p = LLVMBuildGEP2(b, et, base, &off, 1, "");
+  LLVMValueRef x;
+  if (w > 1 && contiguous) {
+    x = LLVMBuildLoad2(b, is_bool ? c->vi8 : c->vf32, p, "");
+    LLVMSetAlignment(x, is_bool ? 1 : 4);
+  } else {
+    x = LLVMBuildLoad2(b, et, p, "");
+    LLVMSetAlignment(x, is_bool ? 1 : 4);
+    x = splat(c, x, w);
+  }
+  if (is_bool) x = LLVMBuildICmp(b, LLVMIntNE, x, LLVMConstNull(w == 1 ? c->i8 : c->vi8), "");
+  return x;
+}
+
+static void store_elem(cg *c, LLVMValueRef base, LLVMValueRef off, em_dtype dt, LLVMValueRef x, int w) {
+  bool is_bool = dt == EM_BOOL;
+  if (is_bool) x = LLVMBuildZExt(c->b, x, w == 1 ? c->i8 : c->vi8, "");
+  LLVMValueRef p = LLVMBuildGEP2(c->b, is_bool ? c->i8 : c->f32, base, &off, 1, "");
+  LLVMSetAlignment(LLVMBuildStore(c->b, x, p), is_bool ? 1 : 4);
+}
+
+/* The value of v at column j of the current row in pass `pass`, w lanes. */
+static LLVMValueRef row_get(rowgen *r, int v, int pass, LLVMValueRef j, int w) {
+  if (r->vals[v]) return r->vals[v];
+  cg *c = r->c;
+  const ir_graph *g = r->g;
+  LLVMValueRef x;
+  int bi = r->buf[v];
+  if (r->kind[v] == K_ROW || (bi >= 0 && !r->is_full_buf[bi] && !r->kind[v])) {
+    x = splat(c, r->rowval[v], w);
+  } else if (!r->kind[v]) { /* an external FULL input */
+    LLVMValueRef off = r->inner[bi] ? LLVMBuildAdd(c->b, r->rowoff[bi], LLVMBuildMul(c->b, j, LLVMConstInt(c->i64, (unsigned long long)r->inner[bi], 0), ""), "")
+                                    : r->rowoff[bi];
+    x = load_elem(c, r->base[bi], off, g->values[v].type.dtype, w, r->inner[bi] == 1);
+  } else {
+    const ir_node *n = NULL;
+    for (int i = 0; i < r->k->n_nodes && !n; i++)
+      if (g->nodes[r->k->nodes[i]].out == v) n = &g->nodes[r->k->nodes[i]];
+    if (n->op == EM_PRIM_EXPAND) {
+      x = splat(c, r->rowval[ir_operands(g, n)[0]], w);
+    } else if (n->op == EM_PRIM_DETACH) {
+      x = row_get(r, ir_operands(g, n)[0], pass, j, w);
+    } else if (bi >= 0) { /* made in an earlier pass and stored: read it back */
+      LLVMValueRef off = LLVMBuildAdd(c->b, r->rowoff[bi], j, "");
+      x = load_elem(c, r->base[bi], off, g->values[v].type.dtype, w, true);
+    } else {
+      EM_ASSERT(r->spill[v] >= 0);
+      LLVMValueRef off = LLVMBuildAdd(c->b, LLVMConstInt(c->i64, (unsigned long long)(r->spill[v] * r->k->cols), 0), j, "");
+      x = load_elem(c, r->scratch, off, g->values[v].type.dtype, w, true);
+    }
+  }
+  return r->vals[v] = x;
+}
+
+/* One column step of pass `pass` at column j, w lanes, accumulating into accumulator set u. */
+static void row_body(rowgen *r, int pass, LLVMValueRef j, int w, int u) {
+  cg *c = r->c;
+  const ir_graph *g = r->g;
+  const kernel *k = r->k;
+  for (int v = 0; v < g->n_values; v++) r->vals[v] = NULL;
+  for (int i = 0; i < k->n_nodes; i++) {
+    const ir_node *n = &g->nodes[k->nodes[i]];
+    if (r->red_pass[n->out] == pass) {
+      int a = 0;
+      while (r->acc_of[a] != n->out) a++;
+      LLVMValueRef slot = w > 1 ? r->acc_v[a][u] : r->acc_s[a];
+      LLVMValueRef acc = LLVMBuildLoad2(c->b, w > 1 ? c->vf32 : c->f32, slot, "");
+      LLVMBuildStore(c->b, combine(c, n->op, acc, row_get(r, ir_operands(g, n)[0], pass, j, w)), slot);
+      continue;
+    }
+    if (r->kind[n->out] != K_FULL || r->avail[n->out] != pass) continue;
+    if (n->op == EM_PRIM_EXPAND || n->op == EM_PRIM_DETACH) {
+      row_get(r, n->out, pass, j, w);
+      continue;
+    }
+    for (int a = 0; a < n->n_in; a++) row_get(r, ir_operands(g, n)[a], pass, j, w);
+    r->vals[n->out] = emit_node(c, g, n, r->vals, w);
+  }
+  for (int i = 0; i < k->n_nodes; i++) {
+    int v = g->nodes[k->nodes[i]].out;
+    if (r->kind[v] != K_FULL || r->avail[v] != pass) continue;
+    int bi = r->buf[v];
+    if (bi >= 0) store_elem(c, r->base[bi], LLVMBuildAdd(c->b, r->rowoff[bi], j, ""), g->values[v].type.dtype, row_get(r, v, pass, j, w), w);
+    if (r->spill[v] >= 0) {
+      LLVMValueRef off = LLVMBuildAdd(c->b, LLVMConstInt(c->i64, (unsigned long long)(r->spill[v] * k->cols), 0), j, "");
+      store_elem(c, r->scratch, off, g->values[v].type.dtype, row_get(r, v, pass, j, w), w);
+    }
+  }
+}
+
+/* Per-row values with avail == pass, in order. */
+static void row_scalars(rowgen *r, int pass) {
+  const ir_graph *g = r->g;
+  for (int i = 0; i < r->k->n_nodes; i++) {
+    const ir_node *n = &g->nodes[r->k->nodes[i]];
+    if (r->kind[n->out] != K_ROW || r->avail[n->out] != pass || r->red_pass[n->out] >= 0) continue;
+    if (prim_get(n->op)->flags & P_VIEW) r->rowval[n->out] = r->rowval[ir_operands(g, n)[0]];
+    else r->rowval[n->out] = emit_node(r->c, g, n, r->rowval, 1);
+  }
+}
+
+bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const signed char *kind, kernel *k,
+                         char *err, size_t cap) {
+  const ir_type *S = &k->shape;
+  int nb = k->n_out + k->n_in, nv = g->n_values;
+  k->rows = prefix_numel(S, k->split), k->cols = numel_of(S) / (k->rows ? k->rows : 1);
+  if (k->rows == 0) k->cols = 0;
+  signed char *mine = calloc((size_t)nv + 1, 1);
+  if (mine)
+    for (int i = 0; i < k->n_nodes; i++) mine[g->nodes[k->nodes[i]].out] = kind[g->nodes[k->nodes[i]].out];
+  kind = mine;
+  rowgen r = {c, g, k, kind};
+  r.avail = calloc((size_t)nv + 1, sizeof(int));
+  r.red_pass = malloc(sizeof(int) * ((size_t)nv + 1));
+  r.spill = malloc(sizeof(int) * ((size_t)nv + 1));
+  r.buf = malloc(sizeof(int) * ((size_t)nv + 1));
+  r.is_full_buf = calloc((size_t)nb + 1, sizeof(bool));
+  r.inner = calloc((size_t)nb + 1, sizeof(int64_t));
+  int64_t (*outer)[EM_MAX_DIMS] = calloc((size_t)nb + 1, sizeof *outer);
+  r.base = calloc((size_t)nb + 1, sizeof(LLVMValueRef));
+  r.rowoff = calloc((size_t)nb + 1, sizeof(LLVMValueRef));
+  r.rowval = calloc((size_t)nv + 1, sizeof(LLVMValueRef));
+  r.vals = calloc((size_t)nv + 1, sizeof(LLVMValueRef));
+  bool ok = mine && r.avail && r.red_pass && r.spill && r.buf && r.is_full_buf && r.inner && outer && r.base &&
+            r.rowoff && r.rowval && r.vals;
+  if (!ok) ir_fail(err, cap, "out of memory");
+  int passes = 0;
+  for (int v = 0; ok && v < nv; v++) r.red_pass[v] = r.spill[v] = r.buf[v] = -1;
+  /* passes */
+  for (int i = 0; ok && i < k->n_nodes; i++) {
+    const ir_node *n = &g->nodes[k->nodes[i]];
+    int a = 0;
+    for (int o = 0; o < n->n_in; o++) {
+      int u = ir_operands(g, n)[o];
+      if (r.avail[u] > a) a = r.avail[u];
+    }
+    if (trailing_reduction(g, n) >= 0) {
+      if (r.n_acc == 64) ok = ir_fail(err, cap, "more than 64 reductions in one kernel");
+      else r.acc_of[r.n_acc++] = n->out;
+      r.red_pass[n->out] = a, r.avail[n->out] = a + 1;
+      if (a + 1 > passes) passes = a + 1;
+    } else {
+      r.avail[n->out] = a;
+      if (kind[n->out] == K_FULL && a + 1 > passes) passes = a + 1;
+    }
+  }
+  /* buffers */
+  for (int bi = 0; ok && bi < nb; bi++) {
+    int v = bi < k->n_out ? k->out[bi] : k->in[bi - k->n_out];
+    const ir_type *t = &g->values[v].type;
+    r.buf[v] = bi;
+    r.is_full_buf[bi] = kind[v] ? kind[v] == K_FULL : same_shape(t, S);
+    if (!r.is_full_buf[bi]) continue;
+    int64_t st[EM_MAX_DIMS];
+    if (bi < k->n_out) ir_contiguous_strides(S->ndim, S->sizes, st);
+    else memcpy(st, meta[v].strides, sizeof(int64_t) * (size_t)S->ndim);
+    for (int d = 0; d < k->split; d++) outer[bi][d] = st[d];
+    for (int d = S->ndim - 1; d >= k->split; d--)
+      if (S->sizes[d] != 1) {
+        r.inner[bi] = st[d];
+        break;
+      }
+    if (bi < k->n_out && k->cols > 0) r.inner[bi] = 1;
+  }
+  /* spills: FULL values a later pass reads that are neither stored nor remade for free */
+  for (int i = 0; ok && i < k->n_nodes; i++) {
+    const ir_node *n = &g->nodes[k->nodes[i]];
+    for (int o = 0; o < n->n_in; o++) {
+      int u = ir_operands(g, n)[o];
+      if (kind[u] != K_FULL || r.buf[u] >= 0 || r.spill[u] >= 0) continue;
+      int use_pass = r.red_pass[n->out] >= 0 ? r.red_pass[n->out] : r.avail[n->out];
+      if (kind[n->out] != K_FULL && r.red_pass[n->out] < 0) continue;
+      if (use_pass <= r.avail[u]) continue;
+      int w = u;
+      for (;;) { /* through in-kernel detaches to the value that is computed */
+        const ir_node *pn = NULL;
+        for (int q = 0; q < k->n_nodes && !pn; q++)
+          if (g->nodes[k->nodes[q]].out == w) pn = &g->nodes[k->nodes[q]];
+        if (pn->op == EM_PRIM_EXPAND) { w = -1; break; }
+        if (pn->op != EM_PRIM_DETACH) break;
+        w = ir_operands(g, pn)[0];
+        if (kind[w] != K_FULL || r.buf[w] >= 0) { w = -1; break; }
+      }
+      if (w >= 0 && r.spill[w] < 0) r.spill[w] = k->n_spill++;
+    }
+  }
+  if (!ok) goto done;
+  { /* loop IR: for r: row values; per pass, for j (vectorized): computes, accumulates, stores */
+    char *t = NULL;
+    size_t len = 0;
+    sappend(&t, &len, "    for r in [0,%lld): (rows split across threads)\n", (long long)k->rows);
+    bool rvec = true;
+    for (int bi = 0; bi < nb; bi++) rvec = rvec && (!r.is_full_buf[bi] || r.inner[bi] == 0 || r.inner[bi] == 1);
+    for (int bi = 0; bi < nb; bi++) {
+      int v = bi < k->n_out ? k->out[bi] : k->in[bi - k->n_out];
+      const char *role = bi < k->n_out ? "out" : "in";
+      int idx = bi < k->n_out ? bi : bi - k->n_out;
+      if (!r.is_full_buf[bi]) sappend(&t, &len, "      %s%d[r] is %%%d (per row)\n", role, idx, v);
+      else {
+        sappend(&t, &len, "      %s%d[", role, idx);
+        static const char *const names[] = {"r0", "r1", "r2", "r3", "r4", "r5", "r6", "r7"};
+        index_text(&t, &len, k->split, S->sizes, outer[bi], names);
+        sappend(&t, &len, " + j*%lld] is %%%d\n", (long long)r.inner[bi], v);
+      }
+    }
+    for (int pass = 0; pass <= passes; pass++) {
+      for (int i = 0; i < k->n_nodes; i++) { /* per-row values ready at this pass */
+        const ir_node *n = &g->nodes[k->nodes[i]];
+        if (kind[n->out] != K_ROW || r.avail[n->out] != pass || r.red_pass[n->out] >= 0) continue;
+        sappend(&t, &len, "      ");
+        node_text(&t, &len, g, n);
+        sappend(&t, &len, "\n");
+      }
+      if (pass == passes) break;
+      bool reduces = false;
+      for (int a = 0; a < r.n_acc; a++) reduces |= r.red_pass[r.acc_of[a]] == pass;
+      sappend(&t, &len, "      pass %d: for j in [0,%lld)%s:\n", pass, (long long)k->cols,
+              !rvec ? "" : reduces ? " (vectorized, 4 accumulators a reduction)" : " (vectorized)");
+      for (int i = 0; i < k->n_nodes; i++) {
+        const ir_node *n = &g->nodes[k->nodes[i]];
+        bool here = r.red_pass[n->out] == pass || (kind[n->out] == K_FULL && r.avail[n->out] == pass);
+        if (!here) continue;
+        sappend(&t, &len, "        ");
+        node_text(&t, &len, g, n);
+        if (r.red_pass[n->out] >= 0) sappend(&t, &len, " (accumulated over j)");
+        if (r.spill[n->out] >= 0) sappend(&t, &len, " -> scratch%d[j]", r.spill[n->out]);
+        if (r.buf[n->out] >= 0 && r.buf[n->out] < k->n_out && kind[n->out] == K_FULL) sappend(&t, &len, " -> out%d", r.buf[n->out]);
+        sappend(&t, &len, "\n");
+      }
+    }
+    k->loop_ir = t;
+  }
+  /* the function */
+  LLVMBuilderRef b = c->b;
+  LLVMValueRef fn = kernel_function(c, k->name);
+  LLVMBasicBlockRef entry = LLVMAppendBasicBlockInContext(c->ctx, fn, "entry"),
+                    ohdr = LLVMAppendBasicBlockInContext(c->ctx, fn, "row_hdr"),
+                    obody = LLVMAppendBasicBlockInContext(c->ctx, fn, "row"),
+                    exitb = LLVMAppendBasicBlockInContext(c->ctx, fn, "exit");
+  LLVMPositionBuilderAtEnd(b, entry);
+  LLVMValueRef bufs = LLVMGetParam(fn, 0), r0 = LLVMGetParam(fn, 1), r1 = LLVMGetParam(fn, 2);
+  r.scratch = LLVMGetParam(fn, 5);
+  for (int bi = 0; bi < nb; bi++) {
+    LLVMValueRef idx = LLVMConstInt(c->i64, (unsigned long long)bi, 0);
+    r.base[bi] = LLVMBuildLoad2(b, c->ptr, LLVMBuildGEP2(b, c->ptr, bufs, &idx, 1, ""), "");
+  }
+  for (int a = 0; a < r.n_acc; a++) {
+    for (int u = 0; u < UNROLL; u++) r.acc_v[a][u] = LLVMBuildAlloca(b, c->vf32, "accv");
+    r.acc_s[a] = LLVMBuildAlloca(b, c->f32, "accs");
+  }
+  LLVMValueRef jslot = LLVMBuildAlloca(b, c->i64, "j");
+  LLVMBuildBr(b, ohdr);
+  LLVMValueRef zero = LLVMConstInt(c->i64, 0, 0), one = LLVMConstInt(c->i64, 1, 0);
+  LLVMValueRef ncols = LLVMConstInt(c->i64, (unsigned long long)k->cols, 0), lanes = LLVMConstInt(c->i64, LANES, 0);
+  LLVMPositionBuilderAtEnd(b, ohdr);
+  LLVMValueRef row = LLVMBuildPhi(b, c->i64, "r");
+  LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, row, r1, ""), obody, exitb);
+  LLVMPositionBuilderAtEnd(b, obody);
+  /* row offsets */
+  for (int bi = 0; bi < nb; bi++) r.rowoff[bi] = r.is_full_buf[bi] ? zero : row;
+  LLVMValueRef rem = row;
+  for (int d = k->split - 1; d >= 0; d--) {
+    if (S->sizes[d] == 1) continue;
+    LLVMValueRef sz = LLVMConstInt(c->i64, (unsigned long long)S->sizes[d], 0);
+    LLVMValueRef id = d > 0 ? LLVMBuildURem(b, rem, sz, "") : rem;
+    if (d > 0) rem = LLVMBuildUDiv(b, rem, sz, "");
+    for (int bi = 0; bi < nb; bi++)
+      if (r.is_full_buf[bi] && outer[bi][d])
+        r.rowoff[bi] = LLVMBuildAdd(b, r.rowoff[bi], LLVMBuildMul(b, id, LLVMConstInt(c->i64, (unsigned long long)outer[bi][d], 0), ""), "");
+  }
+  for (int i = 0; i < k->n_in; i++) { /* per-row inputs: row r is element r in row-major order */
+    int bi = k->n_out + i, v = k->in[i];
+    if (r.is_full_buf[bi]) continue;
+    const prim_meta *m = &meta[v];
+    LLVMValueRef off = zero, q = row;
+    for (int d = m->ndim - 1; d >= 0; d--) {
+      if (m->sizes[d] == 1) continue;
+      LLVMValueRef sz = LLVMConstInt(c->i64, (unsigned long long)m->sizes[d], 0);
+      if (m->strides[d])
+        off = LLVMBuildAdd(b, off, LLVMBuildMul(b, LLVMBuildURem(b, q, sz, ""), LLVMConstInt(c->i64, (unsigned long long)m->strides[d], 0), ""), "");
+      q = LLVMBuildUDiv(b, q, sz, "");
+    }
+    r.rowval[v] = load_elem(c, r.base[bi], off, g->values[v].type.dtype, 1, false);
+  }
+  bool vec = true;
+  for (int bi = 0; bi < nb; bi++) vec = vec && (!r.is_full_buf[bi] || r.inner[bi] == 0 || r.inner[bi] == 1);
+  for (int pass = 0; pass < passes; pass++) {
+    row_scalars(&r, pass);
+    for (int a = 0; a < r.n_acc; a++)
+      if (r.red_pass[r.acc_of[a]] == pass) {
+        em_prim op = EM_PRIM_SUM;
+        for (int i = 0; i < k->n_nodes; i++)
+          if (g->nodes[k->nodes[i]].out == r.acc_of[a]) op = g->nodes[k->nodes[i]].op;
+        for (int u = 0; u < UNROLL; u++) LLVMBuildStore(b, fconst(c, reduce_init(op), LANES), r.acc_v[a][u]);
+        LLVMBuildStore(b, fconst(c, reduce_init(op), 1), r.acc_s[a]);
+      }
+    bool reduces = false;
+    for (int a = 0; a < r.n_acc; a++) reduces |= r.red_pass[r.acc_of[a]] == pass;
+    LLVMBasicBlockRef vh = LLVMAppendBasicBlockInContext(c->ctx, fn, "vhdr"), vb = LLVMAppendBasicBlockInContext(c->ctx, fn, "vbody"),
+                      th = LLVMAppendBasicBlockInContext(c->ctx, fn, "thdr"), tb = LLVMAppendBasicBlockInContext(c->ctx, fn, "tbody"),
+                      done_bb = LLVMAppendBasicBlockInContext(c->ctx, fn, "pass_end");
+    LLVMBuildStore(b, zero, jslot);
+    if (vec && reduces) { /* UNROLL vectors a step, each into its own accumulators */
+      LLVMBasicBlockRef uh = LLVMAppendBasicBlockInContext(c->ctx, fn, "uhdr"), ub = LLVMAppendBasicBlockInContext(c->ctx, fn, "ubody");
+      LLVMBuildBr(b, uh);
+      LLVMPositionBuilderAtEnd(b, uh);
+      LLVMValueRef j = LLVMBuildLoad2(b, c->i64, jslot, "");
+      LLVMValueRef ustep = LLVMConstInt(c->i64, (unsigned long long)(UNROLL * LANES), 0);
+      LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, j, ustep, ""), ncols, ""), ub, vh);
+      LLVMPositionBuilderAtEnd(b, ub);
+      for (int u = 0; u < UNROLL; u++)
+        row_body(&r, pass, LLVMBuildAdd(b, j, LLVMConstInt(c->i64, (unsigned long long)(u * LANES), 0), ""), LANES, u);
+      LLVMBuildStore(b, LLVMBuildAdd(b, j, ustep, ""), jslot);
+      LLVMBuildBr(b, uh);
+    } else {
+      LLVMBuildBr(b, vec ? vh : th);
+    }
+    if (vec) {
+      LLVMPositionBuilderAtEnd(b, vh);
+      LLVMValueRef j = LLVMBuildLoad2(b, c->i64, jslot, "");
+      LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, j, lanes, ""), ncols, ""), vb, th);
+      LLVMPositionBuilderAtEnd(b, vb);
+      row_body(&r, pass, j, LANES, 0);
+      LLVMBuildStore(b, LLVMBuildAdd(b, j, lanes, ""), jslot);
+      LLVMBuildBr(b, vh);
+    } else {
+      LLVMPositionBuilderAtEnd(b, vh);
+      LLVMBuildUnreachable(b);
+      LLVMPositionBuilderAtEnd(b, vb);
+      LLVMBuildUnreachable(b);
+    }
+    LLVMPositionBuilderAtEnd(b, th);
+    LLVMValueRef t = LLVMBuildLoad2(b, c->i64, jslot, "");
+    LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, t, ncols, ""), tb, done_bb);
+    LLVMPositionBuilderAtEnd(b, tb);
+    row_body(&r, pass, t, 1, 0);
+    LLVMBuildStore(b, LLVMBuildAdd(b, t, one, ""), jslot);
+    LLVMBuildBr(b, th);
+    LLVMPositionBuilderAtEnd(b, done_bb);
+    for (int a = 0; a < r.n_acc; a++) { /* finished reductions: lanes in order, then the tail */
+      int v = r.acc_of[a];
+      if (r.red_pass[v] != pass) continue;
+      em_prim op = EM_PRIM_SUM;
+      for (int i = 0; i < k->n_nodes; i++)
+        if (g->nodes[k->nodes[i]].out == v) op = g->nodes[k->nodes[i]].op;
+      LLVMValueRef av = LLVMBuildLoad2(b, c->vf32, r.acc_v[a][0], ""), x = LLVMConstReal(c->f32, reduce_init(op));
+      for (int u = 1; u < UNROLL; u++) av = combine(c, op, av, LLVMBuildLoad2(b, c->vf32, r.acc_v[a][u], ""));
+      for (int l = 0; l < LANES; l++) x = combine(c, op, x, LLVMBuildExtractElement(b, av, LLVMConstInt(c->i64, (unsigned)l, 0), ""));
+      r.rowval[v] = combine(c, op, x, LLVMBuildLoad2(b, c->f32, r.acc_s[a], ""));
+    }
+  }
+  row_scalars(&r, passes);
+  for (int o = 0; o < k->n_out; o++) /* per-row outputs */
+    if (!r.is_full_buf[o]) store_elem(c, r.base[o], row, g->values[k->out[o]].type.dtype, r.rowval[k->out[o]], 1);
+  LLVMValueRef rn = LLVMBuildAdd(b, row, one, "");
+  LLVMBasicBlockRef latch = LLVMGetInsertBlock(b);
+  LLVMBuildBr(b, ohdr);
+  LLVMValueRef rin[2] = {r0, rn};
+  LLVMBasicBlockRef rbb[2] = {entry, latch};
+  LLVMAddIncoming(row, rin, rbb, 2);
+  LLVMPositionBuilderAtEnd(b, exitb);
+  LLVMBuildRetVoid(b);
+done:
+  free(r.avail), free(r.red_pass), free(r.spill), free(r.buf), free(r.is_full_buf), free(r.inner), free(outer);
+  free(r.base), free(r.rowoff), free(r.rowval), free(r.vals), free(mine);
+  return ok;
+}

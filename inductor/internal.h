@@ -1,0 +1,212 @@
+/* inductor/internal.h: what the files of inductor/ share: the program and kernel structures,
+ * the small predicates the schedule and the code generator both ask, and the functions one file
+ * calls in another. inductor.h is the interface; this header is private to inductor/.
+ *   inductor.c  programs: compile (orchestration), hooks, accessors
+ *   schedule.c  lowering and fusion into kernels, memory planning, the printed schedule
+ *   codegen.c   LLVM IR for pointwise and row kernels, their loop IR text
+ *   jit.c       the ORC LLJIT, the kernel cache (memory and disk), building a program's module
+ *   run.c       running a program: threads, arena, in-place updates, the profile */
+#ifndef EMBER_INDUCTOR_INTERNAL_H
+#define EMBER_INDUCTOR_INTERNAL_H
+
+#include "inductor.h"
+
+#include <llvm-c/Core.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* f32 lanes of the vector loops: 16 (a zmm register) where the host has AVX-512F, else 8 (ymm,
+ * the width of the eager SLEEF loops). SLEEF's f16 and f8 u10 functions share their algorithm
+ * and error bound (1 ULP). Set when the JIT starts (jit.c). */
+extern int ind_lanes;
+#define LANES ind_lanes
+/* The host CPU's name and features, for every kernel's target attributes (jit.c). */
+extern char *ind_host_cpu, *ind_host_features;
+
+
+/* A kernel covers rows [r0, r1) and columns [j0, j1) of its iteration space, so the runtime can
+ * split it across threads either way (row kernels only by rows); scratch holds the row kernel's
+ * spilled values: n_spill rows of cols floats for the calling thread. */
+typedef void (*kernel_fn)(char **bufs, int64_t r0, int64_t r1, int64_t j0, int64_t j1, float *scratch);
+
+/* Kinds of the values a kernel computes or reads. A pointwise kernel's values are all FULL:
+ * one element per point of its iteration shape. A row kernel's iteration shape S splits into
+ * rows (dims [0, split)) and the reduced columns (dims [split, ndim)); its FULL values have
+ * shape S, its ROW values one element per row (any shape of that many elements, row r at
+ * linear index r): reductions over the columns, and pointwise ops and views on them. */
+enum { K_NONE = 0, K_FULL = 1, K_ROW = 2, K_COL = 3 };
+/* K_COL: a pointwise kernel's reduction over the leading dims of its iteration shape (a bias
+ * gradient): accumulated in its output buffer, one column per element, so it is an output only,
+ * never read inside its kernel. */
+
+typedef struct kernel {
+  int n_nodes, *nodes;    /* graph node indices, in order */
+  int n_in, *in;          /* values read from outside */
+  int n_out, *out;        /* values other steps or the graph's outputs read */
+  char name[32];
+  kernel_fn fn;
+  bool row;               /* a row kernel (holds reductions) */
+  bool has_col;           /* a pointwise kernel with K_COL reductions: split across threads by columns only */
+  ir_type shape;          /* iteration shape S */
+  int split;              /* row kernel: dims [split, ndim) are reduced */
+  int n_spill;            /* row kernel: FULL values kept in scratch between passes over a row */
+  int64_t rows, cols;     /* the iteration space as the generated loops see it */
+  int64_t bytes;          /* bytes read and written, for EMBER_LOGS=schedule */
+  char *loop_ir;          /* the loop-level form, printed under EMBER_LOGS=schedule */
+  double prof_ms;         /* EMBER_INDUCTOR_PROFILE: time in this kernel, all runs */
+  int64_t prof_runs;
+} kernel;
+
+typedef struct step {
+  int node;   /* >= 0: run this node with the eager kernels */
+  int kernel; /* >= 0: run this kernel */
+  int tmat;   /* >= 0: node is clone(transpose(matmul(a, b))), run as matmul(b^T, a^T): this matmul */
+  bool alias; /* node is a clone of a value nothing else reads: the same tensor when contiguous */
+  int n_release, *release; /* values whose last reader is this step */
+} step;
+
+struct ind_program {
+  ir_graph *g;
+  prim_meta *in_meta; /* the input layouts the kernels are specialised to */
+  step *steps;
+  int n_steps;
+  kernel *kernels;
+  int n_kernels;
+  signed char *kind;  /* [n_values] K_FULL / K_ROW for values computed inside kernels */
+  /* memory planning */
+  int64_t *arena_off;      /* [n_values] byte offset in the arena of a kernel output, or -1 */
+  int64_t arena_bytes;
+  int64_t planned_peak;    /* most bytes of kernel outputs live at once (arena and outputs) */
+  int *out_step;           /* [n_outputs] the pointwise kernel step that stores output o, or -1 */
+  int *in_last_read;       /* [n_inputs] last step that reads input i or a view of it */
+  int *in_view_read;       /* [n_inputs] last step that reads a view of input i (not i itself) */
+  bool *in_returned;       /* [n_inputs] input i or a view of it is a graph output */
+  char *ir_text;
+  char *schedule_text;
+  ind_stats stats;
+};
+
+static inline bool is_f32_or_bool(em_dtype dt) { return dt == EM_F32 || dt == EM_BOOL; }
+
+/* Pointwise prims the code generator implements, for the operand and result dtypes given. */
+static inline bool fusible(const ir_graph *g, const ir_node *n) {
+  if (!(prim_get(n->op)->flags & P_POINTWISE)) return false;
+  em_dtype out = g->values[n->out].type.dtype;
+  if (!is_f32_or_bool(out) || !ir_type_concrete(&g->values[n->out].type)) return false;
+  bool all_f32 = out == EM_F32 || n->op == EM_PRIM_CONVERT || (prim_get(n->op)->flags & P_BOOL_OUT);
+  for (int k = 0; k < n->n_in; k++) {
+    em_dtype d = g->values[ir_operands(g, n)[k]].type.dtype;
+    if (!is_f32_or_bool(d)) return false;
+    if (!(n->op == EM_PRIM_WHERE && k == 0) && d != EM_F32) all_f32 = false;
+  }
+  switch (n->op) {
+  case EM_PRIM_NEG: case EM_PRIM_ABS: case EM_PRIM_EXP: case EM_PRIM_LOG: case EM_PRIM_LOG1P: case EM_PRIM_EXPM1:
+  case EM_PRIM_SQRT: case EM_PRIM_RSQRT: case EM_PRIM_SIN: case EM_PRIM_COS: case EM_PRIM_TANH: case EM_PRIM_ERF:
+  case EM_PRIM_RECIPROCAL: case EM_PRIM_ADD: case EM_PRIM_SUB: case EM_PRIM_MUL: case EM_PRIM_DIV:
+  case EM_PRIM_MAXIMUM: case EM_PRIM_MINIMUM:
+    return out == EM_F32 && all_f32;
+  case EM_PRIM_EQ: case EM_PRIM_NE: case EM_PRIM_LT: case EM_PRIM_LE: case EM_PRIM_GT: case EM_PRIM_GE:
+  case EM_PRIM_WHERE: case EM_PRIM_CONVERT: case EM_PRIM_LOGICAL_NOT:
+    return true;
+  case EM_PRIM_LOGICAL_AND: case EM_PRIM_LOGICAL_OR:
+    return g->values[ir_operands(g, n)[0]].type.dtype == EM_BOOL;
+  default:
+    return false;
+  }
+}
+
+/* An f32 sum, amax or amin over the trailing dims of its operand: the first reduced dim, or -1. */
+static inline int trailing_reduction(const ir_graph *g, const ir_node *n) {
+  if (n->op != EM_PRIM_SUM && n->op != EM_PRIM_AMAX && n->op != EM_PRIM_AMIN) return -1;
+  const ir_type *u = &g->values[ir_operands(g, n)[0]].type;
+  if (u->dtype != EM_F32 || g->values[n->out].type.dtype != EM_F32 || !ir_type_concrete(u)) return -1;
+  bool red[EM_MAX_DIMS] = {0};
+  for (int a = 0; a < n->attrs.n_axes; a++) red[n->attrs.axes[a]] = true;
+  int k = u->ndim;
+  while (k > 0 && (red[k - 1] || u->sizes[k - 1] == 1)) k--;
+  for (int d = 0; d < k; d++)
+    if (red[d] && u->sizes[d] != 1) return -1;
+  if (k == u->ndim) return -1; /* reduces nothing of size > 1: leave it to the eager kernel */
+  return k;
+}
+
+/* An f32 sum, amax or amin over leading dims of its operand that keeps a trailing dim of size
+ * > 1: the number of leading dims, or -1. */
+static inline int leading_reduction(const ir_graph *g, const ir_node *n) {
+  if (n->op != EM_PRIM_SUM && n->op != EM_PRIM_AMAX && n->op != EM_PRIM_AMIN) return -1;
+  const ir_type *u = &g->values[ir_operands(g, n)[0]].type;
+  if (u->dtype != EM_F32 || g->values[n->out].type.dtype != EM_F32 || !ir_type_concrete(u)) return -1;
+  bool red[EM_MAX_DIMS] = {0};
+  for (int a = 0; a < n->attrs.n_axes; a++) red[n->attrs.axes[a]] = true;
+  int k = 0;
+  while (k < u->ndim && (red[k] || u->sizes[k] == 1)) k++;
+  bool kept = false, reduces = false;
+  for (int d = 0; d < k; d++) reduces |= red[d] && u->sizes[d] > 1;
+  for (int d = k; d < u->ndim; d++) {
+    if (red[d] && u->sizes[d] > 1) return -1;
+    kept |= u->sizes[d] > 1;
+  }
+  return kept && reduces ? k : -1;
+}
+
+static inline bool same_shape(const ir_type *a, const ir_type *b) {
+  if (a->ndim != b->ndim) return false;
+  for (int i = 0; i < a->ndim; i++)
+    if (a->sizes[i] != b->sizes[i]) return false;
+  return true;
+}
+
+static inline int64_t numel_of(const ir_type *t) {
+  int64_t n = 1;
+  for (int d = 0; d < t->ndim; d++) n *= t->sizes[d];
+  return n;
+}
+
+static inline int64_t prefix_numel(const ir_type *t, int k) {
+  int64_t n = 1;
+  for (int d = 0; d < k; d++) n *= t->sizes[d];
+  return n;
+}
+
+static inline double reduce_init(em_prim op) { return op == EM_PRIM_SUM ? 0.0 : op == EM_PRIM_AMAX ? -INFINITY : INFINITY; }
+
+static inline double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* The LLVM state of one module being built (codegen.c). */
+typedef struct cg {
+  LLVMContextRef ctx;
+  LLVMModuleRef mod;
+  LLVMBuilderRef b;
+  LLVMTypeRef f32, i1, i8, i64, ptr, vf32, vi8;
+} cg;
+
+/* jit.c */
+bool ind_jit_get(char *err, size_t cap);
+/* Emits every kernel of p into one module and loads its object code (JIT, disk cache, or LLVM). */
+bool ind_build_kernels(ind_program *p, const prim_meta *meta, char *err, size_t cap);
+
+/* schedule.c */
+/* Schedules p->g (steps and kernels) for values with layouts meta, then plans its memory. */
+bool ind_schedule_program(ind_program *p, const prim_meta *meta);
+/* Whether output o may be stored straight into input i (see run.c). */
+bool ind_donatable(const ind_program *p, int o, int i);
+/* p->schedule_text (EMBER_LOGS=schedule) and each kernel's bytes. */
+void ind_describe_schedule(ind_program *p);
+
+/* codegen.c */
+bool ind_emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const signed char *kind, kernel *k, char *err,
+                     size_t cap);
+bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const signed char *kind, kernel *k,
+                         char *err, size_t cap);
+
+/* run.c */
+/* EMBER_INDUCTOR_PROFILE: p's slowest kernels, printed when it is freed. */
+void ind_profile_kernels(const ind_program *p);
+
+#endif /* EMBER_INDUCTOR_INTERNAL_H */

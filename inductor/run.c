@@ -1,0 +1,292 @@
+/* inductor/run.c: running a program: eager steps and kernels in order, kernels split across
+ * OpenMP threads, intermediates in the planned arena, in-place updates where the plan allows,
+ * releases at last use; and EMBER_INDUCTOR_PROFILE. */
+#include "internal.h"
+
+#include <omp.h>
+#include <pthread.h>
+#include <stdio.h>
+
+static int profile_on = -1; /* EMBER_INDUCTOR_PROFILE, read at the first run */
+
+/* ---- running ---- */
+
+static _Thread_local int64_t kernel_runs;
+
+/* Runs k over its whole iteration space, split across the OpenMP threads when it is large
+ * (rows when there are enough of them, else column blocks that are multiples of the vector
+ * width; row kernels only by rows), with the eager loops' grain so small kernels stay on the
+ * calling thread. scratch: k->n_spill * k->cols floats per thread. */
+static void run_kernel(const kernel *k, char **bufs, float *scratch) {
+  int64_t n = k->rows * k->cols;
+  int nt = omp_get_max_threads();
+  int64_t per = k->n_spill * k->cols;
+  if (nt < 2 || n < 2 * PRIM_PARALLEL_GRAIN || (k->row && k->rows < 2) || omp_get_level() > 0) {
+    k->fn(bufs, 0, k->rows, 0, k->cols, scratch);
+    return;
+  }
+  if (k->has_col && k->cols < 2 * LANES * nt) { /* each column's accumulation stays on one thread */
+    k->fn(bufs, 0, k->rows, 0, k->cols, scratch);
+  } else if (!k->has_col && (k->rows >= nt || k->row)) {
+    if (nt > k->rows) nt = (int)k->rows;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int t = 0; t < nt; t++) {
+      int64_t a = k->rows * t / nt, z = k->rows * (t + 1) / nt;
+      if (a < z) k->fn(bufs, a, z, 0, k->cols, scratch + per * t);
+    }
+  } else {
+    int64_t block = (k->cols / nt + LANES - 1) / LANES * LANES;
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < nt; t++) {
+      int64_t a = block * t, z = t == nt - 1 ? k->cols : block * (t + 1);
+      if (z > k->cols) z = k->cols;
+      if (a < z) k->fn(bufs, 0, k->rows, a, z, scratch);
+    }
+  }
+}
+int64_t ind_kernel_runs(void) { return kernel_runs; }
+
+/* EMBER_INDUCTOR_PROFILE=1: time spent per kind of step (each eager prim, pointwise kernels, row
+ * kernels) over the process, printed at exit: where a compiled step's time goes. */
+
+static double profile_ms[EM_PRIM_COUNT + 2];
+static int64_t profile_n[EM_PRIM_COUNT + 2], profile_bytes[EM_PRIM_COUNT + 2];
+static pthread_mutex_t profile_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* GEMM time by operand shapes. */
+static struct { char key[96]; double ms; int64_t n; } profile_gemm[64];
+
+static void profile_gemm_add(const em_tensor *a, const em_tensor *b, double ms) {
+  char key[96];
+  int n = 0;
+  for (int q = 0; q < 2; q++) {
+    const em_tensor *t = q ? b : a;
+    n += snprintf(key + n, sizeof key - (size_t)n, "%s[", q ? " x " : "");
+    for (int d = 0; d < t->ndim && n < 80; d++) n += snprintf(key + n, sizeof key - (size_t)n, "%s%lld", d ? "," : "", (long long)t->sizes[d]);
+    n += snprintf(key + n, sizeof key - (size_t)n, "]%s", t->ndim >= 2 && t->strides[t->ndim - 2] == 1 && t->sizes[t->ndim - 1] > 1 ? "T" : "");
+  }
+  pthread_mutex_lock(&profile_lock);
+  for (int i = 0; i < 64; i++)
+    if (!profile_gemm[i].n || !strcmp(profile_gemm[i].key, key)) {
+      snprintf(profile_gemm[i].key, sizeof profile_gemm[i].key, "%s", key);
+      profile_gemm[i].ms += ms, profile_gemm[i].n++;
+      break;
+    }
+  pthread_mutex_unlock(&profile_lock);
+}
+
+static void profile_print(void) {
+  double total = 0;
+  for (int i = 0; i < EM_PRIM_COUNT + 2; i++) total += profile_ms[i];
+  fprintf(stderr, "[ember] inductor profile: %.1f ms in compiled graphs\n", total);
+  for (;;) {
+    int best = -1;
+    for (int i = 0; i < EM_PRIM_COUNT + 2; i++)
+      if (profile_n[i] && (best < 0 || profile_ms[i] > profile_ms[best])) best = i;
+    if (best < 0) break;
+    const char *name = best == EM_PRIM_COUNT ? "pointwise kernels" : best == EM_PRIM_COUNT + 1 ? "row kernels" : prim_get((em_prim)best)->name;
+    fprintf(stderr, "  %-20s %9.1f ms %5.1f%% %8lld runs", name, profile_ms[best], 100 * profile_ms[best] / (total > 0 ? total : 1),
+            (long long)profile_n[best]);
+    if (best >= EM_PRIM_COUNT) fprintf(stderr, " %6.1f GB/s", (double)profile_bytes[best] / (profile_ms[best] * 1e6));
+    fprintf(stderr, "\n");
+    profile_n[best] = 0;
+  }
+  fprintf(stderr, "  GEMMs by shape (T: transposed operand):\n");
+  for (;;) {
+    int best = -1;
+    for (int i = 0; i < 64; i++)
+      if (profile_gemm[i].n && (best < 0 || profile_gemm[i].ms > profile_gemm[best].ms)) best = i;
+    if (best < 0) break;
+    fprintf(stderr, "    %9.1f ms %6lld runs  %s\n", profile_gemm[best].ms, (long long)profile_gemm[best].n, profile_gemm[best].key);
+    profile_gemm[best].n = 0;
+  }
+}
+
+/* The program's ten slowest kernels, when it is freed. */
+void ind_profile_kernels(const ind_program *p) {
+  if (profile_on != 1 || !p->n_kernels || !p->schedule_text) return;
+  bool *done = calloc((size_t)p->n_kernels, 1);
+  fprintf(stderr, "[ember] inductor profile of %s: slowest kernels\n", p->g->name);
+  for (int r = 0; done && r < 10 && r < p->n_kernels; r++) {
+    int best = -1;
+    for (int k = 0; k < p->n_kernels; k++)
+      if (!done[k] && (best < 0 || p->kernels[k].prof_ms > p->kernels[best].prof_ms)) best = k;
+    done[best] = true;
+    const kernel *k = &p->kernels[best];
+    if (!k->prof_runs) break;
+    const char *line = strstr(p->schedule_text, k->name), *eol = line ? strchr(line, '\n') : NULL;
+    fprintf(stderr, "  %8.3f ms/run %6.1f GB/s  %.*s\n", k->prof_ms / (double)k->prof_runs,
+            (double)k->bytes * (double)k->prof_runs / (k->prof_ms * 1e6), line ? (int)(eol ? eol - line : (long)strlen(line)) : 0,
+            line ? line : "");
+  }
+  free(done);
+}
+
+static bool profiling(void) {
+  if (profile_on < 0) {
+    const char *e = getenv("EMBER_INDUCTOR_PROFILE");
+    profile_on = e && *e && strcmp(e, "0");
+    if (profile_on) atexit(profile_print);
+  }
+  return profile_on;
+}
+
+static void profile_add(int slot, double ms, int64_t bytes) {
+  pthread_mutex_lock(&profile_lock);
+  profile_ms[slot] += ms, profile_n[slot]++, profile_bytes[slot] += bytes;
+  pthread_mutex_unlock(&profile_lock);
+}
+
+bool ind_accepts(const ind_program *p, em_tensor *const *in, int n_in) {
+  if (n_in != p->g->n_inputs) return false;
+  for (int i = 0; i < n_in; i++) {
+    prim_meta m = rt_meta(in[i]);
+    const prim_meta *w = &p->in_meta[i];
+    if (m.dtype != w->dtype || m.ndim != w->ndim || memcmp(m.sizes, w->sizes, sizeof(int64_t) * (size_t)m.ndim) ||
+        memcmp(m.strides, w->strides, sizeof(int64_t) * (size_t)m.ndim))
+      return false;
+  }
+  return true;
+}
+
+bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **out, const int *donate, em_site site) {
+  const ir_graph *g = p->g;
+  for (int i = 0; i < g->n_outputs; i++) out[i] = NULL;
+  if (!ind_accepts(p, in, n_in))
+    return rt_error(site, "em_call", "the inputs do not have the layouts the kernels were compiled for"), false;
+  int nv = g->n_values;
+  em_tensor **vals = rt_alloc(sizeof(em_tensor *) * (size_t)(nv + 1), 16);
+  if (!vals) return rt_error(site, "em_call", "out of memory"), false;
+  memset(vals, 0, sizeof(em_tensor *) * (size_t)nv);
+  for (int i = 0; i < n_in; i++) vals[g->inputs[i]] = em_retain(in[i]);
+  bool ok = true;
+  float *scratch = NULL;
+  size_t scratch_bytes = 0;
+  int nt = omp_get_max_threads();
+  /* in-place updates the caller asked for and the plan allows: output value -> input tensor */
+  em_tensor **into = NULL;
+  if (donate) {
+    into = rt_alloc(sizeof(em_tensor *) * (size_t)(nv + 1), 16);
+    if (!into) ok = (rt_error(site, "em_call", "out of memory"), false);
+    else memset(into, 0, sizeof(em_tensor *) * (size_t)(nv + 1));
+    for (int o = 0; ok && o < g->n_outputs; o++) {
+      int i = donate[o];
+      if (i < 0 || i >= n_in || !ind_donatable(p, o, i)) continue;
+      bool shared = false;
+      for (int j = 0; j < n_in && !shared; j++) shared = j != i && in[j]->storage == in[i]->storage;
+      for (int q = 0; q < g->n_outputs && !shared; q++) shared = q != o && donate[q] == i;
+      if (!shared) into[g->outputs[o]] = in[i];
+    }
+  }
+  em_tensor *arena = NULL;
+  if (ok && p->arena_bytes > 0) {
+    arena = rt_new(EM_F32, 1, (int64_t[]){p->arena_bytes / 4}, "em_call", site);
+    ok = arena != NULL;
+  }
+  bool prof = profiling();
+  rt_trace_suspend();
+  for (int s = 0; ok && s < p->n_steps; s++) {
+    const step *st = &p->steps[s];
+    double t0 = prof ? now_ms() : 0;
+    if (st->node >= 0) {
+      const ir_node *n = &g->nodes[st->node];
+      em_tensor *small[4], **ops = n->n_in <= 4 ? small : rt_alloc(sizeof(em_tensor *) * (size_t)n->n_in, 16);
+      if (!ops) {
+        ok = (rt_error(n->site, n->opname, "out of memory"), false);
+        break;
+      }
+      for (int k = 0; k < n->n_in; k++) ops[k] = vals[ir_operands(g, n)[k]];
+      prim_attrs at = n->attrs;
+      if (prim_get(n->op)->flags & P_RANDOM)
+        rt_rng_reserve(prim_philox_calls(n->op, at.dtype, ir_numel(at.shape.ndim, at.shape.sizes)), &at.seed, &at.offset);
+      em_tensor *r;
+      if (st->tmat >= 0) { /* (a b)^T as b^T a^T */
+        const ir_node *m = &g->nodes[st->tmat];
+        em_tensor *ab[2];
+        for (int q = 0; q < 2; q++) {
+          em_tensor *x = vals[ir_operands(g, m)[q]];
+          prim_attrs pa = {.n_axes = x->ndim};
+          for (int d = 0; d < x->ndim; d++) pa.axes[d] = d;
+          pa.axes[x->ndim - 1] = x->ndim - 2, pa.axes[x->ndim - 2] = x->ndim - 1;
+          ab[1 - q] = rt_dispatch(m->opname, EM_PRIM_PERMUTE, &x, 1, &pa, m->site);
+        }
+        r = ab[0] && ab[1] ? rt_dispatch(m->opname, EM_PRIM_MATMUL, ab, 2, &m->attrs, m->site) : NULL;
+        if (prof && r) profile_gemm_add(ab[0], ab[1], now_ms() - t0);
+        em_release(ab[0]), em_release(ab[1]);
+      } else if (st->alias && ir_is_contiguous(ops[0]->ndim, ops[0]->sizes, ops[0]->strides)) {
+        r = em_retain(ops[0]);
+      } else {
+        r = n->op == EM_PRIM_RESHAPE ? rt_reshape(ops[0], at.shape.ndim, at.shape.sizes, n->opname, n->site)
+                                     : rt_dispatch(n->opname, n->op, ops, n->n_in, &at, n->site);
+        if (prof && r && n->op == EM_PRIM_MATMUL) profile_gemm_add(ops[0], ops[1], now_ms() - t0);
+      }
+      if (ops != small) rt_free(ops);
+      vals[n->out] = r;
+      ok = r != NULL;
+      if (prof) profile_add(st->tmat >= 0 ? EM_PRIM_MATMUL : n->op, now_ms() - t0, 0);
+    } else {
+      const kernel *k = &p->kernels[st->kernel];
+      char *small[32], **bufs = k->n_out + k->n_in <= 32 ? small : rt_alloc(sizeof(char *) * (size_t)(k->n_out + k->n_in), 16);
+      if (!bufs) {
+        ok = (rt_error(site, "em_call", "out of memory"), false);
+        break;
+      }
+      size_t need = sizeof(float) * (size_t)(k->n_spill * k->cols) * (size_t)nt;
+      if (need > scratch_bytes) {
+        rt_free(scratch);
+        scratch = rt_alloc(need, 64);
+        scratch_bytes = scratch ? need : 0;
+        if (!scratch) ok = (rt_error(site, "em_call", "out of memory for %zu bytes of kernel scratch", need), false);
+      }
+      for (int o = 0; ok && o < k->n_out; o++) {
+        int v = k->out[o];
+        const ir_type *t = &g->values[v].type;
+        int64_t sz[EM_MAX_DIMS], st_[EM_MAX_DIMS];
+        for (int d = 0; d < t->ndim; d++) sz[d] = t->sizes[d];
+        if (into && into[v]) {
+          vals[v] = em_retain(into[v]);
+          rt_bump_version(into[v], "em_call", site);
+        } else if (p->arena_off[v] >= 0 && arena) { /* a view of the arena at the planned offset */
+          ir_contiguous_strides(t->ndim, sz, st_);
+          vals[v] = rt_new_view(arena, t->ndim, sz, st_, 0, "em_call", site);
+          if (vals[v]) vals[v]->dtype = t->dtype, vals[v]->offset = p->arena_off[v] / (int64_t)em_dtype_size(t->dtype);
+        } else {
+          vals[v] = rt_new(t->dtype, t->ndim, sz, "em_call", site);
+        }
+        ok = vals[v] != NULL;
+        if (ok) bufs[o] = rt_data(vals[v]);
+      }
+      for (int o = 0; ok && o < k->n_out; o++) /* column reductions accumulate from their identity */
+        if (p->kind[k->out[o]] == K_COL) {
+          float init = 0;
+          for (int i = 0; i < k->n_nodes; i++)
+            if (g->nodes[k->nodes[i]].out == k->out[o]) init = (float)reduce_init(g->nodes[k->nodes[i]].op);
+          float *d = (float *)bufs[o];
+          for (int64_t e = 0, n = vals[k->out[o]]->numel; e < n; e++) d[e] = init;
+        }
+      for (int i = 0; ok && i < k->n_in; i++) bufs[k->n_out + i] = rt_data(vals[k->in[i]]);
+      if (ok) {
+        run_kernel(k, bufs, scratch);
+        kernel_runs++;
+        if (prof) {
+          double dt = now_ms() - t0;
+          profile_add(EM_PRIM_COUNT + k->row, dt, k->bytes);
+          ((kernel *)k)->prof_ms += dt, ((kernel *)k)->prof_runs++;
+        }
+      }
+      if (bufs != small) rt_free(bufs);
+    }
+    for (int i = 0; ok && i < st->n_release; i++) em_release(vals[st->release[i]]), vals[st->release[i]] = NULL;
+  }
+  rt_trace_resume();
+  rt_free(scratch), rt_free(into);
+  em_release(arena);
+  if (ok)
+    for (int i = 0; i < g->n_outputs; i++) out[i] = em_retain(vals[g->outputs[i]]);
+  for (int v = 0; v < nv; v++) em_release(vals[v]);
+  rt_free(vals);
+  return ok;
+}
+
+int64_t ind_arena_bytes(const ind_program *p) { return p->arena_bytes; }
+int64_t ind_planned_peak(const ind_program *p) { return p->planned_peak; }

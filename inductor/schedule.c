@@ -1,0 +1,533 @@
+/* inductor/schedule.c: lowering and fusion (which nodes form which kernel, in what order),
+ * memory planning (liveness, the arena, in-place updates), and the printed schedule. See
+ * inductor.h for the rules. */
+#include "internal.h"
+
+#include <stdio.h>
+
+/* ---- the schedule ---- */
+
+
+
+
+
+/* Views and scalar constants only make headers: they may run before a kernel that does not feed
+ * them, so they do not split a run of pointwise nodes. */
+static bool hoistable(const ir_graph *g, const ir_node *n, const bool *in_group) {
+  if (!(prim_get(n->op)->flags & P_VIEW) && !(n->op == EM_PRIM_FULL && n->attrs.shape.ndim == 0)) return false;
+  for (int k = 0; k < n->n_in; k++)
+    if (in_group[ir_operands(g, n)[k]]) return false;
+  return true;
+}
+
+
+
+/* Whether dims [split, ndim) of a buffer with these strides (over sizes) coalesce into one. */
+static bool inner_coalesces(int ndim, const int64_t *sizes, const int64_t *strides, int split) {
+  int prev = -1;
+  for (int d = split; d < ndim; d++) {
+    if (sizes[d] == 1) continue;
+    if (prev >= 0 && strides[prev] != strides[d] * sizes[d]) return false;
+    prev = d;
+  }
+  return true;
+}
+
+/* The group being built: nodes fused so far and the iteration space they share. */
+enum { G_EMPTY, G_PW, G_ROW };
+typedef struct group {
+  int n, *nodes;
+  int mode;
+  bool has_col;
+  ir_type shape;
+  int split;
+  int64_t rows;
+} group;
+
+typedef struct builder {
+  ind_program *p;
+  const prim_meta *meta;
+  bool *in_group;
+  int *tmat;  /* [n_nodes] see step.tmat */
+  bool *alias; /* [n_nodes] see step.alias */
+  bool *skip; /* [n_nodes] a matmul or transpose folded into a later node's tmat */
+  group gr;
+  int cap_steps, cap_kernels;
+} builder;
+
+static bool push_step(builder *b, step s) {
+  if (b->p->n_steps == b->cap_steps) {
+    int c = b->cap_steps ? 2 * b->cap_steps : 64;
+    step *n = realloc(b->p->steps, sizeof(step) * (size_t)c);
+    if (!n) return false;
+    b->p->steps = n, b->cap_steps = c;
+  }
+  s.n_release = 0, s.release = NULL;
+  b->p->steps[b->p->n_steps++] = s;
+  return true;
+}
+
+/* Whether external operand v can be read by a node of kind `kind` in the group. */
+static bool external_ok(const builder *b, int v, int kind) {
+  const prim_meta *m = &b->meta[v];
+  if (kind == K_ROW || b->gr.mode != G_ROW) return true; /* row r: linear index r, any strides */
+  return inner_coalesces(m->ndim, m->sizes, m->strides, b->gr.split);
+}
+
+static bool operands_ok(const builder *b, const ir_node *n, int kind) {
+  const ir_graph *g = b->p->g;
+  for (int k = 0; k < n->n_in; k++) {
+    int v = ir_operands(g, n)[k];
+    if (!b->in_group[v] && !external_ok(b, v, kind)) return false;
+  }
+  return true;
+}
+
+/* Every external operand of the group's nodes is still readable if the group's nodes took the
+ * given kind (FULL under a new split, or ROW). */
+static bool group_operands_ok(const builder *b, int kind) {
+  for (int i = 0; i < b->gr.n; i++)
+    if (!operands_ok(b, &b->p->g->nodes[b->gr.nodes[i]], kind)) return false;
+  return true;
+}
+
+static void set_kind_all(builder *b, int kind) {
+  for (int i = 0; i < b->gr.n; i++) b->p->kind[b->p->g->nodes[b->gr.nodes[i]].out] = (signed char)kind;
+}
+
+static void add(builder *b, int node, int kind) {
+  b->gr.nodes[b->gr.n++] = node;
+  b->in_group[b->p->g->nodes[node].out] = true;
+  b->p->kind[b->p->g->nodes[node].out] = (signed char)kind;
+}
+
+
+/* Adds node i to the open group when it fits its iteration space; false when it does not. */
+static bool try_add(builder *b, int i) {
+  const ir_graph *g = b->p->g;
+  const ir_node *n = &g->nodes[i];
+  const ir_type *t = &g->values[n->out].type;
+  group *gr = &b->gr;
+  signed char *kind = b->p->kind;
+  for (int a = 0; a < n->n_in; a++) /* a column reduction is complete only when its kernel ends */
+    if (b->in_group[ir_operands(g, n)[a]] && kind[ir_operands(g, n)[a]] == K_COL) return false;
+  if (leading_reduction(g, n) >= 0 && gr->mode != G_ROW) {
+    int u = ir_operands(g, n)[0];
+    const ir_type *ut = &g->values[u].type;
+    if (gr->mode == G_EMPTY) gr->mode = G_PW, gr->shape = *ut, gr->split = ut->ndim, gr->rows = numel_of(ut);
+    else if (!same_shape(ut, &gr->shape)) return false;
+    gr->has_col = true;
+    return add(b, i, K_COL), true;
+  }
+  if (fusible(g, n)) {
+    if (gr->mode == G_EMPTY) {
+      if (!operands_ok(b, n, K_FULL)) return false;
+      gr->mode = G_PW, gr->shape = *t, gr->split = t->ndim, gr->rows = numel_of(t);
+      return add(b, i, K_FULL), true;
+    }
+    if (same_shape(t, &gr->shape)) return operands_ok(b, n, K_FULL) ? (add(b, i, K_FULL), true) : false;
+    if (gr->mode == G_ROW && numel_of(t) == gr->rows && operands_ok(b, n, K_ROW)) return add(b, i, K_ROW), true;
+    return false;
+  }
+  int k = trailing_reduction(g, n);
+  if (k >= 0) {
+    int u = ir_operands(g, n)[0];
+    const ir_type *ut = &g->values[u].type;
+    if (b->in_group[u] && kind[u] != K_FULL) return false;
+    if (gr->mode == G_EMPTY) {
+      gr->mode = G_ROW, gr->shape = *ut, gr->split = k, gr->rows = prefix_numel(ut, k);
+      if (!operands_ok(b, n, K_FULL)) return gr->mode = G_EMPTY, false;
+      return add(b, i, K_ROW), true;
+    }
+    if (!same_shape(ut, &gr->shape)) return false;
+    if (gr->mode == G_ROW) return k == gr->split && operands_ok(b, n, K_FULL) ? (add(b, i, K_ROW), true) : false;
+    /* a pointwise group over S becomes a row kernel */
+    if (gr->has_col) return false;
+    group saved = *gr;
+    gr->mode = G_ROW, gr->split = k, gr->rows = prefix_numel(ut, k);
+    if (!group_operands_ok(b, K_FULL) || !operands_ok(b, n, K_FULL)) return *gr = saved, false;
+    return add(b, i, K_ROW), true;
+  }
+  if (!(prim_get(n->op)->flags & P_VIEW) || n->n_in != 1) return false;
+  int u = ir_operands(g, n)[0];
+  if (!b->in_group[u]) return false;
+  const ir_type *ut = &g->values[u].type;
+  if (n->op == EM_PRIM_DETACH) return add(b, i, kind[u]), true;
+  if (kind[u] == K_ROW && (n->op == EM_PRIM_RESHAPE || n->op == EM_PRIM_SQUEEZE || n->op == EM_PRIM_UNSQUEEZE))
+    return add(b, i, K_ROW), true;
+  if (n->op != EM_PRIM_EXPAND || ut->ndim != t->ndim) return false;
+  /* a broadcast of per-row values over the trailing dims */
+  k = ut->ndim;
+  while (k > 0 && ut->sizes[k - 1] == 1) k--;
+  for (int d = 0; d < k; d++)
+    if (ut->sizes[d] != t->sizes[d]) return false;
+  if (k == t->ndim) return false;
+  if (gr->mode == G_ROW) {
+    if (kind[u] != K_ROW || !same_shape(t, &gr->shape) || prefix_numel(t, k) != gr->rows) return false;
+    return add(b, i, K_FULL), true;
+  }
+  /* a pointwise group over per-row values becomes a row kernel over t */
+  if (gr->mode != G_PW || gr->has_col || numel_of(&gr->shape) != prefix_numel(t, k)) return false;
+  group saved = *gr;
+  gr->mode = G_ROW, gr->shape = *t, gr->split = k, gr->rows = prefix_numel(t, k);
+  if (!group_operands_ok(b, K_ROW)) return *gr = saved, false;
+  set_kind_all(b, K_ROW);
+  return add(b, i, K_FULL), true;
+}
+
+static bool contains(const int *a, int n, int v) {
+  for (int i = 0; i < n; i++)
+    if (a[i] == v) return true;
+  return false;
+}
+
+/* Closes the open group into a kernel step. In-group broadcasts that later steps read are
+ * made again after the kernel, as views of their operand (which the kernel then stores). */
+static bool close_group(builder *b) {
+  group *gr = &b->gr;
+  int n = gr->n;
+  if (!n) return gr->mode = G_EMPTY, gr->has_col = false, true;
+  ind_program *p = b->p;
+  const ir_graph *g = p->g;
+  if (p->n_kernels == b->cap_kernels) {
+    int c = b->cap_kernels ? 2 * b->cap_kernels : 16;
+    kernel *k = realloc(p->kernels, sizeof(kernel) * (size_t)c);
+    if (!k) return false;
+    p->kernels = k, b->cap_kernels = c;
+  }
+  kernel *k = &p->kernels[p->n_kernels];
+  memset(k, 0, sizeof *k);
+  k->nodes = malloc(sizeof(int) * (size_t)n);
+  k->in = malloc(sizeof(int) * (size_t)(n * 3 + 1));
+  k->out = malloc(sizeof(int) * (size_t)(2 * n + 1));
+  int *redo = malloc(sizeof(int) * (size_t)(n + 1)), n_redo = 0;
+  if (!k->nodes || !k->in || !k->out || !redo) {
+    free(k->nodes), free(k->in), free(k->out), free(redo);
+    return false;
+  }
+  memcpy(k->nodes, gr->nodes, sizeof(int) * (size_t)n);
+  k->n_nodes = n;
+  k->row = gr->mode == G_ROW;
+  k->has_col = gr->has_col;
+  k->shape = gr->shape;
+  k->split = k->row ? gr->split : gr->shape.ndim;
+  for (int i = 0; i < n; i++) {
+    const ir_node *x = &g->nodes[gr->nodes[i]];
+    for (int a = 0; a < x->n_in; a++) {
+      int v = ir_operands(g, x)[a];
+      if (!b->in_group[v] && !contains(k->in, k->n_in, v)) k->in[k->n_in++] = v;
+    }
+  }
+  /* outputs: results read after the kernel or returned (hoisted views between the group's
+   * nodes cannot read a group value: see hoistable) */
+  int last = gr->nodes[n - 1];
+  for (int i = n - 1; i >= 0; i--) {
+    const ir_node *x = &g->nodes[gr->nodes[i]];
+    int v = x->out;
+    if (contains(k->out, k->n_out, v)) continue; /* already: the operand of a broadcast made again */
+    bool used = false;
+    for (int o = 0; o < g->n_outputs && !used; o++) used = g->outputs[o] == v;
+    for (int j = last + 1; j < g->n_nodes && !used; j++)
+      used = contains(ir_operands(g, &g->nodes[j]), g->nodes[j].n_in, v);
+    if (!used) continue;
+    if (x->op == EM_PRIM_EXPAND) { /* stored, it would not have the view's layout */
+      redo[n_redo++] = gr->nodes[i];
+      int u = ir_operands(g, x)[0];
+      if (!contains(k->out, k->n_out, u)) k->out[k->n_out++] = u;
+    } else {
+      k->out[k->n_out++] = v;
+    }
+  }
+  /* in graph order, so a later output of the same group is after the values it reads */
+  for (int i = 0; i < k->n_out; i++)
+    for (int j = i + 1; j < k->n_out; j++)
+      if (k->out[j] < k->out[i]) {
+        int t = k->out[i];
+        k->out[i] = k->out[j], k->out[j] = t;
+      }
+  snprintf(k->name, sizeof k->name, "k%d", p->n_kernels); /* renamed after the module's key */
+  for (int i = 0; i < n; i++) b->in_group[g->nodes[gr->nodes[i]].out] = false;
+  p->n_kernels++;
+  bool ok = push_step(b, (step){-1, p->n_kernels - 1, -1, false, 0, NULL});
+  for (int i = n_redo - 1; ok && i >= 0; i--) ok = push_step(b, (step){redo[i], -1, -1, false, 0, NULL});
+  free(redo);
+  gr->n = 0, gr->mode = G_EMPTY, gr->has_col = false;
+  return ok;
+}
+
+/* A contiguous copy of a transposed product, clone(permute(matmul(a, b))) with the last two dims
+ * swapped (the gradient of a weight, as the autograd engine accumulates it), is the product
+ * b^T a^T, which the GEMM library writes contiguous directly: no transposing copy. The rounding
+ * may differ from eager's (the library may sum in another order). */
+static void find_transposed_products(builder *b) {
+  const ir_graph *g = b->p->g;
+  int *uses = malloc(sizeof(int) * (size_t)(g->n_values + 1));
+  int *def = malloc(sizeof(int) * (size_t)(g->n_values + 1));
+  if (!uses || !def) {
+    free(uses), free(def);
+    return; /* an optimisation: without it the copies run */
+  }
+  ir_count_uses(g, uses);
+  for (int v = 0; v < g->n_values; v++) def[v] = -1;
+  for (int i = 0; i < g->n_nodes; i++) def[g->nodes[i].out] = i;
+  for (int i = 0; i < g->n_nodes; i++) {
+    const ir_node *c = &g->nodes[i];
+    if (c->op != EM_PRIM_CLONE) continue;
+    int v = ir_operands(g, c)[0];
+    if (def[v] < 0 || uses[v] != 1 || g->nodes[def[v]].op != EM_PRIM_PERMUTE) continue;
+    const ir_node *t = &g->nodes[def[v]];
+    int nd = t->attrs.n_axes;
+    bool swap = nd >= 2 && t->attrs.axes[nd - 1] == nd - 2 && t->attrs.axes[nd - 2] == nd - 1;
+    for (int d = 0; swap && d < nd - 2; d++) swap = t->attrs.axes[d] == d;
+    int m = ir_operands(g, t)[0];
+    if (!swap || def[m] < 0 || uses[m] != 1 || g->nodes[def[m]].op != EM_PRIM_MATMUL) continue;
+    const ir_node *mm = &g->nodes[def[m]];
+    const ir_type *ta = &g->values[ir_operands(g, mm)[0]].type, *tb = &g->values[ir_operands(g, mm)[1]].type;
+    if (ta->ndim < 2 || tb->ndim < 2 || ta->dtype != EM_F32 || tb->dtype != EM_F32) continue;
+    b->tmat[i] = def[m];
+    b->skip[def[m]] = b->skip[def[v]] = true;
+  }
+  /* a clone (the autograd engine's copy of a gradient it keeps) of a value made inside the graph
+   * that nothing else reads copies nothing: the clone is that tensor */
+  for (int i = 0; i < g->n_nodes; i++) {
+    const ir_node *c = &g->nodes[i];
+    if (c->op != EM_PRIM_CLONE || b->tmat[i] >= 0) continue;
+    int v = ir_operands(g, c)[0];
+    bool output = false;
+    for (int o = 0; o < g->n_outputs; o++) output |= g->outputs[o] == v;
+    b->alias[i] = def[v] >= 0 && uses[v] == 1 && !output;
+  }
+  free(uses), free(def);
+}
+
+static bool schedule(builder *b) {
+  const ir_graph *g = b->p->g;
+  b->gr.nodes = malloc(sizeof(int) * (size_t)(g->n_nodes + 1));
+  b->in_group = calloc((size_t)(g->n_values + 1), 1);
+  b->tmat = malloc(sizeof(int) * (size_t)(g->n_nodes + 1));
+  b->skip = calloc((size_t)g->n_nodes + 1, 1);
+  b->alias = calloc((size_t)g->n_nodes + 1, 1);
+  bool ok = b->gr.nodes && b->in_group && b->tmat && b->skip && b->alias;
+  for (int i = 0; ok && i < g->n_nodes; i++) b->tmat[i] = -1;
+  if (ok) find_transposed_products(b);
+  for (int i = 0; ok && i < g->n_nodes; i++) {
+    const ir_node *x = &g->nodes[i];
+    if (b->skip[i]) continue;
+    if (b->tmat[i] < 0 && !b->alias[i] && try_add(b, i)) continue;
+    if (b->gr.n && hoistable(g, x, b->in_group)) {
+      ok = push_step(b, (step){i, -1, b->tmat[i], b->alias[i], 0, NULL});
+      continue;
+    }
+    ok = close_group(b) &&
+         ((b->tmat[i] < 0 && !b->alias[i] && try_add(b, i)) || push_step(b, (step){i, -1, b->tmat[i], b->alias[i], 0, NULL}));
+  }
+  ok = ok && close_group(b);
+  free(b->gr.nodes), free(b->in_group), free(b->tmat), free(b->skip), free(b->alias);
+  return ok;
+}
+
+/* Memory planning over the schedule. Each value gets the last step that reads it; a view shares
+ * its base's storage (its alias root), so a root's storage lives until the last read of any of
+ * its views. Then:
+ *  - each step releases the tensors whose last reader it is (graph outputs are kept);
+ *  - the intermediates that kernels store (not graph outputs, nor viewed by one) get fixed
+ *    byte offsets in one arena per run, placed greedily by size so that two whose lifetimes
+ *    overlap never share bytes (the order TFLite's planner uses);
+ *  - for in-place updates, each input's last reader and each output's producing kernel. */
+static bool plan_memory(ind_program *p) {
+  const ir_graph *g = p->g;
+  int nv = g->n_values, ns = p->n_steps;
+  int *last = malloc(sizeof(int) * (size_t)(nv + 1)), *root = malloc(sizeof(int) * (size_t)(nv + 1));
+  int *prod = malloc(sizeof(int) * (size_t)(nv + 1)), *end = malloc(sizeof(int) * (size_t)(nv + 1));
+  int *count = calloc((size_t)ns + 1, sizeof(int));
+  bool *pinned = calloc((size_t)nv + 1, 1), *stored = calloc((size_t)nv + 1, 1);
+  p->arena_off = malloc(sizeof(int64_t) * (size_t)(nv + 1));
+  p->out_step = malloc(sizeof(int) * (size_t)(g->n_outputs + 1));
+  p->in_last_read = malloc(sizeof(int) * (size_t)(g->n_inputs + 1));
+  p->in_view_read = malloc(sizeof(int) * (size_t)(g->n_inputs + 1));
+  p->in_returned = calloc((size_t)g->n_inputs + 1, 1);
+  bool ok = last && root && prod && end && count && pinned && stored && p->arena_off && p->out_step && p->in_last_read &&
+            p->in_view_read && p->in_returned;
+  for (int v = 0; ok && v < nv; v++) last[v] = prod[v] = -1, root[v] = v, p->arena_off[v] = -1;
+  for (int s = 0; ok && s < ns; s++) {
+    const step *st = &p->steps[s];
+    if (st->node >= 0) {
+      const ir_node *n = &g->nodes[st->node];
+      const ir_node *r = st->tmat >= 0 ? &g->nodes[st->tmat] : n; /* a lowered clone reads the product's operands */
+      for (int a = 0; a < r->n_in; a++) last[ir_operands(g, r)[a]] = s;
+      prod[n->out] = s;
+      if (((prim_get(n->op)->flags & P_VIEW) || st->alias) && st->tmat < 0) root[n->out] = root[ir_operands(g, n)[0]];
+    } else {
+      const kernel *k = &p->kernels[st->kernel];
+      for (int i = 0; i < k->n_in; i++) last[k->in[i]] = s;
+      for (int i = 0; i < k->n_out; i++) prod[k->out[i]] = s, stored[k->out[i]] = true;
+    }
+  }
+  for (int v = 0; ok && v < nv; v++) end[v] = prod[v];
+  for (int v = 0; ok && v < nv; v++)
+    if (last[v] > end[root[v]]) end[root[v]] = last[v];
+  for (int o = 0; ok && o < g->n_outputs; o++) pinned[root[g->outputs[o]]] = true;
+  /* releases: a header at its own last read (its storage lives on in its views) */
+  for (int v = 0; ok && v < nv; v++) {
+    int at = last[v] > prod[v] ? last[v] : prod[v];
+    if (at < 0) continue;
+    bool output = false;
+    for (int o = 0; o < g->n_outputs && !output; o++) output = g->outputs[o] == v;
+    if (!output) count[at]++;
+  }
+  for (int s = 0; ok && s < ns; s++)
+    if (count[s]) ok = (p->steps[s].release = malloc(sizeof(int) * (size_t)count[s])) != NULL;
+  for (int v = 0; ok && v < nv; v++) {
+    int at = last[v] > prod[v] ? last[v] : prod[v];
+    bool output = false;
+    for (int o = 0; o < g->n_outputs && !output; o++) output = g->outputs[o] == v;
+    if (at >= 0 && !output) p->steps[at].release[p->steps[at].n_release++] = v;
+  }
+  /* the arena: greedy by size, first offset clear of every placed value live at the same time */
+  int n_cand = 0;
+  int *cand = ok ? malloc(sizeof(int) * (size_t)(nv + 1)) : NULL;
+  ok = ok && cand;
+  for (int v = 0; ok && v < nv; v++)
+    if (stored[v] && !pinned[v] && numel_of(&g->values[v].type) > 0) cand[n_cand++] = v;
+  for (int i = 0; ok && i < n_cand; i++) /* by size, largest first */
+    for (int j = i + 1; j < n_cand; j++) {
+      const ir_type *ti = &g->values[cand[i]].type, *tj = &g->values[cand[j]].type;
+      if (numel_of(tj) * (int64_t)em_dtype_size(tj->dtype) > numel_of(ti) * (int64_t)em_dtype_size(ti->dtype)) {
+        int t = cand[i];
+        cand[i] = cand[j], cand[j] = t;
+      }
+    }
+  p->arena_bytes = 0;
+  for (int i = 0; ok && i < n_cand; i++) {
+    int v = cand[i];
+    const ir_type *t = &g->values[v].type;
+    int64_t size = (numel_of(t) * (int64_t)em_dtype_size(t->dtype) + 63) / 64 * 64, off = 0;
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (int j = 0; j < i; j++) {
+        int u = cand[j];
+        const ir_type *tu = &g->values[u].type;
+        int64_t us = (numel_of(tu) * (int64_t)em_dtype_size(tu->dtype) + 63) / 64 * 64;
+        bool overlap_time = !(end[u] < prod[v] || end[v] < prod[u]);
+        if (overlap_time && off < p->arena_off[u] + us && p->arena_off[u] < off + size) off = p->arena_off[u] + us, moved = true;
+      }
+    }
+    p->arena_off[v] = off;
+    if (off + size > p->arena_bytes) p->arena_bytes = off + size;
+  }
+  /* the peak of stored bytes live at once, arena and outputs together */
+  p->planned_peak = 0;
+  for (int s = 0; ok && s < ns; s++) {
+    int64_t live = 0;
+    for (int v = 0; v < nv; v++)
+      if (stored[v] && prod[v] <= s && (pinned[v] || end[v] >= s))
+        live += numel_of(&g->values[v].type) * (int64_t)em_dtype_size(g->values[v].type.dtype);
+    if (live > p->planned_peak) p->planned_peak = live;
+  }
+  /* in-place updates */
+  for (int o = 0; ok && o < g->n_outputs; o++) {
+    int v = g->outputs[o], s = prod[v];
+    p->out_step[o] = s >= 0 && p->steps[s].kernel >= 0 && !p->kernels[p->steps[s].kernel].row ? s : -1;
+  }
+  for (int i = 0; ok && i < g->n_inputs; i++) {
+    int x = g->inputs[i];
+    p->in_last_read[i] = end[x];
+    p->in_view_read[i] = -1;
+    p->in_returned[i] = pinned[x];
+    for (int v = 0; v < nv; v++)
+      if (v != x && root[v] == x && last[v] > p->in_view_read[i]) p->in_view_read[i] = last[v];
+  }
+  free(last), free(root), free(prod), free(end), free(count), free(pinned), free(stored), free(cand);
+  return ok;
+}
+
+/* Whether output o may be stored straight into input i (an in-place update the caller would
+ * otherwise copy back): a pointwise kernel stores it, after every other read of i and of its
+ * views, reading i (if at all) at the element it writes; i is not returned and has o's layout. */
+bool ind_donatable(const ind_program *p, int o, int i) {
+  const ir_graph *g = p->g;
+  int s = p->out_step[o];
+  if (s < 0 || p->in_last_read[i] > s || p->in_view_read[i] >= s || p->in_returned[i]) return false;
+  const ir_type *t = &g->values[g->outputs[o]].type;
+  const prim_meta *m = &p->in_meta[i];
+  if (m->dtype != t->dtype || m->ndim != t->ndim || memcmp(m->sizes, t->sizes, sizeof(int64_t) * (size_t)t->ndim) ||
+      !ir_is_contiguous(m->ndim, m->sizes, m->strides))
+    return false;
+  for (int q = 0; q < g->n_outputs; q++) /* one value, one buffer */
+    if (q != o && g->outputs[q] == g->outputs[o]) return false;
+  return true;
+}
+
+/* EMBER_LOGS=schedule: each kernel's nodes, iteration space and bytes moved. */
+void ind_describe_schedule(ind_program *p) {
+  const ir_graph *g = p->g;
+  size_t cap = 256, len = 0;
+  char *t = malloc(cap);
+  for (int s = 0; t && s < p->n_steps; s++) {
+    char line[512];
+    int n = 0;
+    if (p->steps[s].node >= 0) {
+      const ir_node *x = &g->nodes[p->steps[s].node];
+      const step *st = &p->steps[s];
+      if (st->tmat >= 0)
+        n = snprintf(line, sizeof line, "  step %d: %%%d = matmul(%%%d^T, %%%d^T) (GEMM library; the clone of a transposed product)\n", s,
+                     x->out, ir_operands(g, &g->nodes[st->tmat])[1], ir_operands(g, &g->nodes[st->tmat])[0]);
+      else if (st->alias)
+        n = snprintf(line, sizeof line, "  step %d: %%%d = clone(%%%d): the same tensor (nothing else reads it)\n", s, x->out,
+                     ir_operands(g, x)[0]);
+      else
+        n = snprintf(line, sizeof line, "  step %d: %%%d = %s (%s)\n", s, x->out, prim_get(x->op)->name,
+                     prim_get(x->op)->flags & P_EXTERN ? "library" : prim_get(x->op)->flags & P_VIEW ? "view" : "eager kernel");
+    } else {
+      kernel *k = &p->kernels[p->steps[s].kernel];
+      int64_t bytes = 0;
+      for (int i = 0; i < k->n_in; i++) bytes += numel_of(&g->values[k->in[i]].type) * (int64_t)em_dtype_size(g->values[k->in[i]].type.dtype);
+      for (int i = 0; i < k->n_out; i++) bytes += numel_of(&g->values[k->out[i]].type) * (int64_t)em_dtype_size(g->values[k->out[i]].type.dtype);
+      k->bytes = bytes;
+      n = snprintf(line, sizeof line, "  step %d: %s, %s kernel over [", s, k->name,
+                   k->row ? "row" : k->has_col ? "pointwise + column reduction" : "pointwise");
+      for (int d = 0; d < k->shape.ndim && n < 400; d++)
+        n += snprintf(line + n, sizeof line - (size_t)n, "%s%lld%s", d ? "," : "", (long long)k->shape.sizes[d],
+                      k->row && d == k->split - 1 ? " |" : "");
+      n += snprintf(line + n, sizeof line - (size_t)n, "], %d nodes (", k->n_nodes);
+      for (int i = 0; i < k->n_nodes && n < 440; i++)
+        n += snprintf(line + n, sizeof line - (size_t)n, "%s%s", i ? " " : "", prim_get(g->nodes[k->nodes[i]].op)->name);
+      if (n >= 440) n = 440 + snprintf(line + 440, sizeof line - 440, " ...");
+      n += snprintf(line + n, sizeof line - (size_t)n, "), %d in, %d out, %lld bytes\n", k->n_in, k->n_out, (long long)bytes);
+      if (n > (int)sizeof line - 1) n = (int)sizeof line - 1;
+      if (k->loop_ir) { /* the line, then the loop IR after it */
+        size_t extra = strlen(k->loop_ir);
+        if (len + (size_t)n + extra + 1 > cap) {
+          while (len + (size_t)n + extra + 1 > cap) cap *= 2;
+          char *nt = realloc(t, cap);
+          if (!nt) {
+            free(t);
+            t = NULL;
+            break;
+          }
+          t = nt;
+        }
+        memcpy(t + len, line, (size_t)n), len += (size_t)n;
+        memcpy(t + len, k->loop_ir, extra), len += extra;
+        t[len] = 0;
+        continue;
+      }
+    }
+    if (n > (int)sizeof line - 1) n = (int)sizeof line - 1;
+    if (len + (size_t)n + 1 > cap) {
+      while (len + (size_t)n + 1 > cap) cap *= 2;
+      char *nt = realloc(t, cap);
+      if (!nt) { free(t); t = NULL; break; }
+      t = nt;
+    }
+    memcpy(t + len, line, (size_t)n), len += (size_t)n;
+    t[len] = 0;
+  }
+  p->schedule_text = t;
+}
+
+
+bool ind_schedule_program(ind_program *p, const prim_meta *meta) {
+  builder b = {p, meta};
+  return schedule(&b) && plan_memory(p);
+}
