@@ -171,6 +171,34 @@ typedef struct buf_access {
  * element offsets off[] (outputs first). */
 static LLVMValueRef combine(cg *c, em_prim op, LLVMValueRef a, LLVMValueRef x);
 
+/* One element (w == 1) or w lanes of a buffer at element offset off: a vector load when the
+ * lanes are contiguous, else one load broadcast; bool buffers hold bytes, values are i1. */
+static LLVMValueRef load_elem(cg *c, LLVMValueRef base, LLVMValueRef off, em_dtype dt, int w, bool contiguous) {
+  LLVMBuilderRef b = c->b;
+  bool is_bool = dt == EM_BOOL;
+  LLVMTypeRef et = is_bool ? c->i8 : c->f32;
+  LLVMValueRef p = LLVMBuildGEP2(b, et, base, &off, 1, "");
+  LLVMValueRef x;
+  if (w > 1 && contiguous) {
+    x = LLVMBuildLoad2(b, is_bool ? c->vi8 : c->vf32, p, "");
+    LLVMSetAlignment(x, is_bool ? 1 : 4);
+  } else {
+    x = LLVMBuildLoad2(b, et, p, "");
+    LLVMSetAlignment(x, is_bool ? 1 : 4);
+    x = splat(c, x, w);
+  }
+  if (is_bool) x = LLVMBuildICmp(b, LLVMIntNE, x, LLVMConstNull(w == 1 ? c->i8 : c->vi8), "");
+  return x;
+}
+
+/* Stores x (w lanes, contiguous) at element offset off. */
+static void store_elem(cg *c, LLVMValueRef base, LLVMValueRef off, em_dtype dt, LLVMValueRef x, int w) {
+  bool is_bool = dt == EM_BOOL;
+  if (is_bool) x = LLVMBuildZExt(c->b, x, w == 1 ? c->i8 : c->vi8, "");
+  LLVMValueRef p = LLVMBuildGEP2(c->b, is_bool ? c->i8 : c->f32, base, &off, 1, "");
+  LLVMSetAlignment(LLVMBuildStore(c->b, x, p), is_bool ? 1 : 4);
+}
+
 /* `void name(char **bufs, i64 r0, i64 r1, i64 j0, i64 j1, float *scratch)` for the host CPU. */
 static LLVMValueRef kernel_function(cg *c, const char *name) {
   LLVMTypeRef params[6] = {c->ptr, c->i64, c->i64, c->i64, c->i64, c->ptr};
@@ -183,24 +211,9 @@ static LLVMValueRef kernel_function(cg *c, const char *name) {
 
 static void emit_body(cg *c, const ir_graph *g, const kernel *k, LLVMValueRef *base, LLVMValueRef *off,
                       const buf_access *acc, int inner, int w, LLVMValueRef *vals) {
-  LLVMBuilderRef b = c->b;
   for (int i = 0; i < k->n_in; i++) {
     const buf_access *a = &acc[k->n_out + i];
-    bool is_bool = a->dtype == EM_BOOL;
-    LLVMTypeRef et = is_bool ? c->i8 : c->f32;
-    LLVMValueRef p = LLVMBuildGEP2(b, et, base[k->n_out + i], &off[k->n_out + i], 1, "");
-    LLVMValueRef x;
-    if (w > 1 && a->strides[inner] == 1) {
-      LLVMTypeRef vt = is_bool ? c->vi8 : c->vf32;
-      x = LLVMBuildLoad2(b, vt, p, "");
-      LLVMSetAlignment(x, is_bool ? 1 : 4);
-    } else {
-      x = LLVMBuildLoad2(b, et, p, "");
-      LLVMSetAlignment(x, is_bool ? 1 : 4);
-      x = splat(c, x, w);
-    }
-    if (is_bool) x = LLVMBuildICmp(b, LLVMIntNE, x, LLVMConstNull(w == 1 ? c->i8 : c->vi8), "");
-    vals[k->in[i]] = x;
+    vals[k->in[i]] = load_elem(c, base[k->n_out + i], off[k->n_out + i], a->dtype, w, a->strides[inner] == 1);
   }
   for (int j = 0; j < k->n_nodes; j++) {
     const ir_node *n = &g->nodes[k->nodes[j]];
@@ -209,18 +222,10 @@ static void emit_body(cg *c, const ir_graph *g, const kernel *k, LLVMValueRef *b
     vals[n->out] = col ? vals[ir_operands(g, n)[0]] : emit_node(c, g, n, vals, w);
   }
   for (int i = 0; i < k->n_out; i++) {
-    bool is_bool = acc[i].dtype == EM_BOOL;
     LLVMValueRef x = vals[k->out[i]];
-    if (acc[i].col != (em_prim)-1) { /* out[column] = out[column] op x */
-      LLVMValueRef p = LLVMBuildGEP2(b, c->f32, base[i], &off[i], 1, "");
-      LLVMValueRef old = LLVMBuildLoad2(b, w > 1 ? c->vf32 : c->f32, p, "");
-      LLVMSetAlignment(old, 4);
-      x = combine(c, acc[i].col, old, x);
-    }
-    if (is_bool) x = LLVMBuildZExt(b, x, w == 1 ? c->i8 : c->vi8, "");
-    LLVMValueRef p = LLVMBuildGEP2(b, is_bool ? c->i8 : c->f32, base[i], &off[i], 1, "");
-    LLVMValueRef st = LLVMBuildStore(b, x, p);
-    LLVMSetAlignment(st, is_bool ? 1 : 4);
+    if (acc[i].col != (em_prim)-1) /* out[column] = out[column] op x */
+      x = combine(c, acc[i].col, load_elem(c, base[i], off[i], EM_F32, w, true), x);
+    store_elem(c, base[i], off[i], acc[i].dtype, x, w);
   }
 }
 
@@ -440,30 +445,7 @@ static LLVMValueRef combine(cg *c, em_prim op, LLVMValueRef a, LLVMValueRef x) {
 }
 
 
-static LLVMValueRef load_elem(cg *c, LLVMValueRef base, LLVMValueRef off, em_dtype dt, int w, bool contiguous) {
-  LLVMBuilderRef b = c->b;
-  bool is_bool = dt == EM_BOOL;
-  LLVMTypeRef et = is_bool ? c->i8 : c->f32;
-  LLVMValueRef p = LLVMBuildGEP2(b, et, base, &off, 1, "");
-  LLVMValueRef x;
-  if (w > 1 && contiguous) {
-    x = LLVMBuildLoad2(b, is_bool ? c->vi8 : c->vf32, p, "");
-    LLVMSetAlignment(x, is_bool ? 1 : 4);
-  } else {
-    x = LLVMBuildLoad2(b, et, p, "");
-    LLVMSetAlignment(x, is_bool ? 1 : 4);
-    x = splat(c, x, w);
-  }
-  if (is_bool) x = LLVMBuildICmp(b, LLVMIntNE, x, LLVMConstNull(w == 1 ? c->i8 : c->vi8), "");
-  return x;
-}
 
-static void store_elem(cg *c, LLVMValueRef base, LLVMValueRef off, em_dtype dt, LLVMValueRef x, int w) {
-  bool is_bool = dt == EM_BOOL;
-  if (is_bool) x = LLVMBuildZExt(c->b, x, w == 1 ? c->i8 : c->vi8, "");
-  LLVMValueRef p = LLVMBuildGEP2(c->b, is_bool ? c->i8 : c->f32, base, &off, 1, "");
-  LLVMSetAlignment(LLVMBuildStore(c->b, x, p), is_bool ? 1 : 4);
-}
 
 /* The value of v at column j of the current row in pass `pass`, w lanes. */
 static LLVMValueRef row_get(rowgen *r, int v, int pass, LLVMValueRef j, int w) {
