@@ -27,8 +27,7 @@ struct aot_compiled {
   int *diff_output;     /* [n_diff] forward output index */
   int *grad_primal;     /* [bwd outputs] primal the gradient belongs to */
   bool use_inductor;
-  ind_program *ind[2];  /* forward, backward: compiled at first run */
-  bool ind_failed[2];
+  ind_variants ind[2]; /* forward, backward: compiled at the first run with each layout */
 };
 
 void aot_set_inductor(aot_compiled *a, bool use_inductor) { a->use_inductor = use_inductor; }
@@ -40,15 +39,8 @@ static bool run_graph(aot_compiled *a, int which, em_tensor *const *in, int n_in
   const ir_graph *g = which ? a->split.bwd : a->split.fwd;
   bool random = false;
   for (int i = 0; i < g->n_nodes && !random; i++) random = prim_get(g->nodes[i].op)->flags & P_RANDOM;
-  if (a->use_inductor && !random && !rt_grad_enabled() && !a->ind_failed[which]) {
-    if (!a->ind[which]) {
-      char err[256];
-      a->ind[which] = ind_compile(g, in, NULL, err, sizeof err);
-      a->ind_failed[which] = !a->ind[which];
-    }
-    if (a->ind[which] && ind_accepts(a->ind[which], in, n_in)) /* else another layout: interpret */
-      return ind_run(a->ind[which], in, n_in, out, NULL, site);
-  }
+  ind_program *p = a->use_inductor && !random && !rt_grad_enabled() ? ind_variant(&a->ind[which], g, in, n_in) : NULL;
+  if (p) return ind_run(p, in, n_in, out, NULL, site); /* else the interpreter runs it */
   return rt_interpret(g, in, n_in, out, opts, site);
 }
 
@@ -58,7 +50,7 @@ void aot_release(aot_compiled *a) {
   if (!a || __atomic_sub_fetch(&a->refcount, 1, __ATOMIC_ACQ_REL) != 0) return;
   aot_joint_info_free(&a->info);
   aot_split_free(&a->split);
-  ind_free(a->ind[0]), ind_free(a->ind[1]);
+  ind_variants_free(&a->ind[0]), ind_variants_free(&a->ind[1]);
   free(a->diff_output), free(a->grad_primal);
   free(a);
 }

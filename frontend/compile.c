@@ -57,8 +57,7 @@ typedef struct fe_graph {
   aot_compiled *aot;
   bool no_grad; /* the graph holds its own backward (em_backward traced): run it without autograd */
   bool inductor;          /* backend inductor: run g as generated kernels when no autograd is needed */
-  ind_program *ind;       /* compiled at the first such run, for the layouts of that run */
-  bool ind_failed;
+  ind_variants ind;       /* compiled at the first run with each input layout */
 } fe_graph;
 
 typedef struct entry {
@@ -281,7 +280,7 @@ static void fe_graph_free(fe_graph *fg) {
   if (!fg) return;
   ir_graph_free(fg->g);
   aot_release(fg->aot);
-  ind_free(fg->ind);
+  ind_variants_free(&fg->ind);
   free(fg);
 }
 
@@ -371,17 +370,11 @@ static bool fe_run(const fe_graph *cfg, em_tensor *const *in, int n_in, em_tenso
   for (int i = 0; i < n_in && !needs_autograd; i++) needs_autograd = rt_grad_enabled() && in[i]->requires_grad;
   bool random = false;
   for (int i = 0; i < fg->g->n_nodes && !random; i++) random = prim_get(fg->g->nodes[i].op)->flags & P_RANDOM;
-  if (fg->inductor && !needs_autograd && !random && !fg->ind_failed) {
-    if (!fg->ind) { /* logged by inductor_compiled or inductor_failed */
-      char err[256];
-      fg->ind = ind_compile(fg->g, in, NULL, err, sizeof err);
-      fg->ind_failed = !fg->ind;
-    }
-    if (fg->ind && ind_accepts(fg->ind, in, n_in)) { /* else another layout: interpret */
-      bool ok = ind_run(fg->ind, in, n_in, out, donate, site);
-      if (fg->no_grad) em_set_grad_enabled(prev);
-      return ok;
-    }
+  ind_program *prog = fg->inductor && !needs_autograd && !random ? ind_variant(&fg->ind, fg->g, in, n_in) : NULL;
+  if (prog) { /* else the interpreter runs it */
+    bool ok = ind_run(prog, in, n_in, out, donate, site);
+    if (fg->no_grad) em_set_grad_enabled(prev);
+    return ok;
   }
   bool ok = rt_interpret(fg->g, in, n_in, out, &(rt_interp_opts){.fresh_rng = true}, site);
   if (fg->no_grad) em_set_grad_enabled(prev);

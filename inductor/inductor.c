@@ -107,3 +107,18 @@ static ind_program *compile(const ir_graph *graph, em_tensor *const *inputs, ind
 }
 
 ind_stats ind_program_stats(const ind_program *p) { return p->stats; }
+
+ind_program *ind_variant(ind_variants *v, const ir_graph *g, em_tensor *const *in, int n_in) {
+  for (int i = 0; i < v->n; i++)
+    if (ind_accepts(v->p[i], in, n_in)) return v->p[i];
+  if (v->failed || v->n == IND_MAX_VARIANTS) return NULL;
+  char err[256]; /* reported through the failure hook */
+  ind_program *p = ind_compile(g, in, NULL, err, sizeof err);
+  if (!p) return v->failed = true, NULL;
+  return v->p[v->n++] = p;
+}
+
+void ind_variants_free(ind_variants *v) {
+  for (int i = 0; i < v->n; i++) ind_free(v->p[i]);
+  v->n = 0;
+}

@@ -74,6 +74,18 @@ ind_stats ind_program_stats(const ind_program *p);
 int64_t ind_failures(void);
 /* Tests: with a reason, every ind_compile fails with it; NULL restores normal compiles. */
 void ind_debug_fail(const char *reason);
+/* The programs of one graph, one per input layout met (strides differ between calls when an
+ * input is sometimes a transposed or sliced view): at most IND_MAX_VARIANTS, then the graph
+ * runs op by op for new layouts. Zero-initialise. */
+enum { IND_MAX_VARIANTS = 4 };
+typedef struct ind_variants {
+  ind_program *p[IND_MAX_VARIANTS];
+  int n;
+  bool failed; /* a compile failed: do not try again (the reason was reported) */
+} ind_variants;
+/* The program for these inputs' layouts, compiled now if new; NULL: run g op by op. */
+ind_program *ind_variant(ind_variants *v, const ir_graph *g, em_tensor *const *inputs, int n_inputs);
+void ind_variants_free(ind_variants *v);
 /* Whether inputs have the dtypes, sizes and strides p was compiled for. */
 bool ind_accepts(const ind_program *p, em_tensor *const *inputs, int n_inputs);
 /* Runs p: outputs receive caller-owned references, as rt_interpret's. donate (NULL, or one entry
