@@ -388,6 +388,29 @@ ETEST(inductor, a_failed_compile_falls_back_op_by_op) {
   em_compiled_free(c);
 }
 
+static em_outputs scaled_softmax(void *ctx, em_tensor *const *in, int n) {
+  return EM_OUTPUTS(em_softmax(em_mul_scalar(in[0], 0.5), 1));
+}
+
+/* The same graph met with another input layout (a transposed view) gets its own program. */
+ETEST(inductor, each_input_layout_gets_its_own_program) {
+  em_manual_seed(12);
+  em_tensor *a = em_randn(EM_F32, EM_SHAPE(33, 40)), *b = em_transpose(em_randn(EM_F32, EM_SHAPE(40, 33)), 0, 1);
+  em_no_grad_begin();
+  em_compiled *c = em_compile(scaled_softmax, NULL);
+  for (int call = 0; call < 4; call++) {
+    em_tensor *x = call % 2 ? b : a;
+    int64_t runs = em_compiled_stats(c).kernel_runs;
+    em_tensor *got = em_call(c, NULL, x).t[0];
+    cr_assert(got, "%s", em_last_error());
+    expect_close(got, scaled_softmax(NULL, &x, 1).t[0], 1e-5, "call", call);
+    cr_assert_gt(em_compiled_stats(c).kernel_runs, runs, "call %d ran generated kernels", call);
+  }
+  cr_assert_eq(em_compiled_stats(c).inductor_fallbacks, 0);
+  em_no_grad_end();
+  em_compiled_free(c);
+}
+
 /* Runs the cache probe n times at once with EMBER_CACHE_DIR=dir; each prints its counters. */
 static void probe(const char *dir, int n, long counts[][4]) {
   const char *exe = getenv("EMBER_CACHE_PROBE");
