@@ -42,7 +42,8 @@
  * transcendental functions agree within their 1 ULP; reductions sum in another order than the
  * eager kernels (vector lanes, then lanes in order), within 1e-5 relative in the tests.
  *
- * Programs are specialised to the dtypes, sizes and strides of their inputs (ind_accepts). */
+ * Programs are specialised to the dtypes, sizes and strides of their inputs (ind_accepts); a
+ * graph keeps one per input layout met (ind_variant). */
 #ifndef EMBER_INDUCTOR_H
 #define EMBER_INDUCTOR_H
 
