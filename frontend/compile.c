@@ -360,8 +360,8 @@ static fe_graph *backend_compile(em_compiled *c, const ir_graph *traced, const b
   return fg;
 }
 
-/* Runs a compiled graph: the AOT pair when there is one, else the interpreter. */
-/* Runs a compiled graph. donate: see ind_run (NULL: none). */
+/* Runs a compiled graph: the AOT pair when there is one, else the inductor's program for these
+ * layouts, else the interpreter. donate: see ind_run (NULL: none). */
 static bool fe_run(const fe_graph *cfg, em_tensor *const *in, int n_in, em_tensor **out, const int *donate, em_site site) {
   fe_graph *fg = (fe_graph *)cfg; /* the lazily compiled program is a cache */
   if (fg->aot) return aot_run(fg->aot, in, n_in, out, site);
