@@ -858,7 +858,10 @@ void em_batch_iter_free(em_batch_iter *it);
  * Mutation. In-place writes inside fn (em_add_ and friends, em_copy_ into a view, SGD updates,
  * batch-norm running statistics) are functionalized: they become out-of-place nodes, and after
  * the graph runs an epilogue writes the new values back into the tensors fn wrote (a write into
- * a view is scattered into its base; other live views of it are regenerated). em_backward is
+ * a view is scattered into its base; other live views of it are regenerated); with the inductor
+ * backend a kernel writes such a value straight into the tensor when nothing reads the old one
+ * afterwards, so an error midway through a call (out of memory) can leave some of those tensors
+ * updated, as an eager optimizer step failing midway would. em_backward is
  * traced like any op, and the .grad it sets is rebound on every replay, so a whole training step
  * (forward, em_backward, optimizer step) is one graph. A trace that leaves new tensors in state
  * outside fn (SGD momentum buffers made on the first step) is not cached: the next call traces

@@ -287,15 +287,22 @@ static void find_transposed_products(builder *b) {
     b->tmat[i] = def[m];
     b->skip[def[m]] = b->skip[def[v]] = true;
   }
-  /* a clone (the autograd engine's copy of a gradient it keeps) of a value made inside the graph
-   * that nothing else reads copies nothing: the clone is that tensor */
+  /* A clone (the autograd engine's copy of a gradient it keeps) of a value made inside the graph
+   * that nothing else can observe copies nothing: the clone is that tensor. Observing means
+   * reading the value, or any value in its chain of views down to the storage's maker, or
+   * returning one of them; the maker must not be a graph input (its storage is the caller's). */
   for (int i = 0; i < g->n_nodes; i++) {
     const ir_node *c = &g->nodes[i];
     if (c->op != EM_PRIM_CLONE || b->tmat[i] >= 0) continue;
+    bool alone = true;
     int v = ir_operands(g, c)[0];
-    bool output = false;
-    for (int o = 0; o < g->n_outputs; o++) output |= g->outputs[o] == v;
-    b->alias[i] = def[v] >= 0 && uses[v] == 1 && !output;
+    for (;;) {
+      for (int o = 0; o < g->n_outputs; o++) alone = alone && g->outputs[o] != v;
+      alone = alone && def[v] >= 0 && uses[v] == 1;
+      if (!alone || !(prim_get(g->nodes[def[v]].op)->flags & P_VIEW)) break;
+      v = ir_operands(g, &g->nodes[def[v]])[0];
+    }
+    b->alias[i] = alone;
   }
   free(uses), free(def);
 }
