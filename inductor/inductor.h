@@ -31,7 +31,7 @@
  * the innermost dimension vectorized 16 lanes wide with AVX-512 (8 with AVX2) plus a scalar
  * tail, every input read through its own strides (0 for broadcast); reductions keep four
  * independent vector accumulators; exp, log, tanh, erf, ... are SLEEF's u10 vector functions
- * (1 ULP) in the vector body and libm in the tail. A short pass pipeline (SROA, early CSE,
+ * (1 ULP), in the scalar tail too (on a broadcast), so no result depends on its lane. A short pass pipeline (SROA, early CSE,
  * instcombine, LICM, GVN) and the host's target machine produce object code, loaded into ORC's
  * LLJIT. Kernels take row and column ranges, so the runtime splits them across OpenMP threads.
  *
@@ -39,7 +39,8 @@
  * BLAKE3 hash of a module's IR, the host CPU and the LLVM version.
  *
  * Numerics: pointwise arithmetic, comparisons, where and conversions are eager's bits;
- * transcendental functions agree within their 1 ULP; reductions sum in another order than the
+ * transcendental functions agree with eager's (SLEEF on contiguous data, libm otherwise) within
+ * their 1 ULP; reductions sum in another order than the
  * eager kernels (vector lanes, then lanes in order), within 1e-5 relative in the tests.
  *
  * Programs are specialised to the dtypes, sizes and strides of their inputs (ind_accepts); a
