@@ -176,7 +176,7 @@ static void llvm_error(LLVMErrorRef e, const char *what, char *err, size_t cap) 
   LLVMDisposeErrorMessage(m);
 }
 
-/* The module text with the kernels' placeholder names (@k<i>) replaced by their final ones
+/* The module text with the kernels' provisional names (@k<i>) replaced by their final ones
  * (@em_<key>_<i>), for EMBER_LOGS=output_code; NULL when out of memory. */
 static char *renamed(const char *text, const char *hex) {
   size_t n = strlen(text), cap = n + n / 8 + 64, len = 0;

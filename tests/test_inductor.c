@@ -320,86 +320,66 @@ ETEST(inductor, every_composite_and_its_gradient_within_tolerance) {
 }
 
 typedef struct trainer {
+  em_model_fn loss_fn;
   net m;
   em_optimizer *opt;
 } trainer;
 
-static em_outputs sgd_step(void *ctx, em_tensor *const *in, int n) {
+/* A whole training step: loss, backward, SGD update. */
+static em_outputs train_step(void *ctx, em_tensor *const *in, int n) {
   trainer *t = ctx;
-  em_tensor *loss = gelu_ln_mlp_fn(&t->m, in, n).t[0];
+  em_tensor *loss = t->loss_fn(&t->m, in, n).t[0];
   em_optimizer_zero_grad(t->opt);
   if (!loss || !em_backward(loss, NULL) || !em_optimizer_step(t->opt)) return EM_OUTPUTS(NULL);
   return EM_OUTPUTS(loss);
 }
 
-/* A whole training step (forward, backward, SGD with momentum) under the default backend: the
- * parameters and momentum buffers are updated in place by the kernels, and after 6 steps every
- * parameter matches eager training within 1e-4 of its scale. */
-ETEST(inductor, whole_training_step_updates_in_place_like_eager) {
+/* Trains two copies of a model made by setup (same seed), one eagerly and one with its whole
+ * step compiled by the default backend (SGD with momentum: the parameters and momentum buffers
+ * updated in place by the kernels); every step's loss and, at the end, every parameter agree
+ * within 1e-4 of their scale. */
+static void compiled_training_matches_eager(em_model_fn loss_fn, void (*setup)(net *), em_tensor *x, em_tensor *y,
+                                            int steps, uint64_t seed) {
   trainer t[2];
   for (int k = 0; k < 2; k++) {
-    em_manual_seed(21);
-    memset(&t[k].m, 0, sizeof t[k].m);
-    models_gelu_ln_mlp(&t[k].m, 40, 32, 24, 10);
+    em_manual_seed(seed);
+    memset(&t[k], 0, sizeof t[k]);
+    t[k].loss_fn = loss_fn;
+    setup(&t[k].m);
     t[k].opt = em_sgd_new(t[k].m.n_params, t[k].m.params, ((em_sgd_opts){0.05, 0.9, 0, 0, false}));
   }
-  em_tensor *x = em_randn(EM_F32, EM_SHAPE(16, 40)), *y = em_randint(0, 10, EM_SHAPE(16));
-  em_compiled *c = em_compile(sgd_step, &(em_compile_options){.name = "sgd_step"});
-  for (int step = 0; step < 6; step++) {
+  em_compiled *c = em_compile(train_step, &(em_compile_options){.name = "train_step"});
+  for (int step = 0; step < steps; step++) {
     em_scope_begin();
-    double le = em_item(sgd_step(&t[0], (em_tensor *[]){x, y}, 2).t[0]);
-    em_tensor *lc = em_call(c, &t[1], x, y).t[0];
-    cr_assert(lc, "%s", em_last_error());
-    cr_assert(fabs(em_item(lc) - le) <= 1e-4 * fabs(le), "step %d: loss %.9g, eager %.9g", step, em_item(lc), le);
-    em_scope_end();
-  }
-  for (int i = 0; i < t[0].m.n_params; i++) {
-    double d = em_item(em_amax(em_abs(em_sub(t[1].m.params[i], t[0].m.params[i])), 0, NULL, false));
-    double s = em_item(em_amax(em_abs(t[0].m.params[i]), 0, NULL, false));
-    cr_assert_leq(d, 1e-4 * s + 1e-6, "parameter %d differs by %g (scale %g)", i, d, s);
-  }
-  em_compile_stats st = em_compiled_stats(c);
-  cr_assert_gt(st.replays, 3, "the step replays");
-  cr_assert_gt(st.kernel_runs, 10);
-  cr_assert_eq(st.inductor_fallbacks, 0);
-  em_compiled_free(c);
-  for (int k = 0; k < 2; k++) em_optimizer_free(t[k].opt);
-}
-
-static em_outputs transformer_step(void *ctx, em_tensor *const *in, int n) {
-  trainer *t = ctx;
-  em_tensor *loss = transformer_fn(&t->m, in, n).t[0];
-  em_optimizer_zero_grad(t->opt);
-  if (!loss || !em_backward(loss, NULL) || !em_optimizer_step(t->opt)) return EM_OUTPUTS(NULL);
-  return EM_OUTPUTS(loss);
-}
-
-/* The decoder-only transformer (small sizes): tied embeddings (a parameter read as an embedding
- * table and, transposed, as the LM head), sliced weights, attention, layer norms, GELU; its
- * whole training step compiled matches eager training after 4 steps. */
-ETEST(inductor, transformer_training_step_like_eager) {
-  trainer t[2];
-  for (int k = 0; k < 2; k++) {
-    em_manual_seed(31);
-    memset(&t[k].m, 0, sizeof t[k].m);
-    models_transformer(&t[k].m);
-    t[k].opt = em_sgd_new(t[k].m.n_params, t[k].m.params, ((em_sgd_opts){0.05, 0.9, 0, 0, false}));
-  }
-  em_tensor *x = em_randint(0, VOCAB, EM_SHAPE(BATCH, CTX)), *y = em_randint(0, VOCAB, EM_SHAPE(BATCH, CTX));
-  em_compiled *c = em_compile(transformer_step, &(em_compile_options){.name = "transformer_step"});
-  for (int step = 0; step < 4; step++) {
-    em_scope_begin();
-    double le = em_item(transformer_step(&t[0], (em_tensor *[]){x, y}, 2).t[0]);
+    double le = em_item(train_step(&t[0], (em_tensor *[]){x, y}, 2).t[0]);
     em_tensor *lc = em_call(c, &t[1], x, y).t[0];
     cr_assert(lc, "%s", em_last_error());
     cr_assert(fabs(em_item(lc) - le) <= 1e-4 * fabs(le), "step %d: loss %.9g, eager %.9g", step, em_item(lc), le);
     em_scope_end();
   }
   for (int i = 0; i < t[0].m.n_params; i++) expect_close(t[1].m.params[i], t[0].m.params[i], 1e-4, "parameter", i);
-  cr_assert_gt(em_compiled_stats(c).kernel_runs, 10);
-  cr_assert_eq(em_compiled_stats(c).inductor_fallbacks, 0);
+  em_compile_stats st = em_compiled_stats(c);
+  cr_assert_gt(st.replays, steps - 3, "the step replays");
+  cr_assert_gt(st.kernel_runs, 10);
+  cr_assert_eq(st.inductor_fallbacks, 0);
   em_compiled_free(c);
   for (int k = 0; k < 2; k++) em_optimizer_free(t[k].opt);
+}
+
+static void small_gelu_ln_mlp(net *m) { models_gelu_ln_mlp(m, 40, 32, 24, 10); }
+
+ETEST(inductor, whole_training_step_updates_in_place_like_eager) {
+  compiled_training_matches_eager(gelu_ln_mlp_fn, small_gelu_ln_mlp, em_randn(EM_F32, EM_SHAPE(16, 40)),
+                                  em_randint(0, 10, EM_SHAPE(16)), 6, 21);
+}
+
+static em_outputs transformer_loss(void *ctx, em_tensor *const *in, int n) { return transformer_fn(ctx, in, n); }
+
+/* The decoder-only transformer (small sizes): tied embeddings (a parameter read as an embedding
+ * table and, transposed, as the LM head), sliced weights, attention, layer norms, GELU. */
+ETEST(inductor, transformer_training_step_like_eager) {
+  compiled_training_matches_eager(transformer_loss, models_transformer, em_randint(0, VOCAB, EM_SHAPE(BATCH, CTX)),
+                                  em_randint(0, VOCAB, EM_SHAPE(BATCH, CTX)), 4, 31);
 }
 
 /* Writes the caller makes after reading: an input updated in place whose old value is read
