@@ -160,9 +160,14 @@ bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **o
   memset(vals, 0, sizeof(em_tensor *) * (size_t)nv);
   for (int i = 0; i < n_in; i++) vals[g->inputs[i]] = em_retain(in[i]);
   bool ok = true;
-  float *scratch = NULL;
+  /* the row kernels' spill rows, for every thread: the most any kernel of p needs */
   size_t scratch_bytes = 0;
-  int nt = omp_get_max_threads();
+  for (int k = 0; k < p->n_kernels; k++) {
+    size_t need = sizeof(float) * (size_t)(p->kernels[k].n_spill * p->kernels[k].cols) * (size_t)omp_get_max_threads();
+    if (need > scratch_bytes) scratch_bytes = need;
+  }
+  float *scratch = scratch_bytes ? rt_alloc(scratch_bytes, 64) : NULL;
+  if (scratch_bytes && !scratch) ok = (rt_error(site, "em_call", "out of memory for %zu bytes of kernel scratch", scratch_bytes), false);
   /* in-place updates the caller asked for and the plan allows: output value -> input tensor */
   em_tensor **into = NULL;
   if (donate) {
@@ -230,13 +235,6 @@ bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **o
       if (!bufs) {
         ok = (rt_error(site, "em_call", "out of memory"), false);
         break;
-      }
-      size_t need = sizeof(float) * (size_t)(k->n_spill * k->cols) * (size_t)nt;
-      if (need > scratch_bytes) {
-        rt_free(scratch);
-        scratch = rt_alloc(need, 64);
-        scratch_bytes = scratch ? need : 0;
-        if (!scratch) ok = (rt_error(site, "em_call", "out of memory for %zu bytes of kernel scratch", need), false);
       }
       for (int o = 0; ok && o < k->n_out; o++) {
         int v = k->out[o];
