@@ -69,14 +69,25 @@ ind_program *ind_compile(const ir_graph *graph, em_tensor *const *inputs, ind_st
   return p;
 }
 
+/* EMBER_INDUCTOR_REMAT=0 turns rematerialization off (to measure what it gains). */
+static bool remat_enabled(void) {
+  const char *e = getenv("EMBER_INDUCTOR_REMAT");
+  return !e || strcmp(e, "0") != 0;
+}
+
 static ind_program *compile(const ir_graph *graph, em_tensor *const *inputs, ind_stats *stats, char *err, size_t cap) {
   double t0 = now_ms();
   if (stats) memset(stats, 0, sizeof *stats);
   if (!ind_jit_get(err, cap)) return NULL;
+  bool concrete = true;
+  for (int i = 0; i < graph->n_nodes; i++) concrete = concrete && ir_type_concrete(&graph->values[graph->nodes[i].out].type);
+  if (!concrete) return ir_fail(err, cap, "symbolic sizes"), NULL;
   ind_program *p = calloc(1, sizeof *p);
-  prim_meta *meta = p ? calloc((size_t)graph->n_values + 1, sizeof(prim_meta)) : NULL;
-  if (!p || !meta || !(p->g = ir_graph_clone(graph))) {
-    free(meta), free(p);
+  if (p) p->g = remat_enabled() ? ind_rematerialize(graph, &p->stats.recomputed_nodes) : ir_graph_clone(graph);
+  prim_meta *meta = p && p->g ? calloc((size_t)p->g->n_values + 1, sizeof(prim_meta)) : NULL;
+  if (!meta) {
+    if (p) ir_graph_free(p->g);
+    free(p);
     ir_fail(err, cap, "out of memory");
     return NULL;
   }
@@ -85,8 +96,6 @@ static ind_program *compile(const ir_graph *graph, em_tensor *const *inputs, ind
   p->in_meta = malloc(sizeof(prim_meta) * (size_t)(g->n_inputs + 1));
   if (!p->in_meta) ok = ir_fail(err, cap, "out of memory");
   for (int i = 0; ok && i < g->n_inputs; i++) p->in_meta[i] = rt_meta(inputs[i]);
-  for (int i = 0; ok && i < g->n_nodes; i++)
-    if (!ir_type_concrete(&g->values[g->nodes[i].out].type)) ok = ir_fail(err, cap, "symbolic sizes");
   if (ok && !value_metas(g, p->in_meta, meta)) ok = ir_fail(err, cap, "the graph's layouts do not follow from its inputs");
   p->kind = calloc((size_t)g->n_values + 1, 1);
   if (ok && !p->kind) ok = ir_fail(err, cap, "out of memory");

@@ -57,6 +57,7 @@ typedef struct ind_stats {
   int kernels;        /* generated kernels */
   int fused_nodes;    /* graph nodes inside them */
   int fallback_nodes; /* nodes run by the eager kernels */
+  int recomputed_nodes; /* nodes emitted again where a later kernel reads their value (remat.c) */
   double compile_ms;  /* lowering, LLVM optimisation and JIT */
 } ind_stats;
 

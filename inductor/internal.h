@@ -5,7 +5,8 @@
  *   schedule.c  lowering and fusion into kernels, memory planning, the printed schedule
  *   codegen.c   LLVM IR for pointwise and row kernels, their loop IR text
  *   jit.c       the ORC LLJIT, the kernel cache (memory and disk), building a program's module
- *   run.c       running a program: threads, arena, in-place updates, the profile */
+ *   run.c       running a program: threads, arena, in-place updates, the profile
+ *   remat.c     rematerialization of cheap pointwise values before scheduling */
 #ifndef EMBER_INDUCTOR_INTERNAL_H
 #define EMBER_INDUCTOR_INTERNAL_H
 
@@ -87,6 +88,10 @@ struct ind_program {
   char *schedule_text;
   ind_stats stats;
 };
+
+/* g with each cheap pointwise value that a later kernel would read recomputed there instead
+ * (remat.c); *n_recomputed: the nodes emitted again. NULL when out of memory. */
+ir_graph *ind_rematerialize(const ir_graph *g, int *n_recomputed);
 
 static inline bool is_f32_or_bool(em_dtype dt) { return dt == EM_F32 || dt == EM_BOOL; }
 

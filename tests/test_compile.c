@@ -334,7 +334,7 @@ ETEST(compile, em_grad_inside_is_traced) {
   cr_assert_eq(e->n_breaks, 0);
   cr_assert_eq(e->n_graphs, 1);
   em_explanation_free(e);
-  em_compiled *c = em_compile(value_and_grad, NULL);
+  em_compiled *c = em_compile(value_and_grad, &EXACT);
   for (int i = 0; i < 3; i++) {
     em_outputs o = em_call(c, NULL, x);
     EXPECT_SAME_BITS(o.t[0], want.t[0], "value");

@@ -472,6 +472,63 @@ ETEST(inductor, the_arena_reuses_dead_intermediates) {
   ir_graph_free(g);
 }
 
+/* t = tanh(h / 2) of a GEMM's output h is read again after a second GEMM: with one large leaf
+ * (h, in memory anyway) it is recomputed there. With two (h + x), it is stored. */
+static int read_after_gemm(em_tensor *const *in, em_tensor **out, void *ctx) {
+  em_tensor *h = em_matmul(in[0], in[1]);
+  em_tensor *t = ctx ? em_add(h, in[0]) : em_tanh(em_mul_scalar(h, 0.5));
+  em_tensor *a = em_matmul(em_mul(t, h), in[1]);
+  out[0] = em_add(a, t);
+  return 1;
+}
+
+static ind_program *compile_traced(builder_fn build, em_tensor *const *in, int n_in, void *ctx, ind_stats *st, ir_graph **g) {
+  rt_trace tr;
+  cr_assert(rt_trace_begin(&tr, "t", refuse_break, NULL, EM_HERE));
+  em_scope_begin();
+  em_tensor *o[8];
+  int n = build(in, o, ctx);
+  for (int i = 0; i < n; i++) cr_assert(ir_add_output(tr.g, rt_trace_value_of(&tr, o[i])));
+  *g = ir_graph_clone(tr.g);
+  em_tensor *gin[8];
+  cr_assert_eq(tr.n_lifted, n_in);
+  for (int i = 0; i < n_in; i++) gin[i] = tr.lifted[i];
+  em_scope_end();
+  rt_trace_end(&tr);
+  char err[256];
+  ind_program *p = ind_compile(*g, gin, st, err, sizeof err);
+  cr_assert_not_null(p, "%s", err);
+  return p;
+}
+
+ETEST(inductor, cheap_values_read_after_a_gemm_are_recomputed) {
+  em_manual_seed(17);
+  em_tensor *x = em_randn(EM_F32, EM_SHAPE(64, 48)), *w = em_mul_scalar(em_randn(EM_F32, EM_SHAPE(48, 48)), 0.2);
+  ind_stats st;
+  check(read_after_gemm, (em_tensor *[]){x, w}, NULL, &st, "tanh read after a GEMM");
+  cr_assert_geq(st.recomputed_nodes, 2, "mul and tanh recomputed after the second GEMM (%d nodes)", st.recomputed_nodes);
+  ir_graph *g;
+  ind_program *p = compile_traced(read_after_gemm, (em_tensor *[]){x, w}, 2, NULL, &st, &g);
+  const char *sched = ind_schedule(p);
+  const char *k0 = strstr(sched, "pointwise kernel");
+  cr_assert_not_null(k0, "%s", sched);
+  const char *eol = strchr(k0, '\n');
+  cr_assert(strstr(k0, " 1 out") && strstr(k0, " 1 out") < eol, "the kernel before the second GEMM stores t*h only:\n%s", sched);
+  int64_t peak = ind_planned_peak(p);
+  ind_free(p);
+  ir_graph_free(g);
+  setenv("EMBER_INDUCTOR_REMAT", "0", 1);
+  p = compile_traced(read_after_gemm, (em_tensor *[]){x, w}, 2, NULL, &st, &g);
+  unsetenv("EMBER_INDUCTOR_REMAT");
+  cr_assert_eq(st.recomputed_nodes, 0);
+  cr_assert_eq(ind_planned_peak(p), peak + 64 * 48 * 4, "storing t costs its bytes: %lld against %lld",
+               (long long)ind_planned_peak(p), (long long)peak);
+  ind_free(p);
+  ir_graph_free(g);
+  check(read_after_gemm, (em_tensor *[]){x, w}, "two leaves", &st, "h + x read after a GEMM");
+  cr_assert_eq(st.recomputed_nodes, 0, "h + x has two large leaves: stored, not recomputed");
+}
+
 static em_outputs scaled_softmax(void *ctx, em_tensor *const *in, int n) {
   return EM_OUTPUTS(em_softmax(em_mul_scalar(in[0], 0.5), 1));
 }

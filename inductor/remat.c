@@ -1,0 +1,201 @@
+/* inductor/remat.c: rematerialization before scheduling: a cheap pointwise value that a later
+ * kernel reads is recomputed there from what is stored anyway instead of being stored for it.
+ *
+ * Why. A whole training step captured as one graph holds its backward beside its forward with
+ * no partitioner between them, and the scheduler stores every value a later kernel reads. The
+ * tanh GELU's forward kernel then stored five [B, T, 4D] intermediates (x^2, tanh, 1 + tanh,
+ * x/2, the result) for the backward kernel: 40 MB written and read again per layer of the
+ * benchmark transformer, where the backward needs only x, which the GEMM wrote anyway. This is
+ * the choice PyTorch's min-cut partitioner makes for pointwise ops (and Inductor's scheduler
+ * when it inlines a pointwise node into each consumer): save the inputs of a pointwise chain,
+ * recompute the chain.
+ *
+ * The rule, for a value v computed by a fusible pointwise node and read by node u:
+ *  - u is *far* from v: a barrier (a node no kernel holds: a GEMM, an indexing op, a copy)
+ *    lies between them in graph order, so v would be stored for u;
+ *  - v is not *anchored*: it is not a graph output and nothing that needs it in memory (a GEMM,
+ *    an eager node; through views) reads it. An anchored value is stored anyway, so reading it
+ *    is as cheap as reading what it came from;
+ *  - v's cone (its producers, back to anchored values, graph inputs and values no kernel
+ *    computes; views and scalar constants included) has at most MAX_CONE nodes and at most one
+ *    *large* leaf (more than an eighth of v's elements). Then u's kernel reads at most one large
+ *    tensor in place of v, and v's own store goes away: bytes never grow, and an anchored leaf's
+ *    life is stretched only in place of v's. Small leaves (per-row statistics, weights,
+ *    scalars) are free.
+ * A recomputed cone is shared by every far reader in the same stretch between two barriers.
+ * The recomputation runs the same ops on the same values, so it gives the same bits. Random
+ * prims are never fusible, so never recomputed. */
+#include "internal.h"
+
+#define MAX_CONE 32
+
+typedef struct remat {
+  const ir_graph *g;
+  ir_graph *ng;
+  int *def;       /* [n_values] defining node, -1 for inputs */
+  int *seg;       /* [n_nodes] barriers before node i */
+  signed char *anchored; /* [n_values] -1 unknown, 0, 1 */
+  signed char *cheap;    /* [n_values] -1 unknown, 0, 1: v may be recomputed at a far reader */
+  int *map;       /* [n_values] old value -> new value (the original computation) */
+  int *rec, *rec_seg; /* [n_values] recomputed copy in stretch rec_seg, or -1 */
+  int **users; int *n_users; /* value -> reading node indices */
+  int recomputed;
+} remat;
+
+static bool is_view(const ir_node *n) { return (prim_get(n->op)->flags & P_VIEW) != 0; }
+static bool scalar_full(const ir_node *n) { return n->op == EM_PRIM_FULL && n->attrs.shape.ndim == 0; }
+
+/* Nodes a kernel can hold, or that only make headers: everything else ends a kernel. */
+static bool barrier(const ir_graph *g, const ir_node *n) {
+  return !(fusible(g, n) || is_view(n) || scalar_full(n) || trailing_reduction(g, n) >= 0 || leading_reduction(g, n) >= 0);
+}
+
+static bool anchored(remat *r, int v) {
+  if (r->anchored[v] >= 0) return r->anchored[v];
+  const ir_graph *g = r->g;
+  bool a = r->def[v] < 0;
+  for (int o = 0; o < g->n_outputs && !a; o++) a = g->outputs[o] == v;
+  for (int k = 0; k < r->n_users[v] && !a; k++) {
+    const ir_node *u = &g->nodes[r->users[v][k]];
+    if (is_view(u)) a = anchored(r, u->out);
+    else a = barrier(g, u);
+  }
+  return (r->anchored[v] = a) != 0;
+}
+
+static int64_t numel_of_value(const ir_graph *g, int v) { return ir_numel(g->values[v].type.ndim, g->values[v].type.sizes); }
+
+/* Whether v can be recomputed inside a cone (it is not a leaf). */
+static bool recomputable(remat *r, int v) {
+  int d = r->def[v];
+  if (d < 0) return false;
+  const ir_node *n = &r->g->nodes[d];
+  if (scalar_full(n)) return true;
+  if (is_view(n)) return true;
+  return fusible(r->g, n) && !anchored(r, v);
+}
+
+/* Walks v's cone: counts its nodes and its large leaves; false when it grows past the limits. */
+static bool walk_cone(remat *r, int v, bool *seen, int *n_nodes, int *large, int *leaves, int64_t big) {
+  if (seen[v]) return true;
+  seen[v] = true;
+  if (!recomputable(r, v)) {
+    if (numel_of_value(r->g, v) * 8 > big) {
+      for (int i = 0; i < *large; i++)
+        if (leaves[i] == v) return true;
+      if (*large >= 1) return false;
+      leaves[(*large)++] = v;
+    }
+    return true;
+  }
+  if (++*n_nodes > MAX_CONE) return false;
+  const ir_node *n = &r->g->nodes[r->def[v]];
+  for (int k = 0; k < n->n_in; k++)
+    if (!walk_cone(r, ir_operands(r->g, n)[k], seen, n_nodes, large, leaves, big)) return false;
+  return true;
+}
+
+static bool cheap(remat *r, int v, bool *seen) {
+  if (r->cheap[v] >= 0) return r->cheap[v];
+  bool ok = false;
+  int d = r->def[v];
+  if (d >= 0 && (fusible(r->g, &r->g->nodes[d]) || is_view(&r->g->nodes[d])) && !anchored(r, v)) {
+    memset(seen, 0, (size_t)r->g->n_values);
+    int n = 0, large = 0, leaves[2];
+    ok = walk_cone(r, v, seen, &n, &large, leaves, numel_of_value(r->g, v));
+  }
+  return (r->cheap[v] = ok) != 0;
+}
+
+static int emit(remat *r, const ir_node *n, const int *in) {
+  int v = ir_add_node(r->ng, n->op, in, n->n_in, &n->attrs, &r->g->values[n->out].type, n->site, n->opname);
+  if (v >= 0) r->ng->nodes[r->ng->n_nodes - 1].rng_slot = n->rng_slot;
+  return v;
+}
+
+/* The new value computing old value v in stretch s: v's cone emitted again (once per stretch),
+ * its leaves read from the original computation. */
+static int recompute(remat *r, int v, int s) {
+  if (!recomputable(r, v)) return r->map[v];
+  if (r->rec[v] >= 0 && r->rec_seg[v] == s) return r->rec[v];
+  const ir_node *n = &r->g->nodes[r->def[v]];
+  int small[8], *in = n->n_in <= 8 ? small : malloc(sizeof(int) * (size_t)n->n_in);
+  if (!in) return -1;
+  int out = 0;
+  for (int k = 0; k < n->n_in && out >= 0; k++) out = in[k] = recompute(r, ir_operands(r->g, n)[k], s);
+  if (out >= 0) out = emit(r, n, in);
+  if (in != small) free(in);
+  if (out >= 0) r->rec[v] = out, r->rec_seg[v] = s, r->recomputed++;
+  return out;
+}
+
+static bool build(remat *r) {
+  const ir_graph *g = r->g;
+  bool *seen = malloc((size_t)g->n_values + 1);
+  if (!seen) return false;
+  for (int i = 0; i < g->n_inputs; i++) {
+    int v = ir_add_input(r->ng, &g->values[g->inputs[i]].type);
+    if (v < 0) return free(seen), false;
+    r->map[g->inputs[i]] = v;
+  }
+  bool ok = true;
+  int small[8];
+  for (int i = 0; ok && i < g->n_nodes; i++) {
+    const ir_node *n = &g->nodes[i];
+    int *in = n->n_in <= 8 ? small : malloc(sizeof(int) * (size_t)n->n_in);
+    if (!in) {
+      ok = false;
+      break;
+    }
+    for (int k = 0; k < n->n_in && ok; k++) {
+      int a = ir_operands(g, n)[k], d = r->def[a];
+      bool far = d >= 0 && r->seg[i] > r->seg[d];
+      in[k] = far && cheap(r, a, seen) ? recompute(r, a, r->seg[i]) : r->map[a];
+      ok = in[k] >= 0;
+    }
+    if (ok) ok = (r->map[n->out] = emit(r, n, in)) >= 0;
+    if (in != small) free(in);
+  }
+  for (int o = 0; ok && o < g->n_outputs; o++) ok = ir_add_output(r->ng, r->map[g->outputs[o]]);
+  free(seen);
+  return ok && !r->ng->oom;
+}
+
+ir_graph *ind_rematerialize(const ir_graph *g, int *n_recomputed) {
+  *n_recomputed = 0;
+  size_t nv = (size_t)g->n_values + 1, nn = (size_t)g->n_nodes + 1;
+  remat r = {.g = g};
+  r.def = malloc(sizeof(int) * nv), r.seg = malloc(sizeof(int) * nn);
+  r.anchored = malloc(nv), r.cheap = malloc(nv);
+  r.map = malloc(sizeof(int) * nv), r.rec = malloc(sizeof(int) * nv), r.rec_seg = malloc(sizeof(int) * nv);
+  r.users = calloc(nv, sizeof(int *)), r.n_users = calloc(nv, sizeof(int));
+  int *fill = calloc(nv, sizeof(int));
+  bool ok = r.def && r.seg && r.anchored && r.cheap && r.map && r.rec && r.rec_seg && r.users && r.n_users && fill;
+  if (ok) {
+    memset(r.anchored, -1, nv), memset(r.cheap, -1, nv);
+    for (size_t v = 0; v < nv; v++) r.def[v] = -1, r.map[v] = -1, r.rec[v] = -1;
+    int s = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+      const ir_node *n = &g->nodes[i];
+      r.def[n->out] = i;
+      r.seg[i] = s;
+      s += barrier(g, n);
+      for (int k = 0; k < n->n_in; k++) r.n_users[ir_operands(g, n)[k]]++;
+    }
+    for (size_t v = 0; v < nv && ok; v++)
+      ok = !r.n_users[v] || (r.users[v] = malloc(sizeof(int) * (size_t)r.n_users[v]));
+    for (int i = 0; ok && i < g->n_nodes; i++)
+      for (int k = 0; k < g->nodes[i].n_in; k++) {
+        int v = ir_operands(g, &g->nodes[i])[k];
+        r.users[v][fill[v]++] = i;
+      }
+  }
+  ir_graph *out = ok ? ir_graph_new(g->name) : NULL;
+  r.ng = out;
+  if (out && !(build(&r) && ir_pass_dce(out) >= 0)) ir_graph_free(out), out = NULL;
+  if (out) *n_recomputed = r.recomputed;
+  for (size_t v = 0; r.users && v < nv; v++) free(r.users[v]);
+  free(r.def), free(r.seg), free(r.anchored), free(r.cheap), free(r.map), free(r.rec), free(r.rec_seg);
+  free(r.users), free(r.n_users), free(fill);
+  return out;
+}
