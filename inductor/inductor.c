@@ -83,7 +83,7 @@ static ind_program *compile(const ir_graph *graph, em_tensor *const *inputs, ind
   for (int i = 0; i < graph->n_nodes; i++) concrete = concrete && ir_type_concrete(&graph->values[graph->nodes[i].out].type);
   if (!concrete) return ir_fail(err, cap, "symbolic sizes"), NULL;
   ind_program *p = calloc(1, sizeof *p);
-  if (p) p->g = remat_enabled() ? ind_rematerialize(graph, &p->stats.recomputed_nodes) : ir_graph_clone(graph);
+  if (p) p->g = ind_rewrite(graph, remat_enabled(), &p->stats);
   prim_meta *meta = p && p->g ? calloc((size_t)p->g->n_values + 1, sizeof(prim_meta)) : NULL;
   if (!meta) {
     if (p) ir_graph_free(p->g);

@@ -57,7 +57,8 @@ typedef struct ind_stats {
   int kernels;        /* generated kernels */
   int fused_nodes;    /* graph nodes inside them */
   int fallback_nodes; /* nodes run by the eager kernels */
-  int recomputed_nodes; /* nodes emitted again where a later kernel reads their value (remat.c) */
+  int recomputed_nodes; /* nodes emitted again where a later kernel reads their value (rewrite.c) */
+  int scatter_sums;     /* sums of slice scatters made one cat (rewrite.c) */
   double compile_ms;  /* lowering, LLVM optimisation and JIT */
 } ind_stats;
 

@@ -6,7 +6,7 @@
  *   codegen.c   LLVM IR for pointwise and row kernels, their loop IR text
  *   jit.c       the ORC LLJIT, the kernel cache (memory and disk), building a program's module
  *   run.c       running a program: threads, arena, in-place updates, the profile
- *   remat.c     rematerialization of cheap pointwise values before scheduling */
+ *   rewrite.c   graph rewrites before scheduling: rematerialization, sums of slice scatters */
 #ifndef EMBER_INDUCTOR_INTERNAL_H
 #define EMBER_INDUCTOR_INTERNAL_H
 
@@ -89,9 +89,10 @@ struct ind_program {
   ind_stats stats;
 };
 
-/* g with each cheap pointwise value that a later kernel would read recomputed there instead
- * (remat.c); *n_recomputed: the nodes emitted again. NULL when out of memory. */
-ir_graph *ind_rematerialize(const ir_graph *g, int *n_recomputed);
+/* g rewritten for scheduling (rewrite.c): with rematerialize, each cheap pointwise value that a
+ * later kernel would read recomputed there instead; sums of slice scatters that tile a value made
+ * one cat. Counts both in st. NULL when out of memory. */
+ir_graph *ind_rewrite(const ir_graph *g, bool rematerialize, ind_stats *st);
 
 static inline bool is_f32_or_bool(em_dtype dt) { return dt == EM_F32 || dt == EM_BOOL; }
 

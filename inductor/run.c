@@ -102,12 +102,13 @@ static void profile_print(void) {
   }
 }
 
-/* The program's ten slowest kernels, when it is freed. */
+/* The program's slowest kernels, when it is freed: ten, or N with EMBER_INDUCTOR_PROFILE=N. */
+static int profile_kernels = 10;
 void ind_profile_kernels(const ind_program *p) {
   if (profile_on != 1 || !p->n_kernels || !p->schedule_text) return;
   bool *done = calloc((size_t)p->n_kernels, 1);
   fprintf(stderr, "[ember] inductor profile of %s: slowest kernels\n", p->g->name);
-  for (int r = 0; done && r < 10 && r < p->n_kernels; r++) {
+  for (int r = 0; done && r < profile_kernels && r < p->n_kernels; r++) {
     int best = -1;
     for (int k = 0; k < p->n_kernels; k++)
       if (!done[k] && (best < 0 || p->kernels[k].prof_ms > p->kernels[best].prof_ms)) best = k;
@@ -126,6 +127,7 @@ static bool profiling(void) {
   if (profile_on < 0) {
     const char *e = getenv("EMBER_INDUCTOR_PROFILE");
     profile_on = e && *e && strcmp(e, "0");
+    if (profile_on && atoi(e) > 1) profile_kernels = atoi(e);
     if (profile_on) atexit(profile_print);
   }
   return profile_on;

@@ -529,6 +529,38 @@ ETEST(inductor, cheap_values_read_after_a_gemm_are_recomputed) {
   cr_assert_eq(st.recomputed_nodes, 0, "h + x has two large leaves: stored, not recomputed");
 }
 
+/* A weight used through disjoint row slices (Q, K, V of one matrix): its gradient, as the
+ * engine sums slice_scatter(zeros, g_i), becomes one cat; with a row left unused (a gap), the
+ * sum stays. */
+static int sliced_weight_grad(em_tensor *const *in, em_tensor **out, void *ctx) {
+  em_tensor *w = in[1];
+  int64_t rows = em_size(w, 0), cut = ctx ? rows - 1 : rows;
+  em_tensor *loss = NULL;
+  for (int64_t at = 0; at < cut; at += 3) {
+    int64_t stop = at + 3 < cut ? at + 3 : cut;
+    em_tensor *y = em_tanh(em_matmul(in[0], em_transpose(em_slice(w, 0, at, stop, 1), 0, 1)));
+    em_tensor *s = em_sum(em_mul_scalar(y, (double)(at + 1)), 0, NULL, false);
+    loss = loss ? em_add(loss, s) : s;
+  }
+  em_grad(1, &loss, NULL, 1, &w, &out[0], false, false);
+  return 1;
+}
+
+ETEST(inductor, sums_of_slice_scatters_become_one_cat) {
+  em_manual_seed(19);
+  em_tensor *x = em_randn(EM_F32, EM_SHAPE(16, 8)), *w = em_requires_grad_(em_randn(EM_F32, EM_SHAPE(9, 8)), true);
+  ind_stats st;
+  check(sliced_weight_grad, (em_tensor *[]){x, w}, NULL, &st, "three slices tiling the weight");
+  cr_assert_eq(st.scatter_sums, 1, "one sum of slice scatters made a cat (%d)", st.scatter_sums);
+  ir_graph *g;
+  ind_program *p = compile_traced(sliced_weight_grad, (em_tensor *[]){x, w}, 2, NULL, &st, &g);
+  cr_assert(strstr(ind_schedule(p), "= cat") && !strstr(ind_schedule(p), "slice_scatter"), "%s", ind_schedule(p));
+  ind_free(p);
+  ir_graph_free(g);
+  check(sliced_weight_grad, (em_tensor *[]){x, w}, "gap", &st, "slices leaving the last row out");
+  cr_assert_eq(st.scatter_sums, 0, "a gap keeps the sum");
+}
+
 static em_outputs scaled_softmax(void *ctx, em_tensor *const *in, int n) {
   return EM_OUTPUTS(em_softmax(em_mul_scalar(in[0], 0.5), 1));
 }

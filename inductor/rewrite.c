@@ -1,5 +1,8 @@
-/* inductor/remat.c: rematerialization before scheduling: a cheap pointwise value that a later
- * kernel reads is recomputed there from what is stored anyway instead of being stored for it.
+/* inductor/rewrite.c: graph rewrites before scheduling: rematerialization, and sums of
+ * gradient slices turned into one concatenation.
+ *
+ * Rematerialization: a cheap pointwise value that a later kernel reads is recomputed there from
+ * what is stored anyway instead of being stored for it.
  *
  * Why. A whole training step captured as one graph holds its backward beside its forward with
  * no partitioner between them, and the scheduler stores every value a later kernel reads. The
@@ -10,7 +13,7 @@
  * when it inlines a pointwise node into each consumer): save the inputs of a pointwise chain,
  * recompute the chain.
  *
- * The rule, for a value v computed by a fusible pointwise node and read by node u:
+ * The rule, for a value v computed by a fusible pointwise node (or a view) and read by node u:
  *  - u is *far* from v: a barrier (a node no kernel holds: a GEMM, an indexing op, a copy)
  *    lies between them in graph order, so v would be stored for u;
  *  - v is not *anchored*: it is not a graph output and nothing that needs it in memory (a GEMM,
@@ -24,7 +27,14 @@
  *    scalars) are free.
  * A recomputed cone is shared by every far reader in the same stretch between two barriers.
  * The recomputation runs the same ops on the same values, so it gives the same bits. Random
- * prims are never fusible, so never recomputed. */
+ * prims are never fusible, so never recomputed.
+ *
+ * Sums of slice scatters. The gradient of a weight used through disjoint slices (the Q, K and
+ * V rows of one projection matrix, one block per layer) is, as the autograd engine builds it,
+ * slice_scatter(zeros, g_i) for each slice, summed: each term writes the whole weight and each
+ * add reads two of them. When the slices are disjoint and cover the weight along one axis, the
+ * sum is cat(g_i in slice order): one copy. Equal values; a -0.0 in a g_i stays -0.0 where
+ * the sum with zeros would make it +0.0. */
 #include "internal.h"
 
 #define MAX_CONE 32
@@ -39,7 +49,8 @@ typedef struct remat {
   int *map;       /* [n_values] old value -> new value (the original computation) */
   int *rec, *rec_seg; /* [n_values] recomputed copy in stretch rec_seg, or -1 */
   int **users; int *n_users; /* value -> reading node indices */
-  int recomputed;
+  bool remat;     /* rematerialize (EMBER_INDUCTOR_REMAT) */
+  int recomputed, scatter_sums;
 } remat;
 
 static bool is_view(const ir_node *n) { return (prim_get(n->op)->flags & P_VIEW) != 0; }
@@ -129,6 +140,76 @@ static int recompute(remat *r, int v, int s) {
   return out;
 }
 
+/* ---- sums of slice scatters ---- */
+
+/* Whether v is a zero: full(0), through expands. */
+static bool is_zero(const remat *r, int v) {
+  for (;;) {
+    int d = r->def[v];
+    if (d < 0) return false;
+    const ir_node *n = &r->g->nodes[d];
+    if (n->op == EM_PRIM_FULL) return n->attrs.value == 0;
+    if (n->op != EM_PRIM_EXPAND) return false;
+    v = ir_operands(r->g, n)[0];
+  }
+}
+
+typedef struct piece {
+  int64_t start, stop;
+  int src;
+} piece;
+
+/* Collects the slice_scatter(zeros, src) terms of the sum of v (adds of same-shape values,
+ * clones and detaches, each inner term read only by its sum); false when v is anything else. */
+static bool collect(const remat *r, int v, bool root, int *axis, piece *ps, int *n, int cap) {
+  int d = r->def[v];
+  if (d < 0 || (!root && r->n_users[v] != 1)) return false;
+  const ir_graph *g = r->g;
+  const ir_node *x = &g->nodes[d];
+  const int *o = ir_operands(g, x);
+  if (x->op == EM_PRIM_SLICE_SCATTER) {
+    int a = ir_norm_axis(x->attrs.axes[0], g->values[v].type.ndim);
+    if (x->attrs.step != 1 || !is_zero(r, o[0]) || (*axis >= 0 && *axis != a) || *n == cap) return false;
+    *axis = a;
+    ps[(*n)++] = (piece){x->attrs.start, x->attrs.stop, o[1]};
+    return true;
+  }
+  if (x->op == EM_PRIM_CLONE || x->op == EM_PRIM_DETACH) /* the engine's copy of the first gradient */
+    return collect(r, o[0], false, axis, ps, n, cap);
+  if (x->op != EM_PRIM_ADD || g->values[v].type.dtype != EM_F32) return false;
+  for (int k = 0; k < 2; k++)
+    if (!ir_type_equal(&g->values[o[k]].type, &g->values[v].type) || !collect(r, o[k], false, axis, ps, n, cap)) return false;
+  return true;
+}
+
+/* Emits cat(pieces) for node i when it sums slice scatters that tile its value along one axis;
+ * returns the new value, -1 when the rule does not apply, -2 when out of memory. */
+static int scatter_sum(remat *r, int i) {
+  const ir_node *x = &r->g->nodes[i];
+  if (x->op != EM_PRIM_ADD) return -1;
+  piece ps[64];
+  int n = 0, axis = -1;
+  if (!collect(r, x->out, true, &axis, ps, &n, 64) || n < 2) return -1;
+  for (int a = 1; a < n; a++) /* insertion sort by start */
+    for (int b = a; b > 0 && ps[b].start < ps[b - 1].start; b--) {
+      piece t = ps[b];
+      ps[b] = ps[b - 1], ps[b - 1] = t;
+    }
+  int64_t at = 0;
+  for (int k = 0; k < n; k++) {
+    if (ps[k].start != at) return -1; /* a gap or an overlap */
+    at = ps[k].stop;
+  }
+  if (at != r->g->values[x->out].type.sizes[axis]) return -1;
+  int in[64];
+  for (int k = 0; k < n; k++) in[k] = r->map[ps[k].src];
+  prim_attrs at_ = {.n_axes = 1, .axes = {axis}};
+  int v = ir_add_node(r->ng, EM_PRIM_CAT, in, n, &at_, &r->g->values[x->out].type, x->site, x->opname);
+  if (v < 0) return -2;
+  r->scatter_sums++;
+  return v;
+}
+
 static bool build(remat *r) {
   const ir_graph *g = r->g;
   bool *seen = malloc((size_t)g->n_values + 1);
@@ -142,6 +223,11 @@ static bool build(remat *r) {
   int small[8];
   for (int i = 0; ok && i < g->n_nodes; i++) {
     const ir_node *n = &g->nodes[i];
+    int cat = scatter_sum(r, i);
+    if (cat != -1) {
+      ok = (r->map[n->out] = cat) >= 0;
+      continue;
+    }
     int *in = n->n_in <= 8 ? small : malloc(sizeof(int) * (size_t)n->n_in);
     if (!in) {
       ok = false;
@@ -149,7 +235,7 @@ static bool build(remat *r) {
     }
     for (int k = 0; k < n->n_in && ok; k++) {
       int a = ir_operands(g, n)[k], d = r->def[a];
-      bool far = d >= 0 && r->seg[i] > r->seg[d];
+      bool far = r->remat && d >= 0 && r->seg[i] > r->seg[d];
       in[k] = far && cheap(r, a, seen) ? recompute(r, a, r->seg[i]) : r->map[a];
       ok = in[k] >= 0;
     }
@@ -161,10 +247,9 @@ static bool build(remat *r) {
   return ok && !r->ng->oom;
 }
 
-ir_graph *ind_rematerialize(const ir_graph *g, int *n_recomputed) {
-  *n_recomputed = 0;
+ir_graph *ind_rewrite(const ir_graph *g, bool rematerialize, ind_stats *st) {
   size_t nv = (size_t)g->n_values + 1, nn = (size_t)g->n_nodes + 1;
-  remat r = {.g = g};
+  remat r = {.g = g, .remat = rematerialize};
   r.def = malloc(sizeof(int) * nv), r.seg = malloc(sizeof(int) * nn);
   r.anchored = malloc(nv), r.cheap = malloc(nv);
   r.map = malloc(sizeof(int) * nv), r.rec = malloc(sizeof(int) * nv), r.rec_seg = malloc(sizeof(int) * nv);
@@ -193,7 +278,7 @@ ir_graph *ind_rematerialize(const ir_graph *g, int *n_recomputed) {
   ir_graph *out = ok ? ir_graph_new(g->name) : NULL;
   r.ng = out;
   if (out && !(build(&r) && ir_pass_dce(out) >= 0)) ir_graph_free(out), out = NULL;
-  if (out) *n_recomputed = r.recomputed;
+  if (out) st->recomputed_nodes = r.recomputed, st->scatter_sums = r.scatter_sums;
   for (size_t v = 0; r.users && v < nv; v++) free(r.users[v]);
   free(r.def), free(r.seg), free(r.anchored), free(r.cheap), free(r.map), free(r.rec), free(r.rec_seg);
   free(r.users), free(r.n_users), free(fill);
