@@ -898,16 +898,19 @@ void em_batch_iter_free(em_batch_iter *it);
  * training step) run as generated CPU code where no autograd recording is needed: pointwise
  * chains, reductions with their prologues and epilogues (softmax, layer_norm, cross entropy:
  * one kernel each), bias gradients and optimizer updates fused into few LLVM-compiled,
- * vectorized, multithreaded kernels, between the GEMM and convolution library calls;
- * intermediates in one planned arena; optimizer updates written in place. Compiled kernels are
+ * vectorized, multithreaded kernels, between the GEMM and convolution library calls; cheap
+ * pointwise values a later kernel needs recomputed there instead of stored (as PyTorch's
+ * min-cut partitioner does; EMBER_INDUCTOR_REMAT=0 stores them); intermediates in one planned
+ * arena; optimizer updates written in place. Compiled kernels are
  * cached in memory and on disk (EMBER_CACHE_DIR, default $XDG_CACHE_HOME/ember/kernels or
  * ~/.cache/ember/kernels; EMBER_CACHE=0 turns the disk cache off), so a second process skips
- * LLVM. Results agree with eager within rounding: exp, log, tanh and the like within their
- * 1 ULP, sums in another order (tests hold them to 1e-5 relative); use "eager" or "aot_eager"
+ * LLVM. Results agree with eager within rounding: exp, log, erf and the like within SLEEF's
+ * 1 ULP, tanh within its 3.5 ULP (SLEEF's u35 function, 3x cheaper), sums in another order
+ * (tests hold them to 1e-5 relative); use "eager" or "aot_eager"
  * for eager's bits. A graph the code generator cannot compile runs op by op instead, with the
  * reason on stderr once (every time under EMBER_LOGS=schedule) and counted in
  * em_compile_stats.inductor_fallbacks. EMBER_INDUCTOR_PROFILE=1 prints where compiled graphs
- * spend their time at exit.
+ * spend their time at exit (=N: with the N slowest kernels).
  *
  * Logs: EMBER_LOGS is a comma-separated list of graph, guards, recompiles, graph_breaks, aot,
  * schedule (each generated program's steps and loop IR), output_code (its LLVM IR as generated,
