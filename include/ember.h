@@ -1067,6 +1067,52 @@ char *em_format_at(em_tensor *x, em_site site);
 #define em_print(x) em_print_at((x), EM_HERE)
 void em_print_at(em_tensor *x, em_site site);
 
+/* ------------------------------------------------------------------------------------------ */
+/* CUDA devices                                                                                */
+/* ------------------------------------------------------------------------------------------ */
+/* The CUDA driver (libcuda.so.1) is loaded at run time, so every Ember build runs on machines
+ * without a GPU or driver; there these report no device. Matches torch.cuda.is_available,
+ * torch.cuda.device_count, torch.cuda.get_device_properties, torch.cuda.memory_stats. */
+
+/* Whether the driver loads, initialises and reports at least one device. The first call loads
+ * the driver (later calls are free); never fails, never records an error. */
+bool em_cuda_is_available(void);
+/* Devices the driver reports; 0 without a driver. */
+int em_cuda_device_count(void);
+
+typedef struct em_cuda_device_properties {
+  char name[256];          /* "NVIDIA H100 80GB HBM3" */
+  int major, minor;        /* compute capability: 9.0 is sm_90 (H100, H200) */
+  int multiprocessors;     /* SM count */
+  int64_t total_memory;    /* bytes */
+  int64_t l2_cache_bytes;
+  int clock_khz, memory_clock_khz, memory_bus_bits;
+} em_cuda_device_properties;
+
+/* Fills *p for device index dev in [0, em_cuda_device_count()). Returns false and records an
+ * error naming the index and the count (or why the driver is missing) otherwise. */
+#define em_cuda_get_device_properties(dev, p) em_cuda_get_device_properties_at((dev), (p), EM_HERE)
+bool em_cuda_get_device_properties_at(int dev, em_cuda_device_properties *p, em_site site);
+
+/* The caching allocator's counters for device 0 (all zero without a device). Bytes are device
+ * bytes; allocated counts blocks as handed out (requests rounded up to 512 bytes), reserved
+ * what was obtained from the driver (cuMemAlloc), in use or cached. */
+typedef struct em_cuda_memory_stats {
+  int64_t allocated_bytes;      /* held by live tensors, rounded block sizes */
+  int64_t requested_bytes;      /* what those tensors asked for */
+  int64_t reserved_bytes;       /* segments from the driver, in use or cached */
+  int64_t peak_allocated_bytes, peak_reserved_bytes;
+  int64_t allocations;          /* successful requests since start */
+  int64_t device_allocs;        /* cuMemAlloc calls (cudaMalloc in PyTorch's counters) */
+  int64_t device_frees;         /* cuMemFree calls */
+  int64_t segments;             /* segments held now */
+  int64_t oom_retries;          /* requests retried after the cache was emptied on out-of-memory */
+} em_cuda_memory_stats;
+em_cuda_memory_stats em_cuda_memory_stats_get(void);
+/* Gives every cached device segment with no live tensor back to the driver (torch.cuda.
+ * empty_cache). Tensors are untouched. */
+void em_cuda_empty_cache(void);
+
 #ifdef __cplusplus
 }
 #endif
