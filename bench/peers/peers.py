@@ -45,13 +45,13 @@ def optimizer_of(workload):
 
 # ---- PyTorch ------------------------------------------------------------------------------
 
-def torch_system(workload, mode, names, params, inputs):
+def torch_system(workload, mode, names, params, inputs, device):
     import torch
     import torch.nn.functional as F
 
     torch.set_num_threads(2)
-    P = {n: torch.tensor(params[n], requires_grad=optimizer_of(workload) is not None) for n in names}
-    X = [torch.tensor(a) for a in inputs]
+    P = {n: torch.tensor(params[n], device=device, requires_grad=optimizer_of(workload) is not None) for n in names}
+    X = [torch.tensor(a, device=device) for a in inputs]
 
     def mlp(x, y):
         h = F.relu(F.linear(x, P["fc0.w"], P["fc0.b"]))
@@ -107,7 +107,7 @@ def torch_system(workload, mode, names, params, inputs):
         opt = torch.optim.SGD([P[n] for n in names], lr=LR_SGD, momentum=MOMENTUM)
     elif kind == "adamw":
         opt = torch.optim.AdamW([P[n] for n in names], lr=LR_ADAMW, betas=(B1, B2), eps=EPS, weight_decay=WD)
-    opt_step = opt.step if opt is None or mode == "eager" else torch.compile(opt.step)
+    opt_step = None if opt is None else opt.step if mode == "eager" else torch.compile(opt.step)
 
     def step():
         if opt is None:
@@ -125,7 +125,7 @@ def torch_system(workload, mode, names, params, inputs):
 
 # ---- JAX ----------------------------------------------------------------------------------
 
-def jax_system(workload, mode, names, params, inputs):
+def jax_system(workload, mode, names, params, inputs, device):  # JAX's default backend: CPU, or the GPU of jax[cuda]
     import jax
     import jax.numpy as jnp
     from jax import lax
@@ -204,8 +204,9 @@ def jax_system(workload, mode, names, params, inputs):
             new = {n: p[n] * (1 - LR_ADAMW * WD) - (LR_ADAMW / bc1) * m[n] / (jnp.sqrt(v[n]) / jnp.sqrt(bc2) + EPS) for n in p}
             return new, {"t": t, "m": m, "v": v}, loss
 
-        zeros = {n: jnp.zeros_like(P[n]) for n in names}
-        state = {"buf": zeros} if kind == "sgd" else {"t": jnp.float32(0), "m": zeros, "v": dict(zeros)}
+        def zeros():  # distinct buffers: jit donates the state
+            return {n: jnp.zeros_like(P[n]) for n in names}
+        state = {"buf": zeros()} if kind == "sgd" else {"t": jnp.float32(0), "m": zeros(), "v": zeros()}
         fn = jax.jit(train, donate_argnums=(0, 1)) if mode == "compiled" else train
         box = {"p": P, "s": state}
 
@@ -239,10 +240,13 @@ def jax_system(workload, mode, names, params, inputs):
 
 # ---- tinygrad -----------------------------------------------------------------------------
 
-def tinygrad_system(workload, mode, names, params, inputs):
+def tinygrad_system(workload, mode, names, params, inputs, device):
     import importlib.metadata
-    from tinygrad import Context, Tensor, TinyJit
+    from tinygrad import Context, Device, Tensor, TinyJit
     from tinygrad.nn.optim import SGD, AdamW
+
+    if device == "cuda":
+        Device.DEFAULT = "CUDA"
 
     kind = optimizer_of(workload)
     P = {n: Tensor(params[n]).realize() for n in names}
@@ -285,7 +289,8 @@ def tinygrad_system(workload, mode, names, params, inputs):
 
     if kind:
         loss_fn = {"mlp": mlp, "lenet": lenet, "transformer": transformer}[workload]
-        params_list = [P[n] for n in names]
+        # the transformer's linear layers have no bias term (Ember makes the parameters, unused)
+        params_list = [P[n] for n in names if not (workload == "transformer" and n.startswith("fc") and n.endswith(".b"))]
         opt = SGD(params_list, lr=LR_SGD, momentum=MOMENTUM) if kind == "sgd" else \
             AdamW(params_list, lr=LR_ADAMW, b1=B1, b2=B2, eps=EPS, weight_decay=WD)
 
@@ -325,9 +330,10 @@ def main():
     ap.add_argument("--mode", default="eager", choices=["eager", "compiled", "max-autotune"])
     ap.add_argument("--dir", required=True)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     a = ap.parse_args()
     names, params, inputs = load(a.dir, a.workload)
-    step, versions = SYSTEMS[a.system](a.workload, a.mode, names, params, inputs)
+    step, versions = SYSTEMS[a.system](a.workload, a.mode, names, params, inputs, a.device)
     t0 = time.perf_counter()
     loss1 = step()
     first = (time.perf_counter() - t0) * 1e3

@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""bench/peers/run.py: Ember against PyTorch 2, JAX and tinygrad on the same workloads, in one
+run, on one machine (issue 8). Standard library only; see bench/README.md.
+
+    python3 bench/peers/run.py [--build build] [--rounds 3] [--only mlp,transformer]
+                               [--device cpu|cuda --python /path/to/python3]
+
+1. Builds Ember (ninja -C BUILD) and makes a virtual environment BUILD/peers-venv with numpy,
+   torch, tinygrad and jax[cpu] from PyPI when it is missing (with --python, that interpreter is
+   used as it is and nothing is installed: a GPU machine's python with PyTorch 2 and Triton).
+2. Writes the workloads' weights and inputs once (peers_ember --init: Ember's init, seed 0), so
+   every system starts from the same numbers.
+3. For each round, for each workload, runs every (system, mode) in its own process, in an order
+   that rotates from round to round (Ember and the peers alternate), with 2 threads.
+4. Prints one table (medians over rounds) and writes it to BUILD/peers/results.json and
+   results.md: eager and compiled ms per step, first-call ms, peak resident memory, ratios to
+   Ember compiled, and whether each system's first two losses match Ember's (the first checks
+   the forward, the second the optimizer's formulas).
+A system that cannot be installed or fails on a workload gets its reason in the table.
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+WORKLOADS = ["mlp", "lenet", "transformer", "softmax", "layer_norm", "add"]
+# (system, mode, column label)
+CONFIGS = [("ember", "eager", "Ember eager"), ("ember", "compiled", "Ember em_compile"),
+           ("torch", "eager", "PyTorch eager"), ("torch", "compiled", "torch.compile"),
+           ("torch", "max-autotune", "torch.compile max-autotune"),
+           ("jax", "eager", "JAX eager"), ("jax", "compiled", "jax.jit"),
+           ("tinygrad", "eager", "tinygrad"), ("tinygrad", "compiled", "tinygrad TinyJit")]
+STEPS = {"mlp": 30, "lenet": 20, "transformer": 8, "softmax": 30, "layer_norm": 30, "add": 30}
+SLOW = {("tinygrad", "eager", "transformer"): 3, ("jax", "eager", "transformer"): 4}  # seconds-long steps
+PACKAGES = {"torch": ["torch"], "jax": ["jax[cpu]"], "tinygrad": ["tinygrad"]}
+VERSION_OF = {"torch": "import torch; print(torch.__version__)",
+              "jax": "import jax, jaxlib; print(jax.__version__)",
+              "tinygrad": "import importlib.metadata as m, tinygrad; print(m.version('tinygrad'))"}
+TOL = 1e-4  # relative, on the losses
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def setup_python(args):
+    """The interpreter for the peers and, per system, its version or why it is missing."""
+    if args.python:
+        py = args.python
+    else:
+        venv = os.path.join(args.build, "peers-venv")
+        py = os.path.join(venv, "bin", "python")
+        if not os.path.exists(py):
+            log(f"peers: creating {venv}")
+            r = subprocess.run([sys.executable, "-m", "venv", venv])
+            if r.returncode != 0:
+                sys.exit("peers: python3 -m venv failed (Debian: apt-get install python3-venv)")
+        for system, pkgs in PACKAGES.items():
+            if subprocess.run([py, "-c", VERSION_OF[system]], capture_output=True).returncode == 0:
+                continue
+            log(f"peers: installing {' '.join(pkgs)} into {venv}")
+            subprocess.run([py, "-m", "pip", "install", "--quiet", "numpy"] + pkgs)
+    versions, missing = {}, {}
+    for system in PACKAGES:
+        r = subprocess.run([py, "-c", VERSION_OF[system]], capture_output=True, text=True)
+        if r.returncode == 0:
+            versions[system] = r.stdout.strip()
+        else:
+            missing[system] = (r.stderr.strip().splitlines() or ["import failed"])[-1]
+    return py, versions, missing
+
+
+def run_one(cmd, timeout):
+    """Runs one measurement with 2 threads and every compilation cache cold and private to the
+    run (Ember's kernel cache off, a fresh TorchInductor/Triton cache directory, tinygrad's
+    CACHELEVEL=0; JAX keeps no persistent cache by default), so first-call times are compile
+    times."""
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="peers-cache-") as cache:
+        env = dict(os.environ, OMP_NUM_THREADS="2", MKL_NUM_THREADS="2", EMBER_CACHE="0",
+                   TORCHINDUCTOR_CACHE_DIR=cache, TRITON_CACHE_DIR=os.path.join(cache, "triton"), CACHELEVEL="0",
+                   XLA_FLAGS="--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads=2")
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        except subprocess.TimeoutExpired:
+            return {"error": f"timed out after {timeout} s"}
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    if r.returncode != 0 or not lines:
+        err = r.stderr.strip().splitlines()
+        named = [ln for ln in err if re.match(r"^[\w.]*(Error|Exception)\b", ln)]  # the exception, not a note
+        return {"error": ((named or err or [f"exit {r.returncode}"])[-1])[:200]}
+    out = json.loads(lines[-1])
+    out["wall_s"] = time.time() - t0
+    return out
+
+
+def fmt(v, unit=""):
+    if v is None:
+        return "-"
+    if v >= 100:
+        return f"{v:.0f}{unit}"
+    if v >= 1:
+        return f"{v:.2f}{unit}"
+    return f"{v:.4f}{unit}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--only", default=",".join(WORKLOADS))
+    ap.add_argument("--systems", default="ember,torch,jax,tinygrad")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--python", help="use this interpreter for the peers and install nothing")
+    ap.add_argument("--timeout", type=int, default=1200, help="seconds per run")
+    args = ap.parse_args()
+    args.build = os.path.abspath(args.build)
+    workloads = [w for w in args.only.split(",") if w]
+    systems = args.systems.split(",")
+
+    if subprocess.run(["ninja", "-C", args.build, "bench/peers_ember"], capture_output=True).returncode != 0:
+        sys.exit(f"peers: building {args.build}/bench/peers_ember failed (run scripts/test.sh or meson setup first)")
+    ember = os.path.join(args.build, "bench", "peers_ember")
+    py, versions, missing = setup_python(args)
+    out_dir = os.path.join(args.build, "peers")
+    data = os.path.join(out_dir, "data")
+    os.makedirs(out_dir, exist_ok=True)
+    subprocess.run([ember, "--init", data], check=True)
+    cpu = subprocess.run(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"], capture_output=True,
+                         text=True).stdout.strip()
+    log(f"peers: {cpu}, {os.cpu_count()} cores; {versions}; missing: {missing or 'none'}")
+
+    configs = [c for c in CONFIGS if c[0] in systems]
+    results = {}  # (workload, system, mode) -> list of run outputs
+    for rnd in range(args.rounds):
+        for w in workloads:
+            k = (rnd * 2 + workloads.index(w)) % len(configs)
+            order = configs[k:] + configs[:k]  # rotate: every system runs first in some round
+            for system, mode, _ in order:
+                key = (w, system, mode)
+                if system in missing:
+                    continue
+                if args.device == "cuda" and system == "ember":
+                    results.setdefault(key, []).append({"error": "Ember has no CUDA backend yet (issue 7)"})
+                    continue
+                steps = SLOW.get(key, STEPS[w])
+                if system == "ember":
+                    cmd = [ember, "--workload", w, "--mode", mode, "--dir", data, "--steps", str(steps)]
+                else:
+                    cmd = [py, os.path.join(HERE, "peers.py"), "--system", system, "--workload", w, "--mode", mode,
+                           "--dir", data, "--steps", str(steps), "--device", args.device]
+                r = run_one(cmd, args.timeout)
+                results.setdefault(key, []).append(r)
+                log(f"round {rnd + 1} {w:12s} {system:9s} {mode:13s} " +
+                    (f"{r['ms_per_step']:.4g} ms/step, first {r['first_call_ms']:.4g} ms" if "error" not in r
+                     else "ERROR " + r["error"]))
+
+    # aggregate: medians over rounds
+    table = []
+    for w in workloads:
+        def first_ok(mode):
+            return next((r for r in results.get((w, "ember", mode), []) if "error" not in r), None)
+        ember_c = [r["ms_per_step"] for r in results.get((w, "ember", "compiled"), []) if "error" not in r]
+        ember_c = statistics.median(ember_c) if ember_c else None
+        for system, mode, label in configs:
+            runs = results.get((w, system, mode), [])
+            ok = [r for r in runs if "error" not in r]
+            row = {"workload": w, "system": system, "mode": mode, "label": label}
+            if system in missing:
+                row["error"] = f"not installed: {missing[system]}"
+            elif not ok:
+                row["error"] = runs[0]["error"] if runs else "not run"
+            else:
+                row["ms_per_step"] = statistics.median(r["ms_per_step"] for r in ok)
+                row["first_call_ms"] = statistics.median(r["first_call_ms"] for r in ok)
+                row["peak_rss_mb"] = max(r["peak_rss_mb"] for r in ok)
+                row["runs"] = len(ok)
+                row["per"] = ok[0].get("per", "step")
+                row["loss1"], row["loss2"] = ok[0]["loss1"], ok[0]["loss2"]
+                if ember_c:
+                    row["vs_ember_compiled"] = row["ms_per_step"] / ember_c
+                # the compiled add is one add a call, the eager one 100: each against Ember's own
+                ref = first_ok("compiled" if w == "add" and mode != "eager" else "eager")
+                if ref:
+                    d = max(abs(row["loss1"] - ref["loss1"]) / max(1.0, abs(ref["loss1"])),
+                            abs(row["loss2"] - ref["loss2"]) / max(1.0, abs(ref["loss2"])))
+                    row["loss_check"] = "ok" if d <= TOL else f"MISMATCH ({d:.2g})"
+                    row["loss_rel_diff"] = d
+            table.append(row)
+
+    md = [f"Machine: {cpu}, {os.cpu_count()} cores, 2 threads per system; device {args.device}; "
+          f"{args.rounds} rounds, medians. Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) +
+          (("; not installed: " + ", ".join(f"{k} ({v})" for k, v in missing.items())) if missing else "") + ".", "",
+          "| workload | system | ms per step | first call ms (cold caches) | peak RSS MB | x Ember compiled | losses vs Ember |",
+          "| --- | --- | --- | --- | --- | --- | --- |"]
+    for row in table:
+        if "error" in row:
+            md.append(f"| {row['workload']} | {row['label']} | {row['error']} | | | | |")
+            continue
+        unit = " per op" if row["per"] == "op" else " per call" if row["per"] == "call" else ""
+        md.append(f"| {row['workload']} | {row['label']} | {fmt(row['ms_per_step'])}{unit} | {fmt(row['first_call_ms'])} | "
+                  f"{row['peak_rss_mb']:.0f} | {fmt(row.get('vs_ember_compiled'))} | {row.get('loss_check', '-')} |")
+    text = "\n".join(md)
+    print(text)
+    with open(os.path.join(out_dir, "results.md"), "w") as f:
+        f.write(text + "\n")
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump({"machine": cpu, "cores": os.cpu_count(), "device": args.device, "rounds": args.rounds,
+                   "versions": versions, "missing": missing, "rows": table,
+                   "runs": [{"workload": k[0], "system": k[1], "mode": k[2], "results": v} for k, v in results.items()]},
+                  f, indent=1)
+    log(f"peers: wrote {out_dir}/results.md and results.json")
+
+
+if __name__ == "__main__":
+    main()
