@@ -12,6 +12,8 @@
 
 #include <ember.h>
 
+#include "../prims/prims.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -68,6 +70,34 @@ void cu_empty_cache(cu_allocator *a);
 em_cuda_memory_stats cu_stats(cu_allocator *a);
 /* Free blocks cached in the two pools (for tests). */
 int cu_free_blocks(cu_allocator *a, bool small);
+
+/* ---- the eager kernels (cuda_kernels.c) ---- */
+
+/* Layout kinds a kernel is specialised to (see cuda_kernels.c). */
+typedef enum cu_layout { CU_CONTIG, CU_BROADCAST, CU_STRIDED } cu_layout;
+typedef enum cu_family { CU_POINTWISE, CU_REDUCE, CU_COPY, CU_FILL, CU_IOTA, CU_PHILOX, CU_INDEX, CU_IM2COL } cu_family;
+/* One kernel: its family, prim, operand and result dtypes, index dtype (indexing), layout kind.
+ * CU_IM2COL: CU_CONTIG is im2col, CU_STRIDED col2im. scatter_add has no bool or u8 kernel (CUDA
+ * has no byte atomicAdd): those run through i32. */
+typedef struct cu_kernel_key {
+  cu_family family;
+  em_prim op;
+  em_dtype in, out, idx;
+  cu_layout layout;
+} cu_kernel_key;
+
+/* Every kernel eager CUDA execution can ask for: all prims x dtypes (as their meta functions
+ * allow) x layout kinds. Writes at most cap keys (keys may be NULL); returns how many there are. */
+int cu_kernel_keys(cu_kernel_key *keys, int cap);
+/* The text every kernel's translation unit starts with. */
+const char *cu_kernel_prelude(void);
+/* k's CUDA C (after the prelude) in *src (the caller frees it) and its extern "C" name; false
+ * for a key outside the set. */
+bool cu_kernel_body(const cu_kernel_key *k, char **src, char *name, size_t ncap);
+/* Compiles src with NVRTC for arch ("sm_90"): the cubin (caller frees) and its size; NVRTC's
+ * log, if any, in *log (caller frees). False when compilation fails or the build has no NVRTC. */
+bool cu_nvrtc_compile(const char *src, const char *name, const char *arch, char **cubin, size_t *size, char **log);
+bool cu_nvrtc_available(void);
 
 /* ---- the driver (cuda.c) ---- */
 

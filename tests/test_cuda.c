@@ -6,6 +6,13 @@
 #include "../runtime/cuda.h"
 
 #include <string.h>
+#include <time.h>
+
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
 
 /* A fake device: hands out addresses from a counter, fails with "out of memory" past limit. */
 typedef struct fake_device {
@@ -224,4 +231,69 @@ ETEST(cuda, device_discovery) {
   cu_release(a, b);
   em_cuda_empty_cache();
   cr_assert_eq(em_cuda_memory_stats_get().reserved_bytes, 0);
+}
+
+/* Every eager CUDA kernel (all prims x dtypes x layout kinds) compiles cleanly with NVRTC for
+ * sm_90, on every machine: batches of kernels, each in its own namespace, share one program so
+ * the toolkit headers are parsed once a batch; a few also compile alone, as the runtime does. */
+ETEST(cuda, every_eager_kernel_compiles_with_nvrtc_for_sm_90) {
+  if (!cu_nvrtc_available()) {
+    fprintf(stderr, "test_cuda: this build has NO NVRTC (CUDA toolkit not found): kernels NOT compiled\n");
+    cr_skip_test("no NVRTC in this build");
+  }
+  int n = cu_kernel_keys(NULL, 0);
+  cu_kernel_key *keys = malloc(sizeof *keys * (size_t)n);
+  cr_assert_eq(cu_kernel_keys(keys, n), n);
+  cr_assert_gt(n, 500, "the set covers prims x dtypes x layouts (%d kernels)", n);
+  int families[8] = {0};
+  enum { BATCH = 96 };
+  size_t cubin_bytes = 0;
+  double t0 = now_ms();
+  for (int s = 0; s < n; s += BATCH) {
+    size_t cap = 1 << 16, len = 0;
+    char *src = malloc(cap);
+    len += (size_t)snprintf(src, cap, "%s", cu_kernel_prelude());
+    for (int i = s; i < n && i < s + BATCH; i++) {
+      char *body, name[96];
+      cr_assert(cu_kernel_body(&keys[i], &body, name, sizeof name), "kernel %d (prim %s) has no source", i,
+                prim_get(keys[i].op)->name);
+      families[keys[i].family]++;
+      size_t need = len + strlen(body) + 64;
+      if (need > cap) src = realloc(src, cap = need * 2);
+      len += (size_t)snprintf(src + len, cap - len, "namespace k%d {\n%s}\n", i, body);
+      free(body);
+    }
+    char *cubin, *log;
+    size_t size;
+    bool ok = cu_nvrtc_compile(src, "batch.cu", "sm_90", &cubin, &size, &log);
+    cr_assert(ok, "kernels %d-%d do not compile:\n%s", s, s + BATCH - 1, log ? log : "?");
+    cr_assert(!log || !strstr(log, "warning"), "kernels %d-%d compile with warnings:\n%s", s, s + BATCH - 1, log);
+    cubin_bytes += size;
+    free(cubin), free(log), free(src);
+  }
+  double batched = now_ms() - t0;
+  /* alone, as the runtime compiles them: a pointwise f16 add, a bf16 reduction, Philox normal */
+  int alone = 0;
+  for (int i = 0; i < n; i++) {
+    cu_kernel_key *k = &keys[i];
+    bool pick = (k->family == CU_POINTWISE && k->op == EM_PRIM_ADD && k->in == EM_F16 && k->layout == CU_STRIDED) ||
+                (k->family == CU_REDUCE && k->op == EM_PRIM_SUM && k->in == EM_BF16 && k->layout == CU_STRIDED) ||
+                (k->family == CU_PHILOX && k->op == EM_PRIM_PHILOX_NORMAL && k->out == EM_F32);
+    if (!pick) continue;
+    char *body, name[96], *cubin, *log;
+    size_t size;
+    cr_assert(cu_kernel_body(k, &body, name, sizeof name));
+    char *src = malloc(strlen(cu_kernel_prelude()) + strlen(body) + 1);
+    strcpy(src, cu_kernel_prelude()), strcat(src, body);
+    cr_assert(cu_nvrtc_compile(src, name, "sm_90", &cubin, &size, &log), "%s:\n%s", name, log ? log : "?");
+    cr_assert_gt(size, 0);
+    alone++;
+    free(cubin), free(log), free(src), free(body);
+  }
+  cr_assert_eq(alone, 3);
+  cr_log_info("NVRTC sm_90: %d kernels (pointwise %d, reductions %d, copies %d, fills %d, iota %d, philox %d, indexing %d, "
+              "im2col %d) in %.0f ms, %zu bytes of cubin",
+              n, families[CU_POINTWISE], families[CU_REDUCE], families[CU_COPY], families[CU_FILL], families[CU_IOTA],
+              families[CU_PHILOX], families[CU_INDEX], families[CU_IM2COL], batched, cubin_bytes);
+  free(keys);
 }

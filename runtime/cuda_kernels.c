@@ -1,0 +1,517 @@
+/* runtime/cuda_kernels.c: the eager CUDA kernels, generated as CUDA C per (prim, dtypes, layout
+ * kind) and compiled by NVRTC for the device's architecture.
+ *
+ * One generator, not hand-written kernels per dtype: each kernel is a short text whose op is an
+ * expression in the compute type (f16 and bf16 load to float, compute and store back; reductions
+ * accumulate f16/bf16 in float and integers in 64 bits, as PyTorch does), whose addressing comes
+ * from its layout kind:
+ *   contiguous  every operand dense and of the output's shape: element i at i;
+ *   broadcast   dense operands, some of them one element (a scalar operand): i or 0;
+ *   strided     any sizes and strides (up to 8 dims, in elements): the output's linear index
+ *               is decomposed into coordinates and each operand's offset summed from them.
+ * Families: pointwise (every P_POINTWISE prim, where and convert), reductions over any set of
+ * axes (one block per output element, a shared-memory tree), strided copy and fill (clone, flip,
+ * pad, cat and slice_scatter are copies between strided views), gather / index_select /
+ * scatter_add (indices bound-checked into an error word; scatter_add with atomicAdd, so float
+ * sums are not in a fixed order, as in PyTorch), full, iota, Philox uniform and normal (the CPU
+ * stream's formulas, prims/creation.c: same counters, same words; normals in double, rounded
+ * once, as the CPU does), and im2col / col2im for convolutions through cuBLAS.
+ * Matmul goes to cuBLAS and is not generated. */
+#include "cuda.h"
+#include "../prims/prims.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef EMBER_HAVE_NVRTC
+#include <nvrtc.h>
+#endif
+
+static const char *ctype(em_dtype dt) {
+  switch (dt) {
+  case EM_F32: return "float";
+  case EM_F64: return "double";
+  case EM_I32: return "int";
+  case EM_I64: return "long long";
+  case EM_BOOL: return "bool";
+  case EM_U8: return "unsigned char";
+  case EM_F16: return "__half";
+  case EM_BF16: return "__nv_bfloat16";
+  default: return NULL;
+  }
+}
+
+/* The type arithmetic runs in. */
+static const char *computetype(em_dtype dt) { return dt == EM_F16 || dt == EM_BF16 ? "float" : ctype(dt); }
+static bool is_float(em_dtype dt) { return dt == EM_F32 || dt == EM_F64 || dt == EM_F16 || dt == EM_BF16; }
+static const char *layout_name(cu_layout l) { return l == CU_CONTIG ? "contig" : l == CU_BROADCAST ? "bcast" : "strided"; }
+
+typedef struct sbuf {
+  char *p;
+  size_t n, cap;
+  bool oom;
+} sbuf;
+
+static void put(sbuf *b, const char *fmt, ...) {
+  if (b->oom) return;
+  for (;;) {
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(b->p ? b->p + b->n : NULL, b->p ? b->cap - b->n : 0, fmt, ap);
+    va_end(ap);
+    if (k < 0) return (void)(b->oom = true);
+    if (b->p && b->n + (size_t)k < b->cap) return (void)(b->n += (size_t)k);
+    size_t c = b->cap ? b->cap * 2 : 4096;
+    while (c < b->n + (size_t)k + 1) c *= 2;
+    char *np = realloc(b->p, c);
+    if (!np) return (void)(b->oom = true);
+    b->p = np, b->cap = c;
+  }
+}
+
+/* Shared by every kernel: types, conversions, the strided index map, Philox4x32-10. */
+static const char prelude[] =
+    "#include <cuda_fp16.h>\n"
+    "#include <cuda_bf16.h>\n"
+    "typedef long long i64;\n"
+    "#define EM_MAX_DIMS 8\n"
+    "struct em_layout { int ndim; i64 size[EM_MAX_DIMS]; i64 stride[4][EM_MAX_DIMS]; };\n"
+    "__device__ __forceinline__ float em_ld(__half x) { return __half2float(x); }\n"
+    "__device__ __forceinline__ float em_ld(__nv_bfloat16 x) { return __bfloat162float(x); }\n"
+    "template <typename T> __device__ __forceinline__ T em_ld(T x) { return x; }\n"
+    "template <typename T, typename U> __device__ __forceinline__ T em_to(U x) { return (T)x; }\n"
+    "template <> __device__ __forceinline__ __half em_to<__half, float>(float x) { return __float2half_rn(x); }\n"
+    "template <> __device__ __forceinline__ __half em_to<__half, double>(double x) { return __double2half(x); }\n"
+    "template <> __device__ __forceinline__ __nv_bfloat16 em_to<__nv_bfloat16, float>(float x) { return __float2bfloat16_rn(x); }\n"
+    "template <> __device__ __forceinline__ __nv_bfloat16 em_to<__nv_bfloat16, double>(double x) { return __double2bfloat16(x); }\n"
+    "template <typename U> __device__ __forceinline__ bool em_to_bool(U x) { return x != (U)0; }\n"
+    "/* offset of operand k at the output's linear index i */\n"
+    "__device__ __forceinline__ i64 em_off(const em_layout &L, int k, i64 i) {\n"
+    "  i64 o = 0;\n"
+    "  for (int d = L.ndim - 1; d >= 0; d--) { i64 c = i % L.size[d]; i /= L.size[d]; o += c * L.stride[k][d]; }\n"
+    "  return o;\n"
+    "}\n"
+    "__device__ __forceinline__ void em_philox(unsigned long long lo, unsigned long long hi, unsigned long long key, unsigned w[4]) {\n"
+    "  unsigned c0 = (unsigned)lo, c1 = (unsigned)(lo >> 32), c2 = (unsigned)hi, c3 = (unsigned)(hi >> 32);\n"
+    "  unsigned k0 = (unsigned)key, k1 = (unsigned)(key >> 32);\n"
+    "  for (int r = 0; r < 10; r++) {\n"
+    "    if (r) k0 += 0x9E3779B9u, k1 += 0xBB67AE85u;\n"
+    "    unsigned long long p0 = (unsigned long long)0xD2511F53u * c0, p1 = (unsigned long long)0xCD9E8D57u * c2;\n"
+    "    unsigned n0 = (unsigned)(p1 >> 32) ^ c1 ^ k0, n1 = (unsigned)p1, n2 = (unsigned)(p0 >> 32) ^ c3 ^ k1, n3 = (unsigned)p0;\n"
+    "    c0 = n0, c1 = n1, c2 = n2, c3 = n3;\n"
+    "  }\n"
+    "  w[0] = c0, w[1] = c1, w[2] = c2, w[3] = c3;\n"
+    "}\n"
+    "#define EM_GRID_LOOP(i, n) for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)\n";
+
+/* The expression of a pointwise prim over a, b, c (already in the compute type C of dt). */
+static const char *pointwise_expr(em_prim op, em_dtype dt, char *buf, size_t cap) {
+  bool f = is_float(dt), dbl = dt == EM_F64, bl = dt == EM_BOOL;
+  const char *sfx = dbl ? "" : "f"; /* expf / exp */
+#define FN(name) (snprintf(buf, cap, "%s%s(a)", name, sfx), buf)
+  switch (op) {
+  case EM_PRIM_NEG: return "-a";
+  case EM_PRIM_ABS: return bl || dt == EM_U8 ? "a" : f ? (dbl ? "fabs(a)" : "fabsf(a)") : "(a < 0 ? -a : a)";
+  case EM_PRIM_EXP: return FN("exp");
+  case EM_PRIM_LOG: return FN("log");
+  case EM_PRIM_LOG1P: return FN("log1p");
+  case EM_PRIM_EXPM1: return FN("expm1");
+  case EM_PRIM_SQRT: return FN("sqrt");
+  case EM_PRIM_RSQRT: return FN("rsqrt");
+  case EM_PRIM_SIN: return FN("sin");
+  case EM_PRIM_COS: return FN("cos");
+  case EM_PRIM_TANH: return FN("tanh");
+  case EM_PRIM_ERF: return FN("erf");
+  case EM_PRIM_SIGN: return bl ? "a" : dt == EM_U8 ? "(C)(a > 0)" : "(C)((a > (C)0) - (a < (C)0))";
+  case EM_PRIM_FLOOR: return f ? FN("floor") : "a";
+  case EM_PRIM_CEIL: return f ? FN("ceil") : "a";
+  case EM_PRIM_RECIPROCAL: return "(C)1 / a";
+  case EM_PRIM_LOGICAL_NOT: return "!a";
+  case EM_PRIM_ADD: return bl ? "(a || b)" : "a + b";
+  case EM_PRIM_SUB: return "a - b";
+  case EM_PRIM_MUL: return bl ? "(a && b)" : "a * b";
+  case EM_PRIM_DIV: return "a / b";
+  case EM_PRIM_POW:
+    if (f) return snprintf(buf, cap, "pow%s(a, b)", sfx), buf;
+    return "em_ipow(a, b)";
+  case EM_PRIM_MAXIMUM: return f ? "((a != a || a > b) ? a : b)" : "(a > b ? a : b)"; /* NaN propagates */
+  case EM_PRIM_MINIMUM: return f ? "((a != a || a < b) ? a : b)" : "(a < b ? a : b)";
+  case EM_PRIM_REMAINDER: /* Python's: the sign of the divisor */
+    if (f) return snprintf(buf, cap, "em_fmod_py(a, b)"), buf;
+    return "em_imod_py(a, b)";
+  case EM_PRIM_EQ: return "a == b";
+  case EM_PRIM_NE: return "a != b";
+  case EM_PRIM_LT: return "a < b";
+  case EM_PRIM_LE: return "a <= b";
+  case EM_PRIM_GT: return "a > b";
+  case EM_PRIM_GE: return "a >= b";
+  case EM_PRIM_LOGICAL_AND: return "((bool)a && (bool)b)";
+  case EM_PRIM_LOGICAL_OR: return "((bool)a || (bool)b)";
+  case EM_PRIM_WHERE: return "(cnd ? a : b)";
+  case EM_PRIM_CONVERT: return "a";
+  default: return NULL;
+  }
+#undef FN
+}
+
+/* The helper op's expression calls (remainder, integer pow), for compute type C. */
+static void pointwise_helpers(sbuf *b, em_prim op, em_dtype dt) {
+  const char *C = computetype(dt);
+  bool uns = dt == EM_U8;
+  if (op == EM_PRIM_REMAINDER && is_float(dt)) {
+    const char *fm = dt == EM_F64 ? "fmod" : "fmodf";
+    put(b, "__device__ __forceinline__ %s em_fmod_py(%s a, %s b) { %s r = %s(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }\n",
+        C, C, C, C, fm);
+  } else if (op == EM_PRIM_REMAINDER && uns) {
+    put(b, "__device__ __forceinline__ %s em_imod_py(%s a, %s b) { return b == 0 ? 0 : a %% b; }\n", C, C, C);
+  } else if (op == EM_PRIM_REMAINDER) {
+    put(b, "__device__ __forceinline__ %s em_imod_py(%s a, %s b) { if (b == 0) return 0; %s r = a %% b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }\n",
+        C, C, C, C);
+  } else if (op == EM_PRIM_POW && !is_float(dt)) {
+    put(b, "__device__ __forceinline__ %s em_ipow(%s a, %s b) { %s %s r = 1; while (b) { if (b & 1) r *= a; a *= a; b >>= 1; } return r; }\n",
+        C, C, C, uns ? "" : "if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);", C);
+  }
+}
+
+/* Pointwise: out[i] = expr(operands[i]); WHERE's first operand is the bool condition, CONVERT
+ * reads dtype `in` and writes `out`. */
+static bool gen_pointwise(sbuf *b, const cu_kernel_key *k, char *name, size_t ncap) {
+  char ebuf[64];
+  const prim_info *pi = prim_get(k->op);
+  int arity = pi->arity;
+  em_dtype in = k->in, out = k->out;
+  const char *expr = pointwise_expr(k->op, in, ebuf, sizeof ebuf);
+  if (!expr) return false;
+  const char *I = ctype(in), *O = ctype(out), *C = computetype(in);
+  snprintf(name, ncap, "em_%s_%s_%s_%s", pi->name, em_dtype_name(in), em_dtype_name(out), layout_name(k->layout));
+  pointwise_helpers(b, k->op, in);
+  put(b, "typedef %s C;\n", C);
+  put(b, "extern \"C\" __global__ void %s(%s *__restrict__ out", name, O);
+  for (int a = 0; a < arity; a++) put(b, ", const %s *__restrict__ x%d", k->op == EM_PRIM_WHERE && a == 0 ? "bool" : I, a);
+  /* broadcast: L.stride[1 + a][0] is 1 for a dense operand, 0 for a one-element one */
+  put(b, ", i64 n, em_layout L) {\n  EM_GRID_LOOP(i, n) {\n");
+  bool where = k->op == EM_PRIM_WHERE;
+  for (int a = 0; a < arity; a++) {
+    char ix[16] = "i";
+    if (k->layout == CU_BROADCAST) snprintf(ix, sizeof ix, "o%d", a), put(b, "    i64 o%d = L.stride[%d][0] ? i : 0;\n", a, a + 1);
+    else if (k->layout == CU_STRIDED) snprintf(ix, sizeof ix, "o%d", a), put(b, "    i64 o%d = em_off(L, %d, i);\n", a, a + 1);
+    if (where && a == 0) put(b, "    bool cnd = x0[%s];\n", ix);
+    else put(b, "    C %s = (C)em_ld(x%d[%s]);\n", where ? (a == 1 ? "a" : "b") : (a == 0 ? "a" : a == 1 ? "b" : "c"), a, ix);
+  }
+  const char *oi = k->layout == CU_STRIDED ? "em_off(L, 0, i)" : "i";
+  if (out == EM_BOOL && k->op != EM_PRIM_WHERE && k->op != EM_PRIM_CONVERT) put(b, "    out[%s] = (bool)(%s);\n", oi, expr);
+  else if (k->op == EM_PRIM_CONVERT && out == EM_BOOL) put(b, "    out[%s] = em_to_bool(a);\n", oi);
+  else put(b, "    out[%s] = em_to<%s>(%s);\n", oi, O, expr);
+  put(b, "  }\n}\n");
+  return true;
+}
+
+/* Reduction over the reduced dims of each output element: one block per output element. The
+ * layout holds the kept dims (size/stride[1] for the input, stride[0] for the output) and the
+ * reduced dims in a second map (size/stride[2], with ndim in stride[3][0]). */
+static bool gen_reduce(sbuf *b, const cu_kernel_key *k, char *name, size_t ncap) {
+  em_prim op = k->op;
+  em_dtype in = k->in, out = k->out;
+  const char *I = ctype(in), *O = ctype(out);
+  bool arg = op == EM_PRIM_ARGMAX || op == EM_PRIM_ARGMIN;
+  const char *A = arg ? computetype(in) : is_float(in) ? (in == EM_F64 ? "double" : "float") : in == EM_BOOL ? "long long" : "long long";
+  if ((op == EM_PRIM_AMAX || op == EM_PRIM_AMIN) && !is_float(in)) A = computetype(in);
+  snprintf(name, ncap, "em_%s_%s_%s_%s", prim_get(op)->name, em_dtype_name(in), em_dtype_name(out), layout_name(k->layout));
+  const char *init = op == EM_PRIM_SUM ? "0" : op == EM_PRIM_PROD ? "1" : NULL;
+  put(b, "typedef %s A;\n", A);
+  put(b, "struct em_red { int ndim; i64 size[EM_MAX_DIMS]; i64 stride[EM_MAX_DIMS]; };\n");
+  put(b, "__device__ __forceinline__ bool em_better(A x, i64 ix, A y, i64 iy) {\n");
+  bool max = op == EM_PRIM_AMAX || op == EM_PRIM_ARGMAX;
+  if (is_float(in)) /* NaN wins; ties go to the first index, as torch.argmax */
+    put(b, "  if (x != x) return y == y || ix < iy; if (y != y) return false; return x %s y || (x == y && ix < iy);\n}\n", max ? ">" : "<");
+  else put(b, "  return x %s y || (x == y && ix < iy);\n}\n", max ? ">" : "<");
+  put(b, "extern \"C\" __global__ void %s(%s *__restrict__ out, const %s *__restrict__ x, i64 n_out, i64 n_red, em_layout L, em_red R) {\n",
+      name, O, I);
+  bool cmp = !init; /* amax, amin, argmax, argmin: values and their indices */
+  put(b, "  __shared__ A acc[256];\n");
+  if (cmp) put(b, "  __shared__ i64 at[256];\n");
+  put(b, "  for (i64 o = blockIdx.x; o < n_out; o += gridDim.x) {\n");
+  put(b, "    i64 base = %s;\n", k->layout == CU_CONTIG ? "o * n_red" : "em_off(L, 1, o)");
+  if (init) put(b, "    A v = (A)%s;\n", init);
+  else put(b, "    A v = (A)0; i64 vi = -1;\n");
+  put(b, "    for (i64 r = threadIdx.x; r < n_red; r += blockDim.x) {\n");
+  if (k->layout == CU_CONTIG) put(b, "      i64 off = base + r;\n");
+  else
+    put(b, "      i64 off = base, q = r;\n"
+           "      for (int d = R.ndim - 1; d >= 0; d--) { off += (q %% R.size[d]) * R.stride[d]; q /= R.size[d]; }\n");
+  put(b, "      A e = (A)em_ld(x[off]);\n");
+  if (op == EM_PRIM_SUM) put(b, "      v += e;\n");
+  else if (op == EM_PRIM_PROD) put(b, "      v *= e;\n");
+  else put(b, "      if (vi < 0 || em_better(e, r, v, vi)) v = e, vi = r;\n");
+  put(b, "    }\n    acc[threadIdx.x] = v;%s\n    __syncthreads();\n", cmp ? " at[threadIdx.x] = vi;" : "");
+  put(b, "    for (int s = blockDim.x / 2; s > 0; s >>= 1) {\n      if (threadIdx.x < s) {\n");
+  put(b, "        A w = acc[threadIdx.x + s];\n");
+  if (op == EM_PRIM_SUM) put(b, "        acc[threadIdx.x] += w;\n");
+  else if (op == EM_PRIM_PROD) put(b, "        acc[threadIdx.x] *= w;\n");
+  else put(b, "        i64 wi = at[threadIdx.x + s];\n");
+  if (op != EM_PRIM_SUM && op != EM_PRIM_PROD)
+    put(b, "        if (wi >= 0 && (at[threadIdx.x] < 0 || em_better(w, wi, acc[threadIdx.x], at[threadIdx.x]))) acc[threadIdx.x] = w, at[threadIdx.x] = wi;\n");
+  put(b, "      }\n      __syncthreads();\n    }\n");
+  const char *oo = k->layout == CU_CONTIG ? "o" : "em_off(L, 0, o)";
+  if (arg) put(b, "    if (threadIdx.x == 0) out[%s] = (%s)at[0];\n", oo, O);
+  else if (out == EM_BOOL) put(b, "    if (threadIdx.x == 0) out[%s] = acc[0] != 0;\n", oo);
+  else put(b, "    if (threadIdx.x == 0) out[%s] = em_to<%s>(acc[0]);\n", oo, O);
+  put(b, "    __syncthreads();\n  }\n}\n");
+  return true;
+}
+
+/* Copy between strided views (clone, flip, pad's interior, cat's pieces, slice_scatter), with a
+ * conversion when the dtypes differ; fill for pad's border, full and a view's constant. */
+static bool gen_copy(sbuf *b, const cu_kernel_key *k, char *name, size_t ncap) {
+  const char *I = ctype(k->in), *O = ctype(k->out);
+  snprintf(name, ncap, "em_copy_%s_%s_%s", em_dtype_name(k->in), em_dtype_name(k->out), layout_name(k->layout));
+  put(b, "extern \"C\" __global__ void %s(%s *__restrict__ out, const %s *__restrict__ x, i64 n, em_layout L) {\n", name, O, I);
+  if (k->layout == CU_STRIDED) put(b, "  EM_GRID_LOOP(i, n) { i64 o = em_off(L, 0, i), s = em_off(L, 1, i);\n");
+  else if (k->layout == CU_BROADCAST) put(b, "  EM_GRID_LOOP(i, n) { i64 o = i, s = 0;\n");
+  else put(b, "  EM_GRID_LOOP(i, n) { i64 o = i, s = i;\n");
+  if (k->out == EM_BOOL) put(b, "    out[o] = em_to_bool(em_ld(x[s])); }\n}\n");
+  else put(b, "    out[o] = em_to<%s>(em_ld(x[s])); }\n}\n", O);
+  return true;
+}
+
+static bool gen_fill(sbuf *b, const cu_kernel_key *k, char *name, size_t ncap) {
+  const char *O = ctype(k->out);
+  snprintf(name, ncap, "em_fill_%s_%s", em_dtype_name(k->out), layout_name(k->layout));
+  put(b, "extern \"C\" __global__ void %s(%s *__restrict__ out, %s v, i64 n, em_layout L) {\n", name, O, O);
+  put(b, "  EM_GRID_LOOP(i, n) out[%s] = v;\n}\n", k->layout == CU_STRIDED ? "em_off(L, 0, i)" : "i");
+  return true;
+}
+
+/* iota: start + i * step in double, converted once (the CPU kernel's formula). */
+static bool gen_iota(sbuf *b, const cu_kernel_key *k, char *name, size_t ncap) {
+  const char *O = ctype(k->out);
+  snprintf(name, ncap, "em_iota_%s", em_dtype_name(k->out));
+  put(b, "extern \"C\" __global__ void %s(%s *__restrict__ out, double start, double step, i64 n) {\n", name, O);
+  if (k->out == EM_BOOL) put(b, "  EM_GRID_LOOP(i, n) out[i] = (start + (double)i * step) != 0.0;\n}\n");
+  else put(b, "  EM_GRID_LOOP(i, n) out[i] = em_to<%s>(start + (double)i * step);\n}\n", O);
+  return true;
+}
+
+/* Philox uniform / normal, f32 and f64: thread q makes call q's elements (prims/creation.c). */
+static bool gen_philox(sbuf *b, const cu_kernel_key *k, char *name, size_t ncap) {
+  bool normal = k->op == EM_PRIM_PHILOX_NORMAL, f32 = k->out == EM_F32;
+  snprintf(name, ncap, "em_philox_%s_%s", normal ? "normal" : "uniform", em_dtype_name(k->out));
+  put(b, "extern \"C\" __global__ void %s(%s *__restrict__ out, unsigned long long seed, unsigned long long offset, i64 n, i64 calls) {\n",
+      name, f32 ? "float" : "double");
+  put(b, "  EM_GRID_LOOP(q, calls) {\n    unsigned w[4];\n    unsigned long long lo = offset + (unsigned long long)q;\n");
+  put(b, "    em_philox(lo, lo < offset, seed, w);\n");
+  if (normal) put(b, "    const double two_pi = 6.28318530717958647692528676655900577;\n");
+  if (f32) {
+    put(b, "    float v[4];\n");
+    if (normal)
+      put(b, "    for (int j = 0; j < 2; j++) {\n"
+             "      double u1 = ((double)w[2 * j] + 1) * 0x1p-32, u2 = ((double)w[2 * j + 1] + 1) * 0x1p-32;\n"
+             "      double r = sqrt(-2.0 * log(u1)), t = two_pi * u2;\n"
+             "      v[2 * j] = (float)(r * cos(t)), v[2 * j + 1] = (float)(r * sin(t));\n    }\n");
+    else put(b, "    for (int j = 0; j < 4; j++) v[j] = (float)(w[j] >> 8) * 0x1p-24f;\n");
+    put(b, "    for (i64 j = 0; j < 4 && 4 * q + j < n; j++) out[4 * q + j] = v[j];\n");
+  } else {
+    put(b, "    double b01 = (double)((((unsigned long long)w[1] << 32) | w[0]) >> 11);\n");
+    put(b, "    double b23 = (double)((((unsigned long long)w[3] << 32) | w[2]) >> 11);\n    double v[2];\n");
+    if (normal)
+      put(b, "    double u1 = (b01 + 1) * 0x1p-53, u2 = (b23 + 1) * 0x1p-53, r = sqrt(-2.0 * log(u1)), t = two_pi * u2;\n"
+             "    v[0] = r * cos(t), v[1] = r * sin(t);\n");
+    else put(b, "    v[0] = b01 * 0x1p-53, v[1] = b23 * 0x1p-53;\n");
+    put(b, "    out[2 * q] = v[0];\n    if (2 * q + 1 < n) out[2 * q + 1] = v[1];\n");
+  }
+  put(b, "  }\n}\n");
+  return true;
+}
+
+/* gather / index_select / scatter_add along axis L.stride[3][0]: the layout maps the output's
+ * (gather, index_select) or src's (scatter_add) linear index to each operand's offset, with
+ * the indexed axis's stride of x zeroed; the index replaces that coordinate. A bad index is
+ * stored in *err (the first one met wins) and the element is left alone. */
+static bool gen_index(sbuf *b, const cu_kernel_key *k, char *name, size_t ncap) {
+  const char *T = ctype(k->in), *X = ctype(k->idx);
+  snprintf(name, ncap, "em_%s_%s_%s", prim_get(k->op)->name, em_dtype_name(k->in), em_dtype_name(k->idx));
+  if (k->op == EM_PRIM_SCATTER_ADD) {
+    put(b, "extern \"C\" __global__ void %s(%s *__restrict__ out, const %s *__restrict__ index, const %s *__restrict__ src, i64 n, i64 limit, i64 axis_stride, em_layout L, unsigned long long *err) {\n",
+        name, T, X, T);
+    put(b, "  EM_GRID_LOOP(i, n) {\n    i64 j = (i64)index[em_off(L, 2, i)];\n");
+    put(b, "    if (j < 0 || j >= limit) { atomicCAS(err, 0ull, (unsigned long long)j | (1ull << 63)); continue; }\n");
+    if (k->in == EM_I64) put(b, "    atomicAdd((unsigned long long *)&out[em_off(L, 0, i) + j * axis_stride], (unsigned long long)src[em_off(L, 1, i)]);\n");
+    else if (k->in == EM_I32 || k->in == EM_F32 || k->in == EM_F64 || k->in == EM_F16 || k->in == EM_BF16)
+      put(b, "    atomicAdd(&out[em_off(L, 0, i) + j * axis_stride], src[em_off(L, 1, i)]);\n");
+    else return false;
+    put(b, "  }\n}\n");
+    return true;
+  }
+  put(b, "extern \"C\" __global__ void %s(%s *__restrict__ out, const %s *__restrict__ x, const %s *__restrict__ index, i64 n, i64 limit, i64 axis_stride, int index_by_axis, em_layout L, unsigned long long *err) {\n",
+      name, T, T, X);
+  put(b, "  EM_GRID_LOOP(i, n) {\n");
+  put(b, "    i64 j = index_by_axis ? (i64)index[em_off(L, 2, i)] : (i64)index[em_off(L, 2, i)];\n");
+  put(b, "    if (j < 0 || j >= limit) { atomicCAS(err, 0ull, (unsigned long long)j | (1ull << 63)); continue; }\n");
+  put(b, "    out[em_off(L, 0, i)] = x[em_off(L, 1, i) + j * axis_stride];\n  }\n}\n");
+  return true;
+}
+
+/* im2col / col2im for a convolution through cuBLAS, NCHW: column row (c, kh, kw), column
+ * (n, oh, ow). col2im gathers every contribution to an input pixel (no atomics: deterministic). */
+static bool gen_im2col(sbuf *b, const cu_kernel_key *k, char *name, size_t ncap) {
+  const char *T = ctype(k->in);
+  bool back = k->layout == CU_STRIDED; /* strided: col2im */
+  snprintf(name, ncap, "em_%s_%s", back ? "col2im" : "im2col", em_dtype_name(k->in));
+  put(b, "struct em_conv { i64 n, c, h, w, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw; };\n");
+  if (!back) {
+    put(b, "extern \"C\" __global__ void %s(%s *__restrict__ col, const %s *__restrict__ x, em_conv p) {\n", name, T, T);
+    put(b, "  i64 total = p.c * p.kh * p.kw * p.n * p.oh * p.ow;\n  EM_GRID_LOOP(i, total) {\n");
+    put(b, "    i64 q = i; i64 ow = q %% p.ow; q /= p.ow; i64 oh = q %% p.oh; q /= p.oh; i64 n = q %% p.n; q /= p.n;\n");
+    put(b, "    i64 kw = q %% p.kw; q /= p.kw; i64 kh = q %% p.kh; i64 c = q / p.kh;\n");
+    put(b, "    i64 ih = oh * p.sh - p.ph + kh * p.dh, iw = ow * p.sw - p.pw + kw * p.dw;\n");
+    put(b, "    col[i] = (ih >= 0 && ih < p.h && iw >= 0 && iw < p.w) ? x[((n * p.c + c) * p.h + ih) * p.w + iw] : em_to<%s>(0.0f);\n  }\n}\n", T);
+  } else {
+    put(b, "extern \"C\" __global__ void %s(%s *__restrict__ x, const %s *__restrict__ col, em_conv p) {\n", name, T, T);
+    put(b, "  i64 total = p.n * p.c * p.h * p.w;\n  EM_GRID_LOOP(i, total) {\n");
+    put(b, "    i64 q = i; i64 iw = q %% p.w; q /= p.w; i64 ih = q %% p.h; q /= p.h; i64 c = q %% p.c; i64 n = q / p.c;\n");
+    put(b, "    float acc = 0;\n    for (i64 kh = 0; kh < p.kh; kh++) for (i64 kw = 0; kw < p.kw; kw++) {\n");
+    put(b, "      i64 th = ih + p.ph - kh * p.dh, tw = iw + p.pw - kw * p.dw;\n");
+    put(b, "      if (th < 0 || tw < 0 || th %% p.sh || tw %% p.sw) continue;\n");
+    put(b, "      i64 oh = th / p.sh, ow = tw / p.sw;\n      if (oh >= p.oh || ow >= p.ow) continue;\n");
+    put(b, "      acc += em_ld(col[(((c * p.kh + kh) * p.kw + kw) * p.n + n) * p.oh * p.ow + oh * p.ow + ow]);\n    }\n");
+    put(b, "    x[i] = em_to<%s>(acc);\n  }\n}\n", T);
+  }
+  return true;
+}
+
+const char *cu_kernel_prelude(void) { return prelude; }
+
+bool cu_kernel_body(const cu_kernel_key *k, char **src, char *name, size_t ncap) {
+  sbuf b = {0};
+  if (!ctype(k->in) || !ctype(k->out)) return false;
+  bool ok;
+  switch (k->family) {
+  case CU_POINTWISE: ok = gen_pointwise(&b, k, name, ncap); break;
+  case CU_REDUCE: ok = gen_reduce(&b, k, name, ncap); break;
+  case CU_COPY: ok = gen_copy(&b, k, name, ncap); break;
+  case CU_FILL: ok = gen_fill(&b, k, name, ncap); break;
+  case CU_IOTA: ok = gen_iota(&b, k, name, ncap); break;
+  case CU_PHILOX: ok = (k->out == EM_F32 || k->out == EM_F64) && gen_philox(&b, k, name, ncap); break;
+  case CU_INDEX: ok = ctype(k->idx) && gen_index(&b, k, name, ncap); break;
+  case CU_IM2COL: ok = is_float(k->in) && gen_im2col(&b, k, name, ncap); break;
+  default: ok = false;
+  }
+  if (!ok || b.oom) return free(b.p), false;
+  *src = b.p;
+  return true;
+}
+
+bool cu_nvrtc_compile(const char *src, const char *name, const char *arch, char **cubin, size_t *size, char **log) {
+  *cubin = NULL, *size = 0, *log = NULL;
+#ifdef EMBER_HAVE_NVRTC
+  nvrtcProgram prog;
+  if (nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL) != NVRTC_SUCCESS) return (*log = strdup("nvrtcCreateProgram failed")), false;
+  char archopt[64];
+  snprintf(archopt, sizeof archopt, "--gpu-architecture=%s", arch);
+  const char *opts[] = {archopt, "--std=c++17", "-I" EMBER_CUDA_INCLUDE, "--use_fast_math=false"};
+  nvrtcResult r = nvrtcCompileProgram(prog, 3, opts);
+  size_t ls = 0;
+  if (nvrtcGetProgramLogSize(prog, &ls) == NVRTC_SUCCESS && ls > 1 && (*log = malloc(ls))) nvrtcGetProgramLog(prog, *log);
+  if (r == NVRTC_SUCCESS && nvrtcGetCUBINSize(prog, size) == NVRTC_SUCCESS && (*cubin = malloc(*size ? *size : 1))) {
+    if (nvrtcGetCUBIN(prog, *cubin) != NVRTC_SUCCESS) free(*cubin), *cubin = NULL;
+  }
+  nvrtcDestroyProgram(&prog);
+  if (!*cubin && !*log) *log = strdup(nvrtcGetErrorString(r));
+  return *cubin != NULL;
+#else
+  (void)src, (void)name, (void)arch;
+  *log = strdup("this build has no NVRTC (the CUDA toolkit was not found at configure time)");
+  return false;
+#endif
+}
+
+bool cu_nvrtc_available(void) {
+#ifdef EMBER_HAVE_NVRTC
+  return true;
+#else
+  return false;
+#endif
+}
+
+/* ---- the kernel set ---- */
+
+static const em_dtype all_dtypes[] = {EM_F32, EM_F64, EM_I32, EM_I64, EM_BOOL, EM_U8, EM_F16, EM_BF16};
+enum { N_DTYPES = sizeof all_dtypes / sizeof all_dtypes[0] };
+
+static prim_meta meta_of(em_dtype dt, int ndim) {
+  prim_meta m = {.dtype = dt, .ndim = ndim};
+  for (int d = 0; d < ndim; d++) m.sizes[d] = 4;
+  ir_contiguous_strides(ndim, m.sizes, m.strides);
+  return m;
+}
+
+/* The result dtype of op on operands of these dtypes, from the prim's meta function; false when
+ * the prim refuses them (so the set holds exactly the kernels eager execution can ask for). */
+static bool result_dtype(em_prim op, const prim_attrs *at, const em_dtype *in, int n, int ndim, em_dtype *out) {
+  prim_meta ms[3], o;
+  for (int i = 0; i < n; i++) ms[i] = meta_of(in[i], ndim);
+  char why[128];
+  if (!prim_meta_fn(op, at, ms, n, &o, why, sizeof why)) return false;
+  *out = o.dtype;
+  return true;
+}
+
+static int add_key(cu_kernel_key *keys, int cap, int n, cu_kernel_key k) {
+  if (keys && n < cap) keys[n] = k;
+  return n + 1;
+}
+
+int cu_kernel_keys(cu_kernel_key *keys, int cap) {
+  int n = 0;
+  const cu_layout layouts[] = {CU_CONTIG, CU_BROADCAST, CU_STRIDED};
+  for (int op = 0; op < EM_PRIM_COUNT; op++) {
+    unsigned fl = prim_get((em_prim)op)->flags;
+    for (int i = 0; i < N_DTYPES; i++) {
+      em_dtype dt = all_dtypes[i], out;
+      if (fl & P_POINTWISE) {
+        if (op == EM_PRIM_CONVERT) {
+          for (int j = 0; j < N_DTYPES; j++)
+            for (int l = 0; l < 3; l++)
+              n = add_key(keys, cap, n, (cu_kernel_key){CU_POINTWISE, op, dt, all_dtypes[j], EM_I64, layouts[l]});
+          continue;
+        }
+        int arity = prim_get((em_prim)op)->arity;
+        em_dtype ins[3] = {dt, dt, dt};
+        if (op == EM_PRIM_WHERE) ins[0] = EM_BOOL;
+        if (!result_dtype((em_prim)op, &(prim_attrs){0}, ins, arity, 1, &out)) continue;
+        for (int l = 0; l < 3; l++) n = add_key(keys, cap, n, (cu_kernel_key){CU_POINTWISE, op, dt, out, EM_I64, layouts[l]});
+      } else if (fl & P_REDUCTION) {
+        prim_attrs at = {.n_axes = 1, .axes = {1}};
+        if (!result_dtype((em_prim)op, &at, &dt, 1, 2, &out)) continue;
+        n = add_key(keys, cap, n, (cu_kernel_key){CU_REDUCE, op, dt, out, EM_I64, CU_CONTIG});
+        n = add_key(keys, cap, n, (cu_kernel_key){CU_REDUCE, op, dt, out, EM_I64, CU_STRIDED});
+      } else if (fl & P_INDEXING) {
+        for (int x = 0; x < 2; x++) {
+          em_dtype ix = x ? EM_I64 : EM_I32;
+          em_dtype ins[3] = {dt, ix, dt};
+          prim_attrs at = {.n_axes = 1, .axes = {0}};
+          if (!result_dtype((em_prim)op, &at, ins, op == EM_PRIM_SCATTER_ADD ? 3 : 2, 2, &out)) continue;
+          if (op == EM_PRIM_SCATTER_ADD && (dt == EM_BOOL || dt == EM_U8)) continue; /* no atomicAdd: see cuda.h */
+          n = add_key(keys, cap, n, (cu_kernel_key){CU_INDEX, op, dt, out, ix, CU_STRIDED});
+        }
+      } else if (op == EM_PRIM_PHILOX_UNIFORM || op == EM_PRIM_PHILOX_NORMAL) {
+        if (dt == EM_F32 || dt == EM_F64) n = add_key(keys, cap, n, (cu_kernel_key){CU_PHILOX, op, dt, dt, EM_I64, CU_CONTIG});
+      } else if (op == EM_PRIM_IOTA) {
+        n = add_key(keys, cap, n, (cu_kernel_key){CU_IOTA, op, dt, dt, EM_I64, CU_CONTIG});
+      }
+    }
+  }
+  for (int i = 0; i < N_DTYPES; i++) { /* movement and full: copies and fills */
+    em_dtype dt = all_dtypes[i];
+    for (int l = 0; l < 3; l++) n = add_key(keys, cap, n, (cu_kernel_key){CU_COPY, EM_PRIM_CLONE, dt, dt, EM_I64, layouts[l]});
+    n = add_key(keys, cap, n, (cu_kernel_key){CU_FILL, EM_PRIM_FULL, dt, dt, EM_I64, CU_CONTIG});
+    n = add_key(keys, cap, n, (cu_kernel_key){CU_FILL, EM_PRIM_FULL, dt, dt, EM_I64, CU_STRIDED});
+    if (is_float(dt)) { /* convolution through cuBLAS */
+      n = add_key(keys, cap, n, (cu_kernel_key){CU_IM2COL, EM_PRIM_CONV2D, dt, dt, EM_I64, CU_CONTIG});
+      n = add_key(keys, cap, n, (cu_kernel_key){CU_IM2COL, EM_PRIM_CONV2D_BWD_INPUT, dt, dt, EM_I64, CU_STRIDED});
+    }
+  }
+  return n;
+}
