@@ -208,9 +208,10 @@ static bool gen_pointwise(sbuf *b, const cu_kernel_key *k, char *name, size_t nc
   return true;
 }
 
-/* Reduction over the reduced dims of each output element: one block per output element. The
- * layout holds the kept dims (size/stride[1] for the input, stride[0] for the output) and the
- * reduced dims in a second map (size/stride[2], with ndim in stride[3][0]). */
+/* Reduction over the reduced dims of each output element: one block of 256 threads (a power of
+ * two: the tree below halves it) per output element. L maps the output's linear index over the
+ * kept dims to the output (stride[0]) and the input (stride[1]); R lists the reduced dims with
+ * the input's strides. Contiguous: the reduced elements of output o are x[o * n_red + r]. */
 static bool gen_reduce(sbuf *b, const cu_kernel_key *k, char *name, size_t ncap) {
   em_prim op = k->op;
   em_dtype in = k->in, out = k->out;
@@ -344,10 +345,12 @@ static bool gen_index(sbuf *b, const cu_kernel_key *k, char *name, size_t ncap) 
     put(b, "  }\n}\n");
     return true;
   }
-  put(b, "extern \"C\" __global__ void %s(%s *__restrict__ out, const %s *__restrict__ x, const %s *__restrict__ index, i64 n, i64 limit, i64 axis_stride, int index_by_axis, em_layout L, unsigned long long *err) {\n",
+  /* gather: index has the output's shape (stride[2] its strides); index_select: index is 1-D
+   * (stride[2] is 1 on the axis, 0 elsewhere). Either way x's offset has the axis's stride zeroed. */
+  put(b, "extern \"C\" __global__ void %s(%s *__restrict__ out, const %s *__restrict__ x, const %s *__restrict__ index, i64 n, i64 limit, i64 axis_stride, em_layout L, unsigned long long *err) {\n",
       name, T, T, X);
   put(b, "  EM_GRID_LOOP(i, n) {\n");
-  put(b, "    i64 j = index_by_axis ? (i64)index[em_off(L, 2, i)] : (i64)index[em_off(L, 2, i)];\n");
+  put(b, "    i64 j = (i64)index[em_off(L, 2, i)];\n");
   put(b, "    if (j < 0 || j >= limit) { atomicCAS(err, 0ull, (unsigned long long)j | (1ull << 63)); continue; }\n");
   put(b, "    out[em_off(L, 0, i)] = x[em_off(L, 1, i) + j * axis_stride];\n  }\n}\n");
   return true;
