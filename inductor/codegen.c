@@ -171,12 +171,63 @@ static LLVMValueRef emit_node(cg *c, const ir_graph *g, const ir_node *n, LLVMVa
   }
 }
 
-/* Layout of one buffer of a kernel in the coalesced iteration space. */
+/* Layout of one buffer of a kernel in the coalesced iteration space. A gathered input (flat
+ * kernels, see ind_emit_kernel) reads element j of the flat column block at
+ * sum_d ((j / div[d]) % size[d]) * stride[d] past its row offset. */
 typedef struct buf_access {
   int64_t strides[EM_MAX_DIMS];
   em_dtype dtype;
   em_prim col; /* an output accumulating a column reduction (SUM, AMAX, AMIN), else -1 */
+  int gather;  /* dims of the flat block it is gathered over; 0: not gathered */
+  int64_t gsize[EM_MAX_DIMS], gstride[EM_MAX_DIMS], gdiv[EM_MAX_DIMS];
 } buf_access;
+
+/* The element offset (past the row's) of lanes j .. j+w-1 of gathered buffer a: i32 lanes (a
+ * flat block's offsets fit, see ind_emit_kernel), so constant divisions stay vector code. */
+static LLVMValueRef gather_offsets(cg *c, const buf_access *a, LLVMValueRef j, int w) {
+  LLVMBuilderRef b = c->b;
+  LLVMTypeRef i32 = LLVMInt32TypeInContext(c->ctx), vt = w == 1 ? i32 : LLVMVectorType(i32, (unsigned)w);
+  LLVMValueRef f = LLVMBuildTrunc(b, j, i32, "");
+  if (w > 1) {
+    LLVMValueRef lane[64];
+    for (int l = 0; l < w; l++) lane[l] = LLVMConstInt(i32, (unsigned long long)l, 0);
+    f = LLVMBuildAdd(b, splat(c, f, w), LLVMConstVector(lane, (unsigned)w), "");
+  }
+  LLVMValueRef off = LLVMConstNull(vt);
+  for (int d = 0; d < a->gather; d++) {
+    if (a->gstride[d] == 0 || a->gsize[d] == 1) continue;
+    LLVMValueRef q = a->gdiv[d] == 1 ? f : LLVMBuildUDiv(b, f, splat(c, LLVMConstInt(i32, (unsigned long long)a->gdiv[d], 0), w), "");
+    if (d > 0) q = LLVMBuildURem(b, q, splat(c, LLVMConstInt(i32, (unsigned long long)a->gsize[d], 0), w), "");
+    off = LLVMBuildAdd(b, off, LLVMBuildMul(b, q, splat(c, LLVMConstInt(i32, (unsigned long long)a->gstride[d], 0), w), ""), "");
+  }
+  return LLVMBuildZExt(b, off, w == 1 ? c->i64 : LLVMVectorType(c->i64, (unsigned)w), "");
+}
+
+/* w lanes of gathered buffer a at row offset rowoff, columns j..: one llvm.masked.gather. */
+static LLVMValueRef gather_load(cg *c, LLVMValueRef base, LLVMValueRef rowoff, const buf_access *a, LLVMValueRef j, int w) {
+  LLVMBuilderRef b = c->b;
+  bool is_bool = a->dtype == EM_BOOL;
+  LLVMTypeRef et = is_bool ? c->i8 : c->f32;
+  LLVMValueRef off = LLVMBuildAdd(b, gather_offsets(c, a, j, w), splat(c, rowoff, w), "");
+  LLVMValueRef x;
+  if (w == 1) {
+    x = LLVMBuildLoad2(b, et, LLVMBuildGEP2(b, et, base, &off, 1, ""), "");
+    LLVMSetAlignment(x, is_bool ? 1 : 4);
+  } else {
+    LLVMValueRef ptrs = LLVMBuildGEP2(b, et, base, &off, 1, "");
+    LLVMTypeRef vt = is_bool ? c->vi8 : c->vf32, tys[2] = {vt, LLVMTypeOf(ptrs)};
+    const char *nm = "llvm.masked.gather";
+    unsigned id = LLVMLookupIntrinsicID(nm, strlen(nm));
+    LLVMValueRef fn = LLVMGetIntrinsicDeclaration(c->mod, id, tys, 2);
+    LLVMValueRef ones[64];
+    for (int l = 0; l < w; l++) ones[l] = LLVMConstInt(c->i1, 1, 0);
+    LLVMValueRef args[4] = {ptrs, LLVMConstInt(LLVMInt32TypeInContext(c->ctx), is_bool ? 1 : 4, 0),
+                            LLVMConstVector(ones, (unsigned)w), LLVMGetUndef(vt)};
+    x = LLVMBuildCall2(b, LLVMIntrinsicGetType(c->ctx, id, tys, 2), fn, args, 4, "");
+  }
+  if (is_bool) x = LLVMBuildICmp(b, LLVMIntNE, x, LLVMConstNull(w == 1 ? c->i8 : c->vi8), "");
+  return x;
+}
 
 /* Emits the loads, the node computations and the stores of one iteration: lanes w, buffers at
  * element offsets off[] (outputs first). */
@@ -221,13 +272,14 @@ static LLVMValueRef kernel_function(cg *c, const char *name) {
 }
 
 static void emit_body(cg *c, const ir_graph *g, const kernel *k, LLVMValueRef *base, LLVMValueRef *off,
-                      const buf_access *acc, int inner, int w, LLVMValueRef *vals) {
+                      const buf_access *acc, int inner, int w, LLVMValueRef *vals, LLVMValueRef j) {
   for (int i = 0; i < k->n_in; i++) {
     const buf_access *a = &acc[k->n_out + i];
-    vals[k->in[i]] = load_elem(c, base[k->n_out + i], off[k->n_out + i], a->dtype, w, a->strides[inner] == 1);
+    vals[k->in[i]] = a->gather ? gather_load(c, base[k->n_out + i], off[k->n_out + i], a, j, w)
+                               : load_elem(c, base[k->n_out + i], off[k->n_out + i], a->dtype, w, a->strides[inner] == 1);
   }
-  for (int j = 0; j < k->n_nodes; j++) {
-    const ir_node *n = &g->nodes[k->nodes[j]];
+  for (int e = 0; e < k->n_nodes; e++) {
+    const ir_node *n = &g->nodes[k->nodes[e]];
     bool col = false;
     for (int i = 0; i < k->n_out && !col; i++) col = k->out[i] == n->out && acc[i].col != (em_prim)-1;
     vals[n->out] = col ? vals[ir_operands(g, n)[0]] : emit_node(c, g, n, vals, w);
@@ -248,6 +300,57 @@ static void column_offsets(cg *c, const buf_access *acc, int nb, int inner, LLVM
                   ? LLVMBuildAdd(c->b, row[bi],
                                  LLVMBuildMul(c->b, j, LLVMConstInt(c->i64, (unsigned long long)acc[bi].strides[inner], 0), ""), "")
                   : row[bi];
+}
+
+/* Flat kernels. When the innermost coalesced dim is shorter than a vector, or some input does
+ * not run along it with stride 0 or 1 (a transposed or window-strided read), the innermost
+ * dims form one flat column block instead, as long as the outputs (contiguous) allow: the
+ * vector loop runs over it, an input dense or broadcast across the block is loaded as usual,
+ * any other is gathered (gather_load). Max-pooling's backward over [N, C, H/2, 2, W/2, 2] ran
+ * 2-lane vectors at 7 GB/s before. Blocks stop growing at 64 vectors; their offsets must fit
+ * in 31 bits. Column-reduction outputs keep the plain loops. */
+static void flatten(buf_access *acc, int nb, int n_out, int64_t *sizes, int *nd_io) {
+  int nd = *nd_io, inner = nd - 1;
+  bool vec = true;
+  for (int bi = 0; bi < nb; bi++) vec = vec && (acc[bi].strides[inner] == 0 || acc[bi].strides[inner] == 1);
+  if (vec && sizes[inner] >= LANES) return;
+  for (int bi = 0; bi < n_out; bi++)
+    if (acc[bi].col != (em_prim)-1) return;
+  int s = inner;
+  int64_t block = sizes[inner];
+  while (s > 0 && block < 64 * LANES && block * sizes[s - 1] < ((int64_t)1 << 30)) block *= sizes[--s];
+  if (block < LANES) return;
+  for (int bi = 0; bi < nb; bi++) { /* every offset inside the block fits in 31 bits */
+    int64_t span = 0;
+    for (int d = s; d < nd; d++) {
+      if (acc[bi].strides[d] < 0) return;
+      span += (sizes[d] - 1) * acc[bi].strides[d];
+    }
+    if (span >= ((int64_t)1 << 31)) return;
+  }
+  for (int bi = 0; bi < nb; bi++) {
+    buf_access *a = &acc[bi];
+    bool dense = true, bcast = true;
+    int64_t run = 1;
+    for (int d = nd - 1; d >= s; d--) {
+      dense = dense && (sizes[d] == 1 || a->strides[d] == run);
+      bcast = bcast && (sizes[d] == 1 || a->strides[d] == 0);
+      run *= sizes[d];
+    }
+    if (dense || bcast) {
+      a->strides[s] = dense ? 1 : 0;
+      continue;
+    }
+    a->gather = nd - s;
+    int64_t div = 1;
+    for (int d = nd - 1; d >= s; d--) {
+      a->gsize[d - s] = sizes[d], a->gstride[d - s] = a->strides[d], a->gdiv[d - s] = div;
+      div *= sizes[d];
+    }
+    a->strides[s] = 0; /* the gather adds the column part */
+  }
+  sizes[s] = block;
+  *nd_io = s + 1;
 }
 
 /* Emits pointwise kernel k as `void name(char **bufs, r0, r1, j0, j1, scratch)`: outer loops over the coalesced leading dims, the
@@ -304,9 +407,11 @@ bool ind_emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const sign
     for (int bi = 0; bi < nb; bi++) acc[bi].strides[0] = 0;
     nd = 1;
   }
+  for (int bi = 0; bi < nb; bi++) acc[bi].gather = 0;
+  flatten(acc, nb, k->n_out, sizes, &nd);
   int inner = nd - 1;
   bool vec = true;
-  for (int bi = 0; bi < nb; bi++) vec = vec && (acc[bi].strides[inner] == 0 || acc[bi].strides[inner] == 1);
+  for (int bi = 0; bi < nb; bi++) vec = vec && (acc[bi].gather || acc[bi].strides[inner] == 0 || acc[bi].strides[inner] == 1);
   int64_t outer = 1;
   for (int d = 0; d < inner; d++) outer *= sizes[d];
   int64_t cols = sizes[inner];
@@ -322,8 +427,13 @@ bool ind_emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const sign
     for (int d = 0; d < nd; d++) sappend(&txt, &len, " %s in [0,%lld)%s", nm[d], (long long)sizes[d], d + 1 < nd ? "," : "");
     sappend(&txt, &len, "%s:\n", vec ? " (j vectorized)" : "");
     for (int i = 0; i < k->n_in; i++) {
-      sappend(&txt, &len, "      %%%d = load in%d[", k->in[i], i);
-      index_text(&txt, &len, nd, sizes, acc[k->n_out + i].strides, nm);
+      const buf_access *a = &acc[k->n_out + i];
+      sappend(&txt, &len, "      %%%d = %s in%d[", k->in[i], a->gather ? "gather" : "load", i);
+      index_text(&txt, &len, nd, sizes, a->strides, nm);
+      if (a->gather) { /* j split over the block's dims: (size, stride) from the outermost */
+        sappend(&txt, &len, " + j over");
+        for (int d = 0; d < a->gather; d++) sappend(&txt, &len, " (%lld, %lld)", (long long)a->gsize[d], (long long)a->gstride[d]);
+      }
       sappend(&txt, &len, "]\n");
     }
     for (int i = 0; i < k->n_nodes; i++) {
@@ -388,7 +498,7 @@ bool ind_emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const sign
   LLVMPositionBuilderAtEnd(b, vbody);
   LLVMValueRef off[128];
   column_offsets(c, acc, nb, inner, row, j, off);
-  if (vec) emit_body(c, g, k, base, off, acc, inner, LANES, vals);
+  if (vec) emit_body(c, g, k, base, off, acc, inner, LANES, vals, j);
   LLVMValueRef jn = LLVMBuildAdd(b, j, lanes, "");
   LLVMBuildBr(b, vhdr);
   LLVMValueRef jin[2] = {j0, jn};
@@ -400,7 +510,7 @@ bool ind_emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const sign
   LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, t2, ncols, ""), tbody, olatch);
   LLVMPositionBuilderAtEnd(b, tbody);
   column_offsets(c, acc, nb, inner, row, t2, off);
-  emit_body(c, g, k, base, off, acc, inner, 1, vals);
+  emit_body(c, g, k, base, off, acc, inner, 1, vals, t2);
   LLVMValueRef tn = LLVMBuildAdd(b, t2, one, "");
   LLVMBuildBr(b, thdr);
   LLVMValueRef tin[2] = {j, tn};

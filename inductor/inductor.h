@@ -59,6 +59,7 @@ typedef struct ind_stats {
   int fallback_nodes; /* nodes run by the eager kernels */
   int recomputed_nodes; /* nodes emitted again where a later kernel reads their value (rewrite.c) */
   int scatter_sums;     /* sums of slice scatters made one cat (rewrite.c) */
+  int window_reductions; /* amax / amin over a small non-trailing window made pointwise (rewrite.c) */
   double compile_ms;  /* lowering, LLVM optimisation and JIT */
 } ind_stats;
 

@@ -561,6 +561,34 @@ ETEST(inductor, sums_of_slice_scatters_become_one_cat) {
   cr_assert_eq(st.scatter_sums, 0, "a gap keeps the sum");
 }
 
+/* Max-pooling and its gradient: the window amax becomes pointwise maxima of strided slices, and
+ * the backward's kernels over [N, C, H/2, 2, W/2, 2] gather their broadcast operands instead of
+ * running 2-lane vectors. */
+static int pool_and_grad(em_tensor *const *in, em_tensor **out, void *ctx) {
+  em_tensor *x = in[0];
+  out[0] = em_max_pool2d(x, 2, 2, 2, 2, 0, 0);
+  em_tensor *loss = em_sum(em_mul(out[0], in[1]), 0, NULL, false);
+  em_grad(1, &loss, NULL, 1, &x, &out[1], false, false);
+  return 2;
+}
+
+ETEST(inductor, max_pooling_becomes_pointwise_and_its_gradient_gathers) {
+  em_manual_seed(23);
+  /* ties: rounded values make equal maxima inside windows, which share the gradient */
+  em_tensor *x = em_requires_grad_(em_floor(em_mul_scalar(em_randn(EM_F32, EM_SHAPE(5, 3, 14, 18)), 2)), true);
+  em_tensor *w = em_randn(EM_F32, EM_SHAPE(5, 3, 7, 9));
+  ind_stats st;
+  int exact = check(pool_and_grad, (em_tensor *[]){x, w}, NULL, &st, "max_pool2d and its gradient");
+  cr_assert_geq(exact, 1, "the pooled values are exact maxima");
+  cr_assert_geq(st.window_reductions, 1, "the window amax became pointwise (%d)", st.window_reductions);
+  ir_graph *g;
+  ind_program *p = compile_traced(pool_and_grad, (em_tensor *[]){x, w}, 2, NULL, &st, &g);
+  cr_assert(strstr(ind_schedule(p), "maximum") && !strstr(ind_schedule(p), "= amax"), "%s", ind_schedule(p));
+  cr_assert(strstr(ind_schedule(p), "= gather in"), "a backward kernel gathers:\n%s", ind_schedule(p));
+  ind_free(p);
+  ir_graph_free(g);
+}
+
 static em_outputs scaled_softmax(void *ctx, em_tensor *const *in, int n) {
   return EM_OUTPUTS(em_softmax(em_mul_scalar(in[0], 0.5), 1));
 }
