@@ -900,7 +900,8 @@ void em_batch_iter_free(em_batch_iter *it);
  * one kernel each), bias gradients and optimizer updates fused into few LLVM-compiled,
  * vectorized, multithreaded kernels, between the GEMM and convolution library calls; cheap
  * pointwise values a later kernel needs recomputed there instead of stored (as PyTorch's
- * min-cut partitioner does; EMBER_INDUCTOR_REMAT=0 stores them); intermediates in one planned
+ * min-cut partitioner does; EMBER_INDUCTOR_REMAT=0 stores them); max-pooling windows as
+ * pointwise maxima, reads that do not run along the vector dim as gathers; intermediates in one planned
  * arena; optimizer updates written in place. Compiled kernels are
  * cached in memory and on disk (EMBER_CACHE_DIR, default $XDG_CACHE_HOME/ember/kernels or
  * ~/.cache/ember/kernels; EMBER_CACHE=0 turns the disk cache off), so a second process skips
