@@ -589,6 +589,27 @@ ETEST(inductor, max_pooling_becomes_pointwise_and_its_gradient_gathers) {
   ir_graph_free(g);
 }
 
+/* A sum over every dim (a loss, a checksum) splits into row sums, which join the row kernel
+ * that makes their operand, and a sum of those: no eager pass over the softmax's output. */
+static int softmax_total(em_tensor *const *in, em_tensor **out, void *ctx) {
+  out[0] = em_sum(em_softmax(in[0], 1), 0, NULL, false);
+  out[1] = em_sum(em_exp(in[0]), 0, NULL, true);
+  return 2;
+}
+
+ETEST(inductor, a_sum_of_everything_joins_the_row_kernel) {
+  em_manual_seed(29);
+  em_tensor *x = em_randn(EM_F32, EM_SHAPE(300, 257));
+  ind_stats st;
+  check(softmax_total, (em_tensor *[]){x}, NULL, &st, "sum of a softmax, sum of exp");
+  ir_graph *g;
+  ind_program *p = compile_traced(softmax_total, (em_tensor *[]){x}, 1, NULL, &st, &g);
+  cr_assert(!strstr(ind_schedule(p), "= sum (eager kernel)"), "no eager sum left:\n%s", ind_schedule(p));
+  cr_assert(strstr(ind_schedule(p), "div sum)"), "the row sums join the softmax kernel:\n%s", ind_schedule(p));
+  ind_free(p);
+  ir_graph_free(g);
+}
+
 static em_outputs scaled_softmax(void *ctx, em_tensor *const *in, int n) {
   return EM_OUTPUTS(em_softmax(em_mul_scalar(in[0], 0.5), 1));
 }
