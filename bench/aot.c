@@ -7,12 +7,7 @@
  * backward, eager against aot_eager (both partitioners) and against the inductor backend,
  * medians of repeated runs alternated in one process.
  * Pass --json for one JSON object per figure. */
-#define MODELS_VOCAB 256
-#define MODELS_DM 256
-#define MODELS_HEADS 4
-#define MODELS_CTX 128
-#define MODELS_BATCH 16
-#define MODELS_LAYERS 2
+#define MODELS_FULL_SIZE
 #include "bench.h"
 #include "models.h"
 

@@ -13,12 +13,7 @@
  * --json: one JSON object per figure. --only NAME runs one workload (for profiling).
  * softmax and layer_norm also report memcpy of the same bytes, alternated with their runs. */
 #define _POSIX_C_SOURCE 200809L /* setenv, mkdtemp */
-#define MODELS_VOCAB 256
-#define MODELS_DM 256
-#define MODELS_HEADS 4
-#define MODELS_CTX 128
-#define MODELS_BATCH 16
-#define MODELS_LAYERS 2
+#define MODELS_FULL_SIZE
 #include "bench.h"
 #include "models.h"
 

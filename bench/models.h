@@ -2,13 +2,22 @@
  * a user would: an MLP, a GELU + LayerNorm MLP, LeNet-5 and a decoder-only transformer, each a
  * model function (em_model_fn) over a `net` of parameters. Include after ember.h; the sizes of
  * the transformer come from MODELS_VOCAB, MODELS_DM, MODELS_HEADS, MODELS_CTX, MODELS_BATCH
- * and MODELS_LAYERS (defaults are the tests' small ones). add_linear / add_ln make parameters
- * that require grad and list them in net.params. */
+ * and MODELS_LAYERS (defaults are the tests' small ones; defining MODELS_FULL_SIZE sets the
+ * benchmarks'). add_linear / add_ln make parameters that require grad and list them in
+ * net.params. */
 #ifndef EMBER_BENCH_MODELS_H
 #define EMBER_BENCH_MODELS_H
 
 #include <ember.h>
 
+#ifdef MODELS_FULL_SIZE /* the benchmarks' transformer: 2 layers, d_model 256, 4 heads, context 128, batch 16, bytes */
+#define MODELS_VOCAB 256
+#define MODELS_DM 256
+#define MODELS_HEADS 4
+#define MODELS_CTX 128
+#define MODELS_BATCH 16
+#define MODELS_LAYERS 2
+#endif
 #ifndef MODELS_VOCAB
 #define MODELS_VOCAB 16
 #define MODELS_DM 32

@@ -17,12 +17,7 @@
  * add (one-element add: per-op dispatch overhead). Training steps are forward, backward and the
  * optimizer step, compiled as one function. */
 #define _POSIX_C_SOURCE 200809L
-#define MODELS_VOCAB 256
-#define MODELS_DM 256
-#define MODELS_HEADS 4
-#define MODELS_CTX 128
-#define MODELS_BATCH 16
-#define MODELS_LAYERS 2
+#define MODELS_FULL_SIZE
 #include "bench.h"
 #include "models.h"
 

@@ -1109,6 +1109,7 @@ typedef struct em_cuda_memory_stats {
   int64_t segments;             /* segments held now */
   int64_t oom_retries;          /* requests retried after the cache was emptied on out-of-memory */
 } em_cuda_memory_stats;
+/* The counters now, by value (torch.cuda.memory_stats); all zero without a device. Never fails. */
 em_cuda_memory_stats em_cuda_memory_stats_get(void);
 /* Gives every cached device segment with no live tensor back to the driver (torch.cuda.
  * empty_cache). Tensors are untouched. */

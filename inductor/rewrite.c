@@ -49,7 +49,8 @@ typedef struct rewriter {
   signed char *cheap;    /* [n_values] -1 unknown, 0, 1: v may be recomputed at a far reader */
   int *map;       /* [n_values] old value -> new value (the original computation) */
   int *rec, *rec_seg; /* [n_values] recomputed copy in stretch rec_seg, or -1 */
-  int **users; int *n_users; /* value -> reading node indices */
+  int *user_at, *users; /* readers of value v: nodes users[user_at[v] .. user_at[v + 1]) */
+  int *seen, stamp; /* [n_values] the cone walk that last reached a value */
   bool remat;     /* rematerialize (EMBER_INDUCTOR_REMAT) */
   int recomputed, scatter_sums, windows;
 } rewriter;
@@ -67,8 +68,8 @@ static bool anchored(rewriter *r, int v) {
   const ir_graph *g = r->g;
   bool a = r->def[v] < 0;
   for (int o = 0; o < g->n_outputs && !a; o++) a = g->outputs[o] == v;
-  for (int k = 0; k < r->n_users[v] && !a; k++) {
-    const ir_node *u = &g->nodes[r->users[v][k]];
+  for (int k = r->user_at[v]; k < r->user_at[v + 1] && !a; k++) {
+    const ir_node *u = &g->nodes[r->users[k]];
     if (is_view(u)) a = anchored(r, u->out);
     else a = barrier(g, u);
   }
@@ -87,34 +88,31 @@ static bool recomputable(rewriter *r, int v) {
   return fusible(r->g, n) && !anchored(r, v);
 }
 
-/* Walks v's cone: counts its nodes and its large leaves; false when it grows past the limits. */
-static bool walk_cone(rewriter *r, int v, bool *seen, int *n_nodes, int *large, int *leaves, int64_t big) {
-  if (seen[v]) return true;
-  seen[v] = true;
+/* Walks v's cone (marking values with this walk's stamp): counts its nodes and remembers its one
+ * large leaf; false when it grows past the limits. */
+static bool walk_cone(rewriter *r, int v, int stamp, int *n_nodes, int *leaf, int64_t big) {
+  if (r->seen[v] == stamp) return true;
+  r->seen[v] = stamp;
   if (!recomputable(r, v)) {
-    if (numel_of_value(r->g, v) * 8 > big) {
-      for (int i = 0; i < *large; i++)
-        if (leaves[i] == v) return true;
-      if (*large >= 1) return false;
-      leaves[(*large)++] = v;
-    }
+    if (numel_of_value(r->g, v) * 8 <= big || *leaf == v) return true;
+    if (*leaf >= 0) return false; /* a second large leaf */
+    *leaf = v;
     return true;
   }
   if (++*n_nodes > MAX_CONE) return false;
   const ir_node *n = &r->g->nodes[r->def[v]];
   for (int k = 0; k < n->n_in; k++)
-    if (!walk_cone(r, ir_operands(r->g, n)[k], seen, n_nodes, large, leaves, big)) return false;
+    if (!walk_cone(r, ir_operands(r->g, n)[k], stamp, n_nodes, leaf, big)) return false;
   return true;
 }
 
-static bool cheap(rewriter *r, int v, bool *seen) {
+static bool cheap(rewriter *r, int v) {
   if (r->cheap[v] >= 0) return r->cheap[v];
   bool ok = false;
   int d = r->def[v];
   if (d >= 0 && (fusible(r->g, &r->g->nodes[d]) || is_view(&r->g->nodes[d])) && !anchored(r, v)) {
-    memset(seen, 0, (size_t)r->g->n_values);
-    int n = 0, large = 0, leaves[2];
-    ok = walk_cone(r, v, seen, &n, &large, leaves, numel_of_value(r->g, v));
+    int n = 0, leaf = -1;
+    ok = walk_cone(r, v, ++r->stamp, &n, &leaf, numel_of_value(r->g, v));
   }
   return (r->cheap[v] = ok) != 0;
 }
@@ -164,7 +162,7 @@ typedef struct piece {
  * clones and detaches, each inner term read only by its sum); false when v is anything else. */
 static bool collect(const rewriter *r, int v, bool root, int *axis, piece *ps, int *n, int cap) {
   int d = r->def[v];
-  if (d < 0 || (!root && r->n_users[v] != 1)) return false;
+  if (d < 0 || (!root && r->user_at[v + 1] - r->user_at[v] != 1)) return false;
   const ir_graph *g = r->g;
   const ir_node *x = &g->nodes[d];
   const int *o = ir_operands(g, x);
@@ -303,11 +301,9 @@ static int split_full_sum(rewriter *r, int i) {
 
 static bool build(rewriter *r) {
   const ir_graph *g = r->g;
-  bool *seen = malloc((size_t)g->n_values + 1);
-  if (!seen) return false;
   for (int i = 0; i < g->n_inputs; i++) {
     int v = ir_add_input(r->ng, &g->values[g->inputs[i]].type);
-    if (v < 0) return free(seen), false;
+    if (v < 0) return false;
     r->map[g->inputs[i]] = v;
   }
   bool ok = true;
@@ -329,14 +325,13 @@ static bool build(rewriter *r) {
     for (int k = 0; k < n->n_in && ok; k++) {
       int a = ir_operands(g, n)[k], d = r->def[a];
       bool far = r->remat && d >= 0 && r->seg[i] > r->seg[d];
-      in[k] = far && cheap(r, a, seen) ? recompute(r, a, r->seg[i]) : r->map[a];
+      in[k] = far && cheap(r, a) ? recompute(r, a, r->seg[i]) : r->map[a];
       ok = in[k] >= 0;
     }
     if (ok) ok = (r->map[n->out] = emit(r, n, in)) >= 0;
     if (in != small) free(in);
   }
   for (int o = 0; ok && o < g->n_outputs; o++) ok = ir_add_output(r->ng, r->map[g->outputs[o]]);
-  free(seen);
   return ok && !r->ng->oom;
 }
 
@@ -346,9 +341,9 @@ ir_graph *ind_rewrite(const ir_graph *g, bool rematerialize, ind_stats *st) {
   r.def = malloc(sizeof(int) * nv), r.seg = malloc(sizeof(int) * nn);
   r.anchored = malloc(nv), r.cheap = malloc(nv);
   r.map = malloc(sizeof(int) * nv), r.rec = malloc(sizeof(int) * nv), r.rec_seg = malloc(sizeof(int) * nv);
-  r.users = calloc(nv, sizeof(int *)), r.n_users = calloc(nv, sizeof(int));
+  r.user_at = calloc(nv + 1, sizeof(int)), r.seen = calloc(nv, sizeof(int));
   int *fill = calloc(nv, sizeof(int));
-  bool ok = r.def && r.seg && r.anchored && r.cheap && r.map && r.rec && r.rec_seg && r.users && r.n_users && fill;
+  bool ok = r.def && r.seg && r.anchored && r.cheap && r.map && r.rec && r.rec_seg && r.user_at && r.seen && fill;
   if (ok) {
     memset(r.anchored, -1, nv), memset(r.cheap, -1, nv);
     for (size_t v = 0; v < nv; v++) r.def[v] = -1, r.map[v] = -1, r.rec[v] = -1;
@@ -358,22 +353,21 @@ ir_graph *ind_rewrite(const ir_graph *g, bool rematerialize, ind_stats *st) {
       r.def[n->out] = i;
       r.seg[i] = s;
       s += barrier(g, n);
-      for (int k = 0; k < n->n_in; k++) r.n_users[ir_operands(g, n)[k]]++;
+      for (int k = 0; k < n->n_in; k++) r.user_at[ir_operands(g, n)[k] + 1]++;
     }
-    for (size_t v = 0; v < nv && ok; v++)
-      ok = !r.n_users[v] || (r.users[v] = malloc(sizeof(int) * (size_t)r.n_users[v]));
+    for (size_t v = 0; v < nv; v++) r.user_at[v + 1] += r.user_at[v];
+    ok = (r.users = malloc(sizeof(int) * (size_t)(r.user_at[nv] + 1))) != NULL;
     for (int i = 0; ok && i < g->n_nodes; i++)
       for (int k = 0; k < g->nodes[i].n_in; k++) {
         int v = ir_operands(g, &g->nodes[i])[k];
-        r.users[v][fill[v]++] = i;
+        r.users[r.user_at[v] + fill[v]++] = i;
       }
   }
   ir_graph *out = ok ? ir_graph_new(g->name) : NULL;
   r.ng = out;
   if (out && !(build(&r) && ir_pass_dce(out) >= 0)) ir_graph_free(out), out = NULL;
   if (out) st->recomputed_nodes = r.recomputed, st->scatter_sums = r.scatter_sums, st->window_reductions = r.windows;
-  for (size_t v = 0; r.users && v < nv; v++) free(r.users[v]);
   free(r.def), free(r.seg), free(r.anchored), free(r.cheap), free(r.map), free(r.rec), free(r.rec_seg);
-  free(r.users), free(r.n_users), free(fill);
+  free(r.user_at), free(r.users), free(r.seen), free(fill);
   return out;
 }

@@ -140,6 +140,16 @@ char *ir_fmt_ir_type(const ir_graph *g, const ir_type *t, char *buf, size_t cap)
  * Attributes are printed as name=value in the order of the prim's schema; doubles with 17
  * significant digits, so text round-trips bit-exactly. Returns a malloc'd string or NULL. */
 char *ir_print(const ir_graph *g, bool with_sites);
+/* A growing string for text that code emits (the printer, the CUDA kernel generator): start from
+ * {0}; ir_sb_printf appends; after an allocation failure appends are dropped and ir_sb_finish
+ * frees the text and returns NULL, else returns it (never NULL; the caller frees it). */
+typedef struct ir_sbuf {
+  char *s;
+  size_t n, cap;
+  bool oom;
+} ir_sbuf;
+void ir_sb_printf(ir_sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+char *ir_sb_finish(ir_sbuf *b);
 bool ir_print_file(const ir_graph *g, FILE *f);
 /* Graphviz DOT: one box per node (prim, result type, site), coloured by family; inputs and
  * outputs as ellipses. Returns a malloc'd string or NULL. */

@@ -18,9 +18,9 @@
  * once, as the CPU does), and im2col / col2im for convolutions through cuBLAS.
  * Matmul goes to cuBLAS and is not generated. */
 #include "cuda.h"
+#include "../ir/graph.h"
 #include "../prims/prims.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,29 +47,6 @@ static const char *ctype(em_dtype dt) {
 static const char *computetype(em_dtype dt) { return dt == EM_F16 || dt == EM_BF16 ? "float" : ctype(dt); }
 static bool is_float(em_dtype dt) { return dt == EM_F32 || dt == EM_F64 || dt == EM_F16 || dt == EM_BF16; }
 static const char *layout_name(cu_layout l) { return l == CU_CONTIG ? "contig" : l == CU_BROADCAST ? "bcast" : "strided"; }
-
-typedef struct sbuf {
-  char *p;
-  size_t n, cap;
-  bool oom;
-} sbuf;
-
-static void put(sbuf *b, const char *fmt, ...) {
-  if (b->oom) return;
-  for (;;) {
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(b->p ? b->p + b->n : NULL, b->p ? b->cap - b->n : 0, fmt, ap);
-    va_end(ap);
-    if (k < 0) return (void)(b->oom = true);
-    if (b->p && b->n + (size_t)k < b->cap) return (void)(b->n += (size_t)k);
-    size_t c = b->cap ? b->cap * 2 : 4096;
-    while (c < b->n + (size_t)k + 1) c *= 2;
-    char *np = realloc(b->p, c);
-    if (!np) return (void)(b->oom = true);
-    b->p = np, b->cap = c;
-  }
-}
 
 /* Shared by every kernel: types, conversions, the strided index map, Philox4x32-10. */
 static const char prelude[] =
@@ -157,27 +134,27 @@ static const char *pointwise_expr(em_prim op, em_dtype dt, char *buf, size_t cap
 }
 
 /* The helper op's expression calls (remainder, integer pow), for compute type C. */
-static void pointwise_helpers(sbuf *b, em_prim op, em_dtype dt) {
+static void pointwise_helpers(ir_sbuf *b, em_prim op, em_dtype dt) {
   const char *C = computetype(dt);
   bool uns = dt == EM_U8;
   if (op == EM_PRIM_REMAINDER && is_float(dt)) {
     const char *fm = dt == EM_F64 ? "fmod" : "fmodf";
-    put(b, "__device__ __forceinline__ %s em_fmod_py(%s a, %s b) { %s r = %s(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }\n",
+    ir_sb_printf(b, "__device__ __forceinline__ %s em_fmod_py(%s a, %s b) { %s r = %s(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }\n",
         C, C, C, C, fm);
   } else if (op == EM_PRIM_REMAINDER && uns) {
-    put(b, "__device__ __forceinline__ %s em_imod_py(%s a, %s b) { return b == 0 ? 0 : a %% b; }\n", C, C, C);
+    ir_sb_printf(b, "__device__ __forceinline__ %s em_imod_py(%s a, %s b) { return b == 0 ? 0 : a %% b; }\n", C, C, C);
   } else if (op == EM_PRIM_REMAINDER) {
-    put(b, "__device__ __forceinline__ %s em_imod_py(%s a, %s b) { if (b == 0) return 0; %s r = a %% b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }\n",
+    ir_sb_printf(b, "__device__ __forceinline__ %s em_imod_py(%s a, %s b) { if (b == 0) return 0; %s r = a %% b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }\n",
         C, C, C, C);
   } else if (op == EM_PRIM_POW && !is_float(dt)) {
-    put(b, "__device__ __forceinline__ %s em_ipow(%s a, %s b) { %s %s r = 1; while (b) { if (b & 1) r *= a; a *= a; b >>= 1; } return r; }\n",
+    ir_sb_printf(b, "__device__ __forceinline__ %s em_ipow(%s a, %s b) { %s %s r = 1; while (b) { if (b & 1) r *= a; a *= a; b >>= 1; } return r; }\n",
         C, C, C, uns ? "" : "if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);", C);
   }
 }
 
 /* Pointwise: out[i] = expr(operands[i]); WHERE's first operand is the bool condition, CONVERT
  * reads dtype `in` and writes `out`. */
-static bool gen_pointwise(sbuf *b, const cu_kernel_key *k, char *name, size_t ncap) {
+static bool gen_pointwise(ir_sbuf *b, const cu_kernel_key *k, char *name, size_t ncap) {
   char ebuf[64];
   const prim_info *pi = prim_get(k->op);
   int arity = pi->arity;
@@ -187,24 +164,24 @@ static bool gen_pointwise(sbuf *b, const cu_kernel_key *k, char *name, size_t nc
   const char *I = ctype(in), *O = ctype(out), *C = computetype(in);
   snprintf(name, ncap, "em_%s_%s_%s_%s", pi->name, em_dtype_name(in), em_dtype_name(out), layout_name(k->layout));
   pointwise_helpers(b, k->op, in);
-  put(b, "typedef %s C;\n", C);
-  put(b, "extern \"C\" __global__ void %s(%s *__restrict__ out", name, O);
-  for (int a = 0; a < arity; a++) put(b, ", const %s *__restrict__ x%d", k->op == EM_PRIM_WHERE && a == 0 ? "bool" : I, a);
+  ir_sb_printf(b, "typedef %s C;\n", C);
+  ir_sb_printf(b, "extern \"C\" __global__ void %s(%s *__restrict__ out", name, O);
+  for (int a = 0; a < arity; a++) ir_sb_printf(b, ", const %s *__restrict__ x%d", k->op == EM_PRIM_WHERE && a == 0 ? "bool" : I, a);
   /* broadcast: L.stride[1 + a][0] is 1 for a dense operand, 0 for a one-element one */
-  put(b, ", i64 n, em_layout L) {\n  EM_GRID_LOOP(i, n) {\n");
+  ir_sb_printf(b, ", i64 n, em_layout L) {\n  EM_GRID_LOOP(i, n) {\n");
   bool where = k->op == EM_PRIM_WHERE;
   for (int a = 0; a < arity; a++) {
     char ix[16] = "i";
-    if (k->layout == CU_BROADCAST) snprintf(ix, sizeof ix, "o%d", a), put(b, "    i64 o%d = L.stride[%d][0] ? i : 0;\n", a, a + 1);
-    else if (k->layout == CU_STRIDED) snprintf(ix, sizeof ix, "o%d", a), put(b, "    i64 o%d = em_off(L, %d, i);\n", a, a + 1);
-    if (where && a == 0) put(b, "    bool cnd = x0[%s];\n", ix);
-    else put(b, "    C %s = (C)em_ld(x%d[%s]);\n", where ? (a == 1 ? "a" : "b") : (a == 0 ? "a" : a == 1 ? "b" : "c"), a, ix);
+    if (k->layout == CU_BROADCAST) snprintf(ix, sizeof ix, "o%d", a), ir_sb_printf(b, "    i64 o%d = L.stride[%d][0] ? i : 0;\n", a, a + 1);
+    else if (k->layout == CU_STRIDED) snprintf(ix, sizeof ix, "o%d", a), ir_sb_printf(b, "    i64 o%d = em_off(L, %d, i);\n", a, a + 1);
+    if (where && a == 0) ir_sb_printf(b, "    bool cnd = x0[%s];\n", ix);
+    else ir_sb_printf(b, "    C %s = (C)em_ld(x%d[%s]);\n", where ? (a == 1 ? "a" : "b") : (a == 0 ? "a" : a == 1 ? "b" : "c"), a, ix);
   }
   const char *oi = k->layout == CU_STRIDED ? "em_off(L, 0, i)" : "i";
-  if (out == EM_BOOL && k->op != EM_PRIM_WHERE && k->op != EM_PRIM_CONVERT) put(b, "    out[%s] = (bool)(%s);\n", oi, expr);
-  else if (k->op == EM_PRIM_CONVERT && out == EM_BOOL) put(b, "    out[%s] = em_to_bool(a);\n", oi);
-  else put(b, "    out[%s] = em_to<%s>(%s);\n", oi, O, expr);
-  put(b, "  }\n}\n");
+  if (out == EM_BOOL && k->op != EM_PRIM_WHERE && k->op != EM_PRIM_CONVERT) ir_sb_printf(b, "    out[%s] = (bool)(%s);\n", oi, expr);
+  else if (k->op == EM_PRIM_CONVERT && out == EM_BOOL) ir_sb_printf(b, "    out[%s] = em_to_bool(a);\n", oi);
+  else ir_sb_printf(b, "    out[%s] = em_to<%s>(%s);\n", oi, O, expr);
+  ir_sb_printf(b, "  }\n}\n");
   return true;
 }
 
@@ -212,117 +189,119 @@ static bool gen_pointwise(sbuf *b, const cu_kernel_key *k, char *name, size_t nc
  * two: the tree below halves it) per output element. L maps the output's linear index over the
  * kept dims to the output (stride[0]) and the input (stride[1]); R lists the reduced dims with
  * the input's strides. Contiguous: the reduced elements of output o are x[o * n_red + r]. */
-static bool gen_reduce(sbuf *b, const cu_kernel_key *k, char *name, size_t ncap) {
+static bool gen_reduce(ir_sbuf *b, const cu_kernel_key *k, char *name, size_t ncap) {
   em_prim op = k->op;
   em_dtype in = k->in, out = k->out;
   const char *I = ctype(in), *O = ctype(out);
   bool arg = op == EM_PRIM_ARGMAX || op == EM_PRIM_ARGMIN;
-  const char *A = arg ? computetype(in) : is_float(in) ? (in == EM_F64 ? "double" : "float") : in == EM_BOOL ? "long long" : "long long";
-  if ((op == EM_PRIM_AMAX || op == EM_PRIM_AMIN) && !is_float(in)) A = computetype(in);
+  /* the accumulator: float for f16 / bf16 / f32, 64-bit for integer sums and products;
+   * comparisons (amax, argmax, ...) keep the compute type */
+  bool cmp_op = arg || op == EM_PRIM_AMAX || op == EM_PRIM_AMIN;
+  const char *A = cmp_op ? computetype(in) : is_float(in) ? computetype(in) : "long long";
   snprintf(name, ncap, "em_%s_%s_%s_%s", prim_get(op)->name, em_dtype_name(in), em_dtype_name(out), layout_name(k->layout));
   const char *init = op == EM_PRIM_SUM ? "0" : op == EM_PRIM_PROD ? "1" : NULL;
-  put(b, "typedef %s A;\n", A);
-  put(b, "struct em_red { int ndim; i64 size[EM_MAX_DIMS]; i64 stride[EM_MAX_DIMS]; };\n");
-  put(b, "__device__ __forceinline__ bool em_better(A x, i64 ix, A y, i64 iy) {\n");
+  ir_sb_printf(b, "typedef %s A;\n", A);
+  ir_sb_printf(b, "struct em_red { int ndim; i64 size[EM_MAX_DIMS]; i64 stride[EM_MAX_DIMS]; };\n");
+  ir_sb_printf(b, "__device__ __forceinline__ bool em_better(A x, i64 ix, A y, i64 iy) {\n");
   bool max = op == EM_PRIM_AMAX || op == EM_PRIM_ARGMAX;
   if (is_float(in)) /* NaN wins; ties go to the first index, as torch.argmax */
-    put(b, "  if (x != x) return y == y || ix < iy; if (y != y) return false; return x %s y || (x == y && ix < iy);\n}\n", max ? ">" : "<");
-  else put(b, "  return x %s y || (x == y && ix < iy);\n}\n", max ? ">" : "<");
-  put(b, "extern \"C\" __global__ void %s(%s *__restrict__ out, const %s *__restrict__ x, i64 n_out, i64 n_red, em_layout L, em_red R) {\n",
+    ir_sb_printf(b, "  if (x != x) return y == y || ix < iy; if (y != y) return false; return x %s y || (x == y && ix < iy);\n}\n", max ? ">" : "<");
+  else ir_sb_printf(b, "  return x %s y || (x == y && ix < iy);\n}\n", max ? ">" : "<");
+  ir_sb_printf(b, "extern \"C\" __global__ void %s(%s *__restrict__ out, const %s *__restrict__ x, i64 n_out, i64 n_red, em_layout L, em_red R) {\n",
       name, O, I);
   bool cmp = !init; /* amax, amin, argmax, argmin: values and their indices */
-  put(b, "  __shared__ A acc[256];\n");
-  if (cmp) put(b, "  __shared__ i64 at[256];\n");
-  put(b, "  for (i64 o = blockIdx.x; o < n_out; o += gridDim.x) {\n");
-  put(b, "    i64 base = %s;\n", k->layout == CU_CONTIG ? "o * n_red" : "em_off(L, 1, o)");
-  if (init) put(b, "    A v = (A)%s;\n", init);
-  else put(b, "    A v = (A)0; i64 vi = -1;\n");
-  put(b, "    for (i64 r = threadIdx.x; r < n_red; r += blockDim.x) {\n");
-  if (k->layout == CU_CONTIG) put(b, "      i64 off = base + r;\n");
+  ir_sb_printf(b, "  __shared__ A acc[256];\n");
+  if (cmp) ir_sb_printf(b, "  __shared__ i64 at[256];\n");
+  ir_sb_printf(b, "  for (i64 o = blockIdx.x; o < n_out; o += gridDim.x) {\n");
+  ir_sb_printf(b, "    i64 base = %s;\n", k->layout == CU_CONTIG ? "o * n_red" : "em_off(L, 1, o)");
+  if (init) ir_sb_printf(b, "    A v = (A)%s;\n", init);
+  else ir_sb_printf(b, "    A v = (A)0; i64 vi = -1;\n");
+  ir_sb_printf(b, "    for (i64 r = threadIdx.x; r < n_red; r += blockDim.x) {\n");
+  if (k->layout == CU_CONTIG) ir_sb_printf(b, "      i64 off = base + r;\n");
   else
-    put(b, "      i64 off = base, q = r;\n"
+    ir_sb_printf(b, "      i64 off = base, q = r;\n"
            "      for (int d = R.ndim - 1; d >= 0; d--) { off += (q %% R.size[d]) * R.stride[d]; q /= R.size[d]; }\n");
-  put(b, "      A e = (A)em_ld(x[off]);\n");
-  if (op == EM_PRIM_SUM) put(b, "      v += e;\n");
-  else if (op == EM_PRIM_PROD) put(b, "      v *= e;\n");
-  else put(b, "      if (vi < 0 || em_better(e, r, v, vi)) v = e, vi = r;\n");
-  put(b, "    }\n    acc[threadIdx.x] = v;%s\n    __syncthreads();\n", cmp ? " at[threadIdx.x] = vi;" : "");
-  put(b, "    for (int s = blockDim.x / 2; s > 0; s >>= 1) {\n      if (threadIdx.x < s) {\n");
-  put(b, "        A w = acc[threadIdx.x + s];\n");
-  if (op == EM_PRIM_SUM) put(b, "        acc[threadIdx.x] += w;\n");
-  else if (op == EM_PRIM_PROD) put(b, "        acc[threadIdx.x] *= w;\n");
-  else put(b, "        i64 wi = at[threadIdx.x + s];\n");
+  ir_sb_printf(b, "      A e = (A)em_ld(x[off]);\n");
+  if (op == EM_PRIM_SUM) ir_sb_printf(b, "      v += e;\n");
+  else if (op == EM_PRIM_PROD) ir_sb_printf(b, "      v *= e;\n");
+  else ir_sb_printf(b, "      if (vi < 0 || em_better(e, r, v, vi)) v = e, vi = r;\n");
+  ir_sb_printf(b, "    }\n    acc[threadIdx.x] = v;%s\n    __syncthreads();\n", cmp ? " at[threadIdx.x] = vi;" : "");
+  ir_sb_printf(b, "    for (int s = blockDim.x / 2; s > 0; s >>= 1) {\n      if (threadIdx.x < s) {\n");
+  ir_sb_printf(b, "        A w = acc[threadIdx.x + s];\n");
+  if (op == EM_PRIM_SUM) ir_sb_printf(b, "        acc[threadIdx.x] += w;\n");
+  else if (op == EM_PRIM_PROD) ir_sb_printf(b, "        acc[threadIdx.x] *= w;\n");
+  else ir_sb_printf(b, "        i64 wi = at[threadIdx.x + s];\n");
   if (op != EM_PRIM_SUM && op != EM_PRIM_PROD)
-    put(b, "        if (wi >= 0 && (at[threadIdx.x] < 0 || em_better(w, wi, acc[threadIdx.x], at[threadIdx.x]))) acc[threadIdx.x] = w, at[threadIdx.x] = wi;\n");
-  put(b, "      }\n      __syncthreads();\n    }\n");
+    ir_sb_printf(b, "        if (wi >= 0 && (at[threadIdx.x] < 0 || em_better(w, wi, acc[threadIdx.x], at[threadIdx.x]))) acc[threadIdx.x] = w, at[threadIdx.x] = wi;\n");
+  ir_sb_printf(b, "      }\n      __syncthreads();\n    }\n");
   const char *oo = k->layout == CU_CONTIG ? "o" : "em_off(L, 0, o)";
-  if (arg) put(b, "    if (threadIdx.x == 0) out[%s] = (%s)at[0];\n", oo, O);
-  else if (out == EM_BOOL) put(b, "    if (threadIdx.x == 0) out[%s] = acc[0] != 0;\n", oo);
-  else put(b, "    if (threadIdx.x == 0) out[%s] = em_to<%s>(acc[0]);\n", oo, O);
-  put(b, "    __syncthreads();\n  }\n}\n");
+  if (arg) ir_sb_printf(b, "    if (threadIdx.x == 0) out[%s] = (%s)at[0];\n", oo, O);
+  else if (out == EM_BOOL) ir_sb_printf(b, "    if (threadIdx.x == 0) out[%s] = acc[0] != 0;\n", oo);
+  else ir_sb_printf(b, "    if (threadIdx.x == 0) out[%s] = em_to<%s>(acc[0]);\n", oo, O);
+  ir_sb_printf(b, "    __syncthreads();\n  }\n}\n");
   return true;
 }
 
 /* Copy between strided views (clone, flip, pad's interior, cat's pieces, slice_scatter), with a
  * conversion when the dtypes differ; fill for pad's border, full and a view's constant. */
-static bool gen_copy(sbuf *b, const cu_kernel_key *k, char *name, size_t ncap) {
+static bool gen_copy(ir_sbuf *b, const cu_kernel_key *k, char *name, size_t ncap) {
   const char *I = ctype(k->in), *O = ctype(k->out);
   snprintf(name, ncap, "em_copy_%s_%s_%s", em_dtype_name(k->in), em_dtype_name(k->out), layout_name(k->layout));
-  put(b, "extern \"C\" __global__ void %s(%s *__restrict__ out, const %s *__restrict__ x, i64 n, em_layout L) {\n", name, O, I);
-  if (k->layout == CU_STRIDED) put(b, "  EM_GRID_LOOP(i, n) { i64 o = em_off(L, 0, i), s = em_off(L, 1, i);\n");
-  else if (k->layout == CU_BROADCAST) put(b, "  EM_GRID_LOOP(i, n) { i64 o = i, s = 0;\n");
-  else put(b, "  EM_GRID_LOOP(i, n) { i64 o = i, s = i;\n");
-  if (k->out == EM_BOOL) put(b, "    out[o] = em_to_bool(em_ld(x[s])); }\n}\n");
-  else put(b, "    out[o] = em_to<%s>(em_ld(x[s])); }\n}\n", O);
+  ir_sb_printf(b, "extern \"C\" __global__ void %s(%s *__restrict__ out, const %s *__restrict__ x, i64 n, em_layout L) {\n", name, O, I);
+  if (k->layout == CU_STRIDED) ir_sb_printf(b, "  EM_GRID_LOOP(i, n) { i64 o = em_off(L, 0, i), s = em_off(L, 1, i);\n");
+  else if (k->layout == CU_BROADCAST) ir_sb_printf(b, "  EM_GRID_LOOP(i, n) { i64 o = i, s = 0;\n");
+  else ir_sb_printf(b, "  EM_GRID_LOOP(i, n) { i64 o = i, s = i;\n");
+  if (k->out == EM_BOOL) ir_sb_printf(b, "    out[o] = em_to_bool(em_ld(x[s])); }\n}\n");
+  else ir_sb_printf(b, "    out[o] = em_to<%s>(em_ld(x[s])); }\n}\n", O);
   return true;
 }
 
-static bool gen_fill(sbuf *b, const cu_kernel_key *k, char *name, size_t ncap) {
+static bool gen_fill(ir_sbuf *b, const cu_kernel_key *k, char *name, size_t ncap) {
   const char *O = ctype(k->out);
   snprintf(name, ncap, "em_fill_%s_%s", em_dtype_name(k->out), layout_name(k->layout));
-  put(b, "extern \"C\" __global__ void %s(%s *__restrict__ out, %s v, i64 n, em_layout L) {\n", name, O, O);
-  put(b, "  EM_GRID_LOOP(i, n) out[%s] = v;\n}\n", k->layout == CU_STRIDED ? "em_off(L, 0, i)" : "i");
+  ir_sb_printf(b, "extern \"C\" __global__ void %s(%s *__restrict__ out, %s v, i64 n, em_layout L) {\n", name, O, O);
+  ir_sb_printf(b, "  EM_GRID_LOOP(i, n) out[%s] = v;\n}\n", k->layout == CU_STRIDED ? "em_off(L, 0, i)" : "i");
   return true;
 }
 
 /* iota: start + i * step in double, converted once (the CPU kernel's formula). */
-static bool gen_iota(sbuf *b, const cu_kernel_key *k, char *name, size_t ncap) {
+static bool gen_iota(ir_sbuf *b, const cu_kernel_key *k, char *name, size_t ncap) {
   const char *O = ctype(k->out);
   snprintf(name, ncap, "em_iota_%s", em_dtype_name(k->out));
-  put(b, "extern \"C\" __global__ void %s(%s *__restrict__ out, double start, double step, i64 n) {\n", name, O);
-  if (k->out == EM_BOOL) put(b, "  EM_GRID_LOOP(i, n) out[i] = (start + (double)i * step) != 0.0;\n}\n");
-  else put(b, "  EM_GRID_LOOP(i, n) out[i] = em_to<%s>(start + (double)i * step);\n}\n", O);
+  ir_sb_printf(b, "extern \"C\" __global__ void %s(%s *__restrict__ out, double start, double step, i64 n) {\n", name, O);
+  if (k->out == EM_BOOL) ir_sb_printf(b, "  EM_GRID_LOOP(i, n) out[i] = (start + (double)i * step) != 0.0;\n}\n");
+  else ir_sb_printf(b, "  EM_GRID_LOOP(i, n) out[i] = em_to<%s>(start + (double)i * step);\n}\n", O);
   return true;
 }
 
 /* Philox uniform / normal, f32 and f64: thread q makes call q's elements (prims/creation.c). */
-static bool gen_philox(sbuf *b, const cu_kernel_key *k, char *name, size_t ncap) {
+static bool gen_philox(ir_sbuf *b, const cu_kernel_key *k, char *name, size_t ncap) {
   bool normal = k->op == EM_PRIM_PHILOX_NORMAL, f32 = k->out == EM_F32;
   snprintf(name, ncap, "em_philox_%s_%s", normal ? "normal" : "uniform", em_dtype_name(k->out));
-  put(b, "extern \"C\" __global__ void %s(%s *__restrict__ out, unsigned long long seed, unsigned long long offset, i64 n, i64 calls) {\n",
+  ir_sb_printf(b, "extern \"C\" __global__ void %s(%s *__restrict__ out, unsigned long long seed, unsigned long long offset, i64 n, i64 calls) {\n",
       name, f32 ? "float" : "double");
-  put(b, "  EM_GRID_LOOP(q, calls) {\n    unsigned w[4];\n    unsigned long long lo = offset + (unsigned long long)q;\n");
-  put(b, "    em_philox(lo, lo < offset, seed, w);\n");
-  if (normal) put(b, "    const double two_pi = 6.28318530717958647692528676655900577;\n");
+  ir_sb_printf(b, "  EM_GRID_LOOP(q, calls) {\n    unsigned w[4];\n    unsigned long long lo = offset + (unsigned long long)q;\n");
+  ir_sb_printf(b, "    em_philox(lo, lo < offset, seed, w);\n");
+  if (normal) ir_sb_printf(b, "    const double two_pi = 6.28318530717958647692528676655900577;\n");
   if (f32) {
-    put(b, "    float v[4];\n");
+    ir_sb_printf(b, "    float v[4];\n");
     if (normal)
-      put(b, "    for (int j = 0; j < 2; j++) {\n"
+      ir_sb_printf(b, "    for (int j = 0; j < 2; j++) {\n"
              "      double u1 = ((double)w[2 * j] + 1) * 0x1p-32, u2 = ((double)w[2 * j + 1] + 1) * 0x1p-32;\n"
              "      double r = sqrt(-2.0 * log(u1)), t = two_pi * u2;\n"
              "      v[2 * j] = (float)(r * cos(t)), v[2 * j + 1] = (float)(r * sin(t));\n    }\n");
-    else put(b, "    for (int j = 0; j < 4; j++) v[j] = (float)(w[j] >> 8) * 0x1p-24f;\n");
-    put(b, "    for (i64 j = 0; j < 4 && 4 * q + j < n; j++) out[4 * q + j] = v[j];\n");
+    else ir_sb_printf(b, "    for (int j = 0; j < 4; j++) v[j] = (float)(w[j] >> 8) * 0x1p-24f;\n");
+    ir_sb_printf(b, "    for (i64 j = 0; j < 4 && 4 * q + j < n; j++) out[4 * q + j] = v[j];\n");
   } else {
-    put(b, "    double b01 = (double)((((unsigned long long)w[1] << 32) | w[0]) >> 11);\n");
-    put(b, "    double b23 = (double)((((unsigned long long)w[3] << 32) | w[2]) >> 11);\n    double v[2];\n");
+    ir_sb_printf(b, "    double b01 = (double)((((unsigned long long)w[1] << 32) | w[0]) >> 11);\n");
+    ir_sb_printf(b, "    double b23 = (double)((((unsigned long long)w[3] << 32) | w[2]) >> 11);\n    double v[2];\n");
     if (normal)
-      put(b, "    double u1 = (b01 + 1) * 0x1p-53, u2 = (b23 + 1) * 0x1p-53, r = sqrt(-2.0 * log(u1)), t = two_pi * u2;\n"
+      ir_sb_printf(b, "    double u1 = (b01 + 1) * 0x1p-53, u2 = (b23 + 1) * 0x1p-53, r = sqrt(-2.0 * log(u1)), t = two_pi * u2;\n"
              "    v[0] = r * cos(t), v[1] = r * sin(t);\n");
-    else put(b, "    v[0] = b01 * 0x1p-53, v[1] = b23 * 0x1p-53;\n");
-    put(b, "    out[2 * q] = v[0];\n    if (2 * q + 1 < n) out[2 * q + 1] = v[1];\n");
+    else ir_sb_printf(b, "    v[0] = b01 * 0x1p-53, v[1] = b23 * 0x1p-53;\n");
+    ir_sb_printf(b, "    out[2 * q] = v[0];\n    if (2 * q + 1 < n) out[2 * q + 1] = v[1];\n");
   }
-  put(b, "  }\n}\n");
+  ir_sb_printf(b, "  }\n}\n");
   return true;
 }
 
@@ -330,56 +309,56 @@ static bool gen_philox(sbuf *b, const cu_kernel_key *k, char *name, size_t ncap)
  * (gather, index_select) or src's (scatter_add) linear index to each operand's offset, with
  * the indexed axis's stride of x zeroed; the index replaces that coordinate. A bad index is
  * stored in *err (the first one met wins) and the element is left alone. */
-static bool gen_index(sbuf *b, const cu_kernel_key *k, char *name, size_t ncap) {
+static bool gen_index(ir_sbuf *b, const cu_kernel_key *k, char *name, size_t ncap) {
   const char *T = ctype(k->in), *X = ctype(k->idx);
   snprintf(name, ncap, "em_%s_%s_%s", prim_get(k->op)->name, em_dtype_name(k->in), em_dtype_name(k->idx));
   if (k->op == EM_PRIM_SCATTER_ADD) {
-    put(b, "extern \"C\" __global__ void %s(%s *__restrict__ out, const %s *__restrict__ index, const %s *__restrict__ src, i64 n, i64 limit, i64 axis_stride, em_layout L, unsigned long long *err) {\n",
+    ir_sb_printf(b, "extern \"C\" __global__ void %s(%s *__restrict__ out, const %s *__restrict__ index, const %s *__restrict__ src, i64 n, i64 limit, i64 axis_stride, em_layout L, unsigned long long *err) {\n",
         name, T, X, T);
-    put(b, "  EM_GRID_LOOP(i, n) {\n    i64 j = (i64)index[em_off(L, 2, i)];\n");
-    put(b, "    if (j < 0 || j >= limit) { atomicCAS(err, 0ull, (unsigned long long)j | (1ull << 63)); continue; }\n");
-    if (k->in == EM_I64) put(b, "    atomicAdd((unsigned long long *)&out[em_off(L, 0, i) + j * axis_stride], (unsigned long long)src[em_off(L, 1, i)]);\n");
+    ir_sb_printf(b, "  EM_GRID_LOOP(i, n) {\n    i64 j = (i64)index[em_off(L, 2, i)];\n");
+    ir_sb_printf(b, "    if (j < 0 || j >= limit) { atomicCAS(err, 0ull, (unsigned long long)j | (1ull << 63)); continue; }\n");
+    if (k->in == EM_I64) ir_sb_printf(b, "    atomicAdd((unsigned long long *)&out[em_off(L, 0, i) + j * axis_stride], (unsigned long long)src[em_off(L, 1, i)]);\n");
     else if (k->in == EM_I32 || k->in == EM_F32 || k->in == EM_F64 || k->in == EM_F16 || k->in == EM_BF16)
-      put(b, "    atomicAdd(&out[em_off(L, 0, i) + j * axis_stride], src[em_off(L, 1, i)]);\n");
+      ir_sb_printf(b, "    atomicAdd(&out[em_off(L, 0, i) + j * axis_stride], src[em_off(L, 1, i)]);\n");
     else return false;
-    put(b, "  }\n}\n");
+    ir_sb_printf(b, "  }\n}\n");
     return true;
   }
   /* gather: index has the output's shape (stride[2] its strides); index_select: index is 1-D
    * (stride[2] is 1 on the axis, 0 elsewhere). Either way x's offset has the axis's stride zeroed. */
-  put(b, "extern \"C\" __global__ void %s(%s *__restrict__ out, const %s *__restrict__ x, const %s *__restrict__ index, i64 n, i64 limit, i64 axis_stride, em_layout L, unsigned long long *err) {\n",
+  ir_sb_printf(b, "extern \"C\" __global__ void %s(%s *__restrict__ out, const %s *__restrict__ x, const %s *__restrict__ index, i64 n, i64 limit, i64 axis_stride, em_layout L, unsigned long long *err) {\n",
       name, T, T, X);
-  put(b, "  EM_GRID_LOOP(i, n) {\n");
-  put(b, "    i64 j = (i64)index[em_off(L, 2, i)];\n");
-  put(b, "    if (j < 0 || j >= limit) { atomicCAS(err, 0ull, (unsigned long long)j | (1ull << 63)); continue; }\n");
-  put(b, "    out[em_off(L, 0, i)] = x[em_off(L, 1, i) + j * axis_stride];\n  }\n}\n");
+  ir_sb_printf(b, "  EM_GRID_LOOP(i, n) {\n");
+  ir_sb_printf(b, "    i64 j = (i64)index[em_off(L, 2, i)];\n");
+  ir_sb_printf(b, "    if (j < 0 || j >= limit) { atomicCAS(err, 0ull, (unsigned long long)j | (1ull << 63)); continue; }\n");
+  ir_sb_printf(b, "    out[em_off(L, 0, i)] = x[em_off(L, 1, i) + j * axis_stride];\n  }\n}\n");
   return true;
 }
 
 /* im2col / col2im for a convolution through cuBLAS, NCHW: column row (c, kh, kw), column
  * (n, oh, ow). col2im gathers every contribution to an input pixel (no atomics: deterministic). */
-static bool gen_im2col(sbuf *b, const cu_kernel_key *k, char *name, size_t ncap) {
+static bool gen_im2col(ir_sbuf *b, const cu_kernel_key *k, char *name, size_t ncap) {
   const char *T = ctype(k->in);
   bool back = k->layout == CU_STRIDED; /* strided: col2im */
   snprintf(name, ncap, "em_%s_%s", back ? "col2im" : "im2col", em_dtype_name(k->in));
-  put(b, "struct em_conv { i64 n, c, h, w, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw; };\n");
+  ir_sb_printf(b, "struct em_conv { i64 n, c, h, w, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw; };\n");
   if (!back) {
-    put(b, "extern \"C\" __global__ void %s(%s *__restrict__ col, const %s *__restrict__ x, em_conv p) {\n", name, T, T);
-    put(b, "  i64 total = p.c * p.kh * p.kw * p.n * p.oh * p.ow;\n  EM_GRID_LOOP(i, total) {\n");
-    put(b, "    i64 q = i; i64 ow = q %% p.ow; q /= p.ow; i64 oh = q %% p.oh; q /= p.oh; i64 n = q %% p.n; q /= p.n;\n");
-    put(b, "    i64 kw = q %% p.kw; q /= p.kw; i64 kh = q %% p.kh; i64 c = q / p.kh;\n");
-    put(b, "    i64 ih = oh * p.sh - p.ph + kh * p.dh, iw = ow * p.sw - p.pw + kw * p.dw;\n");
-    put(b, "    col[i] = (ih >= 0 && ih < p.h && iw >= 0 && iw < p.w) ? x[((n * p.c + c) * p.h + ih) * p.w + iw] : em_to<%s>(0.0f);\n  }\n}\n", T);
+    ir_sb_printf(b, "extern \"C\" __global__ void %s(%s *__restrict__ col, const %s *__restrict__ x, em_conv p) {\n", name, T, T);
+    ir_sb_printf(b, "  i64 total = p.c * p.kh * p.kw * p.n * p.oh * p.ow;\n  EM_GRID_LOOP(i, total) {\n");
+    ir_sb_printf(b, "    i64 q = i; i64 ow = q %% p.ow; q /= p.ow; i64 oh = q %% p.oh; q /= p.oh; i64 n = q %% p.n; q /= p.n;\n");
+    ir_sb_printf(b, "    i64 kw = q %% p.kw; q /= p.kw; i64 kh = q %% p.kh; i64 c = q / p.kh;\n");
+    ir_sb_printf(b, "    i64 ih = oh * p.sh - p.ph + kh * p.dh, iw = ow * p.sw - p.pw + kw * p.dw;\n");
+    ir_sb_printf(b, "    col[i] = (ih >= 0 && ih < p.h && iw >= 0 && iw < p.w) ? x[((n * p.c + c) * p.h + ih) * p.w + iw] : em_to<%s>(0.0f);\n  }\n}\n", T);
   } else {
-    put(b, "extern \"C\" __global__ void %s(%s *__restrict__ x, const %s *__restrict__ col, em_conv p) {\n", name, T, T);
-    put(b, "  i64 total = p.n * p.c * p.h * p.w;\n  EM_GRID_LOOP(i, total) {\n");
-    put(b, "    i64 q = i; i64 iw = q %% p.w; q /= p.w; i64 ih = q %% p.h; q /= p.h; i64 c = q %% p.c; i64 n = q / p.c;\n");
-    put(b, "    float acc = 0;\n    for (i64 kh = 0; kh < p.kh; kh++) for (i64 kw = 0; kw < p.kw; kw++) {\n");
-    put(b, "      i64 th = ih + p.ph - kh * p.dh, tw = iw + p.pw - kw * p.dw;\n");
-    put(b, "      if (th < 0 || tw < 0 || th %% p.sh || tw %% p.sw) continue;\n");
-    put(b, "      i64 oh = th / p.sh, ow = tw / p.sw;\n      if (oh >= p.oh || ow >= p.ow) continue;\n");
-    put(b, "      acc += em_ld(col[(((c * p.kh + kh) * p.kw + kw) * p.n + n) * p.oh * p.ow + oh * p.ow + ow]);\n    }\n");
-    put(b, "    x[i] = em_to<%s>(acc);\n  }\n}\n", T);
+    ir_sb_printf(b, "extern \"C\" __global__ void %s(%s *__restrict__ x, const %s *__restrict__ col, em_conv p) {\n", name, T, T);
+    ir_sb_printf(b, "  i64 total = p.n * p.c * p.h * p.w;\n  EM_GRID_LOOP(i, total) {\n");
+    ir_sb_printf(b, "    i64 q = i; i64 iw = q %% p.w; q /= p.w; i64 ih = q %% p.h; q /= p.h; i64 c = q %% p.c; i64 n = q / p.c;\n");
+    ir_sb_printf(b, "    float acc = 0;\n    for (i64 kh = 0; kh < p.kh; kh++) for (i64 kw = 0; kw < p.kw; kw++) {\n");
+    ir_sb_printf(b, "      i64 th = ih + p.ph - kh * p.dh, tw = iw + p.pw - kw * p.dw;\n");
+    ir_sb_printf(b, "      if (th < 0 || tw < 0 || th %% p.sh || tw %% p.sw) continue;\n");
+    ir_sb_printf(b, "      i64 oh = th / p.sh, ow = tw / p.sw;\n      if (oh >= p.oh || ow >= p.ow) continue;\n");
+    ir_sb_printf(b, "      acc += em_ld(col[(((c * p.kh + kh) * p.kw + kw) * p.n + n) * p.oh * p.ow + oh * p.ow + ow]);\n    }\n");
+    ir_sb_printf(b, "    x[i] = em_to<%s>(acc);\n  }\n}\n", T);
   }
   return true;
 }
@@ -387,7 +366,7 @@ static bool gen_im2col(sbuf *b, const cu_kernel_key *k, char *name, size_t ncap)
 const char *cu_kernel_prelude(void) { return prelude; }
 
 bool cu_kernel_body(const cu_kernel_key *k, char **src, char *name, size_t ncap) {
-  sbuf b = {0};
+  ir_sbuf b = {0};
   if (!ctype(k->in) || !ctype(k->out)) return false;
   bool ok;
   switch (k->family) {
@@ -401,9 +380,8 @@ bool cu_kernel_body(const cu_kernel_key *k, char **src, char *name, size_t ncap)
   case CU_IM2COL: ok = is_float(k->in) && gen_im2col(&b, k, name, ncap); break;
   default: ok = false;
   }
-  if (!ok || b.oom) return free(b.p), false;
-  *src = b.p;
-  return true;
+  if (!ok) return free(b.s), false;
+  return (*src = ir_sb_finish(&b)) != NULL;
 }
 
 bool cu_nvrtc_compile(const char *src, const char *name, const char *arch, char **cubin, size_t *size, char **log) {

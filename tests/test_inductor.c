@@ -501,6 +501,17 @@ static ind_program *compile_traced(builder_fn build, em_tensor *const *in, int n
   return p;
 }
 
+/* The printed schedule of build's program (the caller frees it). */
+static char *traced_schedule(builder_fn build, em_tensor *const *in, int n_in) {
+  ind_stats st;
+  ir_graph *g;
+  ind_program *p = compile_traced(build, in, n_in, NULL, &st, &g);
+  char *text = strdup(ind_schedule(p));
+  ind_free(p);
+  ir_graph_free(g);
+  return text;
+}
+
 ETEST(inductor, cheap_values_read_after_a_gemm_are_recomputed) {
   em_manual_seed(17);
   em_tensor *x = em_randn(EM_F32, EM_SHAPE(64, 48)), *w = em_mul_scalar(em_randn(EM_F32, EM_SHAPE(48, 48)), 0.2);
@@ -552,11 +563,9 @@ ETEST(inductor, sums_of_slice_scatters_become_one_cat) {
   ind_stats st;
   check(sliced_weight_grad, (em_tensor *[]){x, w}, NULL, &st, "three slices tiling the weight");
   cr_assert_eq(st.scatter_sums, 1, "one sum of slice scatters made a cat (%d)", st.scatter_sums);
-  ir_graph *g;
-  ind_program *p = compile_traced(sliced_weight_grad, (em_tensor *[]){x, w}, 2, NULL, &st, &g);
-  cr_assert(strstr(ind_schedule(p), "= cat") && !strstr(ind_schedule(p), "slice_scatter"), "%s", ind_schedule(p));
-  ind_free(p);
-  ir_graph_free(g);
+  char *sched = traced_schedule(sliced_weight_grad, (em_tensor *[]){x, w}, 2);
+  cr_assert(strstr(sched, "= cat") && !strstr(sched, "slice_scatter"), "%s", sched);
+  free(sched);
   check(sliced_weight_grad, (em_tensor *[]){x, w}, "gap", &st, "slices leaving the last row out");
   cr_assert_eq(st.scatter_sums, 0, "a gap keeps the sum");
 }
@@ -581,12 +590,10 @@ ETEST(inductor, max_pooling_becomes_pointwise_and_its_gradient_gathers) {
   int exact = check(pool_and_grad, (em_tensor *[]){x, w}, NULL, &st, "max_pool2d and its gradient");
   cr_assert_geq(exact, 1, "the pooled values are exact maxima");
   cr_assert_geq(st.window_reductions, 1, "the window amax became pointwise (%d)", st.window_reductions);
-  ir_graph *g;
-  ind_program *p = compile_traced(pool_and_grad, (em_tensor *[]){x, w}, 2, NULL, &st, &g);
-  cr_assert(strstr(ind_schedule(p), "maximum") && !strstr(ind_schedule(p), "= amax"), "%s", ind_schedule(p));
-  cr_assert(strstr(ind_schedule(p), "= gather in"), "a backward kernel gathers:\n%s", ind_schedule(p));
-  ind_free(p);
-  ir_graph_free(g);
+  char *sched = traced_schedule(pool_and_grad, (em_tensor *[]){x, w}, 2);
+  cr_assert(strstr(sched, "maximum") && !strstr(sched, "= amax"), "%s", sched);
+  cr_assert(strstr(sched, "= gather in"), "a backward kernel gathers:\n%s", sched);
+  free(sched);
 }
 
 /* A sum over every dim (a loss, a checksum) splits into row sums, which join the row kernel
@@ -602,12 +609,10 @@ ETEST(inductor, a_sum_of_everything_joins_the_row_kernel) {
   em_tensor *x = em_randn(EM_F32, EM_SHAPE(300, 257));
   ind_stats st;
   check(softmax_total, (em_tensor *[]){x}, NULL, &st, "sum of a softmax, sum of exp");
-  ir_graph *g;
-  ind_program *p = compile_traced(softmax_total, (em_tensor *[]){x}, 1, NULL, &st, &g);
-  cr_assert(!strstr(ind_schedule(p), "= sum (eager kernel)"), "no eager sum left:\n%s", ind_schedule(p));
-  cr_assert(strstr(ind_schedule(p), "div sum)"), "the row sums join the softmax kernel:\n%s", ind_schedule(p));
-  ind_free(p);
-  ir_graph_free(g);
+  char *sched = traced_schedule(softmax_total, (em_tensor *[]){x}, 1);
+  cr_assert(!strstr(sched, "= sum (eager kernel)"), "no eager sum left:\n%s", sched);
+  cr_assert(strstr(sched, "div sum)"), "the row sums join the softmax kernel:\n%s", sched);
+  free(sched);
 }
 
 static em_outputs scaled_softmax(void *ctx, em_tensor *const *in, int n) {
