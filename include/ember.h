@@ -27,7 +27,14 @@
  *    slice, squeeze, unsqueeze). In-place ops (suffix _) write into their first argument, bump its
  *    version counter, and return it (no new reference).
  *  - dtypes f16 and bf16 are storage types only on the CPU: em_cast converts to and from them;
- *    arithmetic on them is an error until the CUDA backend arrives.
+ *    arithmetic on them is an error there. On CUDA they compute (in f32, rounded once per op;
+ *    reductions and GEMMs accumulate in f32), as PyTorch's CUDA kernels do.
+ *  - Devices. A tensor lives on the CPU or on CUDA device 0 (em_to moves it). An op's operands
+ *    must be on one device, except that a one-element CPU tensor (a scalar) may join CUDA ones;
+ *    the result is on the operands' device. Factories create on the default device
+ *    (em_set_default_device). CUDA ops are asynchronous: they are queued on the thread's current
+ *    stream and return; whatever reads values on the host (em_item, em_to_buffer, em_to to the
+ *    CPU, em_format, em_nonzero, em_save) waits for them. See "CUDA devices" at the end.
  */
 #ifndef EMBER_H
 #define EMBER_H
@@ -57,7 +64,7 @@ typedef enum em_dtype {
   EM_DTYPE_COUNT
 } em_dtype;
 
-/* Devices. Only EM_CPU exists in this release; EM_CUDA is reserved for the CUDA runtime. */
+/* Devices: the CPU and CUDA device 0 (torch.device("cpu"), torch.device("cuda:0")). */
 typedef enum em_device { EM_CPU, EM_CUDA } em_device;
 
 /* A user's source location, filled by EM_HERE at each public macro's call site. */
@@ -1114,6 +1121,62 @@ em_cuda_memory_stats em_cuda_memory_stats_get(void);
 /* Gives every cached device segment with no live tensor back to the driver (torch.cuda.
  * empty_cache). Tensors are untouched. */
 void em_cuda_empty_cache(void);
+
+/* A copy of x on dev, contiguous, with x's dtype and shape; x itself (a new scope reference)
+ * when it is there already (torch.Tensor.to(device)). Differentiable: the gradient is copied
+ * back to x's device. To the CPU it waits for x's value; to CUDA it is queued on the current
+ * stream from a pinned staging buffer (the host memory is free to reuse on return). Inside a
+ * function being compiled it is a graph break. Errors: no CUDA device (the message says why),
+ * device out of memory. Owned by the current scope. */
+#define em_to(x, dev) em_to_at((x), (dev), EM_HERE)
+em_tensor *em_to_at(em_tensor *x, em_device dev, em_site site);
+
+/* Sets the device the factories (em_zeros, em_full, em_scalar, em_arange, em_eye, em_rand,
+ * em_randn, em_randint, em_empty, em_from_data) create on, for the calling thread; returns the
+ * previous one. Default EM_CPU (torch.set_default_device). Creating on EM_CUDA without a
+ * device is an error at the factory. */
+em_device em_set_default_device(em_device dev);
+
+/* Streams (torch.cuda.Stream): queues of device work. Each thread has a current stream, the
+ * default stream unless set. Ops queue on the current stream; work on different streams may
+ * run concurrently. A tensor's memory is reused only by work on the stream that allocated it,
+ * so a tensor made on one stream and used on another must be ordered by the caller (an event,
+ * em_cuda_stream_wait_event), as with PyTorch's record_stream. */
+typedef struct em_cuda_stream em_cuda_stream;
+/* A new non-blocking stream, owned by the caller (em_cuda_stream_free). NULL with an error
+ * when there is no device. */
+#define em_cuda_stream_new() em_cuda_stream_new_at(EM_HERE)
+em_cuda_stream *em_cuda_stream_new_at(em_site site);
+/* Waits for s's work, then destroys it (the thread's current stream reverts to the default
+ * when it was s). NULL-safe. */
+void em_cuda_stream_free(em_cuda_stream *s);
+/* Makes s (NULL: the default stream) the calling thread's current stream. */
+void em_cuda_set_stream(em_cuda_stream *s);
+/* Waits until all work queued on the device, on every stream, is done (torch.cuda.
+ * synchronize). Errors (false): no device, or a fault in earlier asynchronous work. */
+#define em_cuda_synchronize() em_cuda_synchronize_at(EM_HERE)
+bool em_cuda_synchronize_at(em_site site);
+
+/* Events (torch.cuda.Event with timing): a marker recorded on the current stream when made. */
+typedef struct em_cuda_event em_cuda_event;
+/* Records a new event on the current stream; caller-owned (em_cuda_event_free). */
+#define em_cuda_event_record() em_cuda_event_record_at(EM_HERE)
+em_cuda_event *em_cuda_event_record_at(em_site site);
+/* Waits on the host until the work before e is done. */
+#define em_cuda_event_synchronize(e) em_cuda_event_synchronize_at((e), EM_HERE)
+bool em_cuda_event_synchronize_at(em_cuda_event *e, em_site site);
+/* Makes later work on s (NULL: the default stream) wait for e, without blocking the host. */
+#define em_cuda_stream_wait_event(s, e) em_cuda_stream_wait_event_at((s), (e), EM_HERE)
+bool em_cuda_stream_wait_event_at(em_cuda_stream *s, em_cuda_event *e, em_site site);
+/* Milliseconds of device time between start and end (waits for end); -1 with an error. */
+#define em_cuda_event_elapsed_ms(start, end) em_cuda_event_elapsed_ms_at((start), (end), EM_HERE)
+double em_cuda_event_elapsed_ms_at(em_cuda_event *start, em_cuda_event *end, em_site site);
+void em_cuda_event_free(em_cuda_event *e);
+
+/* Whether f32 GEMMs on CUDA (matmul, convolutions) may use TF32 tensor cores (10-bit mantissa
+ * products, f32 accumulation). Off by default, as torch.backends.cuda.matmul.allow_tf32. */
+void em_cuda_set_allow_tf32(bool allow);
+bool em_cuda_allow_tf32(void);
 
 #ifdef __cplusplus
 }

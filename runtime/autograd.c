@@ -362,7 +362,9 @@ static bool run_backward(const char *name, int n_roots, em_tensor *const *roots,
   /* 2. Seed the roots. */
   for (int i = 0; i < n_roots; i++) {
     em_tensor *r = roots[i];
+    em_device prev = em_set_default_device(r->storage->device);
     em_tensor *s = seeds ? seeds[i] : em_ones_at(r->dtype, r->ndim, r->sizes, site);
+    em_set_default_device(prev);
     if (!s) goto out;
     if (s->dtype != r->dtype && !(s = em_cast_at(s, r->dtype, site))) goto out;
     if (r->grad_fn) {
@@ -397,7 +399,9 @@ static bool run_backward(const char *name, int n_roots, em_tensor *const *roots,
         goto oom;
       }
       memset(grads, 0, sizeof(em_tensor *) * (size_t)x->n_in);
+      em_device prev = em_set_default_device(g->storage->device); /* the rules' zeros and scalars */
       bool vok = check_saved(x, site) && rt_vjp(x, g, grads);
+      em_set_default_device(prev);
       em_release(g);
       for (int i = 0; vok && i < x->n_in; i++) {
         if (!grads[i]) continue;
@@ -467,7 +471,9 @@ bool rt_grad(int n_outputs, em_tensor *const *outputs, em_tensor *const *grad_ou
   for (int i = 0; i < n_inputs; i++) {
     if (ok) {
       if (!found[i] && allow_unused) continue;
+      em_device prev = em_set_default_device(inputs[i]->storage->device);
       em_tensor *g = found[i] ? found[i] : em_retain(em_zeros_at(inputs[i]->dtype, inputs[i]->ndim, inputs[i]->sizes, site));
+      em_set_default_device(prev);
       grads[i] = rt_scope_add(g, "em_grad", site);
       ok = grads[i] != NULL;
     } else {

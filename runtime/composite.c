@@ -298,7 +298,9 @@ em_tensor *em_dropout_at(em_tensor *x, double p, bool training, em_site site) {
   BEGIN(site);
   if (p == 1) END(em_mul_scalar_at(x, 0, site), site);
   /* keep where u >= p, u uniform from the Philox stream: one mask for forward and backward */
+  em_device prev = em_set_default_device(x->storage->device);
   em_tensor *keep = em_ge_scalar_at(em_rand_at(x->dtype, x->ndim, x->sizes, site), p, site);
+  em_set_default_device(prev);
   END(em_mul_at(x, em_mul_scalar_at(em_cast_at(keep, x->dtype, site), 1 / (1 - p), site), site), site);
 }
 
@@ -476,8 +478,10 @@ em_tensor *em_scaled_dot_product_attention_at(em_tensor *q, em_tensor *k, em_ten
   em_tensor *s = em_mul_scalar_at(em_matmul_at(q, em_transpose_at(k, -1, -2, site), site), scale, site);
   if (causal) {
     int64_t L = q->sizes[q->ndim - 2], S = k->sizes[k->ndim - 2];
+    em_device prev = em_set_default_device(q->storage->device);
     em_tensor *i = em_reshape_at(em_arange_at(EM_I64, 0, (double)L, 1, site), 2, (int64_t[]){L, 1}, site);
     em_tensor *j = em_reshape_at(em_arange_at(EM_I64, 0, (double)S, 1, site), 2, (int64_t[]){1, S}, site);
+    em_set_default_device(prev);
     s = em_masked_fill_at(s, em_gt_at(j, i, site), -INFINITY, site);
   }
   em_tensor *a = em_softmax_at(s, -1, site);
@@ -510,9 +514,11 @@ em_tensor *em_one_hot_at(em_tensor *idx, int64_t n, em_site site) {
     em_scope_end_at(site);
     return rt_error(site, "em_one_hot", "an index is outside [0, %lld)", (long long)n);
   }
+  em_device prev = em_set_default_device(t->storage->device);
   em_tensor *r = n_bad == 0 ? em_cast_at(em_eq_at(em_unsqueeze_at(t, -1, site), em_arange_at(EM_I64, 0, (double)n, 1, site),
                                                   site), EM_I64, site)
                             : NULL;
+  em_set_default_device(prev);
   END(r, site);
 }
 

@@ -11,6 +11,14 @@
 #include <string.h>
 
 static uint64_t rng_seed, rng_offset;
+static _Thread_local em_device default_device;
+
+em_device rt_default_device(void) { return default_device; }
+em_device em_set_default_device(em_device dev) {
+  em_device prev = default_device;
+  default_device = dev == EM_CUDA ? EM_CUDA : EM_CPU;
+  return prev;
+}
 
 void em_manual_seed(uint64_t seed) {
   __atomic_store_n(&rng_seed, seed, __ATOMIC_RELAXED);
@@ -57,7 +65,7 @@ static em_tensor *full(em_dtype dt, int ndim, const int64_t *sizes, double v, co
 }
 
 em_tensor *em_empty_at(em_dtype dt, int ndim, const int64_t *sizes, em_site site) {
-  return rt_scope_add(rt_new(dt, ndim, sizes, "em_empty", site), "em_empty", site);
+  return rt_scope_add(rt_new_device(dt, ndim, sizes, default_device, "em_empty", site), "em_empty", site);
 }
 em_tensor *em_zeros_at(em_dtype dt, int ndim, const int64_t *sizes, em_site site) {
   return full(dt, ndim, sizes, 0, "em_zeros", site);
@@ -110,6 +118,11 @@ em_tensor *em_from_data_at(const void *data, em_dtype dt, int ndim, const int64_
     return rt_error(site, "em_from_data", "data is NULL for %lld elements", n);
   }
   if (bytes) memcpy(t->storage->data, data, bytes);
+  if (default_device == EM_CUDA) { /* as torch.tensor under torch.set_default_device("cuda") */
+    em_tensor *d = rt_to_device(t, EM_CUDA, "em_from_data", site);
+    em_release(t);
+    t = d;
+  }
   return rt_scope_add(t, "em_from_data", site);
 }
 

@@ -1,5 +1,13 @@
-/* runtime/cuda.c: the CUDA driver, loaded at run time, device discovery and properties, and the
- * process's caching allocator for device 0 over cuMemAlloc/cuMemFree. See cuda.h. */
+/* runtime/cuda.c: the CUDA device: the driver, loaded at run time (or the host emulator),
+ * device discovery and properties, the process's caching allocator for device 0, streams and
+ * events, host-device copies through pinned staging buffers, and the kernel cache (memory and
+ * disk). See cuda.h.
+ *
+ * One device (cuda:0) and one context (its primary context, which cuBLAS shares). The driver's
+ * current context is per thread, so every entry point that talks to the driver calls cu_enter().
+ * Streams: each thread has a current stream (em_cuda_set_stream), the legacy default stream
+ * unless set; ops enqueue on it and return. Reading data back (em_item, em_to to the CPU,
+ * printing) waits for the copy, so the order of a program is the order of its results. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -7,15 +15,17 @@
 #include "rt.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
-/* The driver ABI (cuda.h). */
 typedef int CUresult;
 typedef int CUdevice;
 typedef void *CUcontext;
-typedef unsigned long long CUdeviceptr;
 enum { CUDA_SUCCESS = 0, CUDA_ERROR_OUT_OF_MEMORY = 2 };
 enum {
   ATTR_CLOCK_RATE = 13, ATTR_MULTIPROCESSOR_COUNT = 16, ATTR_MEMORY_CLOCK_RATE = 36, ATTR_GLOBAL_MEMORY_BUS_WIDTH = 37,
@@ -29,6 +39,9 @@ static struct {
   int count;
   CUcontext ctx;
   cu_allocator *alloc;
+  const cu_driver *d;  /* the table in use: &real, or the emulator's */
+  cu_driver real;
+  char arch[16];
   CUresult (*cuInit)(unsigned);
   CUresult (*cuDeviceGetCount)(int *);
   CUresult (*cuDeviceGet)(CUdevice *, int);
@@ -37,12 +50,10 @@ static struct {
   CUresult (*cuDeviceTotalMem)(size_t *, CUdevice);
   CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
   CUresult (*cuCtxSetCurrent)(CUcontext);
-  CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
-  CUresult (*cuMemFree)(CUdeviceptr);
   CUresult (*cuGetErrorString)(CUresult, const char **);
 } drv = {.once = PTHREAD_ONCE_INIT};
 
-static const char *cu_error(CUresult r) {
+static const char *real_error(int r) {
   const char *s = NULL;
   if (drv.cuGetErrorString && drv.cuGetErrorString(r, &s) == CUDA_SUCCESS && s) return s;
   return "unknown CUDA error";
@@ -50,75 +61,187 @@ static const char *cu_error(CUresult r) {
 
 static int device_alloc(void *ctx, size_t bytes, uint64_t *ptr, char *why, size_t cap) {
   (void)ctx;
-  CUdeviceptr p = 0;
-  drv.cuCtxSetCurrent(drv.ctx);
-  CUresult r = drv.cuMemAlloc(&p, bytes);
-  if (r == CUDA_SUCCESS) return *ptr = p, 0;
-  snprintf(why, cap, "cuMemAlloc: %s", cu_error(r));
+  cu_enter();
+  int r = drv.d->mem_alloc(ptr, bytes);
+  if (r == CUDA_SUCCESS) return 0;
+  snprintf(why, cap, "cuMemAlloc: %s", drv.d->error_string(r));
   return r == CUDA_ERROR_OUT_OF_MEMORY ? 1 : 2;
 }
 
 static void device_free(void *ctx, uint64_t ptr) {
   (void)ctx;
-  drv.cuCtxSetCurrent(drv.ctx);
-  drv.cuMemFree((CUdeviceptr)ptr);
+  cu_enter();
+  drv.d->mem_free(ptr);
 }
 
-static void load(void) {
+/* ---- cuBLAS (dlopen'ed like the driver, at the first GEMM) ---- */
+
+static struct {
+  pthread_once_t once;
+  void *lib, *handle;
+  char why[256];
+  int (*create)(void **);
+  int (*set_stream)(void *, void *);
+  int (*set_math_mode)(void *, int);
+  int (*gemm)(void *, int, int, int, int, int, const void *, const void *, int, int, long long, const void *, int, int,
+              long long, const void *, void *, int, int, long long, int, int, int);
+  pthread_mutex_t lock;
+} blas = {.once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void blas_load(void) {
+  const char *names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so"};
+  for (int i = 0; i < 3 && !blas.lib; i++) blas.lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+  if (!blas.lib) {
+    snprintf(blas.why, sizeof blas.why, "cuBLAS did not load (%s)", dlerror());
+    return;
+  }
+  *(void **)&blas.create = dlsym(blas.lib, "cublasCreate_v2");
+  *(void **)&blas.set_stream = dlsym(blas.lib, "cublasSetStream_v2");
+  *(void **)&blas.set_math_mode = dlsym(blas.lib, "cublasSetMathMode");
+  *(void **)&blas.gemm = dlsym(blas.lib, "cublasGemmStridedBatchedEx");
+  if (!blas.create || !blas.set_stream || !blas.gemm) {
+    snprintf(blas.why, sizeof blas.why, "cuBLAS lacks a function Ember needs");
+    return;
+  }
+  cu_enter();
+  int r = blas.create(&blas.handle);
+  if (r) snprintf(blas.why, sizeof blas.why, "cublasCreate failed (status %d)", r), blas.handle = NULL;
+}
+
+/* cuBLAS's enums (cublas_api.h, library_types.h). */
+enum { CUDA_R_16F = 2, CUDA_R_32F = 0, CUDA_R_64F = 1, CUDA_R_16BF = 14 };
+enum { COMPUTE_32F = 68, COMPUTE_32F_FAST_TF32 = 77, COMPUTE_64F = 70, GEMM_DEFAULT = -1 };
+
+static int real_gemm(cu_stream s, bool ta, bool tb, int m, int n, int k, em_dtype dt, uint64_t a, int lda, int64_t sa,
+                     uint64_t b, int ldb, int64_t sb, uint64_t c, int ldc, int64_t sc, int batch, bool accumulate,
+                     bool tf32, char *why, size_t cap) {
+  pthread_once(&blas.once, blas_load);
+  if (!blas.handle) return snprintf(why, cap, "%s", blas.why), 1;
+  int type = dt == EM_F32 ? CUDA_R_32F : dt == EM_F64 ? CUDA_R_64F : dt == EM_F16 ? CUDA_R_16F : CUDA_R_16BF;
+  int compute = dt == EM_F64 ? COMPUTE_64F : dt == EM_F32 && tf32 ? COMPUTE_32F_FAST_TF32 : COMPUTE_32F;
+  double one64 = 1, beta64 = accumulate;
+  float one32 = 1, beta32 = (float)accumulate;
+  const void *alpha = dt == EM_F64 ? (const void *)&one64 : (const void *)&one32;
+  const void *beta = dt == EM_F64 ? (const void *)&beta64 : (const void *)&beta32;
+  pthread_mutex_lock(&blas.lock); /* one handle: its stream is per call */
+  cu_enter();
+  int r = blas.set_stream(blas.handle, s);
+  if (!r)
+    r = blas.gemm(blas.handle, ta, tb, m, n, k, alpha, (const void *)(uintptr_t)a, type, lda, sa, (const void *)(uintptr_t)b,
+                  type, ldb, sb, beta, (void *)(uintptr_t)c, type, ldc, sc, batch, compute, GEMM_DEFAULT);
+  pthread_mutex_unlock(&blas.lock);
+  if (r) snprintf(why, cap, "cublasGemmStridedBatchedEx failed (status %d)", r);
+  return r;
+}
+
+static bool real_compile(const char *src, const char *name, char **image, size_t *size, char **log) {
+  return cu_nvrtc_compile(src, name, cu_arch(), image, size, log);
+}
+
+/* ---- loading ---- */
+
+static bool load_real(void) {
   const char *names[] = {"libcuda.so.1", "libcuda.so"};
   for (int i = 0; i < 2 && !drv.lib; i++) drv.lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
   if (!drv.lib) {
     snprintf(drv.why, sizeof drv.why, "no CUDA driver (libcuda.so.1 did not load: %s)", dlerror());
-    return;
+    return false;
   }
-#define SYM(field, name) (*(void **)&drv.field = dlsym(drv.lib, name))
-  bool ok = SYM(cuInit, "cuInit") && SYM(cuDeviceGetCount, "cuDeviceGetCount") && SYM(cuDeviceGet, "cuDeviceGet") &&
-            SYM(cuDeviceGetName, "cuDeviceGetName") && SYM(cuDeviceGetAttribute, "cuDeviceGetAttribute") &&
-            SYM(cuDeviceTotalMem, "cuDeviceTotalMem_v2") && SYM(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain") &&
-            SYM(cuCtxSetCurrent, "cuCtxSetCurrent") && SYM(cuMemAlloc, "cuMemAlloc_v2") && SYM(cuMemFree, "cuMemFree_v2");
-  SYM(cuGetErrorString, "cuGetErrorString");
+  cu_driver *d = &drv.real;
+#define SYM(field, name) (*(void **)&field = dlsym(drv.lib, name))
+  bool ok = SYM(drv.cuInit, "cuInit") && SYM(drv.cuDeviceGetCount, "cuDeviceGetCount") && SYM(drv.cuDeviceGet, "cuDeviceGet") &&
+            SYM(drv.cuDeviceGetName, "cuDeviceGetName") && SYM(drv.cuDeviceGetAttribute, "cuDeviceGetAttribute") &&
+            SYM(drv.cuDeviceTotalMem, "cuDeviceTotalMem_v2") && SYM(drv.cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain") &&
+            SYM(drv.cuCtxSetCurrent, "cuCtxSetCurrent") && SYM(d->mem_alloc, "cuMemAlloc_v2") && SYM(d->mem_free, "cuMemFree_v2") &&
+            SYM(d->host_alloc, "cuMemHostAlloc") && SYM(d->host_free, "cuMemFreeHost") &&
+            SYM(d->memcpy_htod, "cuMemcpyHtoDAsync_v2") && SYM(d->memcpy_dtoh, "cuMemcpyDtoHAsync_v2") &&
+            SYM(d->memcpy_dtod, "cuMemcpyDtoDAsync_v2") && SYM(d->stream_create, "cuStreamCreate") &&
+            SYM(d->stream_destroy, "cuStreamDestroy_v2") && SYM(d->stream_sync, "cuStreamSynchronize") &&
+            SYM(d->stream_wait_event, "cuStreamWaitEvent") && SYM(d->event_create, "cuEventCreate") &&
+            SYM(d->event_destroy, "cuEventDestroy_v2") && SYM(d->event_record, "cuEventRecord") &&
+            SYM(d->event_sync, "cuEventSynchronize") &&
+            (SYM(d->event_elapsed, "cuEventElapsedTime_v2") || SYM(d->event_elapsed, "cuEventElapsedTime")) &&
+            SYM(d->module_load, "cuModuleLoadData") && SYM(d->module_get_function, "cuModuleGetFunction") &&
+            SYM(d->launch, "cuLaunchKernel") && SYM(d->ctx_sync, "cuCtxSynchronize");
+  SYM(drv.cuGetErrorString, "cuGetErrorString");
 #undef SYM
   if (!ok) {
     snprintf(drv.why, sizeof drv.why, "the CUDA driver lacks a function Ember needs (%s)", dlerror());
-    return;
+    return false;
   }
+  d->name = "CUDA driver";
+  d->error_string = real_error;
+  d->compile = real_compile;
+  d->gemm = real_gemm;
   CUresult r = drv.cuInit(0);
   if (r == CUDA_SUCCESS) r = drv.cuDeviceGetCount(&drv.count);
   if (r != CUDA_SUCCESS) {
     drv.count = 0;
-    snprintf(drv.why, sizeof drv.why, "the CUDA driver did not initialise: %s", cu_error(r));
-    return;
+    snprintf(drv.why, sizeof drv.why, "the CUDA driver did not initialise: %s", real_error(r));
+    return false;
   }
   if (drv.count == 0) {
     snprintf(drv.why, sizeof drv.why, "the CUDA driver reports no device");
-    return;
+    return false;
   }
-  CUdevice d;
-  r = drv.cuDeviceGet(&d, 0);
-  if (r == CUDA_SUCCESS) r = drv.cuDevicePrimaryCtxRetain(&drv.ctx, d);
+  CUdevice dev;
+  int major = 0, minor = 0;
+  r = drv.cuDeviceGet(&dev, 0);
+  if (r == CUDA_SUCCESS) r = drv.cuDevicePrimaryCtxRetain(&drv.ctx, dev);
+  if (r == CUDA_SUCCESS) r = drv.cuDeviceGetAttribute(&major, ATTR_COMPUTE_CAPABILITY_MAJOR, dev);
+  if (r == CUDA_SUCCESS) r = drv.cuDeviceGetAttribute(&minor, ATTR_COMPUTE_CAPABILITY_MINOR, dev);
   if (r != CUDA_SUCCESS) {
     drv.count = 0;
-    snprintf(drv.why, sizeof drv.why, "no context on cuda:0: %s", cu_error(r));
+    snprintf(drv.why, sizeof drv.why, "no context on cuda:0: %s", real_error(r));
+    return false;
+  }
+  snprintf(drv.arch, sizeof drv.arch, "sm_%d%d", major, minor);
+  drv.d = d;
+  return true;
+}
+
+static void load(void) {
+  const char *emu = getenv("EMBER_CUDA_EMULATE");
+  if (emu && *emu && strcmp(emu, "0")) {
+    drv.d = cu_emu_driver();
+    drv.count = 1;
+    snprintf(drv.arch, sizeof drv.arch, "sm_90");
+  } else if (!load_real()) {
     return;
   }
   drv.alloc = cu_allocator_new((cu_backend){NULL, device_alloc, device_free}, "cuda:0");
+  if (!drv.alloc) drv.count = 0, drv.d = NULL, snprintf(drv.why, sizeof drv.why, "out of memory");
 }
 
 static void ensure(void) { pthread_once(&drv.once, load); }
 
 bool em_cuda_is_available(void) { return ensure(), drv.count > 0 && drv.alloc; }
-int em_cuda_device_count(void) { return ensure(), drv.count; }
+int em_cuda_device_count(void) { return ensure(), drv.alloc ? drv.count : 0; }
 cu_allocator *cu_device_allocator(void) { return ensure(), drv.alloc; }
+const cu_driver *cu_drv(void) { return ensure(), drv.alloc ? drv.d : NULL; }
+const char *cu_arch(void) { return ensure(), drv.arch; }
+
+static _Thread_local bool entered;
+void cu_enter(void) {
+  if (entered || !drv.ctx) return;
+  drv.cuCtxSetCurrent(drv.ctx);
+  entered = true;
+}
 
 bool em_cuda_get_device_properties_at(int dev, em_cuda_device_properties *p, em_site site) {
   ensure();
   if (!p) return rt_error(site, "em_cuda_get_device_properties", "properties pointer is NULL"), false;
-  if (drv.count == 0) return rt_error(site, "em_cuda_get_device_properties", "device %d: %s", dev, drv.why), false;
+  if (!drv.alloc) return rt_error(site, "em_cuda_get_device_properties", "device %d: %s", dev, drv.why), false;
   if (dev < 0 || dev >= drv.count)
     return rt_error(site, "em_cuda_get_device_properties", "device %d out of range: %d device%s", dev, drv.count,
                     drv.count == 1 ? "" : "s"),
            false;
   memset(p, 0, sizeof *p);
+  if (drv.d->emulated) {
+    snprintf(p->name, sizeof p->name, "%s", drv.d->name);
+    p->major = 9, p->multiprocessors = 1, p->total_memory = (int64_t)4 << 30;
+    return true;
+  }
   CUdevice d;
   size_t mem = 0;
   int l2 = 0;
@@ -131,7 +254,7 @@ bool em_cuda_get_device_properties_at(int dev, em_cuda_device_properties *p, em_
       {&p->memory_clock_khz, ATTR_MEMORY_CLOCK_RATE}, {&p->memory_bus_bits, ATTR_GLOBAL_MEMORY_BUS_WIDTH},
   };
   for (size_t i = 0; i < sizeof at / sizeof at[0] && r == CUDA_SUCCESS; i++) r = drv.cuDeviceGetAttribute(at[i].to, at[i].attr, d);
-  if (r != CUDA_SUCCESS) return rt_error(site, "em_cuda_get_device_properties", "device %d: %s", dev, cu_error(r)), false;
+  if (r != CUDA_SUCCESS) return rt_error(site, "em_cuda_get_device_properties", "device %d: %s", dev, real_error(r)), false;
   p->total_memory = (int64_t)mem, p->l2_cache_bytes = l2;
   return true;
 }
@@ -144,4 +267,343 @@ em_cuda_memory_stats em_cuda_memory_stats_get(void) {
 void em_cuda_empty_cache(void) {
   cu_allocator *a = cu_device_allocator();
   if (a) cu_empty_cache(a);
+}
+
+static bool no_device(const char *op, em_site site) {
+  ensure();
+  if (drv.alloc) return false;
+  rt_error(site, op, "no CUDA device: %s", drv.why);
+  return true;
+}
+
+/* ---- streams and events ---- */
+
+struct em_cuda_stream { cu_stream s; };
+struct em_cuda_event { cu_event e; };
+
+static _Thread_local cu_stream current;
+cu_stream cu_current_stream(void) { return current; }
+
+em_cuda_stream *em_cuda_stream_new_at(em_site site) {
+  if (no_device("em_cuda_stream_new", site)) return NULL;
+  em_cuda_stream *s = calloc(1, sizeof *s);
+  if (!s) return rt_error(site, "em_cuda_stream_new", "out of memory");
+  cu_enter();
+  int r = drv.d->stream_create(&s->s, 1 /* CU_STREAM_NON_BLOCKING */);
+  if (r) return free(s), rt_error(site, "em_cuda_stream_new", "cuStreamCreate: %s", drv.d->error_string(r));
+  return s;
+}
+
+void em_cuda_stream_free(em_cuda_stream *s) {
+  if (!s || !drv.d) return;
+  cu_enter();
+  if (current == s->s) current = NULL;
+  drv.d->stream_sync(s->s);
+  drv.d->stream_destroy(s->s);
+  free(s);
+}
+
+void em_cuda_set_stream(em_cuda_stream *s) { current = s ? s->s : NULL; }
+
+bool em_cuda_synchronize_at(em_site site) {
+  if (no_device("em_cuda_synchronize", site)) return false;
+  cu_enter();
+  int r = drv.d->ctx_sync();
+  if (r) return rt_error(site, "em_cuda_synchronize", "%s", drv.d->error_string(r)), false;
+  return true;
+}
+
+bool cu_sync(const char *op, em_site site) {
+  cu_enter();
+  int r = drv.d->stream_sync(current);
+  if (r) return rt_error(site, op, "waiting for the device: %s", drv.d->error_string(r)), false;
+  return true;
+}
+
+em_cuda_event *em_cuda_event_record_at(em_site site) {
+  if (no_device("em_cuda_event_record", site)) return NULL;
+  em_cuda_event *e = calloc(1, sizeof *e);
+  if (!e) return rt_error(site, "em_cuda_event_record", "out of memory");
+  cu_enter();
+  int r = drv.d->event_create(&e->e, 0);
+  if (!r) r = drv.d->event_record(e->e, current);
+  if (r) {
+    if (e->e) drv.d->event_destroy(e->e);
+    free(e);
+    return rt_error(site, "em_cuda_event_record", "%s", drv.d->error_string(r));
+  }
+  return e;
+}
+
+bool em_cuda_event_synchronize_at(em_cuda_event *e, em_site site) {
+  if (!e) return rt_error(site, "em_cuda_event_synchronize", "event is NULL"), false;
+  cu_enter();
+  int r = drv.d->event_sync(e->e);
+  if (r) return rt_error(site, "em_cuda_event_synchronize", "%s", drv.d->error_string(r)), false;
+  return true;
+}
+
+bool em_cuda_stream_wait_event_at(em_cuda_stream *s, em_cuda_event *e, em_site site) {
+  if (!e) return rt_error(site, "em_cuda_stream_wait_event", "event is NULL"), false;
+  cu_enter();
+  int r = drv.d->stream_wait_event(s ? s->s : NULL, e->e, 0);
+  if (r) return rt_error(site, "em_cuda_stream_wait_event", "%s", drv.d->error_string(r)), false;
+  return true;
+}
+
+double em_cuda_event_elapsed_ms_at(em_cuda_event *start, em_cuda_event *end, em_site site) {
+  if (!start || !end) return rt_error(site, "em_cuda_event_elapsed_ms", "event is NULL"), -1;
+  cu_enter();
+  float ms = 0;
+  int r = drv.d->event_sync(end->e);
+  if (!r) r = drv.d->event_elapsed(&ms, start->e, end->e);
+  if (r) return rt_error(site, "em_cuda_event_elapsed_ms", "%s", drv.d->error_string(r)), -1;
+  return ms;
+}
+
+void em_cuda_event_free(em_cuda_event *e) {
+  if (!e || !drv.d) return;
+  cu_enter();
+  drv.d->event_destroy(e->e);
+  free(e);
+}
+
+/* ---- storage and copies ---- */
+
+cu_block *cu_storage_alloc(size_t bytes, const char *op, em_site site) {
+  if (no_device(op, site)) return NULL;
+  char err[512];
+  cu_block *b = cu_alloc(drv.alloc, bytes, (uintptr_t)current, err, sizeof err);
+  if (!b) return rt_error(site, op, "%s", err);
+  return b;
+}
+
+/* Pinned staging: two buffers of STAGE bytes, each guarded by an event recorded after the copy
+ * that reads (host to device) it, so a copy of n bytes overlaps filling one buffer with the
+ * transfer from the other. One mutex: copies from several threads take turns. */
+#define STAGE ((size_t)4 << 20)
+static struct {
+  pthread_mutex_t lock;
+  char *buf[2];
+  cu_event done[2];
+  bool pending[2];
+  bool failed;
+} stage = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static bool stage_ready(void) {
+  if (stage.buf[0]) return true;
+  if (stage.failed) return false;
+  for (int i = 0; i < 2; i++) {
+    void *p = NULL;
+    if (drv.d->host_alloc(&p, STAGE, 0) || drv.d->event_create(&stage.done[i], 2 /* CU_EVENT_DISABLE_TIMING */)) {
+      stage.failed = true;
+      return false;
+    }
+    stage.buf[i] = p;
+  }
+  return true;
+}
+
+bool cu_copy_to_device(uint64_t dst, const void *src, size_t bytes, const char *op, em_site site) {
+  if (!bytes) return true;
+  cu_enter();
+  pthread_mutex_lock(&stage.lock);
+  int r = 0;
+  if (!stage_ready()) { /* no pinned memory: a pageable copy, which the driver stages itself */
+    r = drv.d->memcpy_htod(dst, src, bytes, current);
+  } else {
+    for (size_t done = 0, k = 0; done < bytes && !r; done += STAGE, k ^= 1) {
+      size_t n = bytes - done < STAGE ? bytes - done : STAGE;
+      if (stage.pending[k] && (r = drv.d->event_sync(stage.done[k]))) break;
+      memcpy(stage.buf[k], (const char *)src + done, n);
+      r = drv.d->memcpy_htod(dst + done, stage.buf[k], n, current);
+      if (!r) r = drv.d->event_record(stage.done[k], current);
+      stage.pending[k] = !r;
+    }
+  }
+  pthread_mutex_unlock(&stage.lock);
+  if (r) return rt_error(site, op, "copying %zu bytes to the device: %s", bytes, drv.d->error_string(r)), false;
+  return true;
+}
+
+bool cu_copy_to_host(void *dst, uint64_t src, size_t bytes, const char *op, em_site site) {
+  cu_enter();
+  pthread_mutex_lock(&stage.lock);
+  int r = 0;
+  if (!stage_ready()) {
+    r = drv.d->memcpy_dtoh(dst, src, bytes, current);
+    if (!r) r = drv.d->stream_sync(current);
+  } else {
+    for (size_t done = 0; done < bytes && !r; done += STAGE) {
+      size_t n = bytes - done < STAGE ? bytes - done : STAGE;
+      r = drv.d->memcpy_dtoh(stage.buf[0], src + done, n, current);
+      if (!r) r = drv.d->stream_sync(current);
+      if (!r) memcpy((char *)dst + done, stage.buf[0], n);
+    }
+    if (!bytes) r = drv.d->stream_sync(current);
+  }
+  pthread_mutex_unlock(&stage.lock);
+  if (r) return rt_error(site, op, "copying %zu bytes from the device: %s", bytes, drv.d->error_string(r)), false;
+  return true;
+}
+
+/* ---- the kernel cache ----
+ *
+ * In memory: kernel name -> function, in an open-addressing table (names are unique per key:
+ * see cuda_kernels.c). On disk: EMBER_CACHE_DIR, else $XDG_CACHE_HOME/ember/kernels, else
+ * ~/.cache/ember/kernels, in cuda/ (EMBER_CACHE=0 turns it off), one file per kernel named by a
+ * 128-bit hash of (driver, arch, source), holding a header with the source's length and hash and
+ * the image's hash, then the image (a cubin; a shared object for the emulator). Written to a
+ * temporary file and renamed; a damaged file fails its check and is compiled again. */
+
+typedef struct { char *name; cu_function f; } kslot;
+static struct {
+  pthread_mutex_t lock;
+  kslot *slot;
+  int cap, n;
+  char dir[1024];
+  bool dir_done;
+} kc = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static uint64_t fnv(const void *p, size_t n, uint64_t h) {
+  for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)p)[i]) * 0x100000001b3ull;
+  return h;
+}
+
+static void kc_dir(void) {
+  if (kc.dir_done) return;
+  kc.dir_done = true;
+  const char *off = getenv("EMBER_CACHE");
+  if (off && !strcmp(off, "0")) return;
+  const char *dir = getenv("EMBER_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+  if (dir && *dir) snprintf(kc.dir, sizeof kc.dir, "%s/cuda", dir);
+  else if (xdg && *xdg) snprintf(kc.dir, sizeof kc.dir, "%s/ember/kernels/cuda", xdg);
+  else if (home && *home) snprintf(kc.dir, sizeof kc.dir, "%s/.cache/ember/kernels/cuda", home);
+  else return;
+  for (char *q = kc.dir + 1; *q; q++)
+    if (*q == '/') *q = 0, mkdir(kc.dir, 0755), *q = '/';
+  mkdir(kc.dir, 0755);
+  struct stat st;
+  if (stat(kc.dir, &st) || !S_ISDIR(st.st_mode)) kc.dir[0] = 0;
+}
+
+typedef struct { char magic[8]; uint64_t src_len, src_hash, image_size, image_hash; } kc_header;
+#define KC_MAGIC "EMBRCU01"
+
+static char *disk_read(const char *path, const char *src, size_t *size) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  kc_header h;
+  char *img = NULL;
+  size_t n = strlen(src);
+  bool ok = fread(&h, sizeof h, 1, f) == 1 && !memcmp(h.magic, KC_MAGIC, 8) && h.src_len == n &&
+            h.src_hash == fnv(src, n, 0xcbf29ce484222325ull) && h.image_size > 0 && h.image_size < ((uint64_t)1 << 30);
+  if (ok) ok = (img = malloc(h.image_size)) && fread(img, 1, h.image_size, f) == h.image_size && fgetc(f) == EOF &&
+               fnv(img, h.image_size, 0xcbf29ce484222325ull) == h.image_hash;
+  fclose(f);
+  if (!ok) return free(img), NULL;
+  *size = h.image_size;
+  return img;
+}
+
+static void disk_write(const char *path, const char *src, const char *img, size_t size) {
+  char tmp[1200];
+  snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path);
+  int fd = mkstemp(tmp);
+  if (fd < 0) return;
+  size_t n = strlen(src);
+  kc_header h = {.src_len = n, .src_hash = fnv(src, n, 0xcbf29ce484222325ull), .image_size = size,
+                 .image_hash = fnv(img, size, 0xcbf29ce484222325ull)};
+  memcpy(h.magic, KC_MAGIC, 8);
+  bool ok = write(fd, &h, sizeof h) == (ssize_t)sizeof h && write(fd, img, size) == (ssize_t)size;
+  ok = close(fd) == 0 && ok;
+  if (!ok || rename(tmp, path)) unlink(tmp);
+}
+
+static kslot *kc_find(const char *name) {
+  if (!kc.cap) return NULL;
+  for (uint64_t i = fnv(name, strlen(name), 0xcbf29ce484222325ull);; i++) {
+    kslot *s = &kc.slot[i & (uint64_t)(kc.cap - 1)];
+    if (!s->name || !strcmp(s->name, name)) return s;
+  }
+}
+
+static bool kc_insert(const char *name, cu_function f) {
+  if (2 * (kc.n + 1) > kc.cap) {
+    int cap = kc.cap ? 2 * kc.cap : 256;
+    kslot *old = kc.slot, *nw = calloc((size_t)cap, sizeof *nw);
+    if (!nw) return false;
+    int oc = kc.cap;
+    kc.slot = nw, kc.cap = cap;
+    for (int i = 0; i < oc; i++)
+      if (old[i].name) *kc_find(old[i].name) = old[i];
+    free(old);
+  }
+  kslot *s = kc_find(name);
+  if (!(s->name = strdup(name))) return false;
+  s->f = f, kc.n++;
+  return true;
+}
+
+cu_function cu_kernel(const cu_kernel_key *k, char *err, size_t cap) {
+  char name[128], *body = NULL;
+  if (!cu_kernel_body(k, &body, name, sizeof name)) return snprintf(err, cap, "no CUDA kernel for this case"), NULL;
+  pthread_mutex_lock(&kc.lock);
+  kslot *s = kc_find(name);
+  if (s && s->name) {
+    cu_function f = s->f;
+    pthread_mutex_unlock(&kc.lock);
+    free(body);
+    return f;
+  }
+  const char *pre = cu_kernel_prelude();
+  size_t np = strlen(pre), nb = strlen(body);
+  char *src = malloc(np + nb + 1), *img = NULL, *log = NULL, path[1200] = "";
+  size_t size = 0;
+  cu_function f = NULL;
+  if (!src) {
+    snprintf(err, cap, "out of memory");
+    goto done;
+  }
+  memcpy(src, pre, np), memcpy(src + np, body, nb + 1);
+  kc_dir();
+  if (kc.dir[0]) {
+    uint64_t h1 = fnv(drv.d->name, strlen(drv.d->name), 0xcbf29ce484222325ull);
+    h1 = fnv(drv.arch, strlen(drv.arch), h1);
+    uint64_t h2 = fnv(src, np + nb, 0x84222325cbf29ce4ull);
+    h1 = fnv(src, np + nb, h1);
+    snprintf(path, sizeof path, "%s/%016llx%016llx.bin", kc.dir, (unsigned long long)h1, (unsigned long long)h2);
+    img = disk_read(path, src, &size);
+  }
+  if (!img) {
+    if (!drv.d->compile(src, name, &img, &size, &log)) {
+      snprintf(err, cap, "compiling CUDA kernel %s failed: %s", name, log ? log : "?");
+      goto done;
+    }
+    if (path[0]) disk_write(path, src, img, size);
+  }
+  cu_enter();
+  void *mod = NULL;
+  int r = drv.d->module_load(&mod, img);
+  if (!r) r = drv.d->module_get_function(&f, mod, name);
+  if (r) {
+    snprintf(err, cap, "loading CUDA kernel %s: %s", name, drv.d->error_string(r));
+    f = NULL;
+    goto done;
+  }
+  if (!kc_insert(name, f)) snprintf(err, cap, "out of memory"), f = NULL;
+done:
+  pthread_mutex_unlock(&kc.lock);
+  free(src), free(img), free(log), free(body);
+  return f;
+}
+
+bool cu_launch(cu_function f, int64_t n, unsigned block, void **params, char *err, size_t cap) {
+  if (n <= 0) return true;
+  int64_t blocks = (n + block - 1) / block;
+  if (blocks > 65535 * 8) blocks = 65535 * 8; /* grid-stride loops cover the rest */
+  cu_enter();
+  int r = drv.d->launch(f, (unsigned)blocks, 1, 1, block, 1, 1, 0, current, params, NULL);
+  if (r) return snprintf(err, cap, "launching a kernel: %s", drv.d->error_string(r)), false;
+  return true;
 }

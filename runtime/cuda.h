@@ -99,9 +99,85 @@ bool cu_kernel_body(const cu_kernel_key *k, char **src, char *name, size_t ncap)
 bool cu_nvrtc_compile(const char *src, const char *name, const char *arch, char **cubin, size_t *size, char **log);
 bool cu_nvrtc_available(void);
 
-/* ---- the driver (cuda.c) ---- */
+/* ---- the driver (cuda.c) and its emulator (cuda_emu.c) ----
+ *
+ * Everything the runtime asks of a device goes through this table: the CUDA driver API's
+ * functions (dlsym'd; the signatures are the driver's, return values CUresult, 0 on success),
+ * kernel compilation and cuBLAS. The emulator implements the same table on the host (device
+ * memory is host memory, kernels are the same CUDA C compiled by the host C++ compiler, GEMM
+ * through a CPU BLAS), so the device runtime's host side (allocation, copies, streams, events,
+ * launches, every eager CUDA op and autograd through them) is tested on machines without a GPU:
+ * EMBER_CUDA_EMULATE=1 makes the emulator device 0. */
+typedef void *cu_stream;   /* CUstream; NULL is the legacy default stream */
+typedef void *cu_event;    /* CUevent */
+typedef void *cu_function; /* CUfunction */
 
+typedef struct cu_driver {
+  const char *name;      /* "CUDA driver" or "CUDA emulator (host)" */
+  bool emulated;
+  int (*mem_alloc)(uint64_t *p, size_t bytes);
+  int (*mem_free)(uint64_t p);
+  int (*host_alloc)(void **p, size_t bytes, unsigned flags); /* pinned host memory */
+  int (*host_free)(void *p);
+  int (*memcpy_htod)(uint64_t dst, const void *src, size_t n, cu_stream s);
+  int (*memcpy_dtoh)(void *dst, uint64_t src, size_t n, cu_stream s);
+  int (*memcpy_dtod)(uint64_t dst, uint64_t src, size_t n, cu_stream s);
+  int (*stream_create)(cu_stream *s, unsigned flags);
+  int (*stream_destroy)(cu_stream s);
+  int (*stream_sync)(cu_stream s);
+  int (*stream_wait_event)(cu_stream s, cu_event e, unsigned flags);
+  int (*event_create)(cu_event *e, unsigned flags);
+  int (*event_destroy)(cu_event e);
+  int (*event_record)(cu_event e, cu_stream s);
+  int (*event_sync)(cu_event e);
+  int (*event_elapsed)(float *ms, cu_event start, cu_event end);
+  int (*module_load)(void **m, const void *image);
+  int (*module_get_function)(cu_function *f, void *m, const char *name);
+  int (*launch)(cu_function f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                unsigned shmem, cu_stream s, void **params, void **extra);
+  int (*ctx_sync)(void);
+  const char *(*error_string)(int r);
+  /* Compiles one kernel's CUDA C for this device: an image module_load accepts (caller frees),
+   * or false with a reason in *log (caller frees). */
+  bool (*compile)(const char *src, const char *name, char **image, size_t *size, char **log);
+  /* C[b] = op(A[b]) op(B[b]) (+ C[b] when accumulate) for b < batch, column-major as BLAS,
+   * A, B and C of dtype dt (f32, f64, f16, bf16; f32 accumulation for the half types); tf32
+   * lets f32 GEMMs use TF32 tensor cores. 0 on success, else a reason in why. */
+  int (*gemm)(cu_stream s, bool ta, bool tb, int m, int n, int k, em_dtype dt, uint64_t a, int lda, int64_t sa,
+              uint64_t b, int ldb, int64_t sb, uint64_t c, int ldc, int64_t sc, int batch, bool accumulate, bool tf32,
+              char *why, size_t cap);
+} cu_driver;
+
+/* cuda_ops.c: runs prim op into out (allocated on the device by the dispatcher, or an in-place
+ * destination) from in (all on the device); false with a reason in err. */
+bool cu_run_prim(em_prim op, const prim_attrs *at, em_tensor *out, em_tensor *const *in, int n_in, char *err, size_t cap);
+
+/* The emulator's table (cuda_emu.c). */
+const cu_driver *cu_emu_driver(void);
+
+/* The device (cuda.c): NULL without a usable device (em_cuda_is_available() false). */
+const cu_driver *cu_drv(void);
 /* The process's allocator for device 0, NULL without a usable device. */
 cu_allocator *cu_device_allocator(void);
+/* The calling thread's current stream (em_cuda_set_stream; NULL: the default stream). */
+cu_stream cu_current_stream(void);
+/* Makes the device's context current on the calling thread (the driver's state is per thread). */
+void cu_enter(void);
+/* "sm_90" for the device's compute capability. */
+const char *cu_arch(void);
+/* The kernel for key k, compiled (through the memory and disk caches) and loaded; NULL with a
+ * reason in err. */
+cu_function cu_kernel(const cu_kernel_key *k, char *err, size_t cap);
+/* Launches f on the current stream over n elements (grid-stride kernels: any grid works). */
+bool cu_launch(cu_function f, int64_t n, unsigned block, void **params, char *err, size_t cap);
+/* Device storage for bytes on the current stream, or NULL with an error recorded. */
+cu_block *cu_storage_alloc(size_t bytes, const char *op, em_site site);
+/* Blocks until the current stream's work is done; false with an error recorded (asynchronous
+ * kernel faults surface here). */
+bool cu_sync(const char *op, em_site site);
+/* Copies between host and device memory on the current stream, through pinned staging buffers;
+ * both directions wait for the copy (the host buffer is the caller's). */
+bool cu_copy_to_device(uint64_t dst, const void *src, size_t bytes, const char *op, em_site site);
+bool cu_copy_to_host(void *dst, uint64_t src, size_t bytes, const char *op, em_site site);
 
 #endif

@@ -6,6 +6,7 @@
  * let the tracer (record a node, return a proxy) and autograd (record a grad_fn) hook in at one
  * place later. */
 #include "rt.h"
+#include "cuda.h"
 #include "../ir/graph.h"
 
 #include <string.h>
@@ -17,8 +18,49 @@ static bool needs_compute(em_prim op) {
   return (f & (P_POINTWISE | P_REDUCTION | P_EXTERN)) || op == EM_PRIM_SCATTER_ADD;
 }
 
+/* Device placement, as PyTorch's: operands must be on one device, except that a CPU tensor
+ * holding one element (a scalar, possibly expanded) may join CUDA operands; it is copied to the
+ * device (dev_in[i], a new reference, else NULL). The result's device is the operands' (for
+ * creation prims, the default device). */
+static bool place(const char *name, em_prim op, em_tensor *const *in, int n_in, em_tensor **dev_in, em_device *dev,
+                  bool force_cuda, em_site site) {
+  *dev = force_cuda ? EM_CUDA : n_in ? EM_CPU : rt_default_device();
+  for (int i = 0; i < n_in; i++)
+    if (in[i]->storage->device == EM_CUDA) *dev = EM_CUDA;
+  (void)op;
+  for (int i = 0; i < n_in; i++) {
+    dev_in[i] = NULL;
+    if (*dev != EM_CUDA || in[i]->storage->device == EM_CUDA) continue;
+    bool scalar = !in[i]->proxy;
+    for (int d = 0; d < in[i]->ndim; d++) scalar &= in[i]->sizes[d] <= 1 || in[i]->strides[d] == 0;
+    if (!scalar) {
+      char b0[128], b1[128];
+      int j = 0;
+      while (j < n_in - 1 && in[j]->storage->device != EM_CUDA) j++;
+      rt_error(site, name, "expected all operands on one device: operand %d is %s on cpu, operand %d is %s on cuda "
+               "(move it with em_to)", i, rt_fmt(b0, sizeof b0, in[i]), j, rt_fmt(b1, sizeof b1, in[j]));
+      goto fail;
+    }
+    int64_t zeros[EM_MAX_DIMS] = {0};
+    em_tensor *elem = rt_new_view(in[i], 0, zeros, zeros, in[i]->offset, name, site);
+    em_tensor *one = rt_to_device(elem, EM_CUDA, name, site);
+    em_release(elem);
+    if (one) { /* the same (expanded) layout over the device copy */
+      dev_in[i] = rt_new_view(one, in[i]->ndim, in[i]->sizes, zeros, 0, name, site);
+      em_release(one);
+    }
+    if (!dev_in[i]) goto fail;
+  }
+  return true;
+fail:
+  for (int i = 0; i < n_in; i++) em_release(dev_in[i]), dev_in[i] = NULL;
+  return false;
+}
+
 static bool check_operands(const char *name, em_prim op, em_tensor *const *in, int n_in,
                            prim_meta *metas, em_site site) {
+  bool cuda = false;
+  for (int i = 0; i < n_in; i++) cuda |= in[i]->storage->device == EM_CUDA;
   for (int i = 0; i < n_in; i++) {
     metas[i] = rt_meta(in[i]);
     if (in[i]->proxy && !rt_tracing()) {
@@ -27,7 +69,7 @@ static bool check_operands(const char *name, em_prim op, em_tensor *const *in, i
                "ctx or a static?); return it from the function instead", rt_fmt(b, sizeof b, in[i]));
       return false;
     }
-    if (needs_compute(op) && !ir_dtype(in[i]->dtype)->cpu_compute) {
+    if (!cuda && needs_compute(op) && !ir_dtype(in[i]->dtype)->cpu_compute) {
       char b[128];
       rt_error(site, name, "%s has no CPU kernels (f16 and bf16 are storage types on the CPU; cast first)",
                rt_fmt(b, sizeof b, in[i]));
@@ -61,6 +103,32 @@ em_tensor *rt_dispatch(const char *name, em_prim op, em_tensor *const *in, int n
     out = rt_new_view(in[0], out_meta.ndim, out_meta.sizes, out_meta.strides, out_meta.offset, name, site);
     goto record;
   }
+  em_device dev;
+  em_tensor *dev_small[4] = {0}, **dev_in = n_in > 4 ? rt_alloc(sizeof(em_tensor *) * (size_t)n_in, 16) : dev_small;
+  if (!dev_in) {
+    rt_error(site, name, "out of memory");
+    goto done;
+  }
+  if (place(name, op, in, n_in, dev_in, &dev, false, site) && dev == EM_CUDA) {
+    em_tensor *ops_small[4], **ops = n_in > 4 ? rt_alloc(sizeof(em_tensor *) * (size_t)n_in, 16) : ops_small;
+    if (ops) {
+      for (int i = 0; i < n_in; i++) ops[i] = dev_in[i] ? dev_in[i] : in[i];
+      out = rt_new_device(out_meta.dtype, out_meta.ndim, out_meta.sizes, EM_CUDA, name, site);
+      if (out && !cu_run_prim(op, at, out, ops, n_in, err, sizeof err)) {
+        em_release(out);
+        out = rt_has_error() ? NULL : rt_error(site, name, "%s", err);
+      }
+      if (ops != ops_small) rt_free(ops);
+    } else {
+      rt_error(site, name, "out of memory");
+    }
+    for (int i = 0; i < n_in; i++) em_release(dev_in[i]);
+    if (dev_in != dev_small) rt_free(dev_in);
+    if (out) goto record;
+    goto done;
+  }
+  if (dev_in != dev_small) rt_free(dev_in);
+  if (rt_has_error()) goto done;
   out = rt_new(out_meta.dtype, out_meta.ndim, out_meta.sizes, name, site);
   if (!out) goto done;
   prim_buf bufs_small[4], *bufs = bufs_small;
@@ -150,6 +218,23 @@ static bool dispatch_out(const char *name, em_prim op, em_tensor *const *in, int
   if (m.dtype != out->dtype || m.ndim != out->ndim || memcmp(m.sizes, out->sizes, sizeof(int64_t) * (size_t)m.ndim))
     return rt_error(site, name, "result %s does not fit the destination %s",
                     ir_fmt_type(b0, sizeof b0, m.dtype, m.ndim, m.sizes), rt_fmt(b1, sizeof b1, out)), false;
+  em_tensor *dev_in[4] = {0}, *ops[4];
+  em_device dev = out->storage->device;
+  for (int i = 0; i < n_in; i++)
+    if (in[i]->storage->device == EM_CUDA) dev = EM_CUDA;
+  if (dev == EM_CUDA) {
+    if (out->storage->device != EM_CUDA) {
+      char b[128];
+      return rt_error(site, name, "writes into %s on cpu from operands on cuda", rt_fmt(b, sizeof b, out)), false;
+    }
+    if (!place(name, op, in, n_in, dev_in, &dev, true, site)) return false;
+    for (int i = 0; i < n_in; i++) ops[i] = dev_in[i] ? dev_in[i] : in[i];
+    bool ok = cu_run_prim(op, at, out, ops, n_in, err, sizeof err);
+    for (int i = 0; i < n_in; i++) em_release(dev_in[i]);
+    if (!ok) return rt_has_error() ? false : (rt_error(site, name, "%s", err), false);
+    rt_bump_version(out, name, site);
+    return true;
+  }
   prim_buf bufs[4], ob = rt_buf(out);
   for (int i = 0; i < n_in; i++) bufs[i] = rt_buf(in[i]);
   if (!prim_run(op, at, &ob, bufs, n_in, err, sizeof err)) return rt_error(site, name, "%s", err), false;

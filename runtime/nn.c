@@ -236,7 +236,12 @@ static bool adamw_step(em_optimizer *o, int i, em_tensor *p, em_tensor *g, em_si
   const em_adamw_opts *a = &o->adamw;
   /* State made here lives past the step's scope through the optimizer's reference. */
   for (int k = 0; k < (a->amsgrad ? 3 : 2); k++)
-    if (!o->state[k][i] && !(o->state[k][i] = em_retain(em_zeros_at(p->dtype, p->ndim, p->sizes, site)))) return false;
+    if (!o->state[k][i]) {
+      em_device prev = em_set_default_device(p->storage->device);
+      o->state[k][i] = em_retain(em_zeros_at(p->dtype, p->ndim, p->sizes, site));
+      em_set_default_device(prev);
+      if (!o->state[k][i]) return false;
+    }
   em_tensor *m = o->state[0][i], *v = o->state[1][i], *vmax = o->state[2][i];
   int64_t t = ++o->steps[i];
   if (a->weight_decay != 0 && !em_mul_scalar__at(p, 1 - a->lr * a->weight_decay, site)) return false;

@@ -615,7 +615,16 @@ em_tensor *em_copy__at(em_tensor *dst, em_tensor *src, em_site site) {
   static const char name[] = "em_copy_";
   if (!dst || !src) return NULL;
   if (!writable(dst, name, site)) return NULL;
+  em_tensor *moved = NULL;
+  if (src->storage->device != dst->storage->device && src->numel > 1) { /* a copy between devices */
+    int tok = rt_break_begin(name, "copies between devices", site);
+    if (tok < 0) return NULL;
+    moved = rt_to_device(src, dst->storage->device, name, site);
+    rt_break_end(tok);
+    if (!(src = moved)) return NULL;
+  }
   em_tensor *s = source_for(dst, src, name, site);
+  em_release(moved);
   if (!s) return NULL;
   prim_attrs at = {.dtype = dst->dtype};
   bool ok = rt_dispatch_out(name, EM_PRIM_CONVERT, &s, 1, &at, dst, site);
@@ -637,6 +646,12 @@ em_tensor *em_zero__at(em_tensor *dst, em_site site) { return em_fill__at(dst, 0
 
 static double item(em_tensor *x, em_site site) {
   if (!x) return NAN;
+  if (x->storage->device == EM_CUDA && x->numel == 1) { /* waits for the value */
+    em_tensor *h = rt_to_device(x, EM_CPU, "em_item", site);
+    double v = h ? item(h, site) : NAN;
+    em_release(h);
+    return v;
+  }
   if (x->numel != 1) {
     char b[128];
     rt_error(site, "em_item", "needs a tensor with one element, got %s", rt_fmt(b, sizeof b, x));
@@ -647,6 +662,12 @@ static double item(em_tensor *x, em_site site) {
 
 static bool to_buffer(em_tensor *x, em_dtype dt, void *dst, size_t dst_bytes, em_site site) {
   if (!x) return false;
+  if (x->storage->device == EM_CUDA) {
+    em_tensor *h = rt_to_device(x, EM_CPU, "em_to_buffer", site);
+    bool ok = h && to_buffer(h, dt, dst, dst_bytes, site);
+    em_release(h);
+    return ok;
+  }
   char b[128], err[256];
   if (!ir_dtype_valid(dt)) return rt_error(site, "em_to_buffer", "invalid dtype %d", (int)dt), false;
   size_t need = (size_t)x->numel * ir_dtype(dt)->size;
@@ -685,6 +706,12 @@ bool em_to_buffer_at(em_tensor *x, em_dtype dt, void *dst, size_t dst_bytes, em_
 
 static em_tensor *nonzero(em_tensor *x, em_site site) {
   static const char name[] = "em_nonzero";
+  if (x->storage->device == EM_CUDA) { /* on the host, then back: the count needs the data */
+    em_tensor *h = rt_to_device(x, EM_CPU, name, site), *r = h ? nonzero(h, site) : NULL;
+    em_tensor *d = r ? rt_to_device(r, EM_CUDA, name, site) : NULL;
+    em_release(h), em_release(r);
+    return d;
+  }
   if (!ir_dtype(x->dtype)->cpu_compute && x->dtype != EM_BOOL) {
     char b[128];
     return rt_error(site, name, "%s has no CPU kernels (cast first)", rt_fmt(b, sizeof b, x));

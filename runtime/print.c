@@ -159,6 +159,11 @@ static void emit(sbuf *b, const em_tensor *t, const fmt_state *f, int d, int64_t
 
 static char *format(em_tensor *x, em_site site) {
   if (!x) return NULL;
+  em_tensor *dev = NULL;
+  if (x->storage->device == EM_CUDA) { /* the values, copied back (waits for them) */
+    dev = x;
+    if (!(x = rt_to_device(x, EM_CPU, "em_format", site))) return NULL;
+  }
   sbuf b = {0};
   fmt_state f = {.dt = x->dtype, .summarize = x->numel > THRESHOLD, .mode = F_FIXED};
   int64_t idx[EM_MAX_DIMS] = {0};
@@ -195,6 +200,7 @@ static char *format(em_tensor *x, em_site site) {
     puts_(&b, ", dtype=");
     puts_(&b, em_dtype_name(x->dtype));
   }
+  if (dev) puts_(&b, ", device='cuda:0'"), em_release(x);
   puts_(&b, ")");
   if (b.oom) {
     free(b.s);

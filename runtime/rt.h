@@ -52,6 +52,7 @@ typedef struct rt_storage {
   char *data;
   const char *writer;  /* the last in-place op and its site, for autograd's version error */
   em_site writer_site;
+  struct cu_block *block; /* EM_CUDA: the caching allocator's block; data is its device address */
 } rt_storage;
 
 typedef struct rt_node rt_node;
@@ -86,6 +87,13 @@ struct em_tensor {
 /* A new contiguous tensor with uninitialised data, owned by the caller (refcount 1, in no
  * scope). NULL with an error recorded (naming op and site) on bad sizes or allocation failure. */
 em_tensor *rt_new(em_dtype dt, int ndim, const int64_t *sizes, const char *op, em_site site);
+/* The same on a device (EM_CPU: rt_new). A CUDA tensor's data pointer is a device address. */
+em_tensor *rt_new_device(em_dtype dt, int ndim, const int64_t *sizes, em_device dev, const char *op, em_site site);
+/* cuda_ops.c: a copy of x on dev (a new reference to x when it is there already), caller-owned;
+ * NULL with an error recorded. Not recorded by autograd or the tracer (em_to is). */
+em_tensor *rt_to_device(em_tensor *x, em_device dev, const char *name, em_site site);
+/* creation.c: the device factories create on (em_set_default_device; thread-local). */
+em_device rt_default_device(void);
 /* A new header over t's storage with the given layout, owned by the caller. */
 em_tensor *rt_new_view(em_tensor *t, int ndim, const int64_t *sizes, const int64_t *strides,
                        int64_t offset, const char *op, em_site site);

@@ -6,6 +6,7 @@
  * cheap. Scopes (a thread-local stack of tensor lists) own op results so model code never
  * releases by hand, as DESIGN.md's C conventions say. */
 #include "rt.h"
+#include "cuda.h"
 
 #include <string.h>
 
@@ -26,7 +27,8 @@ static _Thread_local int n_scopes, cap_scopes;
 
 static void storage_release(rt_storage *s) {
   if (__atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
-    rt_count_storage(-(int64_t)s->bytes);
+    if (s->device == EM_CUDA) cu_release(cu_device_allocator(), s->block);
+    else rt_count_storage(-(int64_t)s->bytes);
     rt_free(s);
   }
 }
@@ -91,6 +93,34 @@ em_tensor *rt_new(em_dtype dt, int ndim, const int64_t *sizes, const char *op, e
   *s = (rt_storage){.refcount = 1, .bytes = bytes, .device = EM_CPU,
                     .data = (char *)s + STORAGE_HEADER};
   rt_count_storage((int64_t)bytes);
+  em_tensor *t = new_header(s, dt, ndim, sizes, op, site);
+  if (!t) {
+    storage_release(s);
+    return NULL;
+  }
+  ir_contiguous_strides(ndim, sizes, t->strides);
+  return t;
+}
+
+/* On the device, the storage header is host memory and the data a block of the caching
+ * allocator (live device bytes are its statistics, not the debug counters). */
+em_tensor *rt_new_device(em_dtype dt, int ndim, const int64_t *sizes, em_device dev, const char *op, em_site site) {
+  if (dev == EM_CPU) return rt_new(dt, ndim, sizes, op, site);
+  char b[128];
+  if (!ir_dtype_valid(dt)) return rt_error(site, op, "invalid dtype %d", (int)dt);
+  if (ndim < 0 || ndim > EM_MAX_DIMS) return rt_error(site, op, "%d dims requested; a tensor has 0 to %d", ndim, EM_MAX_DIMS);
+  for (int i = 0; i < ndim; i++)
+    if (sizes[i] < 0) return rt_error(site, op, "size %lld of dim %d is negative", (long long)sizes[i], i);
+  int64_t numel = ir_numel(ndim, sizes);
+  size_t esize = ir_dtype(dt)->size;
+  if (numel == INT64_MAX || (uint64_t)numel > (SIZE_MAX >> 2) / esize)
+    return rt_error(site, op, "%s is too large to address", ir_fmt_type(b, sizeof b, dt, ndim, sizes));
+  size_t bytes = (size_t)numel * esize;
+  rt_storage *s = rt_alloc(sizeof *s, 16);
+  if (!s) return rt_error(site, op, "out of memory");
+  cu_block *blk = cu_storage_alloc(bytes, op, site);
+  if (!blk) return rt_free(s), NULL;
+  *s = (rt_storage){.refcount = 1, .bytes = bytes, .device = EM_CUDA, .data = (char *)(uintptr_t)blk->ptr, .block = blk};
   em_tensor *t = new_header(s, dt, ndim, sizes, op, site);
   if (!t) {
     storage_release(s);

@@ -1,0 +1,227 @@
+/* runtime/cuda_emu.c: a CUDA device emulated on the host, for testing the device runtime where
+ * there is no GPU (EMBER_CUDA_EMULATE=1; see cuda.h).
+ *
+ * It implements the driver table with host memory and runs the very CUDA C that NVRTC compiles
+ * for the GPU, compiled instead by the host C++ compiler (c++, or $CXX) into a shared object:
+ * a prelude defines CUDA's qualifiers away, gives blockIdx / threadIdx / blockDim / gridDim as
+ * thread-local variables, and appends to each kernel an entry point that unpacks the launch's
+ * parameter array by the kernel's own signature (a variadic template) and runs the grid block
+ * after block. Every block runs with one thread (blockDim 1): Ember's kernels are written for any
+ * block size (grid-stride loops, reductions whose tree halves blockDim), so this exercises their
+ * indexing and arithmetic exactly, but not the cooperation of threads within a block (the
+ * shared-memory tree's steps and atomics under contention), which only a GPU run checks.
+ * Work runs at launch, so streams and events are trivially ordered; events record host time.
+ * GEMM runs through the CPU BLAS (f32, f64) or a plain loop (f16, bf16: f32 accumulation). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "cuda.h"
+#include "rt.h"
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef EMBER_HAVE_BLAS
+#include <cblas.h>
+#endif
+
+static int e_mem_alloc(uint64_t *p, size_t bytes) {
+  void *q = aligned_alloc(256, (bytes + 255) / 256 * 256);
+  if (!q) return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+  *p = (uint64_t)(uintptr_t)q;
+  return 0;
+}
+static int e_mem_free(uint64_t p) { return free((void *)(uintptr_t)p), 0; }
+static int e_host_alloc(void **p, size_t bytes, unsigned flags) {
+  (void)flags;
+  return (*p = malloc(bytes)) ? 0 : 2;
+}
+static int e_host_free(void *p) { return free(p), 0; }
+static int e_htod(uint64_t dst, const void *src, size_t n, cu_stream s) {
+  (void)s;
+  return memcpy((void *)(uintptr_t)dst, src, n), 0;
+}
+static int e_dtoh(void *dst, uint64_t src, size_t n, cu_stream s) {
+  (void)s;
+  return memcpy(dst, (const void *)(uintptr_t)src, n), 0;
+}
+static int e_dtod(uint64_t dst, uint64_t src, size_t n, cu_stream s) {
+  (void)s;
+  return memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n), 0;
+}
+static int e_stream_create(cu_stream *s, unsigned flags) {
+  (void)flags;
+  return (*s = malloc(1)) ? 0 : 2;
+}
+static int e_stream_destroy(cu_stream s) { return free(s), 0; }
+static int e_stream_sync(cu_stream s) { return (void)s, 0; }
+static int e_wait_event(cu_stream s, cu_event e, unsigned f) { return (void)s, (void)e, (void)f, 0; }
+static int e_event_create(cu_event *e, unsigned flags) {
+  (void)flags;
+  return (*e = calloc(1, sizeof(double))) ? 0 : 2;
+}
+static int e_event_destroy(cu_event e) { return free(e), 0; }
+static int e_event_record(cu_event e, cu_stream s) {
+  (void)s;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  *(double *)e = (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+  return 0;
+}
+static int e_event_sync(cu_event e) { return (void)e, 0; }
+static int e_elapsed(float *ms, cu_event a, cu_event b) { return *ms = (float)(*(double *)b - *(double *)a), 0; }
+static int e_ctx_sync(void) { return 0; }
+static const char *e_error(int r) { return r == 2 ? "out of memory (emulator)" : r == 400 ? "invalid handle (emulator)" : "error (emulator)"; }
+
+/* A module: the shared object, loaded from a memfd holding the image. */
+static int e_module_load(void **m, const void *image) {
+  const uint64_t *sz = image; /* the image starts with its size */
+  int fd = memfd_create("ember_cuda_emu", MFD_CLOEXEC);
+  if (fd < 0) return 1;
+  bool ok = write(fd, (const char *)image + 8, *sz) == (ssize_t)*sz;
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  void *h = ok ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : NULL;
+  /* the descriptor stays open with the module: dlopen knows objects by path, and a reused
+   * descriptor number would hand back the previous module */
+  if (!h) close(fd);
+  if (!h) return 218; /* CUDA_ERROR_INVALID_PTX */
+  *m = h;
+  return 0;
+}
+
+typedef void (*emu_entry)(void **params, unsigned grid);
+
+static int e_get_function(cu_function *f, void *m, const char *name) {
+  char sym[160];
+  snprintf(sym, sizeof sym, "em_emu_%s", name);
+  void *p = dlsym(m, sym);
+  if (!p) return 500; /* CUDA_ERROR_NOT_FOUND */
+  *f = p;
+  return 0;
+}
+
+static int e_launch(cu_function f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                    unsigned shmem, cu_stream s, void **params, void **extra) {
+  (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)s, (void)extra;
+  emu_entry e;
+  *(void **)&e = f;
+  e(params, gx);
+  return 0;
+}
+
+static const char emu_prelude[] =
+    "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n#include <cmath>\n#include <utility>\n"
+    "#undef __global__\n#undef __device__\n#undef __host__\n#undef __forceinline__\n#undef __shared__\n#undef __restrict__\n"
+    "#define __global__\n#define __device__\n#define __host__\n#define __forceinline__ inline\n#define __shared__\n"
+    "#define __restrict__ __restrict\n"
+    "struct em_dim3 { unsigned x, y, z; };\n"
+    "static thread_local em_dim3 blockIdx, threadIdx, blockDim, gridDim;\n"
+    "static inline void __syncthreads() {}\n"
+    "static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }\n"
+    "static inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }\n"
+    "template <typename T> static inline T atomicAdd(T *p, T v) { T o = *p; *p = (T)(o + v); return o; }\n"
+    "static inline __half atomicAdd(__half *p, __half v) { __half o = *p; *p = __float2half_rn(__half2float(o) + __half2float(v)); return o; }\n"
+    "static inline __nv_bfloat16 atomicAdd(__nv_bfloat16 *p, __nv_bfloat16 v) { __nv_bfloat16 o = *p; *p = __float2bfloat16_rn(__bfloat162float(o) + __bfloat162float(v)); return o; }\n"
+    "static inline unsigned long long atomicCAS(unsigned long long *p, unsigned long long c, unsigned long long v) { unsigned long long o = *p; if (o == c) *p = v; return o; }\n"
+    "template <typename... A, std::size_t... I> static void em_call(void (*f)(A...), void **p, std::index_sequence<I...>) { f(*(A *)p[I]...); }\n"
+    "template <typename... A> static void em_grid(void (*f)(A...), void **p, unsigned g) {\n"
+    "  gridDim = {g, 1, 1}; blockDim = {1, 1, 1}; threadIdx = {0, 0, 0};\n"
+    "  for (unsigned b = 0; b < g; b++) { blockIdx = {b, 0, 0}; em_call(f, p, std::index_sequence_for<A...>{}); }\n"
+    "}\n";
+
+/* The host compiler: $CXX, else c++. The image is [size][shared object]. */
+static bool e_compile(const char *src, const char *name, char **image, size_t *size, char **log) {
+  *image = NULL, *size = 0, *log = NULL;
+  char dir[] = "/tmp/ember_cuda_emu_XXXXXX";
+  if (!mkdtemp(dir)) return (*log = strdup("mkdtemp failed")), false;
+  char cpp[128], so[128], errf[128], cmd[1024];
+  snprintf(cpp, sizeof cpp, "%s/k.cpp", dir), snprintf(so, sizeof so, "%s/k.so", dir), snprintf(errf, sizeof errf, "%s/log", dir);
+  FILE *f = fopen(cpp, "w");
+  bool ok = f != NULL;
+  if (f) {
+    fputs(emu_prelude, f);
+    fputs(src, f);
+    fprintf(f, "\nextern \"C\" void em_emu_%s(void **p, unsigned g) { em_grid(%s, p, g); }\n", name, name);
+    ok = fclose(f) == 0;
+  }
+  const char *cxx = getenv("CXX");
+#ifdef EMBER_CUDA_INCLUDE
+  const char *inc = EMBER_CUDA_INCLUDE;
+#else
+  const char *inc = "/usr/local/cuda/include";
+#endif
+  snprintf(cmd, sizeof cmd, "%s -std=c++17 -O1 -w -fPIC -shared -I'%s' '%s' -o '%s' 2>'%s'", cxx && *cxx ? cxx : "c++", inc, cpp,
+           so, errf);
+  int st = ok ? system(cmd) : -1;
+  ok = st == 0;
+  FILE *r = fopen(ok ? so : errf, "rb");
+  if (r) {
+    fseek(r, 0, SEEK_END);
+    long n = ftell(r);
+    fseek(r, 0, SEEK_SET);
+    char *buf = n >= 0 ? malloc((size_t)n + 9) : NULL;
+    if (buf && fread(buf + 8, 1, (size_t)n, r) == (size_t)n) {
+      if (ok) *(uint64_t *)buf = (uint64_t)n, *image = buf, *size = (size_t)n + 8;
+      else buf[8 + n] = 0, *log = strdup(buf + 8), free(buf);
+    } else {
+      free(buf);
+    }
+    fclose(r);
+  }
+  if (!ok && !*log) *log = strdup("the host C++ compiler failed to run");
+  unlink(cpp), unlink(so), unlink(errf), rmdir(dir);
+  return *image != NULL;
+}
+
+static float ld(const char *p, em_dtype dt) { return (float)prim_load(p, dt); }
+
+static int e_gemm(cu_stream s, bool ta, bool tb, int m, int n, int k, em_dtype dt, uint64_t a, int lda, int64_t sa,
+                  uint64_t b, int ldb, int64_t sb, uint64_t c, int ldc, int64_t sc, int batch, bool accumulate, bool tf32,
+                  char *why, size_t cap) {
+  (void)s, (void)tf32, (void)why, (void)cap;
+  size_t es = ir_dtype(dt)->size;
+  for (int q = 0; q < batch; q++) {
+    char *A = (char *)(uintptr_t)a + (size_t)(q * sa) * es, *B = (char *)(uintptr_t)b + (size_t)(q * sb) * es;
+    char *C = (char *)(uintptr_t)c + (size_t)(q * sc) * es;
+#ifdef EMBER_HAVE_BLAS
+    if (dt == EM_F32 || dt == EM_F64) {
+      CBLAS_TRANSPOSE oa = ta ? CblasTrans : CblasNoTrans, ob = tb ? CblasTrans : CblasNoTrans;
+      if (dt == EM_F32) cblas_sgemm(CblasColMajor, oa, ob, m, n, k, 1.0f, (float *)A, lda, (float *)B, ldb, accumulate, (float *)C, ldc);
+      else cblas_dgemm(CblasColMajor, oa, ob, m, n, k, 1.0, (double *)A, lda, (double *)B, ldb, accumulate, (double *)C, ldc);
+      continue;
+    }
+#endif
+    for (int j = 0; j < n; j++)
+      for (int i = 0; i < m; i++) {
+        double acc = accumulate ? prim_load(C + (size_t)(i + (int64_t)j * ldc) * es, dt) : 0;
+        float facc = 0;
+        for (int p = 0; p < k; p++) {
+          int64_t ia = ta ? p + (int64_t)i * lda : i + (int64_t)p * lda, ib = tb ? j + (int64_t)p * ldb : p + (int64_t)j * ldb;
+          if (dt == EM_F64) acc += prim_load(A + (size_t)ia * es, dt) * prim_load(B + (size_t)ib * es, dt);
+          else facc += ld(A + (size_t)ia * es, dt) * ld(B + (size_t)ib * es, dt);
+        }
+        prim_store(C + (size_t)(i + (int64_t)j * ldc) * es, dt, dt == EM_F64 ? acc : (double)(float)(acc + facc));
+      }
+  }
+  return 0;
+}
+
+static const cu_driver emu = {
+    .name = "CUDA emulator (host)", .emulated = true,
+    .mem_alloc = e_mem_alloc, .mem_free = e_mem_free, .host_alloc = e_host_alloc, .host_free = e_host_free,
+    .memcpy_htod = e_htod, .memcpy_dtoh = e_dtoh, .memcpy_dtod = e_dtod,
+    .stream_create = e_stream_create, .stream_destroy = e_stream_destroy, .stream_sync = e_stream_sync,
+    .stream_wait_event = e_wait_event, .event_create = e_event_create, .event_destroy = e_event_destroy,
+    .event_record = e_event_record, .event_sync = e_event_sync, .event_elapsed = e_elapsed,
+    .module_load = e_module_load, .module_get_function = e_get_function, .launch = e_launch,
+    .ctx_sync = e_ctx_sync, .error_string = e_error, .compile = e_compile, .gemm = e_gemm,
+};
+
+const cu_driver *cu_emu_driver(void) { return &emu; }
