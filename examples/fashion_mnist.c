@@ -5,6 +5,7 @@
  *                 [--optimizer sgd|adamw] [--momentum M] [--weight-decay WD] [--seed S]
  *                 [--threads T] [--train-limit N] [--data DIR] [--json]
  *                 [--compile] [--backend inductor|aot_eager|eager] [--whole-step] [--loss-log FILE]
+ *                 [--device cpu|cuda]
  *
  * With --compile, the forward pass and loss of each step (and the test-set predictions) run
  * through em_compile(), as with torch.compile applied to a model: with the default backend,
@@ -35,7 +36,7 @@ typedef struct {
   double lr, momentum, weight_decay;
   uint64_t seed;
   bool json, compile, whole_step;
-  const char *backend, *loss_log;
+  const char *backend, *loss_log, *device;
 } options;
 
 static void usage(FILE *f) {
@@ -57,6 +58,7 @@ static void usage(FILE *f) {
           "  --backend NAME         em_compile backend: inductor (default), aot_eager or eager\n"
           "  --whole-step           with --compile: compile forward, backward and update as one function\n"
           "  --loss-log FILE        write each step's loss as a hex float (bit-exact comparisons)\n"
+          "  --device cpu|cuda      where the model, the data and the training run (default cpu)\n"
           "  --help                 this text\n");
 }
 
@@ -67,7 +69,7 @@ static double now(void) {
 }
 
 static bool parse(int argc, char **argv, options *o) {
-  *o = (options){"mlp", "sgd", NULL, 1, 0, 128, 0, NAN, 0.9, NAN, 0, false, false, false, "inductor", NULL};
+  *o = (options){"mlp", "sgd", NULL, 1, 0, 128, 0, NAN, 0.9, NAN, 0, false, false, false, "inductor", NULL, "cpu"};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--help")) {
@@ -101,6 +103,7 @@ static bool parse(int argc, char **argv, options *o) {
     else if (!strcmp(a, "--seed")) o->seed = strtoull(v, NULL, 10);
     else if (!strcmp(a, "--backend")) o->backend = v;
     else if (!strcmp(a, "--loss-log")) o->loss_log = v;
+    else if (!strcmp(a, "--device")) o->device = v;
     else {
       fprintf(stderr, "fashion_mnist: unknown option %s\n", a);
       usage(stderr);
@@ -111,7 +114,7 @@ static bool parse(int argc, char **argv, options *o) {
   if (isnan(o->lr)) o->lr = adamw ? 1e-3 : !strcmp(o->model, "lenet") ? 0.05 : 0.1;
   if (isnan(o->weight_decay)) o->weight_decay = adamw ? 1e-2 : 0;
   if ((strcmp(o->model, "mlp") && strcmp(o->model, "lenet")) || (strcmp(o->optimizer, "sgd") && !adamw) ||
-      o->epochs < 1 || o->batch < 1) {
+      o->epochs < 1 || o->batch < 1 || (strcmp(o->device, "cpu") && strcmp(o->device, "cuda"))) {
     fprintf(stderr, "fashion_mnist: bad option value\n");
     usage(stderr);
     return false;
@@ -129,7 +132,7 @@ typedef struct {
   int n_params;
 } model;
 
-static bool model_init(model *m, bool lenet) {
+static bool model_init(model *m, bool lenet, em_device dev) {
   memset(m, 0, sizeof *m);
   m->lenet = lenet;
   bool ok = true;
@@ -146,6 +149,16 @@ static bool model_init(model *m, bool lenet) {
     for (int i = 0; ok && i < 2; i++) m->params[m->n_params++] = m->conv[i].weight, m->params[m->n_params++] = m->conv[i].bias;
   }
   for (int i = 0; ok && i < 3; i++) m->params[m->n_params++] = m->fc[i].weight, m->params[m->n_params++] = m->fc[i].bias;
+  /* initialised on the CPU (the same numbers on every device), then moved: new leaves */
+  em_tensor **slots[10];
+  int k = 0;
+  for (int i = 0; lenet && i < 2; i++) slots[k++] = &m->conv[i].weight, slots[k++] = &m->conv[i].bias;
+  for (int i = 0; i < 3; i++) slots[k++] = &m->fc[i].weight, slots[k++] = &m->fc[i].bias;
+  for (int i = 0; ok && dev != EM_CPU && i < k; i++) {
+    em_tensor *p = em_requires_grad_(em_detach(em_to(*slots[i], dev)), true);
+    ok = p != NULL;
+    *slots[i] = m->params[i] = p;
+  }
   return ok;
 }
 
@@ -222,6 +235,11 @@ int main(int argc, char **argv) {
   em_tensor *test_x = em_div_scalar(em_cast(em_reshape(d.test_images, EM_SHAPE(-1, 784)), EM_F32), 255.0);
   em_tensor *test_y = em_cast(d.test_labels, EM_I64);
   if (!train_x || !train_y || !test_x || !test_y) fail("preparing the data");
+  em_device dev = strcmp(o.device, "cuda") ? EM_CPU : EM_CUDA;
+  if (dev == EM_CUDA) { /* the whole data set lives on the device: a step moves only its indices */
+    train_x = em_to(train_x, dev), train_y = em_to(train_y, dev), test_x = em_to(test_x, dev), test_y = em_to(test_y, dev);
+    if (!train_x || !train_y || !test_x || !test_y) fail("moving the data to the device");
+  }
   if (o.train_limit > 0 && o.train_limit < em_size(train_x, 0)) {
     train_x = em_slice(train_x, 0, 0, o.train_limit, 1);
     train_y = em_slice(train_y, 0, 0, o.train_limit, 1);
@@ -230,7 +248,7 @@ int main(int argc, char **argv) {
 
   em_manual_seed(o.seed);
   model m;
-  if (!model_init(&m, !strcmp(o.model, "lenet"))) fail("initialising the model");
+  if (!model_init(&m, !strcmp(o.model, "lenet"), dev)) fail("initialising the model");
   em_optimizer *opt = !strcmp(o.optimizer, "sgd")
                           ? em_sgd_new(m.n_params, m.params, ((em_sgd_opts){o.lr, o.momentum, 0, o.weight_decay, false}))
                           : em_adamw_new(m.n_params, m.params, ((em_adamw_opts){o.lr, 0.9, 0.999, 1e-8, o.weight_decay, false}));
@@ -252,9 +270,9 @@ int main(int argc, char **argv) {
   if (!it) fail("creating the batch iterator");
   int64_t steps = em_batch_iter_len(it);
   if (!o.json)
-    printf("fashion_mnist: %s, %s lr %g, batch %lld, %lld training examples, %d threads%s%s\n", o.model, o.optimizer,
-           o.lr, (long long)o.batch, (long long)n_train, em_get_num_threads(), o.compile ? ", em_compile backend " : "",
-           o.compile ? o.backend : "");
+    printf("fashion_mnist: %s, %s lr %g, batch %lld, %lld training examples, %s, %d threads%s%s\n", o.model, o.optimizer,
+           o.lr, (long long)o.batch, (long long)n_train, o.device, em_get_num_threads(),
+           o.compile ? ", em_compile backend " : "", o.compile ? o.backend : "");
   em_debug_reset_peak();
 
   for (int epoch = 1; epoch <= o.epochs; epoch++) {
@@ -267,6 +285,7 @@ int main(int argc, char **argv) {
         em_scope_end();
         break;
       }
+      if (dev != EM_CPU && !(idx = em_to(idx, dev))) fail("moving a batch's indices");
       em_tensor *x = em_index_select(train_x, 0, idx), *y = em_index_select(train_y, 0, idx);
       em_tensor *loss;
       if (o.whole_step && step_c) {
@@ -306,7 +325,14 @@ int main(int argc, char **argv) {
     }
     fflush(stdout);
   }
-  if (!o.json) printf("peak live tensor memory: %.1f MiB\n", (double)em_debug_peak_bytes() / (1 << 20));
+  if (!o.json && dev == EM_CPU) printf("peak live tensor memory: %.1f MiB\n", (double)em_debug_peak_bytes() / (1 << 20));
+  if (!o.json && dev == EM_CUDA) {
+    em_cuda_memory_stats s = em_cuda_memory_stats_get();
+    printf("CUDA caching allocator: %.1f MiB allocated now, peak %.1f MiB allocated, %.1f MiB reserved (peak %.1f), "
+           "%lld allocations served by %lld cuMemAlloc calls\n",
+           s.allocated_bytes / 1048576.0, s.peak_allocated_bytes / 1048576.0, s.reserved_bytes / 1048576.0,
+           s.peak_reserved_bytes / 1048576.0, (long long)s.allocations, (long long)s.device_allocs);
+  }
   if (step_c && !o.json) {
     em_compile_stats s = em_compiled_stats(step_c);
     printf("em_compile(%s): %lld calls, %lld traced, %lld replayed, %lld entries, %lld graphs compiled, %lld graph breaks",

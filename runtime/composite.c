@@ -514,7 +514,7 @@ em_tensor *em_one_hot_at(em_tensor *idx, int64_t n, em_site site) {
     em_scope_end_at(site);
     return rt_error(site, "em_one_hot", "an index is outside [0, %lld)", (long long)n);
   }
-  em_device prev = em_set_default_device(t->storage->device);
+  em_device prev = em_set_default_device(t ? t->storage->device : EM_CPU);
   em_tensor *r = n_bad == 0 ? em_cast_at(em_eq_at(em_unsqueeze_at(t, -1, site), em_arange_at(EM_I64, 0, (double)n, 1, site),
                                                   site), EM_I64, site)
                             : NULL;

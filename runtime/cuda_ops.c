@@ -322,6 +322,7 @@ static bool gemm_rowmajor(em_tensor *out, em_tensor *a, em_tensor *b, int64_t ba
 }
 
 static bool matmul(em_tensor *out, em_tensor *a, em_tensor *b, char *err, size_t cap) {
+  if (!ir_is_float(a->dtype)) return fail(err, cap, "has no CUDA kernel for integer operands (cuBLAS has no integer GEMM)");
   int64_t batch = 1;
   for (int d = 0; d < a->ndim - 2; d++) batch *= a->sizes[d];
   if (batch == 0) return true;
@@ -350,7 +351,7 @@ static bool conv(em_prim op, const prim_attrs *at, em_tensor *out, em_tensor *co
   bool ok = false;
   if (op == EM_PRIM_CONV2D) x = in[0], w = in[1], y = out;
   else if (op == EM_PRIM_CONV2D_BWD_INPUT) y = in[0], w = in[1], x = out;
-  else y = in[0], x = in[1], w = out;
+  else x = in[0], y = in[1], w = out; /* in: x, grad_out */
   /* operands contiguous (the kernels and GEMMs assume it) */
   if (op != EM_PRIM_CONV2D_BWD_INPUT && !dense(x) && !(x = xc = contiguous_copy(x, err, cap))) goto done;
   if (op != EM_PRIM_CONV2D_BWD_WEIGHT && !dense(w) && !(w = wc = contiguous_copy(w, err, cap))) goto done;

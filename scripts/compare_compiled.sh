@@ -27,10 +27,7 @@ for model in mlp lenet; do
   for mode in "" "--whole-step"; do
     # shellcheck disable=SC2086
     got=$("$bin" --model "$model" --train-limit 2048 --json --compile $mode | tail -1)
-    if ! awk -v a="$want" -v b="$got" 'function f(s, k) { match(s, "\"" k "\": [0-9.eE+-]+"); return substr(s, RSTART + length(k) + 4, RLENGTH - length(k) - 4) + 0 }
-        BEGIN { la = f(a, "train_loss"); lb = f(b, "train_loss"); aa = f(a, "test_accuracy"); ab = f(b, "test_accuracy");
-                d = la - lb; if (d < 0) d = -d; e = aa - ab; if (e < 0) e = -e;
-                exit !(la > 0 && d <= 1e-3 * la && e <= 0.01) }'; then
+    if ! awk -v a="$want" -v b="$got" -v rel=1e-3 -v acc=0.01 -f "$(dirname "$0")/runs_agree.awk"; then
       echo "not ok: $model --compile $mode (inductor): $got, eager $want"
       exit 1
     fi

@@ -1,0 +1,392 @@
+/* tests/test_cuda_eager.c: eager CUDA execution against the CPU reference.
+ *
+ * Every test computes the same thing from the same inputs on the CPU and on CUDA and compares.
+ * On a machine with a GPU this runs on it; without one it runs on the host emulator
+ * (runtime/cuda_emu.c: the same generated CUDA C, built by the host C++ compiler, run one
+ * thread per block), and says so loudly: what it then checks is the device runtime's host side
+ * and the kernels' indexing and arithmetic, not the GPU itself. EMBER_TEST_CUDA=emulate forces
+ * the emulator on a GPU machine. */
+#include "common.h"
+
+#include <dlfcn.h>
+
+static void pick_device(void) {
+  const char *force = getenv("EMBER_TEST_CUDA");
+  void *lib = force && !strcmp(force, "emulate") ? NULL : dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (lib) {
+    dlclose(lib);
+  } else {
+    setenv("EMBER_CUDA_EMULATE", "1", 1);
+  }
+  static bool said;
+  if (!said) {
+    said = true;
+    if (!lib)
+      fprintf(stderr, "[cuda_eager] NO GPU: these tests run on the host CUDA emulator (the generated kernels built by "
+                      "the host C++ compiler, one thread per block); a GPU run is still needed to check the device\n");
+  }
+}
+
+static void setup(void) {
+  pick_device();
+  cr_assert(em_cuda_is_available(), "no CUDA device and no emulator");
+}
+
+static void dev_end(void) {
+  em_cuda_memory_stats s = em_cuda_memory_stats_get();
+  cr_assert_eq(s.allocated_bytes, 0, "%lld device bytes still allocated", (long long)s.allocated_bytes);
+}
+
+TestSuite(cuda_eager, .init = setup, .fini = dev_end);
+
+#define F EM_F32
+#define D EM_F64
+#define C(x) em_to((x), EM_CUDA)
+
+/* a (CPU) and b (CUDA, or CPU) agree in dtype, shape and values within tol * (1 + |a|). */
+static void same(em_tensor *a, em_tensor *b, double tol, em_device want, const char *what, int line) {
+  cr_assert(a && b, "line %d, %s: %s", line, what, em_last_error() ? em_last_error() : "NULL");
+  cr_assert_eq(em_device_of(a), EM_CPU, "line %d: the reference is not on the CPU", line);
+  cr_assert_eq(em_device_of(b), want, "line %d, %s: result on the wrong device", line, what);
+  cr_assert_eq(em_dtype_of(a), em_dtype_of(b), "line %d, %s: dtype %s vs %s", line, what, em_dtype_name(em_dtype_of(a)),
+               em_dtype_name(em_dtype_of(b)));
+  cr_assert_eq(em_ndim(a), em_ndim(b), "line %d, %s: rank", line, what);
+  for (int d = 0; d < em_ndim(a); d++) cr_assert_eq(em_size(a, d), em_size(b, d), "line %d, %s: size of dim %d", line, what, d);
+  int64_t n = em_numel(a);
+  double *va = malloc(sizeof(double) * (size_t)(n + 1)), *vb = malloc(sizeof(double) * (size_t)(n + 1));
+  cr_assert(em_to_buffer(a, D, va, sizeof(double) * (size_t)n) && em_to_buffer(b, D, vb, sizeof(double) * (size_t)n),
+            "line %d: %s", line, em_last_error());
+  for (int64_t i = 0; i < n; i++) {
+    bool ok = (isnan(va[i]) && isnan(vb[i])) || va[i] == vb[i] || fabs(va[i] - vb[i]) <= tol * (1 + fabs(va[i]));
+    if (!ok) {
+      double x = va[i], y = vb[i];
+      free(va), free(vb);
+      cr_assert_fail("line %d, %s: element %lld: cpu %.9g, cuda %.9g", line, what, (long long)i, x, y);
+    }
+  }
+  free(va), free(vb);
+}
+#define SAME(a, b, tol) same((a), (b), (tol), EM_CUDA, #b, __LINE__)
+#define SAME_CPU(a, b, tol) same((a), (b), (tol), EM_CPU, #b, __LINE__)
+
+static em_tensor *rnd(em_dtype dt, int ndim, const int64_t *sizes) { return em_cast(em_randn(F, ndim, sizes), dt); }
+
+typedef em_tensor *(*unary)(em_tensor *);
+typedef em_tensor *(*binary)(em_tensor *, em_tensor *);
+#define U(name, expr) static em_tensor *name(em_tensor *a) { return expr; }
+#define B(name, expr) static em_tensor *name(em_tensor *a, em_tensor *b) { return expr; }
+U(u_neg, em_neg(a)) U(u_abs, em_abs(a)) U(u_exp, em_exp(a)) U(u_log, em_log(em_abs(a))) U(u_log1p, em_log1p(em_abs(a)))
+U(u_expm1, em_expm1(a)) U(u_sqrt, em_sqrt(em_abs(a))) U(u_rsqrt, em_rsqrt(em_abs(a))) U(u_sin, em_sin(a)) U(u_cos, em_cos(a))
+U(u_tanh, em_tanh(a)) U(u_erf, em_erf(a)) U(u_sign, em_sign(a)) U(u_floor, em_floor(a)) U(u_ceil, em_ceil(a))
+U(u_recip, em_reciprocal(a)) U(u_not, em_logical_not(a)) U(u_relu, em_relu(a)) U(u_sigmoid, em_sigmoid(a))
+B(b_add, em_add(a, b)) B(b_sub, em_sub(a, b)) B(b_mul, em_mul(a, b)) B(b_div, em_div(a, b)) B(b_max, em_maximum(a, b))
+B(b_min, em_minimum(a, b)) B(b_rem, em_remainder(a, b)) B(b_pow, em_pow(em_abs(a), b)) B(b_eq, em_eq(a, b)) B(b_ne, em_ne(a, b))
+B(b_lt, em_lt(a, b)) B(b_le, em_le(a, b)) B(b_gt, em_gt(a, b)) B(b_ge, em_ge(a, b)) B(b_and, em_logical_and(a, b))
+B(b_or, em_logical_or(a, b)) B(b_where, em_where(em_gt(a, b), a, b))
+
+static const unary unaries[] = {u_neg, u_abs, u_exp, u_log, u_log1p, u_expm1, u_sqrt, u_rsqrt, u_sin, u_cos,
+                                u_tanh, u_erf, u_sign, u_floor, u_ceil, u_recip, u_not, u_relu, u_sigmoid};
+static const binary binaries[] = {b_add, b_sub, b_mul, b_div, b_max, b_min, b_rem, b_pow, b_eq,
+                                  b_ne, b_lt, b_le, b_gt, b_ge, b_and, b_or, b_where};
+
+ETEST(cuda_eager, pointwise_contiguous_broadcast_strided) {
+  em_manual_seed(1);
+  em_tensor *x = rnd(F, EM_SHAPE(5, 7)), *y = rnd(F, EM_SHAPE(5, 7)), *xt = em_transpose(rnd(F, EM_SHAPE(7, 5)), 0, 1);
+  em_tensor *row = rnd(F, EM_SHAPE(1, 7)), *s = em_scalar(F, 0.75);
+  em_tensor *dx = C(x), *dy = C(y), *dxt = em_transpose(C(em_contiguous(em_transpose(xt, 0, 1))), 0, 1), *drow = C(row);
+  cr_assert(!em_is_contiguous(dxt));
+  for (size_t i = 0; i < sizeof unaries / sizeof unaries[0]; i++) {
+    em_scope_begin();
+    SAME(unaries[i](x), unaries[i](dx), 2e-6);
+    SAME(unaries[i](xt), unaries[i](dxt), 2e-6);
+    em_scope_end();
+  }
+  for (size_t i = 0; i < sizeof binaries / sizeof binaries[0]; i++) {
+    em_scope_begin();
+    SAME(binaries[i](x, y), binaries[i](dx, dy), 2e-6);
+    SAME(binaries[i](xt, row), binaries[i](dxt, drow), 2e-6); /* strided and broadcast operands */
+    SAME(binaries[i](x, s), binaries[i](dx, s), 2e-6);        /* a CPU scalar joins CUDA operands */
+    em_scope_end();
+  }
+}
+
+ETEST(cuda_eager, dtypes_and_conversions) {
+  em_manual_seed(2);
+  const em_dtype dts[] = {D, EM_I32, EM_I64, EM_U8, EM_BOOL};
+  em_tensor *base = em_mul_scalar(em_randn(D, EM_SHAPE(4, 6)), 5);
+  for (size_t i = 0; i < sizeof dts / sizeof dts[0]; i++) {
+    em_scope_begin();
+    em_tensor *x = em_cast(em_abs(base), dts[i]), *y = em_cast(em_add_scalar(em_abs(em_flip(base, EM_AXES(1))), 1), dts[i]);
+    em_tensor *dx = C(x), *dy = C(y);
+    SAME(em_add(x, y), em_add(dx, dy), 1e-12);
+    SAME(em_mul(x, y), em_mul(dx, dy), 1e-12);
+    SAME(em_maximum(x, y), em_maximum(dx, dy), 0);
+    SAME(em_lt(x, y), em_lt(dx, dy), 0);
+    if (dts[i] != EM_BOOL) SAME(em_remainder(x, y), em_remainder(dx, dy), 1e-12);
+    for (size_t j = 0; j < sizeof dts / sizeof dts[0]; j++) SAME(em_cast(x, dts[j]), em_cast(dx, dts[j]), 0);
+    SAME(em_sum(x, EM_AXES(1), false), em_sum(dx, EM_AXES(1), false), 1e-12);
+    em_scope_end();
+  }
+}
+
+/* f16 and bf16 compute on the device in f32, rounded once per op; on the CPU the reference is
+ * the f32 computation of the same (rounded) inputs, rounded to the type. */
+ETEST(cuda_eager, half_types_compute_in_f32) {
+  em_manual_seed(3);
+  const em_dtype hs[] = {EM_F16, EM_BF16};
+  for (int k = 0; k < 2; k++) {
+    em_scope_begin();
+    em_tensor *x = em_cast(em_randn(F, EM_SHAPE(8, 33)), hs[k]), *y = em_cast(em_randn(F, EM_SHAPE(8, 33)), hs[k]);
+    em_tensor *xf = em_cast(x, F), *yf = em_cast(y, F), *dx = C(x), *dy = C(y);
+    double ulp = hs[k] == EM_F16 ? 1e-3 : 8e-3;
+    SAME(em_cast(em_add(xf, yf), hs[k]), em_add(dx, dy), ulp);
+    SAME(em_cast(em_exp(xf), hs[k]), em_exp(dx), ulp);
+    SAME(em_cast(em_mul(xf, yf), hs[k]), em_mul(dx, dy), ulp);
+    /* the sum accumulates in f32: exact to the output's rounding */
+    SAME(em_cast(em_sum(xf, EM_AXES(1), false), hs[k]), em_sum(dx, EM_AXES(1), false), 2 * ulp);
+    /* GEMM: f32 accumulation */
+    em_tensor *w = em_cast(em_randn(F, EM_SHAPE(33, 5)), hs[k]);
+    SAME(em_cast(em_matmul(xf, em_cast(w, F)), hs[k]), em_matmul(dx, C(w)), 4 * ulp);
+    EXPECT_ERROR(em_add(x, y), "has no CPU kernels");
+    em_scope_end();
+  }
+}
+
+ETEST(cuda_eager, reductions_over_any_axes) {
+  em_manual_seed(4);
+  em_tensor *x = rnd(F, EM_SHAPE(3, 4, 5)), *xp = em_permute(rnd(F, EM_SHAPE(5, 3, 4)), EM_AXES(1, 2, 0));
+  em_tensor *dx = C(x), *dxp = em_permute(C(em_contiguous(em_permute(xp, EM_AXES(2, 0, 1)))), EM_AXES(1, 2, 0));
+  const int64_t axes_sets[][3] = {{2}, {0}, {1}, {0, 2}, {0, 1, 2}};
+  const int n_axes[] = {1, 1, 1, 2, 3};
+  for (int i = 0; i < 5; i++)
+    for (int keep = 0; keep < 2; keep++) {
+      em_scope_begin();
+      SAME(em_sum(x, n_axes[i], axes_sets[i], keep), em_sum(dx, n_axes[i], axes_sets[i], keep), 1e-5);
+      SAME(em_sum(xp, n_axes[i], axes_sets[i], keep), em_sum(dxp, n_axes[i], axes_sets[i], keep), 1e-5);
+      SAME(em_prod(x, n_axes[i], axes_sets[i], keep), em_prod(dx, n_axes[i], axes_sets[i], keep), 1e-5);
+      SAME(em_amax(xp, n_axes[i], axes_sets[i], keep), em_amax(dxp, n_axes[i], axes_sets[i], keep), 0);
+      SAME(em_amin(x, n_axes[i], axes_sets[i], keep), em_amin(dx, n_axes[i], axes_sets[i], keep), 0);
+      em_scope_end();
+    }
+  for (int a = 0; a < 3; a++) {
+    SAME(em_argmax(xp, a, false), em_argmax(dxp, a, false), 0);
+    SAME(em_argmin(x, a, true), em_argmin(dx, a, true), 0);
+  }
+  /* ties go to the first index; NaN wins */
+  em_tensor *t = T(F, SHAPE(2, 4), 1, 3, 3, 0, 2, NAN, 5, NAN);
+  SAME(em_argmax(t, 1, false), em_argmax(C(t), 1, false), 0);
+  SAME(em_amax(t, EM_AXES(1), false), em_amax(C(t), EM_AXES(1), false), 0);
+  SAME(em_sum(em_cast(x, EM_I32), EM_AXES(1), false), em_sum(em_cast(dx, EM_I32), EM_AXES(1), false), 0);
+}
+
+ETEST(cuda_eager, movement_and_indexing) {
+  em_manual_seed(5);
+  em_tensor *x = rnd(F, EM_SHAPE(4, 6)), *dx = C(x);
+  SAME(em_contiguous(em_transpose(x, 0, 1)), em_contiguous(em_transpose(dx, 0, 1)), 0);
+  SAME(em_flip(x, EM_AXES(0, 1)), em_flip(dx, EM_AXES(0, 1)), 0);
+  SAME(em_pad(x, 4, (int64_t[]){1, 2, 0, 3}, -1.5), em_pad(dx, 4, (int64_t[]){1, 2, 0, 3}, -1.5), 0);
+  em_tensor *parts[3] = {x, em_slice(x, 1, 0, 2, 1), em_mul_scalar(x, 2)}, *dparts[3] = {dx, em_slice(dx, 1, 0, 2, 1), em_mul_scalar(dx, 2)};
+  SAME(em_cat(3, parts, 1), em_cat(3, dparts, 1), 0);
+  em_tensor *src = rnd(F, EM_SHAPE(4, 2));
+  SAME(em_slice_scatter(x, src, 1, 1, 5, 2), em_slice_scatter(dx, C(src), 1, 1, 5, 2), 0);
+  em_tensor *idx = T(EM_I64, SHAPE(4, 2), 0, 5, 3, 3, 1, 0, 5, 2), *didx = C(idx);
+  SAME(em_gather(x, 1, idx), em_gather(dx, 1, didx), 0);
+  em_tensor *sel = T(EM_I64, SHAPE(3), 2, 0, 2);
+  SAME(em_index_select(x, 0, sel), em_index_select(dx, 0, C(sel)), 0);
+  SAME(em_index_select(em_transpose(x, 0, 1), 1, sel), em_index_select(em_transpose(dx, 0, 1), 1, C(sel)), 0);
+  em_tensor *add = rnd(F, EM_SHAPE(4, 2));
+  SAME(em_scatter_add(x, 1, idx, add), em_scatter_add(dx, 1, didx, C(add)), 1e-6);
+  EXPECT_ERROR(em_gather(dx, 1, C(T(EM_I64, SHAPE(4, 1), 0, 6, 0, 0))), "index 6 is out of range for size 6");
+  em_tensor *emb = rnd(F, EM_SHAPE(10, 3)), *tok = T(EM_I64, SHAPE(2, 2), 9, 0, 4, 4);
+  SAME(em_embedding(tok, emb), em_embedding(C(tok), C(emb)), 0);
+}
+
+ETEST(cuda_eager, creation_and_rng_match_the_cpu) {
+  em_device prev = em_set_default_device(EM_CUDA);
+  em_tensor *z = em_zeros(F, EM_SHAPE(3, 2)), *f = em_full(EM_I64, EM_SHAPE(4), 7), *a = em_arange(D, 1, 2, 0.25);
+  em_tensor *e = em_eye(F, 3, 4), *s = em_scalar(EM_BOOL, 1);
+  em_manual_seed(42);
+  em_tensor *r = em_rand(F, EM_SHAPE(5, 3)), *n = em_randn(D, EM_SHAPE(7)), *n32 = em_randn(F, EM_SHAPE(9));
+  em_tensor *ri = em_randint(-3, 10, EM_SHAPE(6));
+  em_set_default_device(EM_CPU);
+  cr_assert_eq(em_device_of(z), EM_CUDA);
+  SAME(em_zeros(F, EM_SHAPE(3, 2)), z, 0);
+  SAME(em_full(EM_I64, EM_SHAPE(4), 7), f, 0);
+  SAME(em_arange(D, 1, 2, 0.25), a, 0);
+  SAME(em_eye(F, 3, 4), e, 0);
+  SAME(em_scalar(EM_BOOL, 1), s, 0);
+  em_manual_seed(42); /* the same seed and offsets give the same numbers on both devices */
+  SAME(em_rand(F, EM_SHAPE(5, 3)), r, 0);
+  SAME(em_randn(D, EM_SHAPE(7)), n, 1e-15);
+  SAME(em_randn(F, EM_SHAPE(9)), n32, 0);
+  SAME(em_randint(-3, 10, EM_SHAPE(6)), ri, 0);
+  em_set_default_device(prev);
+}
+
+ETEST(cuda_eager, matmul_layouts_and_batches) {
+  em_manual_seed(6);
+  em_tensor *a = rnd(F, EM_SHAPE(2, 5, 3)), *b = rnd(F, EM_SHAPE(2, 3, 4));
+  em_tensor *da = C(a), *db = C(b);
+  SAME(em_matmul(a, b), em_matmul(da, db), 1e-5);
+  /* transposed operands go to cuBLAS as such; other layouts are copied first */
+  em_tensor *at = em_transpose(em_contiguous(em_transpose(a, 1, 2)), 1, 2), *dat = C(em_contiguous(em_transpose(a, 1, 2)));
+  dat = em_transpose(dat, 1, 2);
+  SAME(em_matmul(at, b), em_matmul(dat, db), 1e-5);
+  SAME(em_matmul(em_transpose(b, 1, 2), em_transpose(a, 1, 2)), em_matmul(em_transpose(db, 1, 2), em_transpose(da, 1, 2)), 1e-5);
+  SAME(em_matmul(a, em_expand(em_slice(b, 0, 0, 1, 1), EM_SHAPE(2, 3, 4))),
+       em_matmul(da, em_expand(em_slice(db, 0, 0, 1, 1), EM_SHAPE(2, 3, 4))), 1e-5);
+  em_tensor *a2 = rnd(D, EM_SHAPE(6, 0)), *b2 = rnd(D, EM_SHAPE(0, 2));
+  SAME(em_matmul(a2, b2), em_matmul(C(a2), C(b2)), 0);
+  em_tensor *x = rnd(D, EM_SHAPE(7, 9)), *w = rnd(D, EM_SHAPE(4, 9)), *bias = rnd(D, EM_SHAPE(4));
+  SAME(em_linear(x, w, bias), em_linear(C(x), C(w), C(bias)), 1e-12);
+}
+
+ETEST(cuda_eager, convolutions_and_pooling) {
+  em_manual_seed(7);
+  em_conv2d_params ps[] = {EM_CONV2D_DEFAULT, {{2, 1}, {1, 2}, {1, 2}, 1}, {{1, 1}, {1, 1}, {1, 1}, 2}};
+  for (int i = 0; i < 3; i++) {
+    em_scope_begin();
+    int64_t g = ps[i].groups;
+    em_tensor *x = rnd(F, EM_SHAPE(2, 4, 7, 6)), *w = rnd(F, EM_SHAPE(6, 4 / g, 3, 2)), *b = rnd(F, EM_SHAPE(6));
+    em_requires_grad_(x, true), em_requires_grad_(w, true), em_requires_grad_(b, true);
+    em_tensor *dx = em_detach(C(x)), *dw = em_detach(C(w)), *db = em_detach(C(b));
+    em_requires_grad_(dx, true), em_requires_grad_(dw, true), em_requires_grad_(db, true);
+    em_tensor *y = em_conv2d(x, w, b, ps[i]), *dy = em_conv2d(dx, dw, db, ps[i]);
+    SAME(y, dy, 1e-5);
+    em_tensor *up = rnd(F, em_ndim(y), em_sizes(y));
+    em_backward(em_sum(em_mul(y, up), 0, NULL, false), NULL);
+    em_backward(em_sum(em_mul(dy, C(up)), 0, NULL, false), NULL);
+    SAME(em_get_grad(x), em_get_grad(dx), 1e-5);
+    SAME(em_get_grad(w), em_get_grad(dw), 1e-5);
+    SAME(em_get_grad(b), em_get_grad(db), 1e-5);
+    em_scope_end();
+  }
+  em_tensor *x = rnd(F, EM_SHAPE(2, 3, 8, 8));
+  SAME(em_max_pool2d(x, 2, 2, 2, 2, 0, 0), em_max_pool2d(C(x), 2, 2, 2, 2, 0, 0), 0);
+}
+
+ETEST(cuda_eager, autograd_through_composites) {
+  em_manual_seed(8);
+  em_tensor *x = rnd(F, EM_SHAPE(6, 10)), *w = rnd(F, EM_SHAPE(10)), *b = rnd(F, EM_SHAPE(10));
+  em_tensor *tgt = T(EM_I64, SHAPE(6), 1, 9, 0, 3, 3, 7);
+  em_tensor *ps[3] = {x, w, b}, *dps[3];
+  for (int i = 0; i < 3; i++) {
+    em_requires_grad_(ps[i], true);
+    dps[i] = em_to(ps[i], EM_CUDA); /* non-leaves: gradients flow back through em_to */
+  }
+  em_tensor *losses[2];
+  for (int k = 0; k < 2; k++) {
+    em_tensor *const *p = k ? dps : ps;
+    em_tensor *t = k ? C(tgt) : tgt;
+    em_tensor *h = em_gelu(em_layer_norm(p[0], 1, p[1], p[2], 1e-5), true);
+    em_tensor *l = em_add(em_cross_entropy(h, t, EM_CROSS_ENTROPY_DEFAULT),
+                          em_mean(em_mul(em_softmax(h, 0), em_log_softmax(h, 1)), 0, NULL, false));
+    losses[k] = l;
+  }
+  SAME(losses[0], losses[1], 1e-5);
+  cr_assert_eq(em_device_of(losses[1]), EM_CUDA);
+  em_tensor *g_cpu[3], *g_dev[3];
+  cr_assert(em_grad(1, &losses[0], NULL, 3, ps, g_cpu, false, false));
+  cr_assert(em_grad(1, &losses[1], NULL, 3, ps, g_dev, false, false));
+  for (int i = 0; i < 3; i++) {
+    SAME_CPU(g_cpu[i], g_dev[i], 1e-4); /* the gradient came back through em_to */
+  }
+}
+
+ETEST(cuda_eager, sgd_training_matches_the_cpu) {
+  em_manual_seed(9);
+  em_tensor *w1 = em_mul_scalar(em_randn(F, EM_SHAPE(16, 8)), 0.3), *w2 = em_mul_scalar(em_randn(F, EM_SHAPE(3, 16)), 0.3);
+  em_tensor *x = em_randn(F, EM_SHAPE(32, 8)), *y = em_randint(0, 3, EM_SHAPE(32));
+  double loss[2][5];
+  for (int k = 0; k < 2; k++) {
+    em_scope_begin();
+    em_tensor *p[2] = {em_keep(em_clone(k ? C(w1) : w1)), em_keep(em_clone(k ? C(w2) : w2))};
+    em_tensor *xx = k ? C(x) : x, *yy = k ? C(y) : y;
+    for (int i = 0; i < 2; i++) em_requires_grad_(p[i], true);
+    em_optimizer *o = em_sgd_new(2, p, ((em_sgd_opts){0.1, 0.9, 0, 0, false}));
+    for (int s = 0; s < 5; s++) {
+      em_scope_begin();
+      em_optimizer_zero_grad(o);
+      em_tensor *l = em_cross_entropy(em_linear(em_relu(em_linear(xx, p[0], EM_NONE)), p[1], EM_NONE), yy,
+                                      EM_CROSS_ENTROPY_DEFAULT);
+      em_backward(l, NULL);
+      cr_assert(em_optimizer_step(o), "%s", em_last_error());
+      loss[k][s] = em_item(l);
+      em_scope_end();
+    }
+    em_optimizer_free(o);
+    em_scope_end();
+  }
+  for (int s = 0; s < 5; s++) cr_assert(fabs(loss[0][s] - loss[1][s]) < 1e-5, "step %d: %g vs %g", s, loss[0][s], loss[1][s]);
+  cr_assert(loss[1][4] < loss[1][0]);
+}
+
+ETEST(cuda_eager, devices_copies_and_errors) {
+  em_tensor *x = em_arange(F, 0, 12, 1), *dx = C(x);
+  cr_assert_eq(em_device_of(dx), EM_CUDA);
+  cr_assert_eq(em_to(dx, EM_CUDA), dx, "already there: the same tensor");
+  SAME(x, dx, 0);
+  em_tensor *back = em_to(em_transpose(em_reshape(dx, EM_SHAPE(3, 4)), 0, 1), EM_CPU);
+  SAME(em_contiguous(em_transpose(em_reshape(x, EM_SHAPE(3, 4)), 0, 1)), C(back), 0);
+  cr_assert_float_eq(em_item(em_sum(dx, 0, NULL, false)), 66.0, 0);
+  char *s = em_format(em_slice(dx, 0, 0, 3, 1));
+  cr_assert_str_eq(s, "tensor([0., 1., 2.], device='cuda:0')");
+  free(s);
+  EXPECT_ERROR(em_add(dx, x), "expected all operands on one device: operand 1 is f32[12] on cpu, operand 0 is f32[12] on cuda");
+  /* in-place and copies across devices */
+  em_tensor *h = em_zeros(F, EM_SHAPE(12));
+  cr_assert(em_copy_(h, dx));
+  SAME(x, C(h), 0);
+  cr_assert(em_add_(dx, em_scalar(F, 1)));
+  cr_assert(em_copy_(dx, x));
+  SAME(x, dx, 0);
+  EXPECT_ERROR(em_add_(h, dx), "writes into f32[12] on cpu from operands on cuda");
+  em_tensor *im = C(em_ones(EM_I64, EM_SHAPE(2, 2)));
+  EXPECT_ERROR(em_matmul(im, im), "em_matmul: has no CUDA kernel for integer operands");
+  /* a large copy goes through the staging buffers in pieces */
+  em_tensor *big = em_randn(F, EM_SHAPE(3 << 20)), *dbig = C(big);
+  SAME(big, dbig, 0);
+  SAME(em_mul_scalar(big, 2), em_mul_scalar(dbig, 2), 0);
+}
+
+ETEST(cuda_eager, streams_events_and_allocator) {
+  em_cuda_empty_cache();
+  em_cuda_memory_stats s0 = em_cuda_memory_stats_get();
+  em_cuda_stream *st = em_cuda_stream_new();
+  cr_assert_not_null(st);
+  em_cuda_set_stream(st);
+  em_cuda_event *e0 = em_cuda_event_record();
+  em_tensor *x = em_to(em_ones(F, EM_SHAPE(1000)), EM_CUDA);
+  em_tensor *y = em_mul_scalar(x, 3);
+  em_cuda_event *e1 = em_cuda_event_record();
+  cr_assert(em_cuda_event_synchronize(e1));
+  cr_assert_geq(em_cuda_event_elapsed_ms(e0, e1), 0);
+  cr_assert(em_cuda_stream_wait_event(NULL, e1));
+  em_cuda_set_stream(NULL);
+  cr_assert_float_eq(em_item(em_sum(y, 0, NULL, false)), 3000.0, 0);
+  cr_assert(em_cuda_synchronize());
+  em_cuda_memory_stats s1 = em_cuda_memory_stats_get();
+  cr_assert_gt(s1.allocated_bytes, 0);
+  cr_assert_gt(s1.reserved_bytes, s0.reserved_bytes);
+  em_release(em_retain(y));
+  em_cuda_event_free(e0), em_cuda_event_free(e1);
+  em_cuda_stream_free(st);
+}
+
+/* A compiled function over CUDA tensors runs its graphs with the eager CUDA kernels. */
+static em_outputs mlp(void *ctx, em_tensor *const *in, int n) {
+  (void)ctx, (void)n;
+  return EM_OUTPUTS(em_sum(em_tanh(em_matmul(in[0], in[1])), 0, NULL, false));
+}
+
+ETEST(cuda_eager, compiled_functions_run_on_the_device) {
+  em_manual_seed(10);
+  em_tensor *a = em_randn(F, EM_SHAPE(4, 5)), *b = em_randn(F, EM_SHAPE(5, 3));
+  em_compiled *c = em_compile(mlp, NULL);
+  for (int call = 0; call < 2; call++) {
+    em_outputs o = em_call(c, NULL, C(a), C(b));
+    cr_assert(o.n == 1 && o.t[0], "%s", em_last_error());
+    SAME(mlp(NULL, (em_tensor *[]){a, b}, 2).t[0], o.t[0], 1e-5);
+  }
+  em_compiled_free(c);
+}
