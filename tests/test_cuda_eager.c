@@ -390,3 +390,27 @@ ETEST(cuda_eager, compiled_functions_run_on_the_device) {
   }
   em_compiled_free(c);
 }
+
+/* The random programs of the compiler's differential tests (tests/random_program.h), run
+ * eagerly on the device: broadcasting, views, reductions and strided layouts in combinations
+ * nobody wrote by hand. */
+#include "random_program.h"
+
+ETEST(cuda_eager, random_programs) {
+  const char *env = getenv("EMBER_RANDOM_PROGRAMS");
+  long n = env ? atol(env) : 200;
+  for (long i = 0; i < n; i++) {
+    em_scope_begin();
+    rng r = {(uint64_t)i * 7919 + 1};
+    int64_t a = 1 + pick(&r, 9), b = 1 + pick(&r, 19);
+    em_manual_seed((uint64_t)i);
+    em_tensor *in[3] = {em_randn(F, EM_SHAPE(a, b)), em_randn(F, EM_SHAPE(a, b)),
+                        pick(&r, 2) ? em_randn(F, 0, NULL) : em_randn(F, EM_SHAPE(b))};
+    em_tensor *din[3] = {C(in[0]), C(in[1]), C(in[2])}, *want[3], *got[3];
+    program p = {(uint64_t)i, 6 + (int)(i % 19)};
+    cr_assert_eq(random_program(in, want, &p), 3, "program %ld on the cpu: %s", i, em_last_error());
+    cr_assert_eq(random_program(din, got, &p), 3, "program %ld on cuda: %s", i, em_last_error());
+    for (int k = 0; k < 3; k++) same(want[k], got[k], 1e-4, EM_CUDA, "a random program's output", (int)i);
+    em_scope_end();
+  }
+}
