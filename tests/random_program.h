@@ -94,4 +94,14 @@ static int random_program(em_tensor *const *in, em_tensor **out, void *ctx) {
   return 3;
 }
 
+/* Program i of a run: its inputs (seeded f32: two [a, b] and a [b] or a scalar) and its size. */
+static inline program random_program_setup(long i, em_tensor **in) {
+  rng r = {(uint64_t)i * 7919 + 1};
+  int64_t a = 1 + pick(&r, 9), b = 1 + pick(&r, 19);
+  em_manual_seed((uint64_t)i);
+  in[0] = em_randn(EM_F32, EM_SHAPE(a, b)), in[1] = em_randn(EM_F32, EM_SHAPE(a, b));
+  in[2] = pick(&r, 2) ? em_randn(EM_F32, 0, NULL) : em_randn(EM_F32, EM_SHAPE(b));
+  return (program){(uint64_t)i, 6 + (int)(i % 19)};
+}
+
 #endif

@@ -379,6 +379,11 @@ static em_outputs mlp(void *ctx, em_tensor *const *in, int n) {
   return EM_OUTPUTS(em_sum(em_tanh(em_matmul(in[0], in[1])), 0, NULL, false));
 }
 
+static em_outputs through_ctx(void *ctx, em_tensor *const *in, int n) {
+  (void)n;
+  return EM_OUTPUTS(em_matmul(in[0], ctx));
+}
+
 ETEST(cuda_eager, compiled_functions_run_on_the_device) {
   em_manual_seed(10);
   em_tensor *a = em_randn(F, EM_SHAPE(4, 5)), *b = em_randn(F, EM_SHAPE(5, 3));
@@ -389,6 +394,11 @@ ETEST(cuda_eager, compiled_functions_run_on_the_device) {
     SAME(mlp(NULL, (em_tensor *[]){a, b}, 2).t[0], o.t[0], 1e-5);
   }
   em_compiled_free(c);
+  /* CUDA tensors reaching a traced function through ctx: a clear error */
+  em_compiled *c2 = em_compile(through_ctx, NULL);
+  em_tensor *db = C(b);
+  EXPECT_ERROR(em_call(c2, db, a).t[0], "is on cuda and reached a compiled function other than as an input");
+  em_compiled_free(c2);
 }
 
 /* The random programs of the compiler's differential tests (tests/random_program.h), run
@@ -401,16 +411,27 @@ ETEST(cuda_eager, random_programs) {
   long n = env ? atol(env) : 200;
   for (long i = 0; i < n; i++) {
     em_scope_begin();
-    rng r = {(uint64_t)i * 7919 + 1};
-    int64_t a = 1 + pick(&r, 9), b = 1 + pick(&r, 19);
-    em_manual_seed((uint64_t)i);
-    em_tensor *in[3] = {em_randn(F, EM_SHAPE(a, b)), em_randn(F, EM_SHAPE(a, b)),
-                        pick(&r, 2) ? em_randn(F, 0, NULL) : em_randn(F, EM_SHAPE(b))};
-    em_tensor *din[3] = {C(in[0]), C(in[1]), C(in[2])}, *want[3], *got[3];
-    program p = {(uint64_t)i, 6 + (int)(i % 19)};
+    em_tensor *in[3], *want[3], *got[3];
+    program p = random_program_setup(i, in);
+    em_tensor *din[3] = {C(in[0]), C(in[1]), C(in[2])};
     cr_assert_eq(random_program(in, want, &p), 3, "program %ld on the cpu: %s", i, em_last_error());
     cr_assert_eq(random_program(din, got, &p), 3, "program %ld on cuda: %s", i, em_last_error());
     for (int k = 0; k < 3; k++) same(want[k], got[k], 1e-4, EM_CUDA, "a random program's output", (int)i);
     em_scope_end();
   }
+}
+
+/* Kernels are compiled once per (prim, dtypes, layout kind) and kept on disk: a second process
+ * loads them (cubins on a GPU, shared objects on the emulator). */
+ETEST(cuda_eager, kernels_are_cached_on_disk) {
+  char dir[] = "/tmp/ember_cuda_cache_XXXXXX";
+  cr_assert_not_null(mkdtemp(dir));
+  setenv("EMBER_CACHE_DIR", dir, 1); /* read at this process's first kernel */
+  em_tensor *x = C(em_arange(EM_F64, 0, 5, 1));
+  SAME(em_exp(em_arange(EM_F64, 0, 5, 1)), em_exp(x), 1e-15);
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "test $(ls %s/cuda/*.bin | wc -l) -eq 1", dir);
+  cr_assert_eq(system(cmd), 0, "the exp kernel is in %s/cuda", dir);
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  cr_assert_eq(system(cmd), 0);
 }

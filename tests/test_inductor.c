@@ -230,12 +230,8 @@ ETEST(inductor, random_programs) {
   long n = env ? atol(env) : 1000, exact = 0, outputs = 0, kernels = 0, fused = 0;
   for (long i = 0; i < n; i++) {
     em_scope_begin();
-    rng r = {(uint64_t)i * 7919 + 1};
-    int64_t a = 1 + pick(&r, 9), b = 1 + pick(&r, 19);
-    em_manual_seed((uint64_t)i);
-    em_tensor *in[3] = {em_randn(EM_F32, EM_SHAPE(a, b)), em_randn(EM_F32, EM_SHAPE(a, b)),
-                        pick(&r, 2) ? em_randn(EM_F32, 0, NULL) : em_randn(EM_F32, EM_SHAPE(b))};
-    program p = {(uint64_t)i, 6 + (int)(i % 19)};
+    em_tensor *in[3];
+    program p = random_program_setup(i, in);
     ind_stats st;
     char what[32];
     snprintf(what, sizeof what, "program %ld", i);
