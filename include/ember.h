@@ -197,7 +197,8 @@ em_device em_device_of(const em_tensor *t);
 bool em_is_contiguous(const em_tensor *t);
 /* Version counter of t's storage: bumped by every in-place op on t or on a view of it. */
 int64_t em_version(const em_tensor *t);
-/* Pointer to element 0 (storage offset applied). Borrowed; valid while t lives. Writing through
+/* Pointer to element 0 (storage offset applied); for a CUDA tensor, its device address (as
+ * torch's data_ptr), not readable on the host. Borrowed; valid while t lives. Writing through
  * it does not bump the version counter. Inside a function being compiled this is a graph break
  * (the data must exist): the graph so far runs and t is real when the pointer is returned. */
 #define em_data_ptr(t) em_data_ptr_at((t), EM_HERE)
@@ -1080,7 +1081,14 @@ void em_print_at(em_tensor *x, em_site site);
 /* ------------------------------------------------------------------------------------------ */
 /* The CUDA driver (libcuda.so.1) is loaded at run time, so every Ember build runs on machines
  * without a GPU or driver; there these report no device. Matches torch.cuda.is_available,
- * torch.cuda.device_count, torch.cuda.get_device_properties, torch.cuda.memory_stats. */
+ * torch.cuda.device_count, torch.cuda.get_device_properties, torch.cuda.memory_stats.
+ * One device is used: cuda:0 (its primary context, shared with cuBLAS). Eager kernels are CUDA
+ * C generated per (prim, dtypes, layout kind: contiguous, one-element broadcast, strided),
+ * compiled by NVRTC for the device's architecture at first use and cached in memory and on disk
+ * (EMBER_CACHE_DIR/cuda, else ~/.cache/ember/kernels/cuda; EMBER_CACHE=0 turns it off).
+ * EMBER_CUDA_EMULATE=1 (read at the first call here) makes cuda:0 a host emulator instead: host
+ * memory, the same kernels built by the host C++ compiler ($CXX, else c++); it exists to test
+ * the device runtime without a GPU and is slow. */
 
 /* Whether the driver loads, initialises and reports at least one device. The first call loads
  * the driver (later calls are free); never fails, never records an error. */

@@ -449,14 +449,14 @@ bool cu_copy_to_host(void *dst, uint64_t src, size_t bytes, const char *op, em_s
 
 /* ---- the kernel cache ----
  *
- * In memory: kernel name -> function, in an open-addressing table (names are unique per key:
- * see cuda_kernels.c). On disk: EMBER_CACHE_DIR, else $XDG_CACHE_HOME/ember/kernels, else
+ * In memory: key -> function, in an open-addressing table looked up before any source is
+ * generated (an eager op's launch costs a hash probe, not a code generation). On disk: EMBER_CACHE_DIR, else $XDG_CACHE_HOME/ember/kernels, else
  * ~/.cache/ember/kernels, in cuda/ (EMBER_CACHE=0 turns it off), one file per kernel named by a
  * 128-bit hash of (driver, arch, source), holding a header with the source's length and hash and
  * the image's hash, then the image (a cubin; a shared object for the emulator). Written to a
  * temporary file and renamed; a damaged file fails its check and is compiled again. */
 
-typedef struct { char *name; cu_function f; } kslot;
+typedef struct { uint64_t key; cu_kernel_key k; cu_function f; } kslot; /* key 0: empty */
 static struct {
   pthread_mutex_t lock;
   kslot *slot;
@@ -520,15 +520,21 @@ static void disk_write(const char *path, const char *src, const char *img, size_
   if (!ok || rename(tmp, path)) unlink(tmp);
 }
 
-static kslot *kc_find(const char *name) {
+static uint64_t key_of(const cu_kernel_key *k) {
+  uint32_t v[6] = {(uint32_t)k->family, (uint32_t)k->op, (uint32_t)k->in, (uint32_t)k->out, (uint32_t)k->idx, (uint32_t)k->layout};
+  uint64_t h = fnv(v, sizeof v, 0xcbf29ce484222325ull);
+  return h ? h : 1;
+}
+
+static kslot *kc_find(uint64_t key, const cu_kernel_key *k) {
   if (!kc.cap) return NULL;
-  for (uint64_t i = fnv(name, strlen(name), 0xcbf29ce484222325ull);; i++) {
+  for (uint64_t i = key * 0x9e3779b97f4a7c15ull >> 7;; i++) {
     kslot *s = &kc.slot[i & (uint64_t)(kc.cap - 1)];
-    if (!s->name || !strcmp(s->name, name)) return s;
+    if (!s->key || (s->key == key && !memcmp(&s->k, k, sizeof *k))) return s;
   }
 }
 
-static bool kc_insert(const char *name, cu_function f) {
+static bool kc_insert(uint64_t key, const cu_kernel_key *k, cu_function f) {
   if (2 * (kc.n + 1) > kc.cap) {
     int cap = kc.cap ? 2 * kc.cap : 256;
     kslot *old = kc.slot, *nw = calloc((size_t)cap, sizeof *nw);
@@ -536,25 +542,27 @@ static bool kc_insert(const char *name, cu_function f) {
     int oc = kc.cap;
     kc.slot = nw, kc.cap = cap;
     for (int i = 0; i < oc; i++)
-      if (old[i].name) *kc_find(old[i].name) = old[i];
+      if (old[i].key) *kc_find(old[i].key, &old[i].k) = old[i];
     free(old);
   }
-  kslot *s = kc_find(name);
-  if (!(s->name = strdup(name))) return false;
-  s->f = f, kc.n++;
+  kslot *s = kc_find(key, k);
+  s->key = key, s->k = *k, s->f = f, kc.n++;
   return true;
 }
 
 cu_function cu_kernel(const cu_kernel_key *k, char *err, size_t cap) {
-  char name[128], *body = NULL;
-  if (!cu_kernel_body(k, &body, name, sizeof name)) return snprintf(err, cap, "no CUDA kernel for this case"), NULL;
+  uint64_t key = key_of(k);
   pthread_mutex_lock(&kc.lock);
-  kslot *s = kc_find(name);
-  if (s && s->name) {
+  kslot *s = kc_find(key, k);
+  if (s && s->key) {
     cu_function f = s->f;
     pthread_mutex_unlock(&kc.lock);
-    free(body);
     return f;
+  }
+  char name[128], *body = NULL;
+  if (!cu_kernel_body(k, &body, name, sizeof name)) {
+    pthread_mutex_unlock(&kc.lock);
+    return snprintf(err, cap, "no CUDA kernel for %s on these dtypes", prim_get(k->op)->name), NULL;
   }
   const char *pre = cu_kernel_prelude();
   size_t np = strlen(pre), nb = strlen(body);
@@ -591,7 +599,7 @@ cu_function cu_kernel(const cu_kernel_key *k, char *err, size_t cap) {
     f = NULL;
     goto done;
   }
-  if (!kc_insert(name, f)) snprintf(err, cap, "out of memory"), f = NULL;
+  if (!kc_insert(key, k, f)) snprintf(err, cap, "out of memory"), f = NULL;
 done:
   pthread_mutex_unlock(&kc.lock);
   free(src), free(img), free(log), free(body);

@@ -152,6 +152,10 @@ typedef struct cu_driver {
  * destination) from in (all on the device); false with a reason in err. */
 bool cu_run_prim(em_prim op, const prim_attrs *at, em_tensor *out, em_tensor *const *in, int n_in, char *err, size_t cap);
 
+/* cuda_ops.c: a CPU tensor holding one element (possibly expanded) as a CUDA tensor of the same
+ * sizes (zero strides), filled asynchronously; caller-owned, or NULL with an error recorded. */
+em_tensor *cu_scalar_to_device(em_tensor *x, const char *name, em_site site);
+
 /* The emulator's table (cuda_emu.c). */
 const cu_driver *cu_emu_driver(void);
 

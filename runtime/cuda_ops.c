@@ -71,16 +71,39 @@ static bool copy_into(em_tensor *out, em_tensor *x, char *err, size_t cap) {
   return run((cu_kernel_key){CU_COPY, EM_PRIM_CLONE, x->dtype, out->dtype, EM_I64, lk}, n, 256, p, err, cap);
 }
 
-static bool fill(em_tensor *out, double v, char *err, size_t cap) {
+/* Fills out with the value whose bytes (of out's dtype) are at val. */
+static bool fill_bytes(em_tensor *out, const void *bytes, char *err, size_t cap) {
   if (out->numel == 0) return true;
   char val[8] = {0};
-  prim_store(val, out->dtype, v);
+  memcpy(val, bytes, ir_dtype(out->dtype)->size);
   k_layout L = layout_of(out, NULL, 0);
   uint64_t o = dptr(out);
   int64_t n = out->numel;
   void *p[] = {&o, val, &n, &L};
   return run((cu_kernel_key){CU_FILL, EM_PRIM_FULL, out->dtype, out->dtype, EM_I64, dense(out) ? CU_CONTIG : CU_STRIDED},
              n, 256, p, err, cap);
+}
+
+static bool fill(em_tensor *out, double v, char *err, size_t cap) {
+  char val[8] = {0};
+  prim_store(val, out->dtype, v);
+  return fill_bytes(out, val, err, cap);
+}
+
+/* A CPU scalar (one element, possibly expanded) joining CUDA operands: a device tensor with its
+ * sizes and zero strides, made by a fill kernel that takes the value as a launch parameter, so
+ * the host never waits (a copy through the staging buffers would wait for their reuse). */
+em_tensor *cu_scalar_to_device(em_tensor *x, const char *name, em_site site) {
+  int64_t zeros[EM_MAX_DIMS] = {0};
+  em_tensor *one = rt_new_device(x->dtype, 0, zeros, EM_CUDA, name, site);
+  char err[256];
+  if (one && !fill_bytes(one, rt_data(x), err, sizeof err)) {
+    em_release(one);
+    return rt_has_error() ? NULL : rt_error(site, name, "%s", err);
+  }
+  em_tensor *v = one ? rt_new_view(one, x->ndim, x->sizes, zeros, 0, name, site) : NULL;
+  em_release(one);
+  return v;
 }
 
 /* A header viewing t's storage (caller releases). */

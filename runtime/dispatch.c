@@ -41,15 +41,7 @@ static bool place(const char *name, em_prim op, em_tensor *const *in, int n_in, 
                "(move it with em_to)", i, rt_fmt(b0, sizeof b0, in[i]), j, rt_fmt(b1, sizeof b1, in[j]));
       goto fail;
     }
-    int64_t zeros[EM_MAX_DIMS] = {0};
-    em_tensor *elem = rt_new_view(in[i], 0, zeros, zeros, in[i]->offset, name, site);
-    em_tensor *one = rt_to_device(elem, EM_CUDA, name, site);
-    em_release(elem);
-    if (one) { /* the same (expanded) layout over the device copy */
-      dev_in[i] = rt_new_view(one, in[i]->ndim, in[i]->sizes, zeros, 0, name, site);
-      em_release(one);
-    }
-    if (!dev_in[i]) goto fail;
+    if (!(dev_in[i] = cu_scalar_to_device(in[i], name, site))) goto fail;
   }
   return true;
 fail:
