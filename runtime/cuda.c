@@ -170,6 +170,7 @@ static bool load_real(void) {
     return false;
   }
   d->name = "CUDA driver";
+  d->cache_salt = "nvrtc cubin";
   d->error_string = real_error;
   d->compile = real_compile;
   d->gemm = real_gemm;
@@ -577,6 +578,7 @@ cu_function cu_kernel(const cu_kernel_key *k, char *err, size_t cap) {
   kc_dir();
   if (kc.dir[0]) {
     uint64_t h1 = fnv(drv.d->name, strlen(drv.d->name), 0xcbf29ce484222325ull);
+    h1 = fnv(drv.d->cache_salt, strlen(drv.d->cache_salt), h1);
     h1 = fnv(drv.arch, strlen(drv.arch), h1);
     uint64_t h2 = fnv(src, np + nb, 0x84222325cbf29ce4ull);
     h1 = fnv(src, np + nb, h1);

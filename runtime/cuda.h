@@ -114,6 +114,7 @@ typedef void *cu_function; /* CUfunction */
 
 typedef struct cu_driver {
   const char *name;      /* "CUDA driver" or "CUDA emulator (host)" */
+  const char *cache_salt; /* what else than the source decides a kernel's image (the disk cache's key) */
   bool emulated;
   int (*mem_alloc)(uint64_t *p, size_t bytes);
   int (*mem_free)(uint64_t p);

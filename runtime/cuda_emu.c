@@ -6,10 +6,8 @@
  * a prelude defines CUDA's qualifiers away, gives blockIdx / threadIdx / blockDim / gridDim as
  * thread-local variables, and appends to each kernel an entry point that unpacks the launch's
  * parameter array by the kernel's own signature (a variadic template) and runs the grid block
- * after block. Every block runs with one thread (blockDim 1): Ember's kernels are written for any
- * block size (grid-stride loops, reductions whose tree halves blockDim), so this exercises their
- * indexing and arithmetic exactly, but not the cooperation of threads within a block (the
- * shared-memory tree's steps and atomics under contention), which only a GPU run checks.
+ * after block (see emu_prelude for how threads of a block run). What it cannot check: real
+ * concurrency (races, atomics under contention), the GPU's math library, and the driver.
  * Work runs at launch, so streams and events are trivially ordered; events record host time.
  * GEMM runs through the CPU BLAS (f32, f64) or a plain loop (f16, bf16: f32 accumulation). */
 #ifndef _GNU_SOURCE
@@ -96,7 +94,7 @@ static int e_module_load(void **m, const void *image) {
   return 0;
 }
 
-typedef void (*emu_entry)(void **params, unsigned grid);
+typedef void (*emu_entry)(void **params, unsigned grid, unsigned block);
 
 static int e_get_function(cu_function *f, void *m, const char *name) {
   char sym[160];
@@ -109,21 +107,32 @@ static int e_get_function(cu_function *f, void *m, const char *name) {
 
 static int e_launch(cu_function f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                     unsigned shmem, cu_stream s, void **params, void **extra) {
-  (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shmem, (void)s, (void)extra;
+  (void)gy, (void)gz, (void)by, (void)bz, (void)shmem, (void)s, (void)extra;
   emu_entry e;
   *(void **)&e = f;
-  e(params, gx);
+  e(params, gx, bx);
   return 0;
 }
 
+/* The prelude of every emulated kernel. Kernels without __syncthreads run their blocks with one
+ * thread (grid-stride loops make that exact). Kernels with it (the reductions) run each block's
+ * threads as cooperative fibers (ucontext): __syncthreads switches to the next thread, and the
+ * scheduler runs every live thread up to its next barrier in turn, so each round of the loop is a
+ * barrier; __shared__ arrays are static, shared by the fibers of the block running. The block
+ * size is capped at EMBER_CUDA_EMULATE_THREADS (default 32, a power of two: the kernels' trees
+ * halve blockDim) and halved while a launch would make more than 65536 fibers, to keep the
+ * emulation quick: small reductions (the tests') run cooperatively, huge grids one thread each. */
 static const char emu_prelude[] =
-    "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n#include <cmath>\n#include <utility>\n"
+    "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n#include <cmath>\n#include <cstdlib>\n#include <utility>\n#include <vector>\n"
+    "#include <ucontext.h>\n"
     "#undef __global__\n#undef __device__\n#undef __host__\n#undef __forceinline__\n#undef __shared__\n#undef __restrict__\n"
-    "#define __global__\n#define __device__\n#define __host__\n#define __forceinline__ inline\n#define __shared__\n"
+    "#define __global__\n#define __device__\n#define __host__\n#define __forceinline__ inline\n#define __shared__ static\n"
     "#define __restrict__ __restrict\n"
     "struct em_dim3 { unsigned x, y, z; };\n"
     "static thread_local em_dim3 blockIdx, threadIdx, blockDim, gridDim;\n"
-    "static inline void __syncthreads() {}\n"
+    "static thread_local ucontext_t em_sched, *em_fibers;\n"
+    "static thread_local unsigned em_cur;\n"
+    "static inline void __syncthreads() { if (blockDim.x > 1) swapcontext(&em_fibers[em_cur], &em_sched); }\n"
     "static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }\n"
     "static inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }\n"
     "template <typename T> static inline T atomicAdd(T *p, T v) { T o = *p; *p = (T)(o + v); return o; }\n"
@@ -134,6 +143,38 @@ static const char emu_prelude[] =
     "template <typename... A> static void em_grid(void (*f)(A...), void **p, unsigned g) {\n"
     "  gridDim = {g, 1, 1}; blockDim = {1, 1, 1}; threadIdx = {0, 0, 0};\n"
     "  for (unsigned b = 0; b < g; b++) { blockIdx = {b, 0, 0}; em_call(f, p, std::index_sequence_for<A...>{}); }\n"
+    "}\n"
+    "template <typename... A> struct em_fiber {\n"
+    "  static thread_local void (*f)(A...);\n  static thread_local void **p;\n  static thread_local bool *done;\n"
+    "  static void run() { unsigned me = em_cur; em_call(f, p, std::index_sequence_for<A...>{}); done[me] = true; }\n"
+    "};\n"
+    "template <typename... A> thread_local void (*em_fiber<A...>::f)(A...);\n"
+    "template <typename... A> thread_local void **em_fiber<A...>::p;\n"
+    "template <typename... A> thread_local bool *em_fiber<A...>::done;\n"
+    "template <typename... A> static void em_grid_threads(void (*f)(A...), void **p, unsigned g, unsigned want) {\n"
+    "  const char *cap_s = std::getenv(\"EMBER_CUDA_EMULATE_THREADS\");\n"
+    "  unsigned cap = cap_s ? (unsigned)std::atoi(cap_s) : 32, t = 1;\n"
+    "  while (2 * t <= want && 2 * t <= cap) t *= 2;\n"
+    "  while (t > 1 && (unsigned long long)g * t > (1u << 16)) t /= 2; /* big grids: fewer fibers, or none */\n"
+    "  if (t == 1) { em_grid(f, p, g); return; }\n"
+    "  const size_t stack = 64 << 10;\n"
+    "  std::vector<ucontext_t> fib(t);\n  std::vector<char> stacks(t * stack);\n  std::vector<char> done_v(t);\n"
+    "  bool *done = (bool *)done_v.data();\n"
+    "  em_fiber<A...>::f = f, em_fiber<A...>::p = p, em_fiber<A...>::done = done;\n"
+    "  em_fibers = fib.data();\n  gridDim = {g, 1, 1}; blockDim = {t, 1, 1};\n"
+    "  for (unsigned b = 0; b < g; b++) {\n"
+    "    blockIdx = {b, 0, 0};\n"
+    "    for (unsigned i = 0; i < t; i++) {\n"
+    "      done[i] = false;\n      getcontext(&fib[i]);\n"
+    "      fib[i].uc_stack.ss_sp = stacks.data() + i * stack, fib[i].uc_stack.ss_size = stack, fib[i].uc_link = &em_sched;\n"
+    "      makecontext(&fib[i], (void (*)())em_fiber<A...>::run, 0);\n"
+    "    }\n"
+    "    for (unsigned live = t; live;) {\n"
+    "      live = 0;\n"
+    "      for (unsigned i = 0; i < t; i++)\n"
+    "        if (!done[i]) { em_cur = i; threadIdx = {i, 0, 0}; swapcontext(&em_sched, &fib[i]); live += !done[i]; }\n"
+    "    }\n"
+    "  }\n"
     "}\n";
 
 /* The host compiler: $CXX, else c++. The image is [size][shared object]. */
@@ -148,7 +189,10 @@ static bool e_compile(const char *src, const char *name, char **image, size_t *s
   if (f) {
     fputs(emu_prelude, f);
     fputs(src, f);
-    fprintf(f, "\nextern \"C\" void em_emu_%s(void **p, unsigned g) { em_grid(%s, p, g); }\n", name, name);
+    if (strstr(src, "__syncthreads"))
+      fprintf(f, "\nextern \"C\" void em_emu_%s(void **p, unsigned g, unsigned b) { em_grid_threads(%s, p, g, b); }\n", name, name);
+    else
+      fprintf(f, "\nextern \"C\" void em_emu_%s(void **p, unsigned g, unsigned b) { (void)b; em_grid(%s, p, g); }\n", name, name);
     ok = fclose(f) == 0;
   }
   const char *cxx = getenv("CXX");
@@ -214,7 +258,7 @@ static int e_gemm(cu_stream s, bool ta, bool tb, int m, int n, int k, em_dtype d
 }
 
 static const cu_driver emu = {
-    .name = "CUDA emulator (host)", .emulated = true,
+    .name = "CUDA emulator (host)", .emulated = true, .cache_salt = emu_prelude,
     .mem_alloc = e_mem_alloc, .mem_free = e_mem_free, .host_alloc = e_host_alloc, .host_free = e_host_free,
     .memcpy_htod = e_htod, .memcpy_dtoh = e_dtoh, .memcpy_dtod = e_dtod,
     .stream_create = e_stream_create, .stream_destroy = e_stream_destroy, .stream_sync = e_stream_sync,

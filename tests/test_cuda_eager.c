@@ -23,7 +23,8 @@ static void pick_device(void) {
     said = true;
     if (!lib)
       fprintf(stderr, "[cuda_eager] NO GPU: these tests run on the host CUDA emulator (the generated kernels built by "
-                      "the host C++ compiler, one thread per block); a GPU run is still needed to check the device\n");
+                      "the host C++ compiler; a block's threads run as fibers in kernels that synchronize); a GPU run is still needed "
+                      "to check the device\n");
   }
 }
 
