@@ -380,8 +380,9 @@ cu_block *cu_storage_alloc(size_t bytes, const char *op, em_site site) {
 }
 
 /* Pinned staging: two buffers of STAGE bytes, each guarded by an event recorded after the copy
- * that reads (host to device) it, so a copy of n bytes overlaps filling one buffer with the
- * transfer from the other. One mutex: copies from several threads take turns. */
+ * that uses it, so a copy of n bytes overlaps the host's memcpy into (or out of) one buffer with
+ * the transfer through the other. Uploads return once the last piece is queued; downloads wait
+ * for it. One mutex: copies from several threads take turns. */
 #define STAGE ((size_t)4 << 20)
 static struct {
   pthread_mutex_t lock;
@@ -434,12 +435,22 @@ bool cu_copy_to_host(void *dst, uint64_t src, size_t bytes, const char *op, em_s
   if (!stage_ready()) {
     r = drv.d->memcpy_dtoh(dst, src, bytes, current);
     if (!r) r = drv.d->stream_sync(current);
-  } else {
-    for (size_t done = 0; done < bytes && !r; done += STAGE) {
-      size_t n = bytes - done < STAGE ? bytes - done : STAGE;
-      r = drv.d->memcpy_dtoh(stage.buf[0], src + done, n, current);
-      if (!r) r = drv.d->stream_sync(current);
-      if (!r) memcpy((char *)dst + done, stage.buf[0], n);
+  } else { /* chunk k lands in buffer k % 2 while the host copies chunk k - 1 out of the other */
+    size_t chunks = (bytes + STAGE - 1) / STAGE;
+    for (size_t k = 0; k <= chunks && !r; k++) {
+      if (k < chunks) {
+        size_t n = bytes - k * STAGE < STAGE ? bytes - k * STAGE : STAGE;
+        if (stage.pending[k & 1] && (r = drv.d->event_sync(stage.done[k & 1]))) break; /* an upload still reads it */
+        r = drv.d->memcpy_dtoh(stage.buf[k & 1], src + k * STAGE, n, current);
+        if (!r) r = drv.d->event_record(stage.done[k & 1], current);
+        stage.pending[k & 1] = !r;
+      }
+      if (k > 0 && !r) {
+        size_t j = k - 1, n = bytes - j * STAGE < STAGE ? bytes - j * STAGE : STAGE;
+        r = drv.d->event_sync(stage.done[j & 1]);
+        stage.pending[j & 1] = false;
+        if (!r) memcpy((char *)dst + j * STAGE, stage.buf[j & 1], n);
+      }
     }
     if (!bytes) r = drv.d->stream_sync(current);
   }

@@ -173,6 +173,11 @@ ETEST(cuda_eager, reductions_over_any_axes) {
     SAME(em_argmax(xp, a, false), em_argmax(dxp, a, false), 0);
     SAME(em_argmin(x, a, true), em_argmin(dx, a, true), 0);
   }
+  /* rows longer than a block: each thread folds several elements before the tree */
+  em_tensor *wide = em_floor(em_mul_scalar(rnd(F, EM_SHAPE(3, 1000)), 4)); /* many ties */
+  SAME(em_sum(wide, EM_AXES(1), false), em_sum(C(wide), EM_AXES(1), false), 1e-5);
+  SAME(em_argmax(wide, 1, false), em_argmax(C(wide), 1, false), 0);
+  SAME(em_amin(wide, EM_AXES(0, 1), false), em_amin(C(wide), EM_AXES(0, 1), false), 0);
   /* ties go to the first index; NaN wins */
   em_tensor *t = T(F, SHAPE(2, 4), 1, 3, 3, 0, 2, NAN, 5, NAN);
   SAME(em_argmax(t, 1, false), em_argmax(C(t), 1, false), 0);
