@@ -811,7 +811,8 @@ bool em_load_at(const char *path, int n, em_tensor *const *tensors, const char *
  * the current scope. Errors: unreadable file, bad magic, truncated data. */
 #define em_load_idx(path) em_load_idx_at((path), EM_HERE)
 em_tensor *em_load_idx_at(const char *path, em_site site);
-/* NumPy .npy files (format versions 1-3, C order, little-endian: f32 f64 i32 i64 u8 bool). */
+/* NumPy .npy files (format versions 1-3, C order, little-endian: f32 f64 i32 i64 u8 bool).
+ * em_load_npy creates on the default device (numpy.load, then em_to); em_save_npy reads any. */
 #define em_load_npy(path) em_load_npy_at((path), EM_HERE)
 em_tensor *em_load_npy_at(const char *path, em_site site);
 #define em_save_npy(path, t) em_save_npy_at((path), (t), EM_HERE)
@@ -819,8 +820,8 @@ bool em_save_npy_at(const char *path, em_tensor *t, em_site site);
 
 /* Fashion-MNIST (Xiao et al. 2017) as Debian's dataset-fashion-mnist installs it
  * (/usr/share/datasets/fashion-mnist, or dir when not NULL): images u8 [N, 28, 28], labels u8
- * [N]; 60000 training and 10000 test examples. Tensors belong to the current scope. Errors name
- * the missing file and the Debian package. */
+ * [N]; 60000 training and 10000 test examples, on the default device. Tensors belong to the
+ * current scope. Errors name the missing file and the Debian package. */
 typedef struct em_fashion_mnist {
   em_tensor *train_images, *train_labels, *test_images, *test_labels;
 } em_fashion_mnist;
@@ -832,7 +833,7 @@ bool em_fashion_mnist_load_at(em_fashion_mnist *d, const char *dir, em_site site
  * short batch is kept unless drop_last. */
 typedef struct em_batch_iter em_batch_iter;
 em_batch_iter *em_batch_iter_new(int64_t n, int64_t batch_size, bool shuffle, uint64_t seed, bool drop_last);
-/* The next batch's indices, i64 [b], owned by the current scope; NULL at the end of the epoch
+/* The next batch's indices, i64 [b] on the default device, owned by the current scope; NULL at the end of the epoch
  * (then the iterator moves to the next epoch, reshuffled). */
 #define em_batch_iter_next(it) em_batch_iter_next_at((it), EM_HERE)
 em_tensor *em_batch_iter_next_at(em_batch_iter *it, em_site site);
@@ -1140,7 +1141,8 @@ void em_cuda_empty_cache(void);
 em_tensor *em_to_at(em_tensor *x, em_device dev, em_site site);
 
 /* Sets the device the factories (em_zeros, em_full, em_scalar, em_arange, em_eye, em_rand,
- * em_randn, em_randint, em_empty, em_from_data) create on, for the calling thread; returns the
+ * em_randn, em_randint, em_empty, em_from_data, em_load_npy, em_fashion_mnist_load,
+ * em_batch_iter_next, and the layers' parameters) create on, for the calling thread; returns the
  * previous one. Default EM_CPU (torch.set_default_device). Creating on EM_CUDA without a
  * device is an error at the factory. */
 em_device em_set_default_device(em_device dev);

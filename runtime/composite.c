@@ -25,6 +25,9 @@
     return kept_;                             \
   } while (0)
 
+/* A number operand: a CPU scalar whatever the default device (it joins operands on any device). */
+static em_tensor *num(em_dtype dt, double v, em_site site) { return rt_scope_add(rt_scalar(dt, v, "scalar", site), "scalar", site); }
+
 static bool float_arg(em_tensor *x, const char *name, em_site site) {
   char b[128];
   if (!ir_is_float(x->dtype) || !ir_dtype(x->dtype)->cpu_compute)
@@ -38,7 +41,7 @@ static bool float_arg(em_tensor *x, const char *name, em_site site) {
 em_tensor *em_relu_at(em_tensor *x, em_site site) {
   if (!x) return NULL;
   BEGIN(site);
-  END(em_where_at(em_le_scalar_at(x, 0, site), em_scalar_at(x->dtype, 0, site), x, site), site);
+  END(em_where_at(em_le_scalar_at(x, 0, site), num(x->dtype, 0, site), x, site), site);
 }
 
 em_tensor *em_leaky_relu_at(em_tensor *x, double slope, em_site site) {
@@ -100,7 +103,7 @@ static bool axis_arg(em_tensor *x, int axis, const char *name, em_site site, int
 static em_tensor *shifted(em_tensor *x, int n, const int64_t *axes, em_site site) {
   em_tensor *m = em_detach_at(em_amax_at(x, n, axes, true, site), site);
   /* an all -inf slice would give inf - inf; shift by 0 there */
-  m = m ? em_where_at(em_eq_scalar_at(m, -INFINITY, site), em_scalar_at(x->dtype, 0, site), m, site) : NULL;
+  m = m ? em_where_at(em_eq_scalar_at(m, -INFINITY, site), num(x->dtype, 0, site), m, site) : NULL;
   return em_sub_at(x, m, site);
 }
 
@@ -117,7 +120,7 @@ em_tensor *em_logsumexp_at(em_tensor *x, int n_axes, const int64_t *axes, bool k
   if (!x || !float_arg(x, "em_logsumexp", site)) return NULL;
   BEGIN(site);
   em_tensor *m = em_detach_at(em_amax_at(x, n_axes, axes, true, site), site);
-  m = m ? em_where_at(em_eq_scalar_at(em_abs_at(m, site), INFINITY, site), em_scalar_at(x->dtype, 0, site), m, site) : NULL;
+  m = m ? em_where_at(em_eq_scalar_at(em_abs_at(m, site), INFINITY, site), num(x->dtype, 0, site), m, site) : NULL;
   em_tensor *s = em_log_at(em_sum_at(em_exp_at(em_sub_at(x, m, site), site), n_axes, axes, true, site), site);
   em_tensor *r = em_add_at(s, m, site);
   if (r && !keepdim) r = em_squeeze_at(r, n_axes, axes, site);
@@ -343,7 +346,7 @@ static em_tensor *nll_terms(em_tensor *logp, em_tensor *target, int64_t ignore, 
                     rt_fmt(b0, sizeof b0, target), rt_fmt(b1, sizeof b1, logp));
   em_tensor *keep = em_ne_scalar_at(target, (double)ignore, site);
   /* ignored targets are redirected to class 0 so the gather stays in bounds */
-  em_tensor *safe = em_where_at(keep, target, em_scalar_at(EM_I64, 0, site), site);
+  em_tensor *safe = em_where_at(keep, target, num(EM_I64, 0, site), site);
   em_tensor *picked = em_squeeze_at(em_gather_at(logp, 1, em_unsqueeze_at(safe, 1, site), site), 1, (int64_t[]){1}, site);
   *valid = em_cast_at(keep, logp->dtype, site);
   return em_mul_at(em_neg_at(picked, site), *valid, site);
@@ -540,5 +543,5 @@ em_tensor *em_masked_fill_at(em_tensor *x, em_tensor *mask, double value, em_sit
   if (!ir_is_float(x->dtype) && x->dtype != EM_BOOL && !isfinite(value))
     return rt_error(site, "em_masked_fill", "value %g cannot fill integer x %s", value, rt_fmt(b0, sizeof b0, x));
   BEGIN(site);
-  END(em_where_at(mask, em_scalar_at(x->dtype, value, site), x, site), site);
+  END(em_where_at(mask, num(x->dtype, value, site), x, site), site);
 }

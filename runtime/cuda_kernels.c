@@ -58,7 +58,18 @@ static const char prelude[] =
     "__device__ __forceinline__ float em_ld(__half x) { return __half2float(x); }\n"
     "__device__ __forceinline__ float em_ld(__nv_bfloat16 x) { return __bfloat162float(x); }\n"
     "template <typename T> __device__ __forceinline__ T em_ld(T x) { return x; }\n"
-    "template <typename T, typename U> __device__ __forceinline__ T em_to(U x) { return (T)x; }\n"
+    "/* float -> integer: INT64_MIN for NaN and out of range, then the low bits (prims/pointwise.c) */\n"
+    "__device__ __forceinline__ long long em_f2i(double v) { return v >= -0x1p63 && v < 0x1p63 ? (long long)v : (long long)(1ull << 63); }\n"
+    "template <typename T> struct em_int_t { static const bool v = false; };\n"
+    "template <> struct em_int_t<int> { static const bool v = true; };\n"
+    "template <> struct em_int_t<long long> { static const bool v = true; };\n"
+    "template <> struct em_int_t<unsigned char> { static const bool v = true; };\n"
+    "template <typename T> struct em_flt_t { static const bool v = false; };\n"
+    "template <> struct em_flt_t<float> { static const bool v = true; };\n"
+    "template <> struct em_flt_t<double> { static const bool v = true; };\n"
+    "template <typename T, typename U> __device__ __forceinline__ T em_to(U x) {\n"
+    "  if constexpr (em_int_t<T>::v && em_flt_t<U>::v) return (T)em_f2i((double)x); else return (T)x;\n"
+    "}\n"
     "template <> __device__ __forceinline__ __half em_to<__half, float>(float x) { return __float2half_rn(x); }\n"
     "template <> __device__ __forceinline__ __half em_to<__half, double>(double x) { return __double2half(x); }\n"
     "template <> __device__ __forceinline__ __nv_bfloat16 em_to<__nv_bfloat16, float>(float x) { return __float2bfloat16_rn(x); }\n"
@@ -101,7 +112,7 @@ static const char *pointwise_expr(em_prim op, em_dtype dt, char *buf, size_t cap
   case EM_PRIM_COS: return FN("cos");
   case EM_PRIM_TANH: return FN("tanh");
   case EM_PRIM_ERF: return FN("erf");
-  case EM_PRIM_SIGN: return bl ? "a" : dt == EM_U8 ? "(C)(a > 0)" : "(C)((a > (C)0) - (a < (C)0))";
+  case EM_PRIM_SIGN: return bl ? "a" : dt == EM_U8 ? "(C)(a > 0)" : f ? "(a != a ? a : (C)((a > (C)0) - (a < (C)0)))" : "(C)((a > (C)0) - (a < (C)0))";
   case EM_PRIM_FLOOR: return f ? FN("floor") : "a";
   case EM_PRIM_CEIL: return f ? FN("ceil") : "a";
   case EM_PRIM_RECIPROCAL: return "(C)1 / a";
@@ -353,7 +364,7 @@ static bool gen_im2col(ir_sbuf *b, const cu_kernel_key *k, char *name, size_t nc
     ir_sb_printf(b, "extern \"C\" __global__ void %s(%s *__restrict__ x, const %s *__restrict__ col, em_conv p) {\n", name, T, T);
     ir_sb_printf(b, "  i64 total = p.n * p.c * p.h * p.w;\n  EM_GRID_LOOP(i, total) {\n");
     ir_sb_printf(b, "    i64 q = i; i64 iw = q %% p.w; q /= p.w; i64 ih = q %% p.h; q /= p.h; i64 c = q %% p.c; i64 n = q / p.c;\n");
-    ir_sb_printf(b, "    float acc = 0;\n    for (i64 kh = 0; kh < p.kh; kh++) for (i64 kw = 0; kw < p.kw; kw++) {\n");
+    ir_sb_printf(b, "    %s acc = 0;\n    for (i64 kh = 0; kh < p.kh; kh++) for (i64 kw = 0; kw < p.kw; kw++) {\n", computetype(k->in));
     ir_sb_printf(b, "      i64 th = ih + p.ph - kh * p.dh, tw = iw + p.pw - kw * p.dw;\n");
     ir_sb_printf(b, "      if (th < 0 || tw < 0 || th %% p.sh || tw %% p.sw) continue;\n");
     ir_sb_printf(b, "      i64 oh = th / p.sh, ow = tw / p.sw;\n      if (oh >= p.oh || ow >= p.ow) continue;\n");

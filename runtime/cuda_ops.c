@@ -111,8 +111,33 @@ static em_tensor *view(em_tensor *t, int ndim, const int64_t *sizes, const int64
   return rt_new_view(t, ndim, sizes, strides, offset, "cuda", (em_site){__FILE__, __LINE__, __func__});
 }
 
+/* The CPU refuses integer remainder by zero and negative integer powers (prims/pointwise.c); so
+ * does the device, at the cost of reading a flag back (a wait, for these two ops only). */
+static bool integer_domain(em_prim op, em_tensor *b, char *err, size_t cap) {
+  if (b->numel == 0) return true;
+  static const char name[] = "cuda integer check";
+  em_site here = {__FILE__, __LINE__, __func__};
+  em_tensor *zero = rt_scalar(b->dtype, 0, name, here), *ze = rt_expand(zero, b->ndim, b->sizes, name, here);
+  em_tensor *ops[2] = {b, ze};
+  em_tensor *mask = ze ? rt_dispatch(name, op == EM_PRIM_REMAINDER ? EM_PRIM_EQ : EM_PRIM_LT, ops, 2, NULL, here) : NULL;
+  em_tensor *any = mask ? rt_dispatch(name, EM_PRIM_AMAX, &mask, 1, &(prim_attrs){0}, here) : NULL;
+  em_tensor *low = any && op == EM_PRIM_POW ? rt_dispatch(name, EM_PRIM_AMIN, &b, 1, &(prim_attrs){0}, here) : NULL;
+  bool flag = false, ok = any && (op != EM_PRIM_POW || low);
+  int64_t lowest = 0;
+  if (ok) ok = cu_copy_to_host(&flag, dptr(any), 1, name, here);
+  if (ok && low) ok = cu_copy_to_host(&lowest, dptr(low), ir_dtype(b->dtype)->size, name, here);
+  em_release(zero), em_release(ze), em_release(mask), em_release(any), em_release(low);
+  if (!ok) return snprintf(err, cap, "%s", em_last_error() ? em_last_error() : "out of memory"), false;
+  if (!flag) return true;
+  if (op == EM_PRIM_REMAINDER) return snprintf(err, cap, "integer remainder by zero"), false;
+  double e = prim_load((const char *)&lowest, b->dtype);
+  return snprintf(err, cap, "integers to negative integer powers are not allowed (exponent %g)", e), false;
+}
+
 static bool pointwise(em_prim op, const prim_attrs *at, em_tensor *out, em_tensor *const *in, int n_in, char *err,
                       size_t cap) {
+  if ((op == EM_PRIM_REMAINDER || op == EM_PRIM_POW) && !ir_is_float(in[0]->dtype) && !integer_domain(op, in[1], err, cap))
+    return false;
   bool contig = dense(out), bcast = dense(out);
   for (int i = 0; i < n_in; i++) {
     bool same = dense(in[i]) && in[i]->numel == out->numel;
@@ -138,7 +163,10 @@ static bool pointwise(em_prim op, const prim_attrs *at, em_tensor *out, em_tenso
 
 static bool reduce(em_prim op, const prim_attrs *at, em_tensor *out, em_tensor *x, char *err, size_t cap) {
   bool red[EM_MAX_DIMS] = {0};
-  for (int i = 0; i < at->n_axes; i++) red[ir_norm_axis(at->axes[i], x->ndim)] = true;
+  for (int i = 0; i < at->n_axes; i++) { /* a 0-dim operand takes axis 0 or -1 and has nothing to reduce */
+    int a = ir_norm_axis(at->axes[i], x->ndim);
+    if (a >= 0) red[a] = true;
+  }
   if (at->n_axes == 0) /* no axes: every dim */
     for (int d = 0; d < x->ndim; d++) red[d] = true;
   k_layout L = {0};
@@ -266,8 +294,8 @@ static bool indexing(em_prim op, const prim_attrs *at, em_tensor *out, em_tensor
   if (!ok && r) snprintf(err, cap, "device copy: %s", cu_drv()->error_string(r));
   cu_release(cu_device_allocator(), eb);
   if (ok && bad)
-    return snprintf(err, cap, "index %lld is out of range for size %lld along axis %d", (long long)(int64_t)(bad << 1) >> 1,
-                    (long long)limit, a),
+    return snprintf(err, cap, "index %lld is out of bounds for axis %d with size %lld", (long long)(int64_t)(bad << 1) >> 1,
+                    a, (long long)limit),
            false;
   return ok;
 }

@@ -275,6 +275,11 @@ em_tensor *em_load_npy_at(const char *path, em_site site) {
   }
   if (dt == EM_BOOL) /* Ember's bools are 0 or 1; a foreign writer's nonzero byte means true */
     for (size_t i = 0; i < t->storage->bytes; i++) rt_data(t)[i] = rt_data(t)[i] != 0;
+  if (rt_default_device() == EM_CUDA) { /* a factory: it creates on the default device */
+    em_tensor *moved = rt_to_device(t, EM_CUDA, name, site);
+    em_release(t);
+    t = moved;
+  }
   goto out;
 truncated:
   if (ferror(f))
@@ -328,6 +333,11 @@ bool em_fashion_mnist_load_at(em_fashion_mnist *d, const char *dir, em_site site
                images ? "u8[N,28,28]" : "u8[N] matching its images");
       ok = false;
     }
+  }
+  for (int i = 0; ok && rt_default_device() == EM_CUDA && i < 4; i++) { /* factories create on the default device */
+    em_tensor *moved = rt_to_device(t[i], EM_CUDA, name, site);
+    em_release(t[i]);
+    ok = (t[i] = moved) != NULL;
   }
   if (!ok) {
     for (int i = 0; i < 4; i++) em_release(t[i]);
@@ -418,6 +428,11 @@ em_tensor *em_batch_iter_next_at(em_batch_iter *it, em_site site) {
   /* On failure the position stays, so a retry after the error yields the same batch. */
   if (!t) return NULL;
   memcpy(rt_data(t), it->order + it->pos, sizeof(int64_t) * (size_t)b);
+  if (rt_default_device() == EM_CUDA) { /* a factory: on the default device */
+    em_tensor *moved = rt_to_device(t, EM_CUDA, name, site);
+    em_release(t);
+    if (!(t = moved)) return NULL;
+  }
   if (!rt_scope_add(t, name, site)) return NULL;
   it->pos += b;
   return t;

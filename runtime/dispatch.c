@@ -110,13 +110,20 @@ em_tensor *rt_dispatch(const char *name, em_prim op, em_tensor *const *in, int n
         em_release(out);
         out = rt_has_error() ? NULL : rt_error(site, name, "%s", err);
       }
+      /* autograd saves the device copies of CPU scalars (so the rules compute on the device),
+       * except those that require grad, which keep their edge */
+      for (int i = 0; i < n_in; i++)
+        if (in[i]->requires_grad) ops[i] = in[i];
+      if (out && !rt_autograd_record(name, op, ops, n_in, at, out, site)) {
+        em_release(out);
+        out = NULL;
+      }
       if (ops != ops_small) rt_free(ops);
     } else {
       rt_error(site, name, "out of memory");
     }
     for (int i = 0; i < n_in; i++) em_release(dev_in[i]);
     if (dev_in != dev_small) rt_free(dev_in);
-    if (out) goto record;
     goto done;
   }
   if (dev_in != dev_small) rt_free(dev_in);

@@ -30,9 +30,14 @@ em_tensor *rt_expand(em_tensor *x, int ndim, const int64_t *sizes, const char *n
   return rt_dispatch(name, EM_PRIM_EXPAND, &x, 1, &at, site);
 }
 
+/* A number argument as a tensor: on the CPU whatever the default device, since a CPU scalar
+ * joins operands on any device (and a device scalar would not join CPU ones). */
 em_tensor *rt_scalar(em_dtype dt, double v, const char *name, em_site site) {
   prim_attrs at = {.dtype = dt, .value = v};
-  return rt_dispatch(name, EM_PRIM_FULL, NULL, 0, &at, site);
+  em_device prev = em_set_default_device(EM_CPU);
+  em_tensor *t = rt_dispatch(name, EM_PRIM_FULL, NULL, 0, &at, site);
+  em_set_default_device(prev);
+  return t;
 }
 
 /* Casts each of n operands to dt and expands it to their common shape: out[i] are caller-owned.
@@ -616,7 +621,7 @@ em_tensor *em_copy__at(em_tensor *dst, em_tensor *src, em_site site) {
   if (!dst || !src) return NULL;
   if (!writable(dst, name, site)) return NULL;
   em_tensor *moved = NULL;
-  if (src->storage->device != dst->storage->device && src->numel > 1) { /* a copy between devices */
+  if (src->storage->device != dst->storage->device && src->numel != 1) { /* a copy between devices */
     int tok = rt_break_begin(name, "copies between devices", site);
     if (tok < 0) return NULL;
     moved = rt_to_device(src, dst->storage->device, name, site);

@@ -8,21 +8,62 @@
 #define EMBER_TEST_COMMON_H
 
 #include <criterion/criterion.h>
+#include <dlfcn.h>
 #include <ember.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* EMBER_TEST_DEVICE=cuda runs a suite with CUDA as the factories' default device, so its eager
+ * tests run on the device: the GPU when a CUDA driver loads (EMBER_TEST_CUDA=emulate forces the
+ * emulator), else the host emulator (EMBER_CUDA_EMULATE=1), said on stderr. */
+static inline bool etest_on_cuda(void) {
+  const char *dev = getenv("EMBER_TEST_DEVICE");
+  return dev && !strcmp(dev, "cuda");
+}
+
+/* Chooses the GPU or the emulator before the first device call of the process. */
+static inline void etest_pick_cuda(void) {
+  const char *force = getenv("EMBER_TEST_CUDA");
+  void *lib = force && !strcmp(force, "emulate") ? NULL : dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (lib) {
+    dlclose(lib);
+    return;
+  }
+  setenv("EMBER_CUDA_EMULATE", "1", 1);
+  static bool said;
+  if (!said)
+    fprintf(stderr, "[cuda] NO GPU: these tests run on the host CUDA emulator (the generated kernels built by the host "
+                    "C++ compiler; a block's threads run as fibers in kernels that synchronize); a GPU run is still "
+                    "needed to check the device\n");
+  said = true;
+}
+
+/* A test that only makes sense on the CPU (host pointers into tensor data, CPU-only dtypes)
+ * says so and is skipped when the suite runs on CUDA. */
+#define CPU_ONLY(why)                                                 \
+  do {                                                                \
+    if (etest_on_cuda()) cr_skip_test("CPU only (%s)", (why));        \
+  } while (0)
+
 static inline void etest_begin(void) {
   em_clear_error();
   em_debug_fail_alloc(0);
+  if (etest_on_cuda()) {
+    etest_pick_cuda();
+    em_set_default_device(EM_CUDA);
+  }
   cr_assert(em_scope_begin(), "could not open a scope");
 }
 
 static inline void etest_end(void) {
   em_scope_end();
   em_thread_cleanup();
+  if (etest_on_cuda()) {
+    em_cuda_memory_stats s = em_cuda_memory_stats_get();
+    cr_assert_eq(s.allocated_bytes, 0, "%lld device bytes leaked", (long long)s.allocated_bytes);
+  }
   cr_assert_eq(em_debug_live_tensors(), 0, "%lld tensors leaked", (long long)em_debug_live_tensors());
   cr_assert_eq(em_debug_live_bytes(), 0, "%lld bytes leaked", (long long)em_debug_live_bytes());
   const char *e = em_last_error();

@@ -201,7 +201,7 @@ ETEST(cast, conversions) {
   EXPECT(em_cast(h, F), F, SHAPE(4), 0, 1, 0.0999755859375, 65504, -2.5);
   em_tensor *bf = em_cast(T(F, SHAPE(2), 1, 3.14159), EM_BF16);
   EXPECT(em_cast(bf, D), D, SHAPE(2), 0, 1, 3.140625);
-  EXPECT_ERROR(em_add(h, h), "f16[4] has no CPU kernels");
+  if (!etest_on_cuda()) EXPECT_ERROR(em_add(h, h), "f16[4] has no CPU kernels"); /* on CUDA it computes */
   em_tensor *x = T(F, SHAPE(2), 1, 2);
   em_tensor *y = em_cast(x, F);
   cr_assert_neq(x, y, "em_cast returns a new tensor");

@@ -27,6 +27,7 @@ ETEST(create, factories) {
 }
 
 ETEST(create, metadata) {
+  CPU_ONLY("checks CPU placement and layout");
   em_tensor *t = em_zeros(D, EM_SHAPE(2, 3, 4));
   cr_assert_eq(em_ndim(t), 3);
   cr_assert_eq(em_size(t, -1), 4);
@@ -44,6 +45,7 @@ ETEST(create, metadata) {
 }
 
 ETEST(create, bad_sizes) {
+  CPU_ONLY("the CPU allocator's size limits and messages");
   EXPECT_ERROR(em_zeros(F, EM_SHAPE(2, -1)), "size -1 of dim 1 is negative");
   EXPECT_ERROR(em_empty(F, EM_SHAPE(-3)), "negative");
   EXPECT_ERROR(em_ones(F, 9, (int64_t[9]){1, 1, 1, 1, 1, 1, 1, 1, 1}), "0 to 8");
@@ -125,6 +127,7 @@ ETEST(lifetime, scopes_release_and_keep) {
 }
 
 ETEST(lifetime, retain_release) {
+  CPU_ONLY("the CPU storage counters");
   em_tensor *r;
   em_scope_begin();
   r = em_retain(em_zeros(F, EM_SHAPE(8)));
@@ -155,6 +158,7 @@ ETEST(lifetime, scope_end_without_begin) {
 }
 
 ETEST(lifetime, peak_bytes) {
+  CPU_ONLY("the CPU storage counters");
   em_debug_reset_peak();
   int64_t base = em_debug_peak_bytes();
   em_scope_begin();
@@ -187,6 +191,7 @@ static void expect_format(em_tensor *t, const char *want) {
 }
 
 ETEST(print, like_pytorch) {
+  CPU_ONLY("the CPU tensor's text; CUDA's adds device='cuda:0' (tests/test_cuda_eager.c)");
   expect_format(T(F, SHAPE(2, 2), 1, 2, 3, 4), "tensor([[1., 2.],\n        [3., 4.]])");
   expect_format(T(F, SHAPE(3), 0.5, -1.25, 2), "tensor([ 0.5000, -1.2500,  2.0000])");
   expect_format(T(D, SHAPE(2), 1e-5, 1), "tensor([1.0000e-05, 1.0000e+00], dtype=f64)");
