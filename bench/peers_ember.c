@@ -202,8 +202,11 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--workload") && i + 1 < argc) name = argv[++i];
     else if (!strcmp(argv[i], "--mode") && i + 1 < argc) mode = argv[++i];
     else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--device") && i + 1 < argc) /* cuda: every tensor made on the device */
+      em_set_default_device(strcmp(argv[++i], "cuda") ? EM_CPU : EM_CUDA);
     else {
-      fprintf(stderr, "usage: %s --init DIR | --workload W --mode eager|compiled --dir DIR [--steps N]\n", argv[0]);
+      fprintf(stderr, "usage: %s --init DIR | --workload W --mode eager|compiled --dir DIR [--steps N] [--device cpu|cuda]\n",
+              argv[0]);
       return 2;
     }
   }

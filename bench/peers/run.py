@@ -155,12 +155,10 @@ def main():
                 key = (w, system, mode)
                 if system in missing:
                     continue
-                if args.device == "cuda" and system == "ember":
-                    results.setdefault(key, []).append({"error": "Ember has no CUDA backend yet (issue 7)"})
-                    continue
                 steps = SLOW.get(key, STEPS[w])
                 if system == "ember":
-                    cmd = [ember, "--workload", w, "--mode", mode, "--dir", data, "--steps", str(steps)]
+                    cmd = [ember, "--workload", w, "--mode", mode, "--dir", data, "--steps", str(steps),
+                           "--device", args.device]
                 else:
                     cmd = [py, os.path.join(HERE, "peers.py"), "--system", system, "--workload", w, "--mode", mode,
                            "--dir", data, "--steps", str(steps), "--device", args.device]
