@@ -89,8 +89,16 @@ static struct {
 } blas = {.once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void blas_load(void) {
-  const char *names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so"};
-  for (int i = 0; i < 3 && !blas.lib; i++) blas.lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+  /* the loader's path first, then the toolkit's own directories */
+  const char *names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so", "/usr/local/cuda/lib64/libcublas.so.13",
+                         "/usr/local/cuda/lib64/libcublas.so.12", "/usr/local/cuda/lib/libcublas.so.13"};
+  for (int i = 0; i < 6 && !blas.lib; i++) blas.lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+  const char *cuda_path = getenv("CUDA_PATH");
+  for (int i = 0; i < 2 && !blas.lib && cuda_path; i++) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s/libcublas.so.13", cuda_path, i ? "lib" : "lib64");
+    blas.lib = dlopen(p, RTLD_NOW | RTLD_LOCAL);
+  }
   if (!blas.lib) {
     snprintf(blas.why, sizeof blas.why, "cuBLAS did not load (%s)", dlerror());
     return;
