@@ -120,7 +120,7 @@ static int e_launch(cu_function f, unsigned gx, unsigned gy, unsigned gz, unsign
  * scheduler runs every live thread up to its next barrier in turn, so each round of the loop is a
  * barrier; __shared__ arrays are static, shared by the fibers of the block running. The block
  * size is capped at EMBER_CUDA_EMULATE_THREADS (default 32, a power of two: the kernels' trees
- * halve blockDim) and halved while a launch would make more than 65536 fibers, to keep the
+ * halve blockDim) and halved while a launch would make more than 4096 fibers, to keep the
  * emulation quick: small reductions (the tests') run cooperatively, huge grids one thread each. */
 static const char emu_prelude[] =
     "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n#include <cmath>\n#include <cstdlib>\n#include <utility>\n#include <vector>\n"
@@ -155,10 +155,12 @@ static const char emu_prelude[] =
     "  const char *cap_s = std::getenv(\"EMBER_CUDA_EMULATE_THREADS\");\n"
     "  unsigned cap = cap_s ? (unsigned)std::atoi(cap_s) : 32, t = 1;\n"
     "  while (2 * t <= want && 2 * t <= cap) t *= 2;\n"
-    "  while (t > 1 && (unsigned long long)g * t > (1u << 16)) t /= 2; /* big grids: fewer fibers, or none */\n"
+    "  while (t > 1 && (unsigned long long)g * t > (1u << 12)) t /= 2; /* big grids: fewer fibers, or none */\n"
     "  if (t == 1) { em_grid(f, p, g); return; }\n"
     "  const size_t stack = 64 << 10;\n"
-    "  std::vector<ucontext_t> fib(t);\n  std::vector<char> stacks(t * stack);\n  std::vector<char> done_v(t);\n"
+    "  static thread_local std::vector<char> stacks; /* kept: a fresh 2 MiB per launch costs page faults */\n"
+    "  if (stacks.size() < t * stack) stacks.resize(t * stack);\n"
+    "  std::vector<ucontext_t> fib(t);\n  std::vector<char> done_v(t);\n"
     "  bool *done = (bool *)done_v.data();\n"
     "  em_fiber<A...>::f = f, em_fiber<A...>::p = p, em_fiber<A...>::done = done;\n"
     "  em_fibers = fib.data();\n  gridDim = {g, 1, 1}; blockDim = {t, 1, 1};\n"
