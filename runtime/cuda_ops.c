@@ -96,10 +96,10 @@ static bool fill(em_tensor *out, double v, char *err, size_t cap) {
 em_tensor *cu_scalar_to_device(em_tensor *x, const char *name, em_site site) {
   int64_t zeros[EM_MAX_DIMS] = {0};
   em_tensor *one = rt_new_device(x->dtype, 0, zeros, EM_CUDA, name, site);
-  char err[256];
+  char err[256] = "failed on the device";
   if (one && !fill_bytes(one, rt_data(x), err, sizeof err)) {
     em_release(one);
-    return rt_has_error() ? NULL : rt_error(site, name, "%s", err);
+    return rt_error(site, name, "%s", err); /* an error already recorded stays */
   }
   em_tensor *v = one ? rt_new_view(one, x->ndim, x->sizes, zeros, 0, name, site) : NULL;
   em_release(one);
@@ -479,8 +479,8 @@ em_tensor *rt_to_device(em_tensor *x, em_device dev, const char *name, em_site s
   if (!dense(x)) { /* the copy moves one dense block: make it on the side that has x */
     em_tensor *ops[1] = {x};
     if (x->storage->device == EM_CUDA) {
-      char err[256];
-      if (!(src = tmp = contiguous_copy(x, err, sizeof err))) return rt_has_error() ? NULL : rt_error(site, name, "%s", err);
+      char err[256] = "failed on the device";
+      if (!(src = tmp = contiguous_copy(x, err, sizeof err))) return rt_error(site, name, "%s", err);
     } else {
       if (!(src = tmp = rt_dispatch(name, EM_PRIM_CLONE, ops, 1, NULL, site))) return NULL;
     }

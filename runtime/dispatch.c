@@ -22,12 +22,11 @@ static bool needs_compute(em_prim op) {
  * holding one element (a scalar, possibly expanded) may join CUDA operands; it is copied to the
  * device (dev_in[i], a new reference, else NULL). The result's device is the operands' (for
  * creation prims, the default device). */
-static bool place(const char *name, em_prim op, em_tensor *const *in, int n_in, em_tensor **dev_in, em_device *dev,
-                  bool force_cuda, em_site site) {
+static bool place(const char *name, em_tensor *const *in, int n_in, em_tensor **dev_in, em_device *dev, bool force_cuda,
+                  em_site site) {
   *dev = force_cuda ? EM_CUDA : n_in ? EM_CPU : rt_default_device();
   for (int i = 0; i < n_in; i++)
     if (in[i]->storage->device == EM_CUDA) *dev = EM_CUDA;
-  (void)op;
   for (int i = 0; i < n_in; i++) {
     dev_in[i] = NULL;
     if (*dev != EM_CUDA || in[i]->storage->device == EM_CUDA) continue;
@@ -101,14 +100,16 @@ em_tensor *rt_dispatch(const char *name, em_prim op, em_tensor *const *in, int n
     rt_error(site, name, "out of memory");
     goto done;
   }
-  if (place(name, op, in, n_in, dev_in, &dev, false, site) && dev == EM_CUDA) {
+  bool placed = place(name, in, n_in, dev_in, &dev, false, site);
+  if (placed && dev == EM_CUDA) {
     em_tensor *ops_small[4], **ops = n_in > 4 ? rt_alloc(sizeof(em_tensor *) * (size_t)n_in, 16) : ops_small;
     if (ops) {
       for (int i = 0; i < n_in; i++) ops[i] = dev_in[i] ? dev_in[i] : in[i];
       out = rt_new_device(out_meta.dtype, out_meta.ndim, out_meta.sizes, EM_CUDA, name, site);
-      if (out && !cu_run_prim(op, at, out, ops, n_in, err, sizeof err)) {
+      err[0] = 0;
+      if (out && !cu_run_prim(op, at, out, ops, n_in, err, sizeof err)) { /* an error already recorded stays */
         em_release(out);
-        out = rt_has_error() ? NULL : rt_error(site, name, "%s", err);
+        out = rt_error(site, name, "%s", err[0] ? err : "failed on the device");
       }
       /* autograd saves the device copies of CPU scalars (so the rules compute on the device),
        * except those that require grad, which keep their edge */
@@ -127,7 +128,7 @@ em_tensor *rt_dispatch(const char *name, em_prim op, em_tensor *const *in, int n
     goto done;
   }
   if (dev_in != dev_small) rt_free(dev_in);
-  if (rt_has_error()) goto done;
+  if (!placed) goto done;
   out = rt_new(out_meta.dtype, out_meta.ndim, out_meta.sizes, name, site);
   if (!out) goto done;
   prim_buf bufs_small[4], *bufs = bufs_small;
@@ -226,11 +227,12 @@ static bool dispatch_out(const char *name, em_prim op, em_tensor *const *in, int
       char b[128];
       return rt_error(site, name, "writes into %s on cpu from operands on cuda", rt_fmt(b, sizeof b, out)), false;
     }
-    if (!place(name, op, in, n_in, dev_in, &dev, true, site)) return false;
+    if (!place(name, in, n_in, dev_in, &dev, true, site)) return false;
     for (int i = 0; i < n_in; i++) ops[i] = dev_in[i] ? dev_in[i] : in[i];
+    err[0] = 0;
     bool ok = cu_run_prim(op, at, out, ops, n_in, err, sizeof err);
     for (int i = 0; i < n_in; i++) em_release(dev_in[i]);
-    if (!ok) return rt_has_error() ? false : (rt_error(site, name, "%s", err), false);
+    if (!ok) return rt_error(site, name, "%s", err[0] ? err : "failed on the device"), false;
     rt_bump_version(out, name, site);
     return true;
   }

@@ -162,3 +162,15 @@ ETEST(fault_injection, every_allocation_of_an_op_can_fail) {
     cr_assert_gt(failures, 2, "%s: exercised %d failure points", ops[k].name, failures);
   }
 }
+
+/* Errors are sticky (the first message stays until cleared), but they do not stop later ops
+ * given good operands: on either device. */
+ETEST(errors, later_ops_run_after_an_error) {
+  cr_assert_null(em_reshape(em_zeros(EM_F32, EM_SHAPE(2, 3)), EM_SHAPE(7)));
+  const char *first = em_last_error();
+  cr_assert_not_null(first);
+  EXPECT(em_add(T(EM_F32, SHAPE(2), 1, 2), T(EM_F32, SHAPE(2), 3, 4)), EM_F32, SHAPE(2), 0, 4, 6);
+  EXPECT(em_mul_scalar(T(EM_F32, SHAPE(2), 1, 2), 2), EM_F32, SHAPE(2), 0, 2, 4);
+  cr_assert_str_eq(em_last_error(), first, "the first message stays");
+  em_clear_error();
+}
