@@ -72,20 +72,28 @@ static em_tensor *new_header(rt_storage *s, em_dtype dt, int ndim, const int64_t
   return t;
 }
 
-em_tensor *rt_new(em_dtype dt, int ndim, const int64_t *sizes, const char *op, em_site site) {
+/* The bytes of a new tensor of this type, or false with an error (bad dtype, dims or sizes). */
+static bool checked_bytes(em_dtype dt, int ndim, const int64_t *sizes, size_t *bytes, const char *op, em_site site) {
   char b[128];
-  if (!ir_dtype_valid(dt)) return rt_error(site, op, "invalid dtype %d", (int)dt);
+  if (!ir_dtype_valid(dt)) return rt_error(site, op, "invalid dtype %d", (int)dt), false;
   if (ndim < 0 || ndim > EM_MAX_DIMS)
-    return rt_error(site, op, "%d dims requested; a tensor has 0 to %d", ndim, EM_MAX_DIMS);
-  if (ndim > 0 && !sizes) return rt_error(site, op, "sizes is NULL for %d dims", ndim);
+    return rt_error(site, op, "%d dims requested; a tensor has 0 to %d", ndim, EM_MAX_DIMS), false;
+  if (ndim > 0 && !sizes) return rt_error(site, op, "sizes is NULL for %d dims", ndim), false;
   for (int i = 0; i < ndim; i++)
     if (sizes[i] < 0)
-      return rt_error(site, op, "size %lld of dim %d is negative", (long long)sizes[i], i);
+      return rt_error(site, op, "size %lld of dim %d is negative", (long long)sizes[i], i), false;
   int64_t numel = ir_numel(ndim, sizes);
   size_t esize = ir_dtype(dt)->size;
   if (numel == INT64_MAX || (uint64_t)numel > (SIZE_MAX - 2 * STORAGE_HEADER) / esize)
-    return rt_error(site, op, "%s is too large to address", ir_fmt_type(b, sizeof b, dt, ndim, sizes));
-  size_t bytes = (size_t)numel * esize;
+    return rt_error(site, op, "%s is too large to address", ir_fmt_type(b, sizeof b, dt, ndim, sizes)), false;
+  *bytes = (size_t)numel * esize;
+  return true;
+}
+
+em_tensor *rt_new(em_dtype dt, int ndim, const int64_t *sizes, const char *op, em_site site) {
+  char b[128];
+  size_t bytes;
+  if (!checked_bytes(dt, ndim, sizes, &bytes, op, site)) return NULL;
   rt_storage *s = rt_alloc(STORAGE_HEADER + (bytes ? bytes : 1), 64);
   if (!s)
     return rt_error(site, op, "out of memory allocating %s (%zu bytes)",
@@ -106,16 +114,8 @@ em_tensor *rt_new(em_dtype dt, int ndim, const int64_t *sizes, const char *op, e
  * allocator (live device bytes are its statistics, not the debug counters). */
 em_tensor *rt_new_device(em_dtype dt, int ndim, const int64_t *sizes, em_device dev, const char *op, em_site site) {
   if (dev == EM_CPU) return rt_new(dt, ndim, sizes, op, site);
-  char b[128];
-  if (!ir_dtype_valid(dt)) return rt_error(site, op, "invalid dtype %d", (int)dt);
-  if (ndim < 0 || ndim > EM_MAX_DIMS) return rt_error(site, op, "%d dims requested; a tensor has 0 to %d", ndim, EM_MAX_DIMS);
-  for (int i = 0; i < ndim; i++)
-    if (sizes[i] < 0) return rt_error(site, op, "size %lld of dim %d is negative", (long long)sizes[i], i);
-  int64_t numel = ir_numel(ndim, sizes);
-  size_t esize = ir_dtype(dt)->size;
-  if (numel == INT64_MAX || (uint64_t)numel > (SIZE_MAX >> 2) / esize)
-    return rt_error(site, op, "%s is too large to address", ir_fmt_type(b, sizeof b, dt, ndim, sizes));
-  size_t bytes = (size_t)numel * esize;
+  size_t bytes;
+  if (!checked_bytes(dt, ndim, sizes, &bytes, op, site)) return NULL;
   rt_storage *s = rt_alloc(sizeof *s, 16);
   if (!s) return rt_error(site, op, "out of memory");
   cu_block *blk = cu_storage_alloc(bytes, op, site);
