@@ -1181,6 +1181,7 @@ bool em_cuda_stream_wait_event_at(em_cuda_stream *s, em_cuda_event *e, em_site s
 /* Milliseconds of device time between start and end (waits for end); -1 with an error. */
 #define em_cuda_event_elapsed_ms(start, end) em_cuda_event_elapsed_ms_at((start), (end), EM_HERE)
 double em_cuda_event_elapsed_ms_at(em_cuda_event *start, em_cuda_event *end, em_site site);
+/* Destroys e (work it marks is unaffected). NULL-safe. */
 void em_cuda_event_free(em_cuda_event *e);
 
 /* Whether f32 GEMMs on CUDA (matmul, convolutions) may use TF32 tensor cores (10-bit mantissa
