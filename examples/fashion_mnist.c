@@ -274,6 +274,7 @@ int main(int argc, char **argv) {
            o.lr, (long long)o.batch, (long long)n_train, o.device, em_get_num_threads(),
            o.compile ? ", em_compile backend " : "", o.compile ? o.backend : "");
   em_debug_reset_peak();
+  if (dev == EM_CUDA) em_cuda_reset_peak_memory_stats(); /* the statistics below are the training's, not the data's */
 
   for (int epoch = 1; epoch <= o.epochs; epoch++) {
     double t0 = now(), loss_sum = 0;
@@ -328,8 +329,8 @@ int main(int argc, char **argv) {
   if (!o.json && dev == EM_CPU) printf("peak live tensor memory: %.1f MiB\n", (double)em_debug_peak_bytes() / (1 << 20));
   if (!o.json && dev == EM_CUDA) {
     em_cuda_memory_stats s = em_cuda_memory_stats_get();
-    printf("CUDA caching allocator: %.1f MiB allocated now, peak %.1f MiB allocated, %.1f MiB reserved (peak %.1f), "
-           "%lld allocations served by %lld cuMemAlloc calls\n",
+    printf("CUDA caching allocator: %.1f MiB allocated now, training peak %.1f MiB allocated, %.1f MiB reserved (peak "
+           "%.1f), %lld allocations served by %lld cuMemAlloc calls since start\n",
            s.allocated_bytes / 1048576.0, s.peak_allocated_bytes / 1048576.0, s.reserved_bytes / 1048576.0,
            s.peak_reserved_bytes / 1048576.0, (long long)s.allocations, (long long)s.device_allocs);
   }

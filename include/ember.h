@@ -1127,6 +1127,9 @@ typedef struct em_cuda_memory_stats {
 } em_cuda_memory_stats;
 /* The counters now, by value (torch.cuda.memory_stats); all zero without a device. Never fails. */
 em_cuda_memory_stats em_cuda_memory_stats_get(void);
+/* Restarts the two peaks from the current allocated and reserved bytes (torch.cuda.
+ * reset_peak_memory_stats), to measure a phase such as one epoch. No-op without a device. */
+void em_cuda_reset_peak_memory_stats(void);
 /* Gives every cached device segment with no live tensor back to the driver (torch.cuda.
  * empty_cache). Tensors are untouched. */
 void em_cuda_empty_cache(void);

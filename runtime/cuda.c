@@ -273,6 +273,11 @@ em_cuda_memory_stats em_cuda_memory_stats_get(void) {
   return a ? cu_stats(a) : (em_cuda_memory_stats){0};
 }
 
+void em_cuda_reset_peak_memory_stats(void) {
+  cu_allocator *a = cu_device_allocator();
+  if (a) cu_reset_peaks(a);
+}
+
 void em_cuda_empty_cache(void) {
   cu_allocator *a = cu_device_allocator();
   if (a) cu_empty_cache(a);

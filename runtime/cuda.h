@@ -68,6 +68,8 @@ void cu_release(cu_allocator *a, cu_block *b);
 /* Gives every segment with no allocated block back to the backend. */
 void cu_empty_cache(cu_allocator *a);
 em_cuda_memory_stats cu_stats(cu_allocator *a);
+/* Peaks start again from the current values. */
+void cu_reset_peaks(cu_allocator *a);
 /* Free blocks cached in the two pools (for tests). */
 int cu_free_blocks(cu_allocator *a, bool small);
 

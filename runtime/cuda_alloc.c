@@ -188,6 +188,12 @@ em_cuda_memory_stats cu_stats(cu_allocator *a) {
   return s;
 }
 
+void cu_reset_peaks(cu_allocator *a) {
+  pthread_mutex_lock(&a->lock);
+  a->st.peak_allocated_bytes = a->st.allocated_bytes, a->st.peak_reserved_bytes = a->st.reserved_bytes;
+  pthread_mutex_unlock(&a->lock);
+}
+
 int cu_free_blocks(cu_allocator *a, bool small) {
   pthread_mutex_lock(&a->lock);
   int n = 0;

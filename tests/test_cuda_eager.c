@@ -354,6 +354,13 @@ ETEST(cuda_eager, streams_events_and_allocator) {
   em_cuda_memory_stats s1 = em_cuda_memory_stats_get();
   cr_assert_gt(s1.allocated_bytes, 0);
   cr_assert_gt(s1.reserved_bytes, s0.reserved_bytes);
+  em_tensor *big = em_to(em_zeros(F, EM_SHAPE(1 << 20)), EM_CUDA);
+  em_release(em_retain(big));
+  cr_assert_geq(em_cuda_memory_stats_get().peak_allocated_bytes, s1.allocated_bytes + (4 << 20));
+  em_cuda_reset_peak_memory_stats();
+  em_cuda_memory_stats s2 = em_cuda_memory_stats_get();
+  cr_assert_eq(s2.peak_allocated_bytes, s2.allocated_bytes, "the peak restarts from what is allocated now");
+  cr_assert_eq(s2.peak_reserved_bytes, s2.reserved_bytes);
   em_release(em_retain(y));
   em_cuda_event_free(e0), em_cuda_event_free(e1);
   em_cuda_stream_free(st);
