@@ -187,7 +187,10 @@ static bool reduce(em_prim op, const prim_attrs *at, em_tensor *out, em_tensor *
   cu_layout lk = dense(x) && dense(out) && trailing ? CU_CONTIG : CU_STRIDED;
   uint64_t o = dptr(out), s = dptr(x);
   void *p[] = {&o, &s, &n_out, &n_red, &L, &R};
-  unsigned block = 256;
+  /* one block per output element, as wide as its reduction needs: a power of two (the tree
+   * halves it) from a warp up to the shared arrays' 256 */
+  unsigned block = 32;
+  while (block < 256 && block < n_red) block *= 2;
   return run((cu_kernel_key){CU_REDUCE, op, x->dtype, out->dtype, EM_I64, lk}, n_out * block, block, p, err, cap);
 }
 
