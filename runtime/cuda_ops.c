@@ -161,6 +161,38 @@ static bool pointwise(em_prim op, const prim_attrs *at, em_tensor *out, em_tenso
   return run((cu_kernel_key){CU_POINTWISE, op, dt, out->dtype, EM_I64, lk}, n, 256, p, err, cap);
 }
 
+static bool reduce(em_prim op, const prim_attrs *at, em_tensor *out, em_tensor *x, char *err, size_t cap);
+
+/* Few long rows (a loss over a whole tensor, say) would run on as few blocks, a handful of the
+ * device's SMs: each row is split into c pieces, reduced into partials [n_out, c], then those.
+ * Sums, products and extrema of types that accumulate in themselves (f32, f64, and integers,
+ * whose sums are i64 already); argmax needs indices, and f16/bf16 would round the partials. */
+static bool reduce_in_two(em_prim op, em_tensor *out, em_tensor *x, int64_t n_out, int64_t n_red, char *err, size_t cap) {
+  bool self = x->dtype == EM_F32 || x->dtype == EM_F64 || out->dtype == EM_I64 ||
+              (op != EM_PRIM_SUM && op != EM_PRIM_PROD && x->dtype != EM_F16 && x->dtype != EM_BF16);
+  int64_t c = 1024;
+  while (c > 1 && n_red % c) c /= 2; /* a power of two dividing n_red, at most 1024 */
+  prim_attrs one = {.n_axes = 1, .axes = {1}};
+  if (!self || c < 16 || op == EM_PRIM_ARGMAX || op == EM_PRIM_ARGMIN) { /* one pass after all */
+    k_layout L = {.ndim = 1, .size = {n_out}, .stride = {{1}, {n_red}}};
+    k_red R = {.ndim = 1, .size = {n_red}, .stride = {1}};
+    uint64_t o = dptr(out), s = dptr(x);
+    void *p[] = {&o, &s, &n_out, &n_red, &L, &R};
+    return run((cu_kernel_key){CU_REDUCE, op, x->dtype, out->dtype, EM_I64, CU_CONTIG}, n_out * 256, 256, p, err, cap);
+  }
+  em_site here = {__FILE__, __LINE__, __func__};
+  em_tensor *rows = view(x, 3, (int64_t[]){n_out, c, n_red / c}, (int64_t[]){n_red, n_red / c, 1}, x->offset);
+  em_tensor *part = rt_new_device(out->dtype, 2, (int64_t[]){n_out, c}, EM_CUDA, "cuda reduction", here);
+  em_tensor *flat = view(out, 1, (int64_t[]){n_out}, (int64_t[]){1}, out->offset);
+  prim_attrs last = {.n_axes = 1, .axes = {2}};
+  bool ok = rows && part && flat && reduce(op, &last, part, rows, err, cap);
+  /* the second pass combines partials: a sum of sums, product of products, max of maxima */
+  if (ok) ok = reduce(op, &one, flat, part, err, cap);
+  if (!rows || !part || !flat) ok = ok && fail(err, cap, "out of memory");
+  em_release(rows), em_release(part), em_release(flat);
+  return ok;
+}
+
 static bool reduce(em_prim op, const prim_attrs *at, em_tensor *out, em_tensor *x, char *err, size_t cap) {
   bool red[EM_MAX_DIMS] = {0};
   for (int i = 0; i < at->n_axes; i++) { /* a 0-dim operand takes axis 0 or -1 and has nothing to reduce */
@@ -185,6 +217,7 @@ static bool reduce(em_prim op, const prim_attrs *at, em_tensor *out, em_tensor *
   }
   if (n_out == 0) return true;
   cu_layout lk = dense(x) && dense(out) && trailing ? CU_CONTIG : CU_STRIDED;
+  if (lk == CU_CONTIG && n_out < 64 && n_red >= (1 << 16)) return reduce_in_two(op, out, x, n_out, n_red, err, cap);
   uint64_t o = dptr(out), s = dptr(x);
   void *p[] = {&o, &s, &n_out, &n_red, &L, &R};
   /* one block per output element, as wide as its reduction needs: a power of two (the tree

@@ -158,6 +158,15 @@ ETEST(cuda_eager, reductions_over_any_axes) {
   SAME(em_sum(wide, EM_AXES(1), false), em_sum(C(wide), EM_AXES(1), false), 1e-5);
   SAME(em_argmax(wide, 1, false), em_argmax(C(wide), 1, false), 0);
   SAME(em_amin(wide, EM_AXES(0, 1), false), em_amin(C(wide), EM_AXES(0, 1), false), 0);
+  /* few long rows reduce in two passes (partials per piece of a row, then those) */
+  em_tensor *lng = em_floor(em_mul_scalar(rnd(F, EM_SHAPE(3, 1 << 17)), 8));
+  SAME(em_sum(lng, EM_AXES(1), false), em_sum(C(lng), EM_AXES(1), false), 1e-6);
+  SAME(em_sum(lng, 0, NULL, false), em_sum(C(lng), 0, NULL, false), 1e-6);
+  SAME(em_amax(lng, EM_AXES(1), true), em_amax(C(lng), EM_AXES(1), true), 0);
+  SAME(em_sum(em_cast(lng, EM_I32), 0, NULL, false), em_sum(C(em_cast(lng, EM_I32)), 0, NULL, false), 0);
+  SAME(em_argmin(lng, 1, false), em_argmin(C(lng), 1, false), 0); /* one pass: indices */
+  em_tensor *odd = rnd(D, EM_SHAPE(65537 * 2));                      /* no piece count divides it */
+  SAME(em_sum(odd, 0, NULL, false), em_sum(C(odd), 0, NULL, false), 1e-12);
   /* ties go to the first index; NaN wins */
   em_tensor *t = T(F, SHAPE(2, 4), 1, 3, 3, 0, 2, NAN, 5, NAN);
   SAME(em_argmax(t, 1, false), em_argmax(C(t), 1, false), 0);
