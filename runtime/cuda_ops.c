@@ -17,7 +17,7 @@
 #include <string.h>
 
 /* The layouts kernels take (cuda_kernels.c's prelude spells the same structs). */
-typedef struct { int ndim; int64_t size[EM_MAX_DIMS]; int64_t stride[4][EM_MAX_DIMS]; } k_layout;
+typedef struct { int ndim, fits32; int64_t size[EM_MAX_DIMS]; int64_t stride[4][EM_MAX_DIMS]; } k_layout;
 typedef struct { int ndim; int64_t size[EM_MAX_DIMS]; int64_t stride[EM_MAX_DIMS]; } k_red;
 typedef struct { int64_t n, c, h, w, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw; } k_conv;
 
@@ -28,6 +28,14 @@ bool em_cuda_allow_tf32(void) { return allow_tf32; }
 static uint64_t dptr(const em_tensor *t) { return (uint64_t)(uintptr_t)rt_data(t); }
 
 static bool fail(char *err, size_t cap, const char *m) { return snprintf(err, cap, "%s", m), false; }
+
+/* Marks L when all its linear indices are below 2^31 (the kernels then index in 32 bits). */
+static k_layout *fit(k_layout *L) {
+  int64_t n = 1;
+  for (int d = 0; d < L->ndim && n < ((int64_t)1 << 31); d++) n *= L->size[d];
+  L->fits32 = n < ((int64_t)1 << 31);
+  return L;
+}
 
 /* Runs the kernel for key k over n elements (threads) with params. */
 static bool run(cu_kernel_key k, int64_t n, unsigned block, void **params, char *err, size_t cap) {
@@ -51,7 +59,7 @@ static k_layout layout_of(const em_tensor *out, em_tensor *const *ops, int n_ops
     L.stride[0][d] = out->strides[d];
     for (int k = 0; k < n_ops; k++) L.stride[1 + k][d] = ops[k]->strides[d];
   }
-  return L;
+  return *fit(&L);
 }
 
 /* A strided copy of x into out (same shape; dtypes may differ: a conversion). */
@@ -175,6 +183,7 @@ static bool reduce_in_two(em_prim op, em_tensor *out, em_tensor *x, int64_t n_ou
   prim_attrs one = {.n_axes = 1, .axes = {1}};
   if (!self || c < 16 || op == EM_PRIM_ARGMAX || op == EM_PRIM_ARGMIN) { /* one pass after all */
     k_layout L = {.ndim = 1, .size = {n_out}, .stride = {{1}, {n_red}}};
+    fit(&L);
     k_red R = {.ndim = 1, .size = {n_red}, .stride = {1}};
     uint64_t o = dptr(out), s = dptr(x);
     void *p[] = {&o, &s, &n_out, &n_red, &L, &R};
@@ -216,6 +225,7 @@ static bool reduce(em_prim op, const prim_attrs *at, em_tensor *out, em_tensor *
     }
   }
   if (n_out == 0) return true;
+  fit(&L);
   cu_layout lk = dense(x) && dense(out) && trailing ? CU_CONTIG : CU_STRIDED;
   if (lk == CU_CONTIG && n_out < 64 && n_red >= (1 << 16)) return reduce_in_two(op, out, x, n_out, n_red, err, cap);
   uint64_t o = dptr(out), s = dptr(x);
@@ -314,6 +324,7 @@ static bool indexing(em_prim op, const prim_attrs *at, em_tensor *out, em_tensor
     void *p[] = {&o, &ix, &s, &n, &limit, &axis_stride, &L, &errw};
     em_dtype dt = x->dtype == EM_BOOL || x->dtype == EM_U8 ? EM_I32 : x->dtype;
     if (dt != x->dtype) ok = ok && fail(err, cap, "scatter_add on the device needs a numeric dtype other than bool and u8");
+    fit(&L);
     ok = ok && run((cu_kernel_key){CU_INDEX, op, dt, dt, idx->dtype, CU_STRIDED}, n, 256, p, err, cap);
   } else {
     L.ndim = out->ndim, n = out->numel, axis_stride = x->ndim ? x->strides[a] : 0;
@@ -323,6 +334,7 @@ static bool indexing(em_prim op, const prim_attrs *at, em_tensor *out, em_tensor
     }
     uint64_t s = dptr(x), ix = dptr(idx);
     void *p[] = {&o, &s, &ix, &n, &limit, &axis_stride, &L, &errw};
+    fit(&L);
     ok = ok && run((cu_kernel_key){CU_INDEX, op, x->dtype, out->dtype, idx->dtype, CU_STRIDED}, n, 256, p, err, cap);
   }
   uint64_t bad = 0;
