@@ -156,7 +156,6 @@ static bool pointwise(em_prim op, const prim_attrs *at, em_tensor *out, em_tenso
   k_layout L = layout_of(out, in, n_in);
   if (lk == CU_BROADCAST)
     for (int i = 0; i < n_in; i++) L.stride[1 + i][0] = dense(in[i]) && in[i]->numel == out->numel ? 1 : 0;
-  if (lk == CU_BROADCAST && out->ndim == 0) L.stride[1][0] = L.stride[2][0] = L.stride[3][0] = 1;
   em_dtype dt = op == EM_PRIM_WHERE ? in[1]->dtype : in[0]->dtype;
   uint64_t ptrs[4] = {dptr(out)};
   for (int i = 0; i < n_in; i++) ptrs[1 + i] = dptr(in[i]);
@@ -165,7 +164,7 @@ static bool pointwise(em_prim op, const prim_attrs *at, em_tensor *out, em_tenso
   int np = 0;
   for (int i = 0; i <= n_in; i++) p[np++] = &ptrs[i];
   p[np++] = &n, p[np++] = &L;
-  (void)at;
+  (void)at; /* convert's dtype is out's */
   return run((cu_kernel_key){CU_POINTWISE, op, dt, out->dtype, EM_I64, lk}, n, 256, p, err, cap);
 }
 
