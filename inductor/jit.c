@@ -12,8 +12,6 @@
 #include <llvm-c/blake3.h>
 #include <pthread.h>
 #include <stdio.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 int ind_lanes = 8;
 char *ind_host_cpu, *ind_host_features;
@@ -83,36 +81,7 @@ typedef struct cache_header {
   uint8_t key[16], sum[16];   /* the module's key; BLAKE3 of the object bytes */
 } cache_header;
 
-static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
-static char cache_dir[1024];
-
-static void mkdirs(char *path) {
-  for (char *q = path + 1; *q; q++)
-    if (*q == '/') {
-      *q = 0;
-      mkdir(path, 0755);
-      *q = '/';
-    }
-  mkdir(path, 0755);
-}
-
-static void cache_init(void) {
-  const char *off = getenv("EMBER_CACHE");
-  if (off && !strcmp(off, "0")) return;
-  const char *dir = getenv("EMBER_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-  if (dir && *dir) snprintf(cache_dir, sizeof cache_dir, "%s", dir);
-  else if (xdg && *xdg) snprintf(cache_dir, sizeof cache_dir, "%s/ember/kernels", xdg);
-  else if (home && *home) snprintf(cache_dir, sizeof cache_dir, "%s/.cache/ember/kernels", home);
-  if (!cache_dir[0]) return;
-  mkdirs(cache_dir);
-  struct stat st;
-  if (stat(cache_dir, &st) || !S_ISDIR(st.st_mode)) cache_dir[0] = 0;
-}
-
-const char *ind_cache_dir(void) {
-  pthread_once(&cache_once, cache_init);
-  return cache_dir[0] ? cache_dir : NULL;
-}
+const char *ind_cache_dir(void) { return rt_cache_dir(); }
 
 static void hash16(const void *a, size_t na, uint8_t out[16]) {
   llvm_blake3_hasher h;
@@ -128,7 +97,7 @@ static void hex16(const uint8_t key[16], char out[33]) {
 static void cache_path(const uint8_t key[16], char *path, size_t cap) {
   char hex[33];
   hex16(key, hex);
-  snprintf(path, cap, "%s/%s.o", cache_dir, hex);
+  snprintf(path, cap, "%s/%s.o", rt_cache_dir(), hex);
 }
 
 /* The cached object for key, checked; NULL when absent or damaged. */
@@ -153,18 +122,13 @@ static LLVMMemoryBufferRef cache_read(const uint8_t key[16]) {
 
 static void cache_write(const uint8_t key[16], const char *data, size_t size) {
   if (!ind_cache_dir()) return;
-  char path[1200], tmp[1300];
+  char path[1200];
   cache_path(key, path, sizeof path);
-  snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path);
-  int fd = mkstemp(tmp);
-  if (fd < 0) return;
   cache_header h = {.format = CACHE_FORMAT, .size = size};
   memcpy(h.magic, CACHE_MAGIC, 8);
   memcpy(h.key, key, 16);
   hash16(data, size, h.sum);
-  bool ok = write(fd, &h, sizeof h) == (ssize_t)sizeof h && write(fd, data, size) == (ssize_t)size;
-  ok = close(fd) == 0 && ok;
-  if (!ok || rename(tmp, path)) unlink(tmp);
+  rt_write_file_whole(path, &h, sizeof h, data, size);
 }
 
 static _Thread_local ind_cache_stats cache_stats;

@@ -15,13 +15,10 @@
 #include "rt.h"
 
 #include <dlfcn.h>
-#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -475,8 +472,8 @@ bool cu_copy_to_host(void *dst, uint64_t src, size_t bytes, const char *op, em_s
 /* ---- the kernel cache ----
  *
  * In memory: key -> function, in an open-addressing table looked up before any source is
- * generated (an eager op's launch costs a hash probe, not a code generation). On disk: EMBER_CACHE_DIR, else $XDG_CACHE_HOME/ember/kernels, else
- * ~/.cache/ember/kernels, in cuda/ (EMBER_CACHE=0 turns it off), one file per kernel named by a
+ * generated (an eager op's launch costs a hash probe, not a code generation). On disk: in
+ * cuda/ under the kernel cache's directory (runtime/cache.c), one file per kernel named by a
  * 128-bit hash of (driver, arch, source), holding a header with the source's length and hash and
  * the image's hash, then the image (a cubin; a shared object for the emulator). Written to a
  * temporary file and renamed; a damaged file fails its check and is compiled again. */
@@ -498,18 +495,10 @@ static uint64_t fnv(const void *p, size_t n, uint64_t h) {
 static void kc_dir(void) {
   if (kc.dir_done) return;
   kc.dir_done = true;
-  const char *off = getenv("EMBER_CACHE");
-  if (off && !strcmp(off, "0")) return;
-  const char *dir = getenv("EMBER_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-  if (dir && *dir) snprintf(kc.dir, sizeof kc.dir, "%s/cuda", dir);
-  else if (xdg && *xdg) snprintf(kc.dir, sizeof kc.dir, "%s/ember/kernels/cuda", xdg);
-  else if (home && *home) snprintf(kc.dir, sizeof kc.dir, "%s/.cache/ember/kernels/cuda", home);
-  else return;
-  for (char *q = kc.dir + 1; *q; q++)
-    if (*q == '/') *q = 0, mkdir(kc.dir, 0755), *q = '/';
-  mkdir(kc.dir, 0755);
-  struct stat st;
-  if (stat(kc.dir, &st) || !S_ISDIR(st.st_mode)) kc.dir[0] = 0;
+  const char *base = rt_cache_dir();
+  if (!base) return;
+  snprintf(kc.dir, sizeof kc.dir, "%s/cuda", base);
+  if (!rt_mkdirs(kc.dir)) kc.dir[0] = 0;
 }
 
 typedef struct { char magic[8]; uint64_t src_len, src_hash, image_size, image_hash; } kc_header;
@@ -532,17 +521,11 @@ static char *disk_read(const char *path, const char *src, size_t *size) {
 }
 
 static void disk_write(const char *path, const char *src, const char *img, size_t size) {
-  char tmp[1200];
-  snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path);
-  int fd = mkstemp(tmp);
-  if (fd < 0) return;
   size_t n = strlen(src);
   kc_header h = {.src_len = n, .src_hash = fnv(src, n, 0xcbf29ce484222325ull), .image_size = size,
                  .image_hash = fnv(img, size, 0xcbf29ce484222325ull)};
   memcpy(h.magic, KC_MAGIC, 8);
-  bool ok = write(fd, &h, sizeof h) == (ssize_t)sizeof h && write(fd, img, size) == (ssize_t)size;
-  ok = close(fd) == 0 && ok;
-  if (!ok || rename(tmp, path)) unlink(tmp);
+  rt_write_file_whole(path, &h, sizeof h, img, size);
 }
 
 static uint64_t key_of(const cu_kernel_key *k) {

@@ -31,6 +31,16 @@ void rt_free(void *p);
 void rt_count_storage(int64_t delta_bytes);
 void rt_count_tensor(int delta);
 
+/* ---- cache.c: the disk cache's directory and whole-file writes --------------------------- */
+
+/* The kernel cache's directory (created), or NULL when caching is off or it is unusable. */
+const char *rt_cache_dir(void);
+/* Creates path and its missing parents; true when it is a directory afterwards. */
+bool rt_mkdirs(char *path);
+/* Writes head then body to path through a temporary file and a rename: the file is whole or
+ * absent. False (nothing left behind) on any failure. */
+bool rt_write_file_whole(const char *path, const void *head, size_t head_size, const void *body, size_t body_size);
+
 /* ---- error.c ----------------------------------------------------------------------------- */
 
 /* Records "file:line: op: message" unless an error is already recorded. Always returns NULL,

@@ -90,6 +90,18 @@ static bool checked_bytes(em_dtype dt, int ndim, const int64_t *sizes, size_t *b
   return true;
 }
 
+/* A contiguous header over new storage s (its one reference passes to the tensor; released on
+ * failure). */
+static em_tensor *contiguous_over(rt_storage *s, em_dtype dt, int ndim, const int64_t *sizes, const char *op, em_site site) {
+  em_tensor *t = new_header(s, dt, ndim, sizes, op, site);
+  if (!t) {
+    storage_release(s);
+    return NULL;
+  }
+  ir_contiguous_strides(ndim, sizes, t->strides);
+  return t;
+}
+
 em_tensor *rt_new(em_dtype dt, int ndim, const int64_t *sizes, const char *op, em_site site) {
   char b[128];
   size_t bytes;
@@ -101,13 +113,7 @@ em_tensor *rt_new(em_dtype dt, int ndim, const int64_t *sizes, const char *op, e
   *s = (rt_storage){.refcount = 1, .bytes = bytes, .device = EM_CPU,
                     .data = (char *)s + STORAGE_HEADER};
   rt_count_storage((int64_t)bytes);
-  em_tensor *t = new_header(s, dt, ndim, sizes, op, site);
-  if (!t) {
-    storage_release(s);
-    return NULL;
-  }
-  ir_contiguous_strides(ndim, sizes, t->strides);
-  return t;
+  return contiguous_over(s, dt, ndim, sizes, op, site);
 }
 
 /* On the device, the storage header is host memory and the data a block of the caching
@@ -121,13 +127,7 @@ em_tensor *rt_new_device(em_dtype dt, int ndim, const int64_t *sizes, em_device 
   cu_block *blk = cu_storage_alloc(bytes, op, site);
   if (!blk) return rt_free(s), NULL;
   *s = (rt_storage){.refcount = 1, .bytes = bytes, .device = EM_CUDA, .data = (char *)(uintptr_t)blk->ptr, .block = blk};
-  em_tensor *t = new_header(s, dt, ndim, sizes, op, site);
-  if (!t) {
-    storage_release(s);
-    return NULL;
-  }
-  ir_contiguous_strides(ndim, sizes, t->strides);
-  return t;
+  return contiguous_over(s, dt, ndim, sizes, op, site);
 }
 
 em_tensor *rt_new_view(em_tensor *base, int ndim, const int64_t *sizes, const int64_t *strides,
