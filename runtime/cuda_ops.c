@@ -445,15 +445,15 @@ static bool conv(em_prim op, const prim_attrs *at, em_tensor *out, em_tensor *co
   const em_conv2d_params *cp = &at->conv;
   em_site here = {__FILE__, __LINE__, __func__};
   em_tensor *x, *w, *y; /* the three tensors whatever the direction */
-  em_tensor *xc = NULL, *wc = NULL, *yc = NULL, *col = NULL, *ym = NULL;
+  em_tensor *xc = NULL, *wc = NULL, *col = NULL, *ym = NULL;
   bool ok = false;
   if (op == EM_PRIM_CONV2D) x = in[0], w = in[1], y = out;
   else if (op == EM_PRIM_CONV2D_BWD_INPUT) y = in[0], w = in[1], x = out;
   else x = in[0], y = in[1], w = out; /* in: x, grad_out */
-  /* operands contiguous (the kernels and GEMMs assume it) */
+  /* x and w contiguous (im2col and the GEMMs assume it); a y operand may have any layout, it is
+   * copied into the GEMMs' layout anyway */
   if (op != EM_PRIM_CONV2D_BWD_INPUT && !dense(x) && !(x = xc = contiguous_copy(x, err, cap))) goto done;
   if (op != EM_PRIM_CONV2D_BWD_WEIGHT && !dense(w) && !(w = wc = contiguous_copy(w, err, cap))) goto done;
-  if (op != EM_PRIM_CONV2D && !dense(y) && !(y = yc = contiguous_copy(y, err, cap))) goto done;
   k_conv p = conv_params(cp, x->sizes, w->sizes, y->sizes);
   int64_t G = cp->groups, O = w->sizes[0], Og = O / G, CKK = p.c * p.kh * p.kw, CgKK = CKK / G, L = p.n * p.oh * p.ow;
   col = rt_new_device(x->dtype, 2, (int64_t[]){CKK, L}, EM_CUDA, "em_conv2d", here);
@@ -468,26 +468,19 @@ static bool conv(em_prim op, const prim_attrs *at, em_tensor *out, em_tensor *co
   em_tensor *Wg = mat3(w, G, Og, CgKK, false), *Wt = mat3(w, G, Og, CgKK, true);
   em_tensor *Cg = mat3(col, G, CgKK, L, false), *Ct = mat3(col, G, CgKK, L, true), *Yg = mat3(ym, G, Og, L, false);
   if (Wg && Wt && Cg && Ct && Yg) {
-    if (op == EM_PRIM_CONV2D) {
-      uint64_t xp = dptr(x);
-      void *pp[] = {&cptr, &xp, &p};
-      ok = run((cu_kernel_key){CU_IM2COL, EM_PRIM_CONV2D, x->dtype, x->dtype, EM_I64, CU_CONTIG}, CKK * L, 256, pp, err, cap) &&
-           gemm_rowmajor(Yg, Wg, Cg, G, false, err, cap) && copy_into(y, yv, err, cap);
-    } else if (op == EM_PRIM_CONV2D_BWD_INPUT) {
-      uint64_t xp = dptr(x);
-      void *pp[] = {&xp, &cptr, &p};
+    uint64_t xp = dptr(x);
+    void *to_cols[] = {&cptr, &xp, &p}, *from_cols[] = {&xp, &cptr, &p};
+    /* forward and weight gradient need x's columns; the input gradient makes columns instead */
+    bool cols = op == EM_PRIM_CONV2D_BWD_INPUT ||
+                run((cu_kernel_key){CU_IM2COL, EM_PRIM_CONV2D, x->dtype, x->dtype, EM_I64, CU_CONTIG}, CKK * L, 256, to_cols, err, cap);
+    if (op == EM_PRIM_CONV2D) /* y = W cols */
+      ok = cols && gemm_rowmajor(Yg, Wg, Cg, G, false, err, cap) && copy_into(y, yv, err, cap);
+    else if (op == EM_PRIM_CONV2D_BWD_INPUT) /* cols = W^T dy, then summed back into dx */
       ok = copy_into(yv, y, err, cap) && gemm_rowmajor(Cg, Wt, Yg, G, false, err, cap) &&
-           run((cu_kernel_key){CU_IM2COL, EM_PRIM_CONV2D_BWD_INPUT, x->dtype, x->dtype, EM_I64, CU_STRIDED}, x->numel, 256, pp,
-               err, cap);
-    } else {
-      uint64_t xp = dptr(x);
-      void *pp[] = {&cptr, &xp, &p};
-      em_tensor *Og3 = mat3(out, G, Og, CgKK, false);
-      ok = Og3 && run((cu_kernel_key){CU_IM2COL, EM_PRIM_CONV2D, x->dtype, x->dtype, EM_I64, CU_CONTIG}, CKK * L, 256, pp, err, cap) &&
-           copy_into(yv, y, err, cap) && gemm_rowmajor(Og3, Yg, Ct, G, false, err, cap);
-      if (!Og3) snprintf(err, cap, "out of memory");
-      em_release(Og3);
-    }
+           run((cu_kernel_key){CU_IM2COL, EM_PRIM_CONV2D_BWD_INPUT, x->dtype, x->dtype, EM_I64, CU_STRIDED}, x->numel, 256,
+               from_cols, err, cap);
+    else /* dW (= out, which w is here) = dy cols^T */
+      ok = cols && copy_into(yv, y, err, cap) && gemm_rowmajor(Wg, Yg, Ct, G, false, err, cap);
   } else {
     snprintf(err, cap, "out of memory");
   }
@@ -496,7 +489,7 @@ static bool conv(em_prim op, const prim_attrs *at, em_tensor *out, em_tensor *co
 oom:
   snprintf(err, cap, "out of memory on the device");
 done:
-  em_release(xc), em_release(wc), em_release(yc), em_release(col), em_release(ym);
+  em_release(xc), em_release(wc), em_release(col), em_release(ym);
   return ok;
 }
 
