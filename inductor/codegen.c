@@ -568,6 +568,14 @@ static LLVMValueRef combine(cg *c, em_prim op, LLVMValueRef a, LLVMValueRef x) {
 
 
 
+/* The start of v's scratch row. Rows are cols floats apart whatever v's dtype: indexing the
+ * scratch in v's own element type (bytes for bool) made a bool row overlap the float rows
+ * before it (issue 15: a comparison spilled beside a float corrupted that float's row). */
+static LLVMValueRef scratch_row(rowgen *r, int v) {
+  LLVMValueRef off = LLVMConstInt(r->c->i64, (unsigned long long)((int64_t)r->spill[v] * r->k->cols), 0);
+  return LLVMBuildGEP2(r->c->b, r->c->f32, r->scratch, &off, 1, "");
+}
+
 /* The value of v at column j of the current row in pass `pass`, w lanes. */
 static LLVMValueRef row_get(rowgen *r, int v, int pass, LLVMValueRef j, int w) {
   if (r->vals[v]) return r->vals[v];
@@ -594,8 +602,7 @@ static LLVMValueRef row_get(rowgen *r, int v, int pass, LLVMValueRef j, int w) {
       x = load_elem(c, r->base[bi], off, g->values[v].type.dtype, w, true);
     } else {
       EM_ASSERT(r->spill[v] >= 0);
-      LLVMValueRef off = LLVMBuildAdd(c->b, LLVMConstInt(c->i64, (unsigned long long)(r->spill[v] * r->k->cols), 0), j, "");
-      x = load_elem(c, r->scratch, off, g->values[v].type.dtype, w, true);
+      x = load_elem(c, scratch_row(r, v), j, g->values[v].type.dtype, w, true);
     }
   }
   return r->vals[v] = x;
@@ -630,10 +637,7 @@ static void row_body(rowgen *r, int pass, LLVMValueRef j, int w, int u) {
     if (r->kind[v] != K_FULL || r->avail[v] != pass) continue;
     int bi = r->buf[v];
     if (bi >= 0) store_elem(c, r->base[bi], LLVMBuildAdd(c->b, r->rowoff[bi], j, ""), g->values[v].type.dtype, row_get(r, v, pass, j, w), w);
-    if (r->spill[v] >= 0) {
-      LLVMValueRef off = LLVMBuildAdd(c->b, LLVMConstInt(c->i64, (unsigned long long)(r->spill[v] * k->cols), 0), j, "");
-      store_elem(c, r->scratch, off, g->values[v].type.dtype, row_get(r, v, pass, j, w), w);
-    }
+    if (r->spill[v] >= 0) store_elem(c, scratch_row(r, v), j, g->values[v].type.dtype, row_get(r, v, pass, j, w), w);
   }
 }
 

@@ -122,6 +122,8 @@ int ir_add_node(ir_graph *g, em_prim op, const int *in, int n_in, const prim_att
                  .site = site, .opname = opname ? opname : prim_get(op)->name,
                  .rng_slot = -1};
   if (at) n->attrs = *at;
+  if (n_in && in[0] >= 0 && in[0] < g->n_values) /* passes index by axis: see prim_canonical_attrs */
+    prim_canonical_attrs(op, &n->attrs, g->values[in[0]].type.ndim);
   if (n_in) memcpy(g->operands + g->n_operands, in, sizeof(int) * (size_t)n_in);
   g->n_operands += n_in;
   return v;

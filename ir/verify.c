@@ -89,6 +89,8 @@ bool ir_verify(const ir_graph *g, unsigned flags, char *err, size_t cap) {
         metas[j] = ir_meta_of_type(ot);
       }
     }
+    if (node_ok && n->n_in && !prim_attrs_canonical(n->op, &n->attrs, g->values[ir_operands(g, n)[0]].type.ndim))
+      node_ok = ir_fail(err, cap, "%s: axis attributes are not canonical (negative or unsorted)", describe(g, n, d, sizeof d));
     if (node_ok && !ir_dtype_valid(ty->dtype)) node_ok = ir_fail(err, cap, "%s: invalid result dtype", describe(g, n, d, sizeof d));
     if (node_ok && concrete && ir_type_concrete(ty)) {
       prim_meta m;

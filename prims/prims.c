@@ -366,6 +366,47 @@ static bool meta_index(em_prim op, const prim_attrs *at, const prim_meta *in, in
   return true;
 }
 
+/* ---- canonical attributes ------------------------------------------------------------- */
+
+static void sort_axes(int64_t *a, int n) {
+  for (int i = 1; i < n; i++)
+    for (int j = i; j > 0 && a[j - 1] > a[j]; j--) {
+      int64_t t = a[j];
+      a[j] = a[j - 1], a[j - 1] = t;
+    }
+}
+
+void prim_canonical_attrs(em_prim op, prim_attrs *at, int in_ndim) {
+  if (!strstr(prim_get(op)->attrs, "axes") || at->n_axes < 0 || at->n_axes > EM_MAX_DIMS) return;
+  int nd = in_ndim;
+  bool ordered = op == EM_PRIM_PERMUTE; /* permute's order is its meaning; the others' is not */
+  if (op == EM_PRIM_UNSQUEEZE) nd = in_ndim + 1;
+  if (prim_get(op)->flags & P_INDEXING) nd = in_ndim ? in_ndim : 1; /* a 0-dim operand takes axis 0/-1 */
+  bool all_valid = true;
+  for (int i = 0; i < at->n_axes; i++) {
+    int64_t a = at->axes[i];
+    if (a < 0 && a >= -(int64_t)nd) at->axes[i] = a + nd;
+    all_valid = all_valid && at->axes[i] >= 0 && at->axes[i] < nd;
+  }
+  /* a 0-dim operand of a reduction accepts axis 0 / -1 and reduces nothing, as "all" does */
+  if ((prim_get(op)->flags & P_REDUCTION) && in_ndim == 0) {
+    int k = 0;
+    for (int i = 0; i < at->n_axes; i++)
+      if (at->axes[i] != 0 && at->axes[i] != -1) at->axes[k++] = at->axes[i];
+    at->n_axes = k;
+    return;
+  }
+  if (!ordered && all_valid && at->n_axes > 1 && !(prim_get(op)->flags & P_INDEXING) && op != EM_PRIM_SLICE &&
+      op != EM_PRIM_SLICE_SCATTER && op != EM_PRIM_CAT && op != EM_PRIM_UNSQUEEZE)
+    sort_axes(at->axes, at->n_axes);
+}
+
+bool prim_attrs_canonical(em_prim op, const prim_attrs *at, int in_ndim) {
+  prim_attrs c = *at;
+  prim_canonical_attrs(op, &c, in_ndim);
+  return c.n_axes == at->n_axes && !memcmp(c.axes, at->axes, sizeof(int64_t) * (size_t)(c.n_axes > 0 ? c.n_axes : 0));
+}
+
 bool prim_meta_fn(em_prim op, const prim_attrs *at, const prim_meta *in, int n_in, prim_meta *out,
                   char *err, size_t cap) {
   const prim_info *pi = prim_get(op);

@@ -76,6 +76,16 @@ typedef struct prim_meta {
 bool prim_meta_fn(em_prim op, const prim_attrs *at, const prim_meta *in, int n_in, prim_meta *out,
                   char *err, size_t cap);
 
+/* Rewrites the axis attributes of op applied to an operand of in_ndim dims into their canonical
+ * form: every axis in [0, ndim) (in [0, ndim] for UNSQUEEZE), and sorted ascending where order
+ * does not matter (reduction axes, squeeze, flip). Axes out of range are left as they are, for
+ * the meta function to reject. Graph nodes always carry canonical attributes (ir_add_node calls
+ * this and the verifier checks it), so passes and code generators may index arrays by an axis
+ * without normalizing it again. Eager kernels accept both forms. */
+void prim_canonical_attrs(em_prim op, prim_attrs *at, int in_ndim);
+/* Whether at is already canonical for op over in_ndim dims (see prim_canonical_attrs). */
+bool prim_attrs_canonical(em_prim op, const prim_attrs *at, int in_ndim);
+
 /* ---- loop.c ------------------------------------------------------------------------------ */
 
 /* A raw strided buffer: data points at element 0; strides are in elements. */

@@ -214,6 +214,27 @@ ETEST(ir, verifier_rejects_malformed_graphs) {
   ir_graph_free(g);
 }
 
+/* Nodes carry canonical axes whatever their builder wrote (the inductor indexes arrays by them:
+ * issue 15's negative-axis miscompile), and the verifier rejects a node whose axes were damaged
+ * after it was added. */
+ETEST(ir, nodes_carry_canonical_axes) {
+  ir_graph *g = parse_ok("graph g(%0 : f32[3,4,5]) {\n  %1 : f32[3] = sum(%0, axes=[-1,1], keepdim=false)\n"
+               "  %2 : f32[3,4,5] = flip(%0, axes=[2,-3])\n  %3 : f32[5,3,4] = permute(%0, axes=[-1,0,-2])\n"
+               "  %4 : f32[3,4,5,1] = unsqueeze(%0, axes=[-1])\n  return %1, %2, %3, %4\n}");
+  char err[512];
+  cr_assert(ir_verify(g, 0, err, sizeof err), "%s", err);
+  char *text = ir_print(g, false);
+  cr_assert(strstr(text, "sum(%0, axes=[1,2]"), "%s", text);
+  cr_assert(strstr(text, "flip(%0, axes=[0,2]"), "%s", text);
+  cr_assert(strstr(text, "permute(%0, axes=[2,0,1]"), "%s", text);
+  cr_assert(strstr(text, "unsqueeze(%0, axes=[3]"), "%s", text);
+  free(text);
+  g->nodes[0].attrs.axes[0] = -1;
+  cr_assert_not(ir_verify(g, 0, err, sizeof err));
+  cr_assert(strstr(err, "axis attributes are not canonical"), "%s", err);
+  ir_graph_free(g);
+}
+
 /* ---- passes ---- */
 
 /* Parses before, optimises, and expects the printed body (without sites) to equal after. */
