@@ -734,7 +734,11 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
         w = ir_operands(g, pn)[0];
         if (kind[w] != K_FULL || r.buf[w] >= 0) { w = -1; break; }
       }
-      if (w >= 0 && r.spill[w] < 0) r.spill[w] = k->n_spill++;
+      if (w >= 0 && r.spill[w] < 0) {
+        /* a scratch row holds cols floats (run.c sizes it so): a wider element would overflow it */
+        EM_ASSERT(em_dtype_size(g->values[w].type.dtype) <= sizeof(float));
+        r.spill[w] = k->n_spill++;
+      }
     }
   }
   if (!ok) goto done;

@@ -151,6 +151,26 @@ bool ind_accepts(const ind_program *p, em_tensor *const *in, int n_in) {
   return true;
 }
 
+/* Debug builds put a guard zone after the arena and the scratch and check it after every
+ * kernel: a kernel that writes past its buffers (issue 15's negative axes wrote past the end of
+ * an output) stops there, naming the kernel, instead of corrupting the heap unseen. */
+enum { GUARD = 64, GUARD_BYTE = 0xA5 };
+#ifndef NDEBUG
+static void guard_set(char *end) {
+  if (end) memset(end, GUARD_BYTE, GUARD);
+}
+static void guard_check(const char *end, const kernel *k, const char *what) {
+  for (int i = 0; end && i < GUARD; i++)
+    if ((unsigned char)end[i] != GUARD_BYTE) {
+      fprintf(stderr, "ember: kernel %s wrote past the end of the %s (guard byte %d)\n", k->name, what, i);
+      EM_ASSERT(!"a generated kernel wrote out of bounds");
+    }
+}
+#else
+static void guard_set(char *end) { (void)end; }
+static void guard_check(const char *end, const kernel *k, const char *what) { (void)end, (void)k, (void)what; }
+#endif
+
 bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **out, const int *donate, em_site site) {
   const ir_graph *g = p->g;
   for (int i = 0; i < g->n_outputs; i++) out[i] = NULL;
@@ -168,7 +188,9 @@ bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **o
     size_t need = sizeof(float) * (size_t)(p->kernels[k].n_spill * p->kernels[k].cols) * (size_t)omp_get_max_threads();
     if (need > scratch_bytes) scratch_bytes = need;
   }
-  float *scratch = scratch_bytes ? rt_alloc(scratch_bytes, 64) : NULL;
+  float *scratch = scratch_bytes ? rt_alloc(scratch_bytes + GUARD, 64) : NULL;
+  char *scratch_end = scratch ? (char *)scratch + scratch_bytes : NULL;
+  guard_set(scratch_end);
   if (scratch_bytes && !scratch) ok = (rt_error(site, "em_call", "out of memory for %zu bytes of kernel scratch", scratch_bytes), false);
   /* in-place updates the caller asked for and the plan allows: output value -> input tensor */
   em_tensor **into = NULL;
@@ -187,9 +209,11 @@ bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **o
   }
   em_tensor *arena = NULL;
   if (ok && p->arena_bytes > 0) {
-    arena = rt_new(EM_F32, 1, (int64_t[]){p->arena_bytes / 4}, "em_call", site);
+    arena = rt_new(EM_F32, 1, (int64_t[]){(p->arena_bytes + GUARD) / 4}, "em_call", site);
     ok = arena != NULL;
   }
+  char *arena_end = arena ? (char *)rt_data(arena) + p->arena_bytes : NULL;
+  guard_set(arena_end);
   bool prof = profiling();
   rt_trace_suspend();
   for (int s = 0; ok && s < p->n_steps; s++) {
@@ -267,6 +291,8 @@ bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **o
       for (int i = 0; ok && i < k->n_in; i++) bufs[k->n_out + i] = rt_data(vals[k->in[i]]);
       if (ok) {
         run_kernel(k, bufs, scratch);
+        guard_check(scratch_end, k, "kernel scratch");
+        guard_check(arena_end, k, "arena");
         kernel_runs++;
         if (prof) {
           double dt = now_ms() - t0;

@@ -448,6 +448,63 @@ static bool plan_memory(ind_program *p) {
   return ok;
 }
 
+#ifndef NDEBUG
+/* The memory plan checked against value lifetimes, recomputed here from the steps alone (debug
+ * builds: every test run). At each step, every arena value that has been produced and is still
+ * read later (itself or through a view of it) must own its bytes: no other such value overlaps
+ * it, and each lies inside the arena. A release must come after the value's last read. A plan
+ * that breaks either gives wrong numbers silently, so it aborts with the offending values. */
+static void check_plan(const ind_program *p) {
+  const ir_graph *g = p->g;
+  int nv = g->n_values, ns = p->n_steps;
+  int *born = malloc(sizeof(int) * (size_t)(nv + 1)), *dies = malloc(sizeof(int) * (size_t)(nv + 1));
+  int *base = malloc(sizeof(int) * (size_t)(nv + 1)), *freed = malloc(sizeof(int) * (size_t)(nv + 1));
+  if (!born || !dies || !base || !freed) goto out; /* a check, not a result: skip it under OOM */
+  for (int v = 0; v < nv; v++) born[v] = dies[v] = freed[v] = -1, base[v] = v;
+  for (int s = 0; s < ns; s++) {
+    const step *st = &p->steps[s];
+    int n_rd = 0, n_wr = 0;
+    const int *rd = NULL, *wr = NULL;
+    if (st->node >= 0) {
+      const ir_node *n = &g->nodes[st->tmat >= 0 ? st->tmat : st->node];
+      rd = ir_operands(g, n), n_rd = n->n_in, wr = &g->nodes[st->node].out, n_wr = 1;
+      const ir_node *m = &g->nodes[st->node];
+      if (((prim_get(m->op)->flags & P_VIEW) || st->alias) && st->tmat < 0) base[m->out] = base[ir_operands(g, m)[0]];
+    } else {
+      const kernel *k = &p->kernels[st->kernel];
+      rd = k->in, n_rd = k->n_in, wr = k->out, n_wr = k->n_out;
+    }
+    for (int i = 0; i < n_rd; i++) {
+      EM_ASSERT(freed[rd[i]] < 0 || freed[rd[i]] >= s); /* read after its release */
+      if (dies[base[rd[i]]] < s) dies[base[rd[i]]] = s;
+    }
+    for (int i = 0; i < n_wr; i++) born[wr[i]] = s, dies[wr[i]] = dies[wr[i]] > s ? dies[wr[i]] : s;
+    for (int i = 0; i < st->n_release; i++) freed[st->release[i]] = s;
+  }
+  for (int v = 0; v < nv; v++) {
+    if (p->arena_off[v] < 0) continue;
+    const ir_type *t = &g->values[v].type;
+    int64_t vb = numel_of(t) * (int64_t)em_dtype_size(t->dtype);
+    EM_ASSERT(born[v] >= 0 && p->arena_off[v] + vb <= p->arena_bytes);
+    for (int u = 0; u < v; u++) {
+      if (p->arena_off[u] < 0) continue;
+      const ir_type *tu = &g->values[u].type;
+      int64_t ub = numel_of(tu) * (int64_t)em_dtype_size(tu->dtype);
+      bool together = !(dies[u] < born[v] || dies[v] < born[u]);
+      bool share = p->arena_off[u] < p->arena_off[v] + vb && p->arena_off[v] < p->arena_off[u] + ub;
+      if (together && share) {
+        fprintf(stderr, "ember: memory plan: %%%d (steps %d-%d, bytes %lld+%lld) overlaps %%%d (steps %d-%d, bytes %lld+%lld)\n",
+                v, born[v], dies[v], (long long)p->arena_off[v], (long long)vb, u, born[u], dies[u],
+                (long long)p->arena_off[u], (long long)ub);
+        EM_ASSERT(!"two arena values alive at once share bytes");
+      }
+    }
+  }
+out:
+  free(born), free(dies), free(base), free(freed);
+}
+#endif
+
 /* Whether output o may be stored straight into input i (an in-place update the caller would
  * otherwise copy back): a pointwise kernel stores it, after every other read of i and of its
  * views, reading i (if at all) at the element it writes; i is not returned and has o's layout. */
@@ -536,5 +593,9 @@ void ind_describe_schedule(ind_program *p) {
 
 bool ind_schedule_program(ind_program *p, const prim_meta *meta) {
   builder b = {p, meta};
-  return schedule(&b) && plan_memory(p);
+  if (!schedule(&b) || !plan_memory(p)) return false;
+#ifndef NDEBUG
+  check_plan(p);
+#endif
+  return true;
 }
