@@ -58,6 +58,8 @@ typedef struct fe_graph {
   bool no_grad; /* the graph holds its own backward (em_backward traced): run it without autograd */
   bool inductor;          /* backend inductor: run g as generated kernels when no autograd is needed */
   ind_variants ind;       /* compiled at the first run with each input layout */
+  int *out_root;          /* [outputs] the traced graph's alias root of each output: an input's
+                           * index (< n_inputs), else n_inputs + its value (see unalias_outputs) */
 } fe_graph;
 
 typedef struct entry {
@@ -77,7 +79,6 @@ typedef struct entry {
   int n_wb, n_gb;
   int (*wb)[2];      /* epilogue: copy graph output wb[i][1] into source wb[i][0] (a mutated tensor) */
   int (*gb)[2];      /* epilogue: source gb[i][0]'s .grad = graph output gb[i][1], or none when < 0 */
-  uint64_t host_epoch;
 } entry;
 
 
@@ -208,8 +209,6 @@ static bool entry_fails(const entry *e, void *ctx, em_tensor *const *in, int n_i
     return snprintf(why, cap, "grad_mode: expected %s, got %s", e->grad_mode ? "enabled" : "disabled",
                     e->grad_mode ? "disabled" : "enabled"), true;
   if (n_in != e->n_in) return snprintf(why, cap, "len(inputs): expected %d, got %d", e->n_in, n_in), true;
-  if (e->host_epoch != rt_host_epoch())
-    return snprintf(why, cap, "a hyperparameter the trace baked in changed (em_optimizer_set_lr)"), true;
   char what[32];
   for (int k = 0; k < n_in; k++) {
     snprintf(what, sizeof what, "inputs[%d]", k);
@@ -279,6 +278,7 @@ static void log_guards(const em_compiled *c, const entry *e) {
 
 static void fe_graph_free(fe_graph *fg) {
   if (!fg) return;
+  free(fg->out_root);
   ir_graph_free(fg->g);
   aot_release(fg->aot);
   ind_variants_free(&fg->ind);
@@ -307,6 +307,51 @@ static void log_aot(em_compiled *c, const aot_compiled *a) {
   }
 }
 
+/* Per output of traced, the value whose storage it has in eager execution: views are followed
+ * to their base; an input is named by its index, any other value by n_inputs + its number. */
+static int *alias_roots(const ir_graph *traced) {
+  int nv = traced->n_values;
+  int *root = malloc(sizeof(int) * (size_t)(nv + 1)), *out = malloc(sizeof(int) * (size_t)(traced->n_outputs + 1));
+  if (!root || !out) {
+    free(root), free(out);
+    return NULL;
+  }
+  for (int v = 0; v < nv; v++) root[v] = traced->n_inputs + v;
+  for (int i = 0; i < traced->n_inputs; i++) root[traced->inputs[i]] = i;
+  for (int i = 0; i < traced->n_nodes; i++) {
+    const ir_node *n = &traced->nodes[i];
+    if (prim_get(n->op)->flags & P_VIEW) root[n->out] = root[ir_operands(traced, n)[0]];
+  }
+  for (int k = 0; k < traced->n_outputs; k++) out[k] = root[traced->outputs[k]];
+  free(root);
+  return out;
+}
+
+/* Outputs of a compiled graph share storage only where eager's would. Optimisation can make two
+ * outputs one value (CSE: two em_scalar(0) + 1 folded to one constant) or an output an input (x * 1
+ * -> x); handing out one tensor for both made them aliases that eager's are not, so a later
+ * in-place write to one changed the other (issue 16: AdamW's per-parameter step counts). Such an
+ * output is replaced by a copy. donate[k] >= 0: output k was written into that input on purpose. */
+static bool unalias_outputs(const fe_graph *fg, em_tensor *const *in, int n_in, em_tensor **out, const int *donate,
+                            em_site site) {
+  const ir_graph *g = fg->g;
+  for (int k = 0; k < g->n_outputs; k++) {
+    bool shared = false;
+    for (int j = 0; j < k && !shared; j++)
+      shared = out[j]->storage == out[k]->storage && fg->out_root[j] != fg->out_root[k];
+    for (int i = 0; i < n_in && !shared && !(donate && donate[k] == i); i++)
+      shared = in[i]->storage == out[k]->storage && fg->out_root[k] != i;
+    if (!shared) continue;
+    rt_trace_suspend(); /* run_graph_so_far runs graphs while its trace is open */
+    em_tensor *copy = rt_dispatch("em_call", EM_PRIM_CLONE, &out[k], 1, NULL, site);
+    rt_trace_resume();
+    if (!copy) return false;
+    em_release(out[k]);
+    out[k] = copy;
+  }
+  return true;
+}
+
 /* The backends. "eager" runs the graph as traced, minus dead code: passes that are exact in the
  * forward, CSE above all, can change how a backward sums gradients, and "eager" promises eager's
  * bits. "aot_eager" optimises the graph and, when grad mode is on and some input requires grad,
@@ -323,6 +368,10 @@ static fe_graph *backend_compile(em_compiled *c, const ir_graph *traced, const b
     return rt_error(site, "em_compile", "out of memory compiling a graph of %s", c->name);
   }
   fg->g = g;
+  if (!(fg->out_root = alias_roots(traced))) {
+    fe_graph_free(fg);
+    return rt_error(site, "em_compile", "out of memory compiling a graph of %s", c->name);
+  }
   if (!ir_verify(g, 0, err, sizeof err)) {
     fe_graph_free(fg);
     return rt_error(site, "em_compile", "internal error: the graph captured from %s does not verify: %s", c->name, err);
@@ -363,7 +412,16 @@ static fe_graph *backend_compile(em_compiled *c, const ir_graph *traced, const b
 
 /* Runs a compiled graph: the AOT pair when there is one, else the inductor's program for these
  * layouts, else the interpreter. donate: see ind_run (NULL: none). */
-static bool fe_run(const fe_graph *cfg, em_tensor *const *in, int n_in, em_tensor **out, const int *donate, em_site site) {
+static bool fe_run_graph(const fe_graph *cfg, em_tensor *const *in, int n_in, em_tensor **out, const int *donate, em_site site);
+
+static bool fe_run(const fe_graph *fg, em_tensor *const *in, int n_in, em_tensor **out, const int *donate, em_site site) {
+  if (!fe_run_graph(fg, in, n_in, out, donate, site)) return false;
+  if (unalias_outputs(fg, in, n_in, out, donate, site)) return true;
+  for (int k = 0; k < fg->g->n_outputs; k++) em_release(out[k]), out[k] = NULL;
+  return false;
+}
+
+static bool fe_run_graph(const fe_graph *cfg, em_tensor *const *in, int n_in, em_tensor **out, const int *donate, em_site site) {
   fe_graph *fg = (fe_graph *)cfg; /* the lazily compiled program is a cache */
   if (fg->aot) return aot_run(fg->aot, in, n_in, out, site);
   bool prev = fg->no_grad ? em_set_grad_enabled(false) : rt_grad_enabled();
@@ -602,7 +660,6 @@ static entry *make_entry(em_compiled *c, const rt_trace *tr, const final_info *f
   if (!e) return NULL;
   e->ctx = ctx;
   e->grad_mode = rt_grad_enabled();
-  e->host_epoch = rt_host_epoch();
   e->n_in = n_in;
   e->has_breaks = has_breaks;
   e->in = malloc(sizeof(tguard) * (size_t)(n_in ? n_in : 1));

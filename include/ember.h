@@ -784,7 +784,10 @@ em_optimizer *em_adamw_new_at(int n, em_tensor *const *params, em_adamw_opts opt
 bool em_optimizer_step_at(em_optimizer *opt, em_site site);
 /* Drops every parameter's grad (set_to_none=True, PyTorch's default). */
 void em_optimizer_zero_grad(em_optimizer *opt);
-/* Learning rate, for schedules. */
+/* Learning rate, for schedules. The optimizer keeps it in a 0-dim f64 tensor that compiled
+ * steps read as an input (torch.optim's capturable mode), so setting it, even every step,
+ * changes an input of a compiled training step, never its graph. Inside a traced function the
+ * write is traced like any in-place op. */
 void em_optimizer_set_lr(em_optimizer *opt, double lr);
 double em_optimizer_get_lr(const em_optimizer *opt);
 /* Releases the optimizer, its state and its references. NULL-safe. */
@@ -874,15 +877,18 @@ void em_batch_iter_free(em_batch_iter *it);
  * traced like any op, and the .grad it sets is rebound on every replay, so a whole training step
  * (forward, em_backward, optimizer step) is one graph. A trace that leaves new tensors in state
  * outside fn (SGD momentum buffers made on the first step) is not cached: the next call traces
- * again. Scalars fn passes to ops are constants of the trace; em_optimizer_set_lr invalidates
- * entries (a guard), other host values do not.
+ * again. Scalars fn passes to ops are constants of the trace. The optimizers' learning rate and
+ * AdamW's step counts are 0-dim tensors (as PyTorch's capturable optimizers keep them), read by
+ * the graph as inputs: em_optimizer_set_lr on every step never recompiles. Outputs share storage
+ * with each other or with inputs only where eager's would (a value the optimizer merged is
+ * copied).
  *
  * Graph breaks. Where fn needs data or does something a graph cannot hold, the graph so far is
  * run, every live proxy becomes a real tensor in place (the pointers fn holds stay valid), the
  * operation runs eagerly, and tracing resumes in a new graph. Breaks happen at: em_item,
  * em_data_ptr, em_to_buffer, em_format / em_print, em_save, data-dependent shapes (em_nonzero,
- * em_masked_select), em_requires_grad_, em_call_opaque, em_graph_break, AdamW's step (its step
- * count is host state), and in-place writes functionalization cannot express (into a tensor
+ * em_masked_select), em_requires_grad_, em_call_opaque, em_graph_break, and in-place writes
+ * functionalization cannot express (into a tensor
  * that is part of a larger storage it did not view through fn, or whose storage other inputs
  * share). An entry with breaks re-runs fn on every call; each graph between breaks is looked up
  * by its structure, so each compiles once. With opts.fullgraph a break is an error naming its

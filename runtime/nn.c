@@ -123,15 +123,23 @@ typedef enum { SGD, ADAMW } opt_kind;
 
 /* One allocation: the header, then per parameter its reference, three state slots and a step
  * count. State slots stay NULL until a parameter's first step, as PyTorch creates state lazily
- * (SGD's momentum buffer starts as a copy of the first gradient, not as zeros). */
+ * (SGD's momentum buffer starts as a copy of the first gradient, not as zeros).
+ *
+ * The learning rate and the step counts are 0-dim f64 tensors on the CPU, as in PyTorch's
+ * capturable optimizers: a step traced by em_compile reads them as graph inputs and advances
+ * the counts in place, so a new lr (any schedule, every step) or the next step count changes an
+ * input, never the graph, and AdamW's step is no graph break. The scalar arithmetic is done in
+ * f64 exactly as the host formulas were, then rounded to the parameter's dtype, so results keep
+ * their bits. */
 struct em_optimizer {
   opt_kind kind;
-  em_sgd_opts sgd;
+  em_sgd_opts sgd;      /* lr: the host copy em_optimizer_get_lr reads */
   em_adamw_opts adamw;
+  em_tensor *lr;        /* 0-dim f64 */
   int n;
   em_tensor **params;
   em_tensor **state[3]; /* SGD: momentum buffer; AdamW: exp_avg, exp_avg_sq, max_exp_avg_sq */
-  int64_t *steps;       /* AdamW: updates made to each parameter, for bias correction */
+  em_tensor **steps;    /* AdamW: 0-dim f64 count of the updates made to each parameter */
 };
 
 void em_optimizer_free(em_optimizer *o) {
@@ -139,8 +147,18 @@ void em_optimizer_free(em_optimizer *o) {
   for (int i = 0; i < o->n; i++) {
     em_release(o->params[i]);
     for (int k = 0; k < 3; k++) em_release(o->state[k][i]);
+    em_release(o->steps[i]);
   }
+  em_release(o->lr);
   rt_free(o);
+}
+
+/* A 0-dim f64 hyperparameter on the CPU, owned by the caller (the optimizer). */
+static em_tensor *host_scalar(double v, em_site site) {
+  em_device prev = em_set_default_device(EM_CPU);
+  em_tensor *t = em_retain(em_scalar_at(EM_F64, v, site));
+  em_set_default_device(prev);
+  return t;
 }
 
 static em_optimizer *new_optimizer(opt_kind kind, int n, em_tensor *const *params, const char *name, em_site site) {
@@ -153,14 +171,14 @@ static em_optimizer *new_optimizer(opt_kind kind, int n, em_tensor *const *param
                       rt_fmt(b, sizeof b, params[i]));
   }
   size_t k = (size_t)n;
-  size_t bytes = sizeof(em_optimizer) + k * (4 * sizeof(em_tensor *) + sizeof(int64_t));
+  size_t bytes = sizeof(em_optimizer) + k * 5 * sizeof(em_tensor *);
   em_optimizer *o = rt_alloc(bytes, 16);
   if (!o) return rt_error(site, name, "out of memory allocating an optimizer over %d parameters", n);
   memset(o, 0, bytes);
   char *p = (char *)(o + 1);
   o->params = (em_tensor **)p, p += k * sizeof(em_tensor *);
   for (int s = 0; s < 3; s++) o->state[s] = (em_tensor **)p, p += k * sizeof(em_tensor *);
-  o->steps = (int64_t *)p;
+  o->steps = (em_tensor **)p;
   o->kind = kind;
   o->n = n;
   for (int i = 0; i < n; i++) o->params[i] = em_retain(params[i]);
@@ -178,6 +196,7 @@ em_optimizer *em_sgd_new_at(int n, em_tensor *const *params, em_sgd_opts opts, e
                     opts.momentum, opts.dampening);
   em_optimizer *o = new_optimizer(SGD, n, params, name, site);
   if (o) o->sgd = opts;
+  if (o && !(o->lr = host_scalar(opts.lr, site))) em_optimizer_free(o), o = NULL;
   return o;
 }
 
@@ -191,6 +210,7 @@ em_optimizer *em_adamw_new_at(int n, em_tensor *const *params, em_adamw_opts opt
     return rt_error(site, name, "betas must be in [0, 1), got (%g, %g)", opts.beta1, opts.beta2);
   em_optimizer *o = new_optimizer(ADAMW, n, params, name, site);
   if (o) o->adamw = opts;
+  if (o && !(o->lr = host_scalar(opts.lr, site))) em_optimizer_free(o), o = NULL;
   return o;
 }
 
@@ -199,12 +219,20 @@ void em_optimizer_zero_grad(em_optimizer *o) {
   for (int i = 0; i < o->n; i++) em_zero_grad(o->params[i]);
 }
 
+/* Writes the lr tensor in place: compiled steps read it as an input, so nothing recompiles.
+ * Inside a traced function the write is traced like any in-place op. */
 void em_optimizer_set_lr(em_optimizer *o, double lr) {
   if (!o) return;
-  rt_host_epoch_bump(); /* compiled entries that baked the old lr in recompile */
+  em_no_grad_begin();
+  em_fill__at(o->lr, lr, EM_HERE);
+  em_no_grad_end();
   if (o->kind == SGD) o->sgd.lr = lr;
   else o->adamw.lr = lr;
 }
+
+/* The lr as a 0-dim tensor of dtype dt: f64 arithmetic rounded once, as a double scalar
+ * argument is (em_mul_scalar(x, lr) converts lr to x's dtype). */
+static em_tensor *as_dtype(em_tensor *x, em_dtype dt, em_site site) { return em_cast_at(x, dt, site); }
 
 double em_optimizer_get_lr(const em_optimizer *o) { return !o ? NAN : o->kind == SGD ? o->sgd.lr : o->adamw.lr; }
 
@@ -225,7 +253,7 @@ static bool sgd_step(em_optimizer *o, int i, em_tensor *p, em_tensor *g, em_site
     }
     g = s->nesterov ? em_add_at(g, em_mul_scalar_at(*buf, s->momentum, site), site) : *buf;
   }
-  return em_sub__at(p, em_mul_scalar_at(g, s->lr, site), site) != NULL;
+  return em_sub__at(p, em_mul_at(g, as_dtype(o->lr, p->dtype, site), site), site) != NULL;
 }
 
 /* torch.optim.AdamW, per parameter at step t: p *= 1 - lr wd; m = b1 m + (1 - b1) g;
@@ -242,28 +270,32 @@ static bool adamw_step(em_optimizer *o, int i, em_tensor *p, em_tensor *g, em_si
       em_set_default_device(prev);
       if (!o->state[k][i]) return false;
     }
-  em_tensor *m = o->state[0][i], *v = o->state[1][i], *vmax = o->state[2][i];
-  int64_t t = ++o->steps[i];
-  if (a->weight_decay != 0 && !em_mul_scalar__at(p, 1 - a->lr * a->weight_decay, site)) return false;
+  if (!o->steps[i] && !(o->steps[i] = host_scalar(0, site))) return false;
+  em_tensor *m = o->state[0][i], *v = o->state[1][i], *vmax = o->state[2][i], *t = o->steps[i], *lr = o->lr;
+  if (!em_add_scalar__at(t, 1, site)) return false;
+  em_dtype dt = p->dtype;
+  /* p *= 1 - lr wd, with 1 - lr wd formed in f64 */
+  if (a->weight_decay != 0 &&
+      !em_mul__at(p, as_dtype(em_add_scalar_at(em_neg_at(em_mul_scalar_at(lr, a->weight_decay, site), site), 1, site), dt, site), site))
+    return false;
   if (!em_mul_scalar__at(m, a->beta1, site) || !em_add__at(m, em_mul_scalar_at(g, 1 - a->beta1, site), site) ||
       !em_mul_scalar__at(v, a->beta2, site) ||
       !em_add__at(v, em_mul_scalar_at(em_mul_at(g, g, site), 1 - a->beta2, site), site))
     return false;
   if (a->amsgrad && !em_copy__at(vmax, em_maximum_at(vmax, v, site), site)) return false;
-  double bc1 = 1 - pow(a->beta1, (double)t), bc2 = 1 - pow(a->beta2, (double)t);
-  em_tensor *denom = em_add_scalar_at(em_div_scalar_at(em_sqrt_at(a->amsgrad ? vmax : v, site), sqrt(bc2), site),
+  /* bias corrections 1 - beta^t in f64 from the step count tensor */
+  em_tensor *bc1 = em_add_scalar_at(em_neg_at(em_pow_at(em_scalar_at(EM_F64, a->beta1, site), t, site), site), 1, site);
+  em_tensor *bc2 = em_add_scalar_at(em_neg_at(em_pow_at(em_scalar_at(EM_F64, a->beta2, site), t, site), site), 1, site);
+  em_tensor *denom = em_add_scalar_at(em_div_at(em_sqrt_at(a->amsgrad ? vmax : v, site), as_dtype(em_sqrt_at(bc2, site), dt, site), site),
                                       a->eps, site);
-  em_tensor *upd = em_mul_scalar_at(em_div_at(m, denom, site), a->lr / bc1, site);
+  em_tensor *upd = em_mul_at(em_div_at(m, denom, site), as_dtype(em_div_at(lr, bc1, site), dt, site), site);
   return em_sub__at(p, upd, site) != NULL;
 }
 
 bool em_optimizer_step_at(em_optimizer *o, em_site site) {
   if (!o) return rt_error(site, "em_optimizer_step", "optimizer is NULL"), false;
-  /* Under em_compile the updates are functionalized (see trace.c). AdamW's step count is host
-   * state that its bias corrections bake into the graph as constants, so its step is a graph
-   * break (torch keeps that count in a tensor for the same reason). */
-  int tok = o->kind == SGD ? 0 : rt_break_begin("em_optimizer_step", "AdamW's step count is host state", site);
-  if (tok < 0) return false;
+  /* Under em_compile the updates are functionalized (see trace.c); the lr and AdamW's step
+   * counts are tensors (see em_optimizer), so the whole step traces into the graph. */
   em_no_grad_begin();
   bool ok = true;
   for (int i = 0; ok && i < o->n; i++) {
@@ -278,6 +310,5 @@ bool em_optimizer_step_at(em_optimizer *o, em_site site) {
     em_scope_end_at(site);
   }
   em_no_grad_end();
-  rt_break_end(tok);
   return ok;
 }

@@ -295,10 +295,6 @@ int rt_trace_inplace(rt_trace *tr, const char *name, em_prim op, em_tensor *cons
 int rt_trace_write(rt_trace *tr, em_tensor *out, int v, em_site site);
 /* trace.c: a real leaf's .grad is about to change under the trace (engine, zero_grad). */
 void rt_trace_note_grad(em_tensor *leaf);
-/* Increments when a library-managed hyperparameter changes (em_optimizer_set_lr): compiled
- * entries guard on it, since such values are constants of a trace. */
-uint64_t rt_host_epoch(void);
-void rt_host_epoch_bump(void);
 /* tensor.c: a proxy header (caller-owned) with metadata m, viewing base's storage when base is
  * not NULL (view prims), else over a storage without data; registered with tr. */
 em_tensor *rt_new_proxy(em_tensor *base, const prim_meta *m, int value, rt_trace *tr, const char *op, em_site site);

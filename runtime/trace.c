@@ -312,9 +312,6 @@ void rt_trace_note_grad(em_tensor *leaf) {
   if (push((void ***)&tr->grad_leaves, &tr->n_grad_leaves, &tr->cap_grad_leaves, leaf)) em_retain(leaf);
 }
 
-static uint64_t host_epoch;
-uint64_t rt_host_epoch(void) { return __atomic_load_n(&host_epoch, __ATOMIC_RELAXED); }
-void rt_host_epoch_bump(void) { __atomic_add_fetch(&host_epoch, 1, __ATOMIC_RELAXED); }
 
 em_tensor *rt_trace_new_input(rt_trace *tr, const ir_type *t, em_site site) {
   int v = ir_add_input(tr->g, t);

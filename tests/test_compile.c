@@ -643,3 +643,30 @@ ETEST(compile, zero_inputs_and_bad_arguments) {
   EXPECT_ERROR(em_compile(NULL, NULL), "fn is NULL");
   em_compiled_free(c);
 }
+
+/* Issue 16 regression: two outputs that are distinct tensors in eager stay distinct when the
+ * optimizer makes them one value (CSE of two equal expressions, x * 1 folded to x). Before,
+ * both were one tensor (or the input itself), so an in-place write to one changed the other:
+ * AdamW's per-parameter step counts, made by one em_scalar each, became one tensor. */
+static em_outputs equal_outputs(void *ctx, em_tensor *const *in, int n) {
+  em_tensor *x = in[0];
+  return EM_OUTPUTS(em_exp(x), em_exp(x), em_mul_scalar(x, 1), em_add_scalar(em_scalar(EM_F32, 0), 1),
+                    em_add_scalar(em_scalar(EM_F32, 0), 1));
+}
+
+ETEST(compile, outputs_never_alias_where_eager_does_not) {
+  static const char *backends[] = {"eager", "aot_eager", "inductor"};
+  for (int b = 0; b < 3; b++) {
+    em_compiled *c = em_compile(equal_outputs, &(em_compile_options){.backend = backends[b]});
+    for (int call = 0; call < 2; call++) {
+      em_tensor *x = T(EM_F32, SHAPE(3), 1, 2, 3);
+      em_outputs o = em_call(c, NULL, x);
+      cr_assert_eq(o.n, 5, "%s: %s", backends[b], em_last_error() ? em_last_error() : "");
+      cr_assert(em_add_scalar_(o.t[0], 100) && em_add_scalar_(o.t[2], 100) && em_add_scalar_(o.t[3], 100));
+      EXPECT(o.t[1], EM_F32, SHAPE(3), 1e-6, exp(1.0), exp(2.0), exp(3.0));
+      EXPECT(x, EM_F32, SHAPE(3), 0, 1, 2, 3);
+      EXPECT(o.t[4], EM_F32, SHAPE(), 0, 1);
+    }
+    em_compiled_free(c);
+  }
+}
