@@ -16,6 +16,7 @@
 #include "../inductor/inductor.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,6 +71,8 @@ typedef struct entry {
   int n_in;
   tguard *in;
   int *alias;        /* alias[k]: first j with inputs[j] == inputs[k] */
+  int *stor;         /* stor[k]: the first input j <= k, else n_in + the first lifted source, whose
+                      * storage inputs[k] shares (k itself when none): the aliasing pattern */
   bool has_breaks;
   const fe_graph *graph; /* no breaks: the compiled graph (owned by the graph cache) */
   source *src;       /* graph inputs first (graph->n_inputs), then passed-through outputs */
@@ -106,6 +109,7 @@ struct em_compiled {
   int n_graphs, cap_graphs;
   bool limit_warned;
   em_compile_stats stats;
+  pthread_mutex_t lock;     /* recursive: held through a call, which may call c again (inlined) */
 };
 
 /* State of one traced run of fn, passed to on_break. */
@@ -175,7 +179,7 @@ static void entry_free(entry *e) {
   for (int i = 0; i < e->n_src; i++)
     if (e->src[i].kind == SRC_CONST) em_release(e->src[i].t);
   for (int i = 0; i < e->n_out; i++) free(e->out[i].links);
-  free(e->src), free(e->in), free(e->alias), free(e->wb), free(e->gb);
+  free(e->src), free(e->in), free(e->alias), free(e->stor), free(e->wb), free(e->gb);
   free(e);
 }
 
@@ -201,6 +205,17 @@ static void entry_tensor_died(void *ctx, const em_tensor *t) {
            rt_fmt(b, sizeof b, t));
 }
 
+/* Which earlier input, else lifted source of e, shares inputs[k]'s storage (see entry.stor). A
+ * replay whose inputs alias in another pattern than the trace's would run a graph that assumed
+ * they do not (an in-place write to one and a read of the other): they recompile instead. */
+static int storage_class(const entry *e, em_tensor *const *in, int n_in, int k) {
+  for (int j = 0; j < k; j++)
+    if (in[j]->storage == in[k]->storage) return j;
+  for (int i = 0; e->graph && i < e->n_src; i++)
+    if (e->src[i].kind == SRC_PARAM && e->src[i].t->storage == in[k]->storage) return n_in + i;
+  return k;
+}
+
 /* Which guard of e fails for this call, into why; false when all pass. */
 static bool entry_fails(const entry *e, void *ctx, em_tensor *const *in, int n_in, char *why, size_t cap) {
   if (e->dead) return snprintf(why, cap, "%s", e->dead_reason), true;
@@ -217,6 +232,15 @@ static bool entry_fails(const entry *e, void *ctx, em_tensor *const *in, int n_i
     while (in[j] != in[k]) j++;
     if (j != e->alias[k])
       return snprintf(why, cap, "inputs[%d] %s inputs[%d]", k, j == k ? "no longer is" : "now is", e->alias[k] == k ? j : e->alias[k]), true;
+    int sc = storage_class(e, in, n_in, k);
+    if (sc != e->stor[k]) {
+      int was = e->stor[k], now = sc;
+      char a[48], b[48];
+      snprintf(a, sizeof a, was < n_in ? "inputs[%d]" : "lifted[%d]", was < n_in ? was : was - n_in);
+      snprintf(b, sizeof b, now < n_in ? "inputs[%d]" : "lifted[%d]", now < n_in ? now : now - n_in);
+      return snprintf(why, cap, "inputs[%d] shares storage with %s, traced sharing it with %s", k, now == k ? "nothing" : b,
+                      was == k ? "nothing" : a), true;
+    }
   }
   for (int i = 0; i < e->n_src; i++) {
     if (e->src[i].kind != SRC_PARAM) continue;
@@ -239,8 +263,11 @@ static int entry_guard_lines(const entry *e, char ***lines_out) {
   snprintf(buf, sizeof buf, "len(inputs) == %d", e->n_in);
   lines[k++] = strdup(buf);
   for (int i = 0; i < e->n_in; i++) {
-    char what[48];
+    char what[96];
     if (e->alias[i] != i) snprintf(what, sizeof what, "inputs[%d] (is inputs[%d])", i, e->alias[i]);
+    else if (e->stor[i] != i)
+      snprintf(what, sizeof what, "inputs[%d] (shares storage with %s[%d])", i, e->stor[i] < e->n_in ? "inputs" : "lifted",
+               e->stor[i] < e->n_in ? e->stor[i] : e->stor[i] - e->n_in);
     else snprintf(what, sizeof what, "inputs[%d]", i);
     fmt_guard(buf, sizeof buf, what, &e->in[i]);
     lines[k++] = strdup(buf);
@@ -664,20 +691,23 @@ static entry *make_entry(em_compiled *c, const rt_trace *tr, const final_info *f
   e->has_breaks = has_breaks;
   e->in = malloc(sizeof(tguard) * (size_t)(n_in ? n_in : 1));
   e->alias = malloc(sizeof(int) * (size_t)(n_in ? n_in : 1));
+  e->stor = malloc(sizeof(int) * (size_t)(n_in ? n_in : 1));
   e->src = malloc(sizeof(source) * (size_t)(tr->n_lifted + o->n + tr->n_grad_leaves + 1));
   e->wb = malloc(sizeof *e->wb * (size_t)(fi->n_wb + 1));
   e->gb = malloc(sizeof *e->gb * (size_t)(tr->n_grad_leaves + 1));
-  if (!e->in || !e->alias || !e->src || !e->wb || !e->gb) goto oom;
+  if (!e->in || !e->alias || !e->stor || !e->src || !e->wb || !e->gb) goto oom;
   for (int k = 0; k < n_in; k++) {
     e->in[k] = guard_of(in[k]);
     int j = 0;
     while (in[j] != in[k]) j++;
     e->alias[k] = j;
   }
+  for (int k = 0; k < n_in; k++) e->stor[k] = storage_class(e, in, n_in, k);
   if (has_breaks) return e;
   e->graph = fi->cg;
   for (int i = 0; i < tr->n_lifted; i++)
     if (!add_source(e, tr, tr->lifted[i], in, n_in)) goto oom;
+  for (int k = 0; k < n_in; k++) e->stor[k] = storage_class(e, in, n_in, k);
   const ir_graph *g = tr->g;
   e->n_out = o->n;
   for (int i = 0; i < o->n; i++) {
@@ -742,8 +772,12 @@ static bool run_traced(em_compiled *c, void *ctx, em_tensor *const *in, int n_in
     return false;
   }
   c->stats.traces++;
+  bool error_before = rt_has_error();
   em_outputs o = c->fn(ctx, in, n_in);
   bool ok = !rs->refused;
+  /* an op fn called failed but fn still returned tensors (the failed result went unused): a
+   * replay would skip the op and drop the error, so the trace is not cached (issue 16) */
+  bool raised = !error_before && rt_has_error();
   if (o.n < 0 || o.n > EM_MAX_OUTPUTS) {
     rt_error(site, "em_call", "%s returned %d outputs (0 to %d allowed)", c->name, o.n, EM_MAX_OUTPUTS);
     o.n = 0;
@@ -769,10 +803,18 @@ static bool run_traced(em_compiled *c, void *ctx, em_tensor *const *in, int n_in
   if (ok) ok = run_graph_so_far(rs, &tr, site, &fi);
   bool stable = true;
   for (int m = 0; ok && m < fi.n_mat; m++) {
+    /* The references a tensor made while tracing may have: ours, one per output slot and .grad
+     * it fills, one per view of it we hold, ours as a view to rebuild. Any other is state that escaped fn (a tensor stored
+     * into ctx or a static, an RNN's hidden state), which a replay would not update: it would
+     * keep reading the first call's tensor (issue 16). Counting by identity alone missed a
+     * tensor that is both returned and stored. */
     em_tensor *t = fi.materialized[m];
-    bool expected = t->refcount == 1; /* only our reference: it would have died */
-    for (int i = 0; !expected && i < o.n; i++) expected = t == o.t[i];
-    for (int j = 0; !expected && j < tr.n_grad_leaves; j++) expected = t == tr.grad_leaves[j]->grad;
+    int64_t known = 1;
+    for (int i = 0; i < o.n; i++) known += t == o.t[i];
+    for (int j = 0; j < tr.n_grad_leaves; j++) known += t == tr.grad_leaves[j]->grad;
+    for (int k = 0; k < fi.n_mat; k++) known += fi.materialized[k]->view_base == t;
+    for (int k = 0; k < fi.n_alias; k++) known += fi.alias_t[k] == t; /* views rebuilt after a write-back */
+    bool expected = t->refcount <= known;
     if (!expected) {
       stable = false;
       if (fe_log_on(FE_LOG_RECOMPILES)) {
@@ -785,12 +827,17 @@ static bool run_traced(em_compiled *c, void *ctx, em_tensor *const *in, int n_in
   if (ok) {
     res->n = o.n;
     for (int i = 0; i < o.n; i++) res->t[i] = o.t[i]; /* our references; real now */
-    if (want_entry && (stable || rs->n_breaks > 0)) {
+    if (want_entry && raised) {
+      c->stats.uncached_traces++;
+      fe_log(FE_LOG_RECOMPILES, "%s: not caching this trace: an op failed while tracing (%s); every call runs fn so the "
+             "error is raised every time", c->name, em_last_error());
+    } else if (want_entry && (stable || rs->n_breaks > 0)) {
       *made = make_entry(c, &tr, &fi, ctx, in, n_in, &o, fo_val, gval, rs->n_breaks > 0);
       if (!*made) ok = (rt_error(site, "em_call", "out of memory recording a cache entry"), false);
     } else if (want_entry) {
+      c->stats.uncached_traces++;
       fe_log(FE_LOG_RECOMPILES, "%s: not caching this trace: it left new tensors in state outside the function "
-             "(optimizer state made on a first step?); the next call traces again", c->name);
+             "(optimizer state made on a first step, a hidden state stored into ctx?); the next call traces again", c->name);
     }
   }
   final_info_free(&fi);
@@ -917,6 +964,15 @@ em_compiled *em_compile_at(em_model_fn fn, const em_compile_options *opts, em_si
   c->fullgraph = o.fullgraph;
   c->limit = o.recompile_limit > 0 ? o.recompile_limit : 8;
   c->site = site;
+  pthread_mutexattr_t ma;
+  pthread_mutexattr_init(&ma);
+  pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
+  int rc = pthread_mutex_init(&c->lock, &ma);
+  pthread_mutexattr_destroy(&ma);
+  if (rc) {
+    free(c);
+    return rt_error(site, "em_compile", "could not create the compiled function's lock");
+  }
   return c;
 }
 
@@ -925,12 +981,16 @@ void em_compiled_free(em_compiled *c) {
   for (int i = 0; i < c->n_entries; i++) entry_free(c->entries[i]);
   for (int i = 0; i < c->n_graphs; i++) ir_graph_free(c->graphs[i].traced), fe_graph_free(c->graphs[i].compiled);
   free(c->entries), free(c->graphs);
+  pthread_mutex_destroy(&c->lock);
   free(c);
 }
 
 em_compile_stats em_compiled_stats(const em_compiled *c) {
-  em_compile_stats s = c ? c->stats : (em_compile_stats){0};
-  if (c) s.entries = c->n_entries;
+  if (!c) return (em_compile_stats){0};
+  pthread_mutex_lock((pthread_mutex_t *)&c->lock);
+  em_compile_stats s = c->stats;
+  s.entries = c->n_entries;
+  pthread_mutex_unlock((pthread_mutex_t *)&c->lock);
   return s;
 }
 
@@ -960,8 +1020,12 @@ static em_outputs call(em_compiled *c, void *ctx, em_tensor *const *in, int n_in
 em_outputs em_call_at(em_compiled *c, void *ctx, em_tensor *const *in, int n_in, em_site site) {
   /* this thread's counters: a call compiles and runs its kernels on the calling thread */
   int64_t k0 = ind_kernel_runs(), f0 = ind_failures();
+  /* one call at a time per compiled function: its entries, graph cache, lazily compiled
+   * programs and counters are shared (issue 16: two threads recorded 13 entries for 12 shapes) */
+  if (c) pthread_mutex_lock(&c->lock);
   em_outputs r = call(c, ctx, in, n_in, site);
   if (c) c->stats.kernel_runs += ind_kernel_runs() - k0, c->stats.inductor_fallbacks += ind_failures() - f0;
+  if (c) pthread_mutex_unlock(&c->lock);
   return r;
 }
 

@@ -934,7 +934,9 @@ void em_batch_iter_free(em_batch_iter *it);
  * "[ember:<artifact>]". EMBER_DUMP_DIR names a directory where each compiled graph is written
  * as <name>_<n>.txt (the IR text) and <name>_<n>.dot (Graphviz).
  *
- * A compiled function is used from one thread at a time.
+ * Threads: a compiled function may be called from several threads; its calls are serialized
+ * (one lock per compiled function, held through the call), so its entries and caches stay
+ * consistent. Run independent compiled functions (em_compile again) to run in parallel.
  */
 
 /* The most outputs a model function returns. */
@@ -997,6 +999,10 @@ typedef struct em_compile_stats {
   int64_t kernel_runs;     /* generated kernels run inside em_call (backend inductor) */
   int64_t inductor_fallbacks; /* graphs the inductor could not compile inside em_call, run op by
                             * op instead (the reason is logged) */
+  int64_t uncached_traces; /* traces not cached because replaying them would differ from running
+                            * fn: fn stored a tensor it made into state outside it (ctx, a
+                            * static), or an op failed while tracing (its error must be raised
+                            * on every call) */
 } em_compile_stats;
 /* The counters of c (all zero for NULL). */
 em_compile_stats em_compiled_stats(const em_compiled *c);

@@ -670,3 +670,125 @@ ETEST(compile, outputs_never_alias_where_eager_does_not) {
     em_compiled_free(c);
   }
 }
+
+/* Issue 16, finding 1: an RNN cell that stores its new hidden state into ctx and returns it.
+ * Replaying would never update ctx (outputs 1, 1, 1, ... where eager counts 1, 2, 3, ...): such
+ * a trace is not cached, so every call runs fn and sees the state the last call left. */
+typedef struct rnn {
+  em_tensor *h;
+} rnn;
+static em_outputs rnn_cell(void *ctx, em_tensor *const *in, int n) {
+  rnn *r = ctx;
+  em_tensor *h = em_add(r->h, in[0]);
+  em_release(r->h);
+  r->h = em_retain(h);
+  return EM_OUTPUTS(h);
+}
+
+ETEST(compile, state_stored_into_ctx_is_never_replayed_stale) {
+  static const char *backends[] = {"eager", "aot_eager", "inductor"};
+  for (int b = 0; b < 3; b++) {
+    rnn r = {em_retain(em_zeros(EM_F32, EM_SHAPE(2)))};
+    em_compiled *c = em_compile(rnn_cell, &(em_compile_options){.backend = backends[b]});
+    em_tensor *one = em_ones(EM_F32, EM_SHAPE(2));
+    for (int step = 1; step <= 5; step++) {
+      em_outputs o = em_call(c, &r, one);
+      cr_assert_eq(o.n, 1, "%s", em_last_error() ? em_last_error() : "");
+      EXPECT_ALL(o.t[0], EM_F32, SHAPE(2), 0, step);
+      EXPECT_ALL(r.h, EM_F32, SHAPE(2), 0, step);
+    }
+    em_compile_stats st = em_compiled_stats(c);
+    cr_assert_eq(st.replays, 0, "%s", backends[b]);
+    cr_assert_eq(st.uncached_traces, 5, "%s: counted", backends[b]);
+    em_release(r.h);
+    em_compiled_free(c);
+  }
+}
+
+/* Issue 16, finding 2: traced with two disjoint inputs, called with two overlapping slices of one
+ * buffer; fn writes one in place and reads the other. The replay assumed no aliasing and
+ * returned the values from before the write ([0 0 0 0] against eager's [2 2 0 0]); the storage
+ * sharing pattern is now guarded, so the call recompiles and matches eager. */
+static em_outputs write_then_read(void *ctx, em_tensor *const *in, int n) {
+  em_add_scalar_(in[0], 2);
+  return EM_OUTPUTS(em_mul_scalar(in[1], 1));
+}
+
+ETEST(compile, inputs_that_share_storage_are_guarded) {
+  static const char *backends[] = {"eager", "aot_eager", "inductor"};
+  for (int b = 0; b < 3; b++) {
+    em_compiled *c = em_compile(write_then_read, &(em_compile_options){.backend = backends[b]});
+    em_tensor *x = em_zeros(EM_F32, EM_SHAPE(4)), *y = em_zeros(EM_F32, EM_SHAPE(4));
+    EXPECT(em_call(c, NULL, x, y).t[0], EM_F32, SHAPE(4), 0, 0, 0, 0, 0);
+    em_tensor *buf = em_zeros(EM_F32, EM_SHAPE(6));
+    em_tensor *a = em_slice(buf, 0, 2, 6, 1), *v = em_slice(buf, 0, 0, 4, 1); /* v[2:4] is a[0:2] */
+    em_outputs o = em_call(c, NULL, a, v);
+    cr_assert_not_null(o.t[0], "%s", em_last_error());
+    EXPECT(o.t[0], EM_F32, SHAPE(4), 0, 0, 0, 2, 2);
+    em_compile_stats st = em_compiled_stats(c);
+    cr_assert_eq(st.recompiles, 1, "%s: the new aliasing pattern recompiles", backends[b]);
+    /* and the disjoint pattern still replays its own entry */
+    em_call(c, NULL, x, y);
+    cr_assert_eq(em_compiled_stats(c).replays, st.replays + 1, "%s", backends[b]);
+    em_compiled_free(c);
+  }
+}
+
+/* Issue 16, finding 7: an op that fails on a path whose result fn does not use. The error was
+ * raised on the tracing call only, and replays dropped it; now every call raises it, as eager. */
+static em_outputs unused_failure(void *ctx, em_tensor *const *in, int n) {
+  em_tensor *bad = em_matmul(in[0], in[0]); /* [2, 3] @ [2, 3]: inner dimensions differ */
+  (void)bad;
+  return EM_OUTPUTS(em_neg(in[0]));
+}
+
+ETEST(compile, an_error_while_tracing_is_raised_on_every_call) {
+  em_compiled *c = em_compile(unused_failure, NULL);
+  em_tensor *x = em_ones(EM_F32, EM_SHAPE(2, 3));
+  for (int call = 0; call < 3; call++) {
+    em_outputs o = em_call(c, NULL, x);
+    cr_assert_not_null(o.t[0], "the unused failure does not stop the other outputs");
+    EXPECT_ALL(o.t[0], EM_F32, SHAPE(2, 3), 0, -1);
+    cr_assert(em_last_error() && strstr(em_last_error(), "em_matmul"), "call %d: %s", call,
+              em_last_error() ? em_last_error() : "no error");
+    em_clear_error();
+  }
+  cr_assert_eq(em_compiled_stats(c).replays, 0);
+  em_compiled_free(c);
+}
+
+/* Issue 16, finding 8: two threads calling one compiled function raced on its entry cache (13
+ * entries recorded for 12 shapes). Calls are now serialized: each distinct shape makes exactly
+ * one entry, and every result is right. */
+#include <pthread.h>
+static em_compiled *shared_fn;
+static void *call_many(void *arg) {
+  long id = (long)arg;
+  bool ok = true;
+  for (int i = 0; i < 60 && ok; i++) {
+    em_scope_begin();
+    int64_t n = 1 + (i + id) % 6;
+    em_tensor *x = em_full(EM_F32, EM_SHAPE(n), (double)i);
+    em_tensor *y = em_call(shared_fn, NULL, x).t[0];
+    ok = y && em_numel(y) == n && em_item(em_sum(y, 0, NULL, false)) == 2.0 * i * (double)n;
+    em_scope_end();
+  }
+  em_thread_cleanup();
+  return (void *)(intptr_t)ok;
+}
+
+ETEST(compile, calls_from_several_threads_are_serialized) {
+  shared_fn = em_compile(double_it, NULL);
+  pthread_t th[4];
+  for (long t = 0; t < 4; t++) cr_assert_eq(pthread_create(&th[t], NULL, call_many, (void *)t), 0);
+  for (int t = 0; t < 4; t++) {
+    void *ok;
+    pthread_join(th[t], &ok);
+    cr_assert(ok, "thread %d got a wrong result", t);
+  }
+  em_compile_stats st = em_compiled_stats(shared_fn);
+  cr_assert_eq(st.entries, 6, "one entry per shape, got %lld", (long long)st.entries);
+  cr_assert_eq(st.calls, 240);
+  cr_assert_eq(st.traces, 6);
+  em_compiled_free(shared_fn);
+}
