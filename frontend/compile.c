@@ -63,6 +63,16 @@ typedef struct fe_graph {
                            * index (< n_inputs), else n_inputs + its value (see unalias_outputs) */
 } fe_graph;
 
+/* A host value fn declared with em_guard_value: its address, bytes at trace time, and where. */
+enum { HOST_GUARD_MAX_BYTES = 64, HOST_GUARDS_MAX = 32 };
+typedef struct host_guard {
+  const void *ptr;
+  size_t size;
+  unsigned char bytes[HOST_GUARD_MAX_BYTES];
+  const char *what; /* the expression, as the user wrote it */
+  em_site site;
+} host_guard;
+
 typedef struct entry {
   bool dead;
   char dead_reason[256];
@@ -82,6 +92,8 @@ typedef struct entry {
   int n_wb, n_gb;
   int (*wb)[2];      /* epilogue: copy graph output wb[i][1] into source wb[i][0] (a mutated tensor) */
   int (*gb)[2];      /* epilogue: source gb[i][0]'s .grad = graph output gb[i][1], or none when < 0 */
+  int n_host;
+  host_guard *host;  /* host values fn declared with em_guard_value */
 } entry;
 
 
@@ -115,6 +127,8 @@ struct em_compiled {
 /* State of one traced run of fn, passed to on_break. */
 typedef struct run_state {
   em_compiled *c;
+  int n_host;
+  host_guard host[HOST_GUARDS_MAX];
   int n_graphs;
   int ops[256];            /* prims per graph (the first 256 graphs) */
   int n_breaks;
@@ -179,7 +193,7 @@ static void entry_free(entry *e) {
   for (int i = 0; i < e->n_src; i++)
     if (e->src[i].kind == SRC_CONST) em_release(e->src[i].t);
   for (int i = 0; i < e->n_out; i++) free(e->out[i].links);
-  free(e->src), free(e->in), free(e->alias), free(e->stor), free(e->wb), free(e->gb);
+  free(e->src), free(e->in), free(e->alias), free(e->stor), free(e->wb), free(e->gb), free(e->host);
   free(e);
 }
 
@@ -216,6 +230,30 @@ static int storage_class(const entry *e, em_tensor *const *in, int n_in, int k) 
   return k;
 }
 
+/* The bytes of a host guard as a reader would want them: an integer of 1, 2, 4 or 8 bytes (and
+ * the float or double those bytes make), else hex. */
+static void fmt_host(char *buf, size_t cap, const unsigned char *b, size_t n) {
+  int64_t i = 0;
+  if (n == 1) i = (int8_t)b[0];
+  else if (n == 2) i = (int16_t)(b[0] | b[1] << 8);
+  if (n == 4) {
+    int32_t v;
+    float f;
+    memcpy(&v, b, 4), memcpy(&f, b, 4);
+    snprintf(buf, cap, "%d = %g as float", v, (double)f);
+  } else if (n == 8) {
+    int64_t v;
+    double d;
+    memcpy(&v, b, 8), memcpy(&d, b, 8);
+    snprintf(buf, cap, "%lld = %g as double", (long long)v, d);
+  } else if (n <= 2) {
+    snprintf(buf, cap, "%lld", (long long)i);
+  } else {
+    size_t k = (size_t)snprintf(buf, cap, "0x");
+    for (size_t j = 0; j < n && k + 3 < cap; j++) k += (size_t)snprintf(buf + k, cap - k, "%02x", b[j]);
+  }
+}
+
 /* Which guard of e fails for this call, into why; false when all pass. */
 static bool entry_fails(const entry *e, void *ctx, em_tensor *const *in, int n_in, char *why, size_t cap) {
   if (e->dead) return snprintf(why, cap, "%s", e->dead_reason), true;
@@ -224,6 +262,13 @@ static bool entry_fails(const entry *e, void *ctx, em_tensor *const *in, int n_i
     return snprintf(why, cap, "grad_mode: expected %s, got %s", e->grad_mode ? "enabled" : "disabled",
                     e->grad_mode ? "disabled" : "enabled"), true;
   if (n_in != e->n_in) return snprintf(why, cap, "len(inputs): expected %d, got %d", e->n_in, n_in), true;
+  for (int i = 0; i < e->n_host; i++) {
+    const host_guard *h = &e->host[i];
+    if (!memcmp(h->ptr, h->bytes, h->size)) continue;
+    char was[160], now[160];
+    fmt_host(was, sizeof was, h->bytes, h->size), fmt_host(now, sizeof now, h->ptr, h->size);
+    return snprintf(why, cap, "%s:%d %s changed (%s -> %s)", h->site.file, h->site.line, h->what, was, now), true;
+  }
   char what[32];
   for (int k = 0; k < n_in; k++) {
     snprintf(what, sizeof what, "inputs[%d]", k);
@@ -251,7 +296,7 @@ static bool entry_fails(const entry *e, void *ctx, em_tensor *const *in, int n_i
 }
 
 static int entry_guard_lines(const entry *e, char ***lines_out) {
-  int n = 3 + e->n_in + e->n_src;
+  int n = 3 + e->n_in + e->n_src + e->n_host;
   char **lines = calloc((size_t)n, sizeof(char *));
   if (!lines) return 0;
   int k = 0;
@@ -262,6 +307,13 @@ static int entry_guard_lines(const entry *e, char ***lines_out) {
   lines[k++] = strdup(buf);
   snprintf(buf, sizeof buf, "len(inputs) == %d", e->n_in);
   lines[k++] = strdup(buf);
+  for (int i = 0; i < e->n_host; i++) {
+    char v[160];
+    fmt_host(v, sizeof v, e->host[i].bytes, e->host[i].size);
+    snprintf(buf, sizeof buf, "%s == %s (em_guard_value at %s:%d)", e->host[i].what, v, e->host[i].site.file,
+             e->host[i].site.line);
+    lines[k++] = strdup(buf);
+  }
   for (int i = 0; i < e->n_in; i++) {
     char what[96];
     if (e->alias[i] != i) snprintf(what, sizeof what, "inputs[%d] (is inputs[%d])", i, e->alias[i]);
@@ -681,10 +733,16 @@ static int source_of(entry *e, const rt_trace *tr, em_tensor *t, em_tensor *cons
 /* A new entry. Without breaks it replays: its sources, output map, epilogue and guards. fo_val
  * are the graph values of fn's outputs (-1 for real tensors), gval those of the grad leaves'
  * .grad (-1 none, -2 a real tensor left as it was). */
-static entry *make_entry(em_compiled *c, const rt_trace *tr, const final_info *fi, void *ctx, em_tensor *const *in,
-                         int n_in, const em_outputs *o, const int *fo_val, const int *gval, bool has_breaks) {
+static entry *make_entry(em_compiled *c, const rt_trace *tr, const final_info *fi, const run_state *rs, void *ctx,
+                         em_tensor *const *in, int n_in, const em_outputs *o, const int *fo_val, const int *gval,
+                         bool has_breaks) {
   entry *e = calloc(1, sizeof *e);
   if (!e) return NULL;
+  if (rs->n_host) {
+    if (!(e->host = malloc(sizeof(host_guard) * (size_t)rs->n_host))) goto oom;
+    memcpy(e->host, rs->host, sizeof(host_guard) * (size_t)rs->n_host);
+    e->n_host = rs->n_host;
+  }
   e->ctx = ctx;
   e->grad_mode = rt_grad_enabled();
   e->n_in = n_in;
@@ -832,7 +890,7 @@ static bool run_traced(em_compiled *c, void *ctx, em_tensor *const *in, int n_in
       fe_log(FE_LOG_RECOMPILES, "%s: not caching this trace: an op failed while tracing (%s); every call runs fn so the "
              "error is raised every time", c->name, em_last_error());
     } else if (want_entry && (stable || rs->n_breaks > 0)) {
-      *made = make_entry(c, &tr, &fi, ctx, in, n_in, &o, fo_val, gval, rs->n_breaks > 0);
+      *made = make_entry(c, &tr, &fi, rs, ctx, in, n_in, &o, fo_val, gval, rs->n_breaks > 0);
       if (!*made) ok = (rt_error(site, "em_call", "out of memory recording a cache entry"), false);
     } else if (want_entry) {
       c->stats.uncached_traces++;
@@ -1037,13 +1095,15 @@ static em_outputs call(em_compiled *c, void *ctx, em_tensor *const *in, int n_in
   c->stats.calls++;
   if (rt_tracing()) return c->fn(ctx, in, n_in); /* inlined into the enclosing trace */
 
-  char why[512] = "";
-  bool first_why = true;
+  char why[1024] = "";
+  size_t why_len = 0;
   for (int i = 0; i < c->n_entries; i++) {
     entry *e = c->entries[i];
     char w[512];
-    if (entry_fails(e, ctx, in, n_in, w, sizeof w)) {
-      if (first_why) snprintf(why, sizeof why, "%s", w), first_why = false;
+    if (entry_fails(e, ctx, in, n_in, w, sizeof w)) { /* every entry's first failed guard, as torch logs them */
+      if (why_len < sizeof why)
+        why_len += (size_t)(i ? snprintf(why + why_len, sizeof why - why_len, "; entry %d: %s", i, w)
+                              : snprintf(why + why_len, sizeof why - why_len, "%s", w));
       continue;
     }
     em_outputs r = failed_outputs(0);
@@ -1184,6 +1244,28 @@ fail:
   em_compiled_free(c);
   em_explanation_free(x);
   return NULL;
+}
+
+/* ---- host values ---- */
+
+void em_guard_value_at(const void *ptr, size_t size, const char *what, em_site site) {
+  rt_trace *tr = rt_tracing();
+  if (!tr || tr->on_break != on_break) return; /* not tracing for em_compile: nothing to guard */
+  run_state *rs = tr->break_ctx;
+  if (!ptr || size < 1 || size > HOST_GUARD_MAX_BYTES) {
+    rt_error(site, "em_guard_value", "%s: %s (size %zu; 1 to %d bytes)", what ? what : "?", !ptr ? "NULL pointer" : "bad size",
+             size, HOST_GUARD_MAX_BYTES);
+    return;
+  }
+  for (int i = 0; i < rs->n_host; i++)
+    if (rs->host[i].ptr == ptr && rs->host[i].size == size) return;
+  if (rs->n_host == HOST_GUARDS_MAX) {
+    rt_error(site, "em_guard_value", "more than %d host values guarded in one trace", HOST_GUARDS_MAX);
+    return;
+  }
+  host_guard *h = &rs->host[rs->n_host++];
+  *h = (host_guard){.ptr = ptr, .size = size, .what = what ? what : "?", .site = site};
+  memcpy(h->bytes, ptr, size);
 }
 
 /* ---- break points that belong to no other file ---- */

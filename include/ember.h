@@ -1044,6 +1044,16 @@ void em_explanation_free(em_explanation *e);
 #define em_graph_break() em_graph_break_at(EM_HERE)
 void em_graph_break_at(em_site site);
 
+/* Declares that fn's trace depends on the size bytes at ptr (host state: a `training` flag, a
+ * float field of ctx, a global): called inside fn, each cache entry then checks those bytes on
+ * every call and recompiles when they changed, logged under EMBER_LOGS=recompiles as
+ * "guard failed: model.c:31 cfg->training changed (1 -> 0)" (torch.compile guards on such
+ * Python values by itself; C gives no way to see what fn reads, so fn says it). Does nothing
+ * outside a trace. ptr must stay valid while the compiled function is used (as ctx must).
+ * size: 1 to 64 bytes. Errors (recorded, the trace is not cached): NULL ptr, size out of range. */
+#define em_guard_value(ptr, size) em_guard_value_at((ptr), (size), #ptr, EM_HERE)
+void em_guard_value_at(const void *ptr, size_t size, const char *what, em_site site);
+
 /* Calls a user function that the tracer must not look into (its own C loops over data, a call
  * into another library): a graph break, then fn(ctx, inputs, n) eagerly on real tensors.
  * Returns fn's outputs (owned by the current scope). Outside a trace it just calls fn. */

@@ -792,3 +792,63 @@ ETEST(compile, calls_from_several_threads_are_serialized) {
   cr_assert_eq(st.traces, 6);
   em_compiled_free(shared_fn);
 }
+
+/* Issue 16, finding 3: host values fn reads (a training flag, a float field of ctx) were baked
+ * into the replay silently. Declared with em_guard_value, they are guards: a change recompiles
+ * (logged with the user's line and both values), a change back finds the first entry again. */
+typedef struct cfg {
+  int training;
+  float scale;
+} cfg;
+static int guard_line;
+static em_outputs configured(void *ctx, em_tensor *const *in, int n) {
+  cfg *k = ctx;
+  em_guard_value(&k->training, sizeof k->training), guard_line = __LINE__;
+  em_guard_value(&k->scale, sizeof k->scale);
+  em_tensor *y = em_mul_scalar(in[0], k->scale);
+  return EM_OUTPUTS(k->training ? em_relu(y) : y);
+}
+
+ETEST(compile, guarded_host_values_recompile_when_they_change) {
+  cfg k = {1, 2.0f};
+  em_compiled *c = em_compile(configured, &(em_compile_options){.name = "configured"});
+  em_tensor *x = T(EM_F32, SHAPE(2), -1, 3);
+  char dir[] = "/tmp/ember-guard-XXXXXX", logpath[256];
+  cr_assert_not_null(mkdtemp(dir));
+  snprintf(logpath, sizeof logpath, "%s/stderr.txt", dir);
+  setenv("EMBER_LOGS", "recompiles", 1);
+  fe_log_reload();
+  fflush(stderr);
+  int saved = dup(2);
+  cr_assert(freopen(logpath, "w", stderr));
+  EXPECT(em_call(c, &k, x).t[0], EM_F32, SHAPE(2), 0, 0, 6);
+  EXPECT(em_call(c, &k, x).t[0], EM_F32, SHAPE(2), 0, 0, 6);
+  k.training = 0;
+  EXPECT(em_call(c, &k, x).t[0], EM_F32, SHAPE(2), 0, -2, 6);
+  k.scale = 0.5f;
+  EXPECT(em_call(c, &k, x).t[0], EM_F32, SHAPE(2), 0, -0.5, 1.5);
+  k.training = 1, k.scale = 2.0f;
+  EXPECT(em_call(c, &k, x).t[0], EM_F32, SHAPE(2), 0, 0, 6);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  unsetenv("EMBER_LOGS");
+  fe_log_reload();
+  em_compile_stats st = em_compiled_stats(c);
+  cr_assert_eq(st.traces, 3, "one trace per distinct (training, scale), got %lld", (long long)st.traces);
+  cr_assert_eq(st.replays, 2);
+  char *log = read_file(logpath);
+  char want[160];
+  snprintf(want, sizeof want, "guard failed: %s:%d &k->training changed (1 = 1.4013e-45 as float -> 0 = 0 as float)", __FILE__,
+           guard_line);
+  cr_assert(log && strstr(log, want), "log lacks '%s':\n%s", want, log ? log : "");
+  cr_assert(strstr(log, "&k->scale changed (1073741824 = 2 as float -> 1056964608 = 0.5 as float)"), "%s", log);
+  free(log);
+  em_compiled_free(c);
+  /* em_explain lists them; a bad size is a located error */
+  em_explanation *e = em_explain(configured, &k, x);
+  cr_assert(e && strstr(e->text, "&k->training == 1 = 1.4013e-45 as float (em_guard_value at"), "%s", e ? e->text : "");
+  em_explanation_free(e);
+  em_guard_value(&k, 0); /* outside a trace: nothing */
+  cr_assert_null(em_last_error());
+}
