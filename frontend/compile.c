@@ -94,6 +94,8 @@ typedef struct entry {
   int (*gb)[2];      /* epilogue: source gb[i][0]'s .grad = graph output gb[i][1], or none when < 0 */
   int n_host;
   host_guard *host;  /* host values fn declared with em_guard_value */
+  const ir_graph *traced; /* no breaks: the graph as traced (owned by the graph cache), for checks */
+  int64_t calls;     /* calls this entry served, for replay validation */
 } entry;
 
 
@@ -102,7 +104,13 @@ typedef struct cached_graph {
   ir_graph *traced;   /* as traced, for the structural comparison */
   uint64_t variant;
   fe_graph *compiled; /* what the backend runs */
+  uint64_t last_use;  /* for LRU eviction */
 } cached_graph;
+
+/* The most graphs a compiled function keeps: a function whose graphs change with every call
+ * (a constant computed on the host from data) would otherwise grow without bound. The least
+ * recently used graph that no entry replays is evicted (counted in graph_cache_evictions). */
+enum { GRAPH_CACHE_MAX = 64 };
 
 struct em_compiled {
   em_model_fn fn;
@@ -119,14 +127,19 @@ struct em_compiled {
   int n_entries, cap_entries;
   cached_graph *graphs;
   int n_graphs, cap_graphs;
+  uint64_t uses;            /* graph cache lookups, the LRU clock */
   bool limit_warned;
   em_compile_stats stats;
   pthread_mutex_t lock;     /* recursive: held through a call, which may call c again (inlined) */
+  int check_every;          /* replay validation: 0 never; 1: each entry's second call; N > 1: that
+                             * and every Nth call of an entry */
 };
 
 /* State of one traced run of fn, passed to on_break. */
 typedef struct run_state {
   em_compiled *c;
+  const entry *check;      /* replay validation: the entry this trace must reproduce */
+  char check_diff[512];    /* how it did not: empty when it did */
   int n_host;
   host_guard host[HOST_GUARDS_MAX];
   int n_graphs;
@@ -519,6 +532,22 @@ static bool fe_run_graph(const fe_graph *cfg, em_tensor *const *in, int n_in, em
   return ok;
 }
 
+/* Drops the least recently used graph no entry replays. Entries with breaks look their graphs
+ * up again on every call, so only break-free entries pin one. */
+static void evict_graph(em_compiled *c) {
+  int victim = -1;
+  for (int i = 0; i < c->n_graphs; i++) {
+    bool pinned = false;
+    for (int k = 0; k < c->n_entries && !pinned; k++) pinned = c->entries[k]->graph == c->graphs[i].compiled;
+    if (!pinned && (victim < 0 || c->graphs[i].last_use < c->graphs[victim].last_use)) victim = i;
+  }
+  if (victim < 0) return;
+  ir_graph_free(c->graphs[victim].traced);
+  fe_graph_free(c->graphs[victim].compiled);
+  c->graphs[victim] = c->graphs[--c->n_graphs];
+  c->stats.graph_cache_evictions++;
+}
+
 /* The compiled graph for traced with these inputs, from the cache or newly compiled into it. */
 static const fe_graph *lookup_or_compile(em_compiled *c, const ir_graph *traced, em_tensor *const *inputs,
                                          bool has_backward, em_site site) {
@@ -533,11 +562,14 @@ static const fe_graph *lookup_or_compile(em_compiled *c, const ir_graph *traced,
     variant = (variant ^ (uint64_t)in_rg[i]) * 0x100000001b3ull;
   }
   const fe_graph *found = NULL;
+  c->uses++;
   for (int i = 0; i < c->n_graphs && !found; i++)
     if (c->graphs[i].hash == h && c->graphs[i].variant == variant && ir_graph_same_structure(c->graphs[i].traced, traced)) {
       c->stats.graph_cache_hits++;
+      c->graphs[i].last_use = c->uses;
       found = c->graphs[i].compiled;
     }
+  if (!found && c->n_graphs >= GRAPH_CACHE_MAX) evict_graph(c);
   if (!found && c->n_graphs == c->cap_graphs) {
     int cap = c->cap_graphs ? 2 * c->cap_graphs : 8;
     cached_graph *p = realloc(c->graphs, sizeof(cached_graph) * (size_t)cap);
@@ -547,7 +579,7 @@ static const fe_graph *lookup_or_compile(em_compiled *c, const ir_graph *traced,
     ir_graph *copy = ir_graph_clone(traced);
     fe_graph *compiled = copy ? backend_compile(c, traced, in_rg, any_rg, has_backward, site) : NULL;
     if (compiled) {
-      c->graphs[c->n_graphs++] = (cached_graph){h, copy, variant, compiled};
+      c->graphs[c->n_graphs++] = (cached_graph){h, copy, variant, compiled, c->uses};
       found = compiled;
     } else {
       ir_graph_free(copy);
@@ -558,6 +590,32 @@ static const fe_graph *lookup_or_compile(em_compiled *c, const ir_graph *traced,
   }
   if (in_rg != small) free(in_rg);
   return found;
+}
+
+/* Replay validation: where the graph traced now (b) differs from the cached entry's (a), into
+ * out, naming the node and the user's line that made it: a constant first, as that is what a
+ * host value baked into a trace looks like. */
+static void describe_diff(const ir_graph *a, const ir_graph *b, char *out, size_t cap) {
+  int n = a->n_nodes < b->n_nodes ? a->n_nodes : b->n_nodes;
+  for (int i = 0; i < n; i++) {
+    const ir_node *x = &a->nodes[i], *y = &b->nodes[i];
+    bool same = x->op == y->op && x->n_in == y->n_in && !memcmp(ir_operands(a, x), ir_operands(b, y), sizeof(int) * (size_t)x->n_in) &&
+                ir_attrs_equal(x->op, &x->attrs, &y->attrs) && ir_type_equal(&a->values[x->out].type, &b->values[y->out].type);
+    if (same) continue;
+    if (x->op == y->op && x->op == EM_PRIM_FULL && x->attrs.value != y->attrs.value)
+      snprintf(out, cap, "%s:%d: the trace of this call differs from the cached one: a constant %.17g was %.17g (%s in %s)",
+               y->site.file ? y->site.file : "?", y->site.line, y->attrs.value, x->attrs.value, y->opname,
+               y->site.func ? y->site.func : "?");
+    else
+      snprintf(out, cap, "%s:%d: the trace of this call differs from the cached one: %s (node %d) was %s at %s:%d", y->site.file ? y->site.file : "?",
+               y->site.line, y->opname, i, x->opname, x->site.file ? x->site.file : "?", x->site.line);
+    return;
+  }
+  if (a->n_nodes != b->n_nodes || a->n_inputs != b->n_inputs || a->n_outputs != b->n_outputs)
+    snprintf(out, cap, "the trace of this call differs from the cached one: %d nodes, %d inputs, %d outputs (cached: %d, %d, %d)",
+             b->n_nodes, b->n_inputs, b->n_outputs, a->n_nodes, a->n_inputs, a->n_outputs);
+  else
+    snprintf(out, cap, "the trace of this call differs from the cached one in its inputs or outputs");
 }
 
 static void note_graph(run_state *rs, const ir_graph *g) {
@@ -619,6 +677,8 @@ static bool run_graph_so_far(run_state *rs, rt_trace *tr, em_site site, final_in
     return cg ? (rt_error(site, "em_compile", "out of memory"), false) : false;
   }
   note_graph(rs, cg->g);
+  if (rs->check && !rs->check_diff[0] && cg != rs->check->graph)
+    describe_diff(rs->check->traced, g, rs->check_diff, sizeof rs->check_diff);
   /* live views of lifted tensors the graph writes: after the write-back they are rebuilt as
    * views of those tensors, so aliasing stays as in eager */
   final_info al = {0};
@@ -692,6 +752,9 @@ static bool on_break(rt_trace *tr, const char *op, const char *reason, em_site s
     rs->breaks[rs->n_breaks] = (em_graph_break_info){op, reason, site.file, site.func, site.line};
   rs->n_breaks++;
   c->stats.breaks++;
+  if (rs->check && !rs->check_diff[0])
+    snprintf(rs->check_diff, sizeof rs->check_diff, "%s:%d: the trace of this call differs from the cached one: it breaks "
+             "the graph here (%s %s)", site.file, site.line, op, reason);
   fe_log(FE_LOG_GRAPH_BREAKS, "graph break in %s at %s:%d in %s: %s %s", c->name, site.file, site.line,
          site.func ? site.func : "?", op, reason);
   if (!run_graph_so_far(rs, tr, site, NULL)) return false;
@@ -763,6 +826,8 @@ static entry *make_entry(em_compiled *c, const rt_trace *tr, const final_info *f
   for (int k = 0; k < n_in; k++) e->stor[k] = storage_class(e, in, n_in, k);
   if (has_breaks) return e;
   e->graph = fi->cg;
+  for (int i = 0; i < c->n_graphs && !e->traced; i++)
+    if (c->graphs[i].compiled == fi->cg) e->traced = c->graphs[i].traced;
   for (int i = 0; i < tr->n_lifted; i++)
     if (!add_source(e, tr, tr->lifted[i], in, n_in)) goto oom;
   for (int k = 0; k < n_in; k++) e->stor[k] = storage_class(e, in, n_in, k);
@@ -829,7 +894,7 @@ static bool run_traced(em_compiled *c, void *ctx, em_tensor *const *in, int n_in
     rt_trace_end(&tr);
     return false;
   }
-  c->stats.traces++;
+  if (!rs->check) c->stats.traces++; /* a validation trace counts as a check */
   bool error_before = rt_has_error();
   em_outputs o = c->fn(ctx, in, n_in);
   bool ok = !rs->refused;
@@ -881,6 +946,21 @@ static bool run_traced(em_compiled *c, void *ctx, em_tensor *const *in, int n_in
                rt_fmt(b, sizeof b, t));
       }
     }
+  }
+  if (ok && rs->check && !rs->check_diff[0]) { /* the tensors the graph reads are the entry's */
+    const entry *e = rs->check;
+    for (int i = 0; i < tr.n_lifted && i < e->n_src && !rs->check_diff[0]; i++) {
+      const source *sr = &e->src[i];
+      em_tensor *was = sr->kind == SRC_ARG ? in[sr->arg] : sr->t;
+      if (sr->kind != SRC_CONST && was != tr.lifted[i]) {
+        char b[128];
+        snprintf(rs->check_diff, sizeof rs->check_diff, "the trace of this call differs from the cached one: graph input %d "
+                 "is another tensor (%s) than the one the entry reads (ctx points at new tensors?)", i, rt_fmt(b, sizeof b, tr.lifted[i]));
+      }
+    }
+    if (!rs->check_diff[0] && !stable)
+      snprintf(rs->check_diff, sizeof rs->check_diff, "the trace of this call differs from the cached one: it leaves new "
+               "tensors in state outside the function");
   }
   if (ok) {
     res->n = o.n;
@@ -1021,6 +1101,9 @@ em_compiled *em_compile_at(em_model_fn fn, const em_compile_options *opts, em_si
   c->partitioner = strcmp(part, "default") ? AOT_PARTITION_MIN_CUT : AOT_PARTITION_DEFAULT;
   c->fullgraph = o.fullgraph;
   c->limit = o.recompile_limit > 0 ? o.recompile_limit : 8;
+  c->check_every = o.check_every < 0 ? 0 : o.check_every == 0 ? 1 : o.check_every;
+  const char *chk = getenv("EMBER_COMPILE_CHECK");
+  if (chk && *chk) c->check_every = atoi(chk) < 0 ? 0 : atoi(chk);
   c->site = site;
   pthread_mutexattr_t ma;
   pthread_mutexattr_init(&ma);
@@ -1048,6 +1131,7 @@ em_compile_stats em_compiled_stats(const em_compiled *c) {
   pthread_mutex_lock((pthread_mutex_t *)&c->lock);
   em_compile_stats s = c->stats;
   s.entries = c->n_entries;
+  s.graphs_cached = c->n_graphs;
   pthread_mutex_unlock((pthread_mutex_t *)&c->lock);
   return s;
 }
@@ -1074,6 +1158,14 @@ static void drop_dead_entries(em_compiled *c) {
 }
 
 static em_outputs call(em_compiled *c, void *ctx, em_tensor *const *in, int n_in, em_site site);
+
+/* Whether this hit of entry e (e->calls counts the calls it served after the one that traced
+ * it) is traced again and compared with e rather than replayed: the first (the function's
+ * second call), and with check_every N > 1 every Nth. */
+static bool check_due(const em_compiled *c, const entry *e) {
+  if (c->check_every <= 0 || !e->traced) return false;
+  return e->calls == 1 || (c->check_every > 1 && e->calls % c->check_every == 0);
+}
 
 em_outputs em_call_at(em_compiled *c, void *ctx, em_tensor *const *in, int n_in, em_site site) {
   /* this thread's counters: a call compiles and runs its kernels on the calling thread */
@@ -1107,6 +1199,22 @@ static em_outputs call(em_compiled *c, void *ctx, em_tensor *const *in, int n_in
       continue;
     }
     em_outputs r = failed_outputs(0);
+    e->calls++;
+    if (!e->has_breaks && check_due(c, e)) { /* replay validation: trace again, compare */
+      run_state rs = {.c = c, .site = site, .check = e};
+      c->stats.checks++;
+      bool ok = run_traced(c, ctx, in, n_in, &rs, false, NULL, &r, site);
+      if (ok && rs.check_diff[0]) {
+        for (int j = 0; j < r.n; j++) em_release(r.t[j]), r.t[j] = NULL;
+        e->dead = true;
+        snprintf(e->dead_reason, sizeof e->dead_reason, "replay validation found it stale");
+        fe_log(FE_LOG_RECOMPILES, "%s: %s", c->name, rs.check_diff);
+        rt_error(site, "em_call", "%s: %s (a host value the trace baked in? declare it with em_guard_value)", c->name,
+                 rs.check_diff);
+        return failed_outputs(r.n);
+      }
+      return to_scope(r, site);
+    }
     if (!e->has_breaks) {
       replay(c, e, in, &r, site);
     } else {

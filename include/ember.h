@@ -861,11 +861,30 @@ void em_batch_iter_free(em_batch_iter *it);
  * with the guard that failed under EMBER_LOGS=recompiles). After recompile_limit entries the
  * function runs eagerly from then on, and says so once on stderr.
  *
- * Jit semantics. An entry without graph breaks is replayed without calling fn: host side
- * effects of fn (printing, counters, reading ctx fields that are not tensors) happen only
- * while tracing, and scalars fn passes to ops (a learning rate, an epsilon) are constants of
- * the trace, as in jax.jit. Tensors fn reaches through ctx are bound by identity: if ctx points
- * at other tensors later, free the old ones (their entries die) or compile anew.
+ * Jit semantics: what a replay depends on. An entry without graph breaks is replayed without
+ * calling fn. What its result depends on is, for each thing fn reads:
+ *   - an input of the graph: the call's tensors; tensors reached through ctx (by identity);
+ *     the optimizers' learning rate and AdamW's step counts (0-dim tensors); a number em_item
+ *     returned to fn and passed straight to a later op (a 0-dim graph input, so one graph
+ *     serves every value, as torch.compile's unspecialized floats);
+ *   - a guard, checked on every call (a failure recompiles): the inputs' metadata and which of
+ *     them (and of the tensors reached through ctx) share storage; the grad mode; the ctx
+ *     pointer; host values fn declares with em_guard_value (a `training` flag, a float field);
+ *   - a constant of the trace: every other host value fn reads (a C global, a ctx field it did
+ *     not declare, a number it computes on the host), as in jax.jit. Host side effects of fn
+ *     (printing, counters) happen only while tracing.
+ * A trace that no replay could reproduce is not cached (fn runs on every call, counted in
+ * em_compile_stats.uncached_traces): one that stores a tensor it made into ctx or a static (an
+ * RNN's hidden state), or in which an op failed.
+ *
+ * Replay validation. To catch a constant that should have been a guard, the second call of each
+ * entry traces fn again instead of replaying and compares the trace with the entry's (its
+ * structure and constants, the tensors it reads, state it leaves behind): a difference fails
+ * the call with an error naming the node and the user's line ("model.c:57: the trace of this
+ * call differs from the cached one: a constant 0.025 was 0.0125 (em_mul_scalar in step)"),
+ * drops the entry, and the next call traces anew. opts.check_every = N (or
+ * EMBER_COMPILE_CHECK=N) also checks every Nth call of an entry; < 0 (or 0 in the environment)
+ * turns it off. A check costs one trace (no compile when the trace matches).
  *
  * Mutation. In-place writes inside fn (em_add_ and friends, em_copy_ into a view, SGD updates,
  * batch-norm running statistics) are functionalized: they become out-of-place nodes, and after
@@ -961,6 +980,10 @@ typedef struct em_compile_options {
   int recompile_limit; /* entries before falling back to eager; <= 0: 8 (torch's default) */
   const char *partitioner; /* "default" or "min_cut" (see below); NULL: min_cut for inductor,
                             * default for aot_eager */
+  int check_every;     /* replay validation (see "Replay validation" below): 0 (default): each
+                        * entry's second call is traced again and compared with the entry;
+                        * N > 1: that and every Nth call of an entry; < 0: never. The
+                        * environment variable EMBER_COMPILE_CHECK=N overrides it (0: never). */
 } em_compile_options;
 
 typedef struct em_compiled em_compiled;
@@ -999,6 +1022,9 @@ typedef struct em_compile_stats {
   int64_t kernel_runs;     /* generated kernels run inside em_call (backend inductor) */
   int64_t inductor_fallbacks; /* graphs the inductor could not compile inside em_call, run op by
                             * op instead (the reason is logged) */
+  int64_t graphs_cached;   /* compiled graphs kept (at most 64: least recently used evicted) */
+  int64_t graph_cache_evictions; /* graphs evicted from that cache */
+  int64_t checks;          /* calls traced again to validate an entry instead of replaying it */
   int64_t uncached_traces; /* traces not cached because replaying them would differ from running
                             * fn: fn stored a tensor it made into state outside it (ctx, a
                             * static), or an op failed while tracing (its error must be raised

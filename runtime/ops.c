@@ -32,10 +32,25 @@ em_tensor *rt_expand(em_tensor *x, int ndim, const int64_t *sizes, const char *n
 
 /* A number argument as a tensor: on the CPU whatever the default device, since a CPU scalar
  * joins operands on any device (and a device scalar would not join CPU ones). */
+/* Whether v is a value em_item returned to the traced function (bitwise, so 0.0 and -0.0 and
+ * NaNs stay apart). */
+static bool item_value(const rt_trace *tr, double v) {
+  int n = tr->n_item_values < 16 ? tr->n_item_values : 16;
+  for (int i = 0; i < n; i++)
+    if (!memcmp(&tr->item_values[i], &v, sizeof v)) return true;
+  return false;
+}
+
 em_tensor *rt_scalar(em_dtype dt, double v, const char *name, em_site site) {
   prim_attrs at = {.dtype = dt, .value = v};
   em_device prev = em_set_default_device(EM_CPU);
+  rt_trace *tr = rt_tracing();
+  /* a value read with em_item: a real tensor, which the trace lifts into a graph input, so the
+   * graph does not change (and compile again) with the value on every call (issue 16) */
+  bool lift = tr && item_value(tr, v);
+  if (lift) rt_trace_suspend();
   em_tensor *t = rt_dispatch(name, EM_PRIM_FULL, NULL, 0, &at, site);
+  if (lift) rt_trace_resume();
   em_set_default_device(prev);
   return t;
 }
@@ -695,6 +710,8 @@ double em_item_at(em_tensor *x, em_site site) {
   if (tok < 0) return NAN;
   double v = item(x, site);
   rt_break_end(tok);
+  rt_trace *tr = rt_trace_current();
+  if (tok == 1 && tr) tr->item_values[tr->n_item_values++ % 16] = v;
   return v;
 }
 

@@ -244,10 +244,17 @@ struct rt_trace {
   int n_grad_leaves, cap_grad_leaves;
   bool has_backward;        /* the autograd engine ran under this trace (em_backward, em_grad) */
   uint32_t graph_serial;    /* bumped by rt_trace_reset: views recorded before are stale */
+  /* values em_item returned to fn in this trace: a scalar operand equal to one enters later
+   * graphs as a 0-dim input, not a constant, so one graph serves every value (torch.compile's
+   * unspecialized floats); a ring of the latest */
+  double item_values[16];
+  int n_item_values;
 };
 
 /* The active trace of this thread (NULL when none or suspended). */
 rt_trace *rt_tracing(void);
+/* The trace of this thread even while suspended at a break (NULL when none). */
+rt_trace *rt_trace_current(void);
 /* Starts and ends a trace on this thread. A trace begun while another is active (AOT autograd
  * tracing the joint graph while the frontend compiles) interrupts it until it ends. begin
  * returns false with an error when memory runs out. end drops the lifted

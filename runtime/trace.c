@@ -18,6 +18,7 @@ static _Thread_local rt_trace *active;
 static uint32_t trace_ids;
 
 rt_trace *rt_tracing(void) { return active && !active->suspended ? active : NULL; }
+rt_trace *rt_trace_current(void) { return active; }
 
 void rt_trace_suspend(void) {
   if (active) active->suspended++;

@@ -53,7 +53,8 @@ ETEST(compile, replay_equals_eager_and_skips_fn) {
   em_compile_stats s = em_compiled_stats(c);
   cr_assert_eq(s.calls, 5);
   cr_assert_eq(s.traces, 1, "traced %lld times", (long long)s.traces);
-  cr_assert_eq(s.replays, 4);
+  cr_assert_eq(s.checks, 1, "the second call validated the entry (traced again and compared)");
+  cr_assert_eq(s.replays, 3);
   cr_assert_eq(s.entries, 1);
   cr_assert_eq(s.recompiles, 0);
   em_compiled_free(c);
@@ -340,7 +341,8 @@ ETEST(compile, em_grad_inside_is_traced) {
     EXPECT_SAME_BITS(o.t[0], want.t[0], "value");
     EXPECT_SAME_BITS(o.t[1], want.t[1], "grad");
   }
-  cr_assert_eq(em_compiled_stats(c).replays, 2);
+  cr_assert_eq(em_compiled_stats(c).replays, 1);
+  cr_assert_eq(em_compiled_stats(c).checks, 1);
   em_compiled_free(c);
 }
 
@@ -436,7 +438,7 @@ ETEST(compile, whole_training_step_is_one_graph) {
   cr_assert_eq(st.breaks, 0, "%lld breaks", (long long)st.breaks);
   cr_assert_eq(st.graphs_compiled, 1);
   cr_assert_eq(st.traces, 1);
-  cr_assert_eq(st.replays, 3);
+  cr_assert_eq(st.replays + st.checks, 3);
   em_tensor *p0[4] = {s[0].m.l1.weight, s[0].m.l1.bias, s[0].m.l2.weight, s[0].m.l2.bias};
   em_tensor *p1[4] = {s[1].m.l1.weight, s[1].m.l1.bias, s[1].m.l2.weight, s[1].m.l2.bias};
   for (int k = 0; k < 4; k++) { /* the .grad bindings were replayed too */
@@ -623,7 +625,7 @@ ETEST(compile, constants_passthrough_outputs_and_views) {
     EXPECT_ALL(o.t[3], EM_F32, SHAPE(3, 2), 0, 1);
   }
   cr_assert_eq(em_compiled_stats(c).traces, 1);
-  cr_assert_eq(em_compiled_stats(c).replays, 2);
+  cr_assert_eq(em_compiled_stats(c).replays + em_compiled_stats(c).checks, 2);
   em_compiled_free(c);
   em_release(w);
 }
@@ -729,7 +731,7 @@ ETEST(compile, inputs_that_share_storage_are_guarded) {
     cr_assert_eq(st.recompiles, 1, "%s: the new aliasing pattern recompiles", backends[b]);
     /* and the disjoint pattern still replays its own entry */
     em_call(c, NULL, x, y);
-    cr_assert_eq(em_compiled_stats(c).replays, st.replays + 1, "%s", backends[b]);
+    cr_assert_eq(em_compiled_stats(c).replays + em_compiled_stats(c).checks, st.replays + st.checks + 1, "%s", backends[b]);
     em_compiled_free(c);
   }
 }
@@ -836,7 +838,7 @@ ETEST(compile, guarded_host_values_recompile_when_they_change) {
   fe_log_reload();
   em_compile_stats st = em_compiled_stats(c);
   cr_assert_eq(st.traces, 3, "one trace per distinct (training, scale), got %lld", (long long)st.traces);
-  cr_assert_eq(st.replays, 2);
+  cr_assert_eq(st.replays + st.checks, 2);
   char *log = read_file(logpath);
   char want[160];
   snprintf(want, sizeof want, "guard failed: %s:%d &k->training changed (1 = 1.4013e-45 as float -> 0 = 0 as float)", __FILE__,
@@ -851,4 +853,85 @@ ETEST(compile, guarded_host_values_recompile_when_they_change) {
   em_explanation_free(e);
   em_guard_value(&k, 0); /* outside a trace: nothing */
   cr_assert_null(em_last_error());
+}
+
+/* Issue 16, finding 5: a value read with em_item and fed to a later op was a constant of the
+ * next graph, so every call made and compiled a new graph (201 graphs for 200 calls) and the
+ * cache grew without bound. It now enters the graph as a 0-dim input: one graph serves every
+ * value. A constant the host computes from such a value still changes the graph; the cache
+ * then keeps the 64 most recently used graphs. */
+static em_outputs centered(void *ctx, em_tensor *const *in, int n) {
+  return EM_OUTPUTS(em_sub_scalar(in[0], em_item(em_mean(in[0], 0, NULL, false))));
+}
+static em_outputs host_computed(void *ctx, em_tensor *const *in, int n) {
+  return EM_OUTPUTS(em_mul_scalar(in[0], 1 + 0.5 * em_item(em_amax(in[0], 0, NULL, false))));
+}
+
+ETEST(compile, item_values_are_graph_inputs_and_the_graph_cache_is_bounded) {
+  em_compiled *c = em_compile(centered, NULL), *h = em_compile(host_computed, NULL);
+  for (int call = 0; call < 200; call++) {
+    em_scope_begin();
+    em_tensor *x = T(EM_F32, SHAPE(3), call, 2 * call, 3 * call + 3);
+    EXPECT(em_call(c, NULL, x).t[0], EM_F32, SHAPE(3), 1e-4, -call - 1, -1, call + 2);
+    double m = 3 * call + 3;
+    EXPECT(em_call(h, NULL, x).t[0], EM_F32, SHAPE(3), 1e-6 * m * m, call * (1 + 0.5 * m), 2 * call * (1 + 0.5 * m),
+           m * (1 + 0.5 * m));
+    em_scope_end();
+  }
+  em_compile_stats st = em_compiled_stats(c);
+  cr_assert_eq(st.graphs_compiled, 2, "one graph before the break, one after: %lld", (long long)st.graphs_compiled);
+  cr_assert_eq(st.graph_cache_hits, 398);
+  st = em_compiled_stats(h);
+  cr_assert_leq(st.graphs_cached, 64, "%lld graphs kept", (long long)st.graphs_cached);
+  cr_assert_eq(st.graph_cache_evictions, st.graphs_compiled - st.graphs_cached);
+  cr_assert_gt(st.graph_cache_evictions, 100);
+  em_compiled_free(c), em_compiled_free(h);
+}
+
+/* Replay validation: a host value fn reads without declaring it is baked into the trace. The
+ * entry's second call traces fn again and compares: the changed constant is an error naming it
+ * and the user's line, the stale entry is dropped, and the next call traces anew. With
+ * check_every = N, every Nth call of an entry is checked too. */
+static double host_lr = 0.01;
+static int host_line;
+static em_outputs reads_a_global(void *ctx, em_tensor *const *in, int n) {
+  em_tensor *y = em_mul_scalar(in[0], host_lr * 1.25); host_line = __LINE__;
+  return EM_OUTPUTS(y);
+}
+
+ETEST(compile, replay_validation_finds_a_baked_host_value) {
+  em_tensor *x = em_ones(EM_F32, EM_SHAPE(2));
+  host_lr = 0.01;
+  em_compiled *c = em_compile(reads_a_global, NULL);
+  EXPECT_ALL(em_call(c, NULL, x).t[0], EM_F32, SHAPE(2), 1e-9, 0.0125);
+  host_lr = 0.02;
+  em_outputs o = em_call(c, NULL, x);
+  cr_assert_null(o.t[0], "a stale replay is refused");
+  char want[256];
+  snprintf(want, sizeof want, "%s:%d: the trace of this call differs from the cached one: a constant 0.025000000000000001 was 0.012500000000000001",
+           __FILE__, host_line);
+  cr_assert(em_last_error() && strstr(em_last_error(), want), "'%s' lacks '%s'", em_last_error() ? em_last_error() : "", want);
+  em_clear_error();
+  EXPECT_ALL(em_call(c, NULL, x).t[0], EM_F32, SHAPE(2), 1e-9, 0.025); /* traced anew */
+  em_compiled_free(c);
+
+  /* every 3rd call: a change between checks is caught at the next check */
+  host_lr = 0.01;
+  c = em_compile(reads_a_global, &(em_compile_options){.check_every = 3});
+  int refused = 0;
+  for (int call = 1; call <= 7; call++) {
+    if (call == 4) host_lr = 0.04; /* after the checks of calls 2 and 3 */
+    em_outputs r = em_call(c, NULL, x);
+    if (!r.t[0]) refused = call, em_clear_error();
+  }
+  cr_assert_eq(refused, 4, "the check of call 4 (the entry's 3rd hit) refuses, got %d", refused);
+  cr_assert_eq(em_compiled_stats(c).checks, 3);
+  em_compiled_free(c);
+
+  /* off */
+  c = em_compile(reads_a_global, &(em_compile_options){.check_every = -1});
+  em_call(c, NULL, x), em_call(c, NULL, x);
+  cr_assert_eq(em_compiled_stats(c).checks, 0);
+  cr_assert_eq(em_compiled_stats(c).replays, 1);
+  em_compiled_free(c);
 }
