@@ -935,3 +935,86 @@ ETEST(compile, replay_validation_finds_a_baked_host_value) {
   cr_assert_eq(em_compiled_stats(c).replays, 1);
   em_compiled_free(c);
 }
+
+/* Issue 16: a randomized check of replays. Between calls the host flag (declared with
+ * em_guard_value), the learning rate, the optimizer's state, and whether the two inputs are
+ * slices of one buffer change at random; every call of the compiled training step is compared
+ * with an eager twin: bit for bit on the eager and aot_eager backends, within 1e-5 on the
+ * inductor's kernels. */
+typedef struct rstep {
+  em_tensor *w, *b;
+  em_optimizer *opt;
+  int use_tanh;
+} rstep;
+
+static em_outputs random_step(void *ctx, em_tensor *const *in, int n) {
+  rstep *s = ctx;
+  em_guard_value(&s->use_tanh, sizeof s->use_tanh);
+  em_tensor *h = em_add(em_matmul(in[0], s->w), s->b);
+  h = s->use_tanh ? em_tanh(h) : em_relu(h);
+  em_tensor *loss = em_mean(em_mul(h, em_add_scalar(em_slice(in[1], 1, 0, 3, 1), 0.5)), 0, NULL, false);
+  em_optimizer_zero_grad(s->opt);
+  if (!loss || !em_backward(loss, NULL) || !em_optimizer_step(s->opt)) return EM_OUTPUTS(NULL);
+  em_add_scalar_(in[0], 0.125); /* an in-place write to an input that may alias the other */
+  return EM_OUTPUTS(loss, em_sum(in[1], 0, NULL, false));
+}
+
+#define EXPECT_CLOSE(a, b, tol) expect_near((a), (b), (tol), __LINE__)
+static void expect_near(em_tensor *a, em_tensor *b, double tol, int line) {
+  cr_assert(a && b && em_numel(a) == em_numel(b), "line %d: %s", line, em_last_error() ? em_last_error() : "shapes differ");
+  double d = em_item(em_amax(em_abs(em_sub(em_cast(a, EM_F64), em_cast(b, EM_F64))), 0, NULL, false));
+  double m = em_item(em_amax(em_abs(em_cast(b, EM_F64)), 0, NULL, false));
+  cr_assert(d <= tol * (1 + m), "line %d: differs by %g (scale %g)", line, d, m);
+}
+
+ETEST(compile, random_host_values_lr_and_aliasing_replay_like_eager) {
+  static const char *backends[] = {"eager", "aot_eager", "inductor"};
+  for (int b = 0; b < 3; b++) {
+    for (int adam = 0; adam < 2; adam++) {
+      rstep s[2];
+      for (int k = 0; k < 2; k++) {
+        em_manual_seed(77);
+        s[k].w = em_requires_grad_(em_randn(EM_F32, EM_SHAPE(4, 3)), true);
+        s[k].b = em_requires_grad_(em_randn(EM_F32, EM_SHAPE(3)), true);
+        em_tensor *p[2] = {s[k].w, s[k].b};
+        s[k].opt = adam ? em_adamw_new(2, p, EM_ADAMW_DEFAULT(0.05)) : em_sgd_new(2, p, ((em_sgd_opts){0.1, 0.9, 0, 0.01, false}));
+        s[k].use_tanh = 1;
+      }
+      em_compiled *c = em_compile(random_step, &(em_compile_options){.backend = backends[b], .recompile_limit = 16});
+      uint64_t r = 12345 + (uint64_t)b * 7 + (uint64_t)adam;
+      for (int call = 0; call < 24; call++) {
+        em_scope_begin();
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        unsigned bits = (unsigned)(r >> 40);
+        if (bits & 1) s[0].use_tanh = s[1].use_tanh = !s[0].use_tanh;
+        if (bits & 2) {
+          double lr = 0.01 + 0.01 * (bits >> 4 & 7);
+          em_optimizer_set_lr(s[0].opt, lr), em_optimizer_set_lr(s[1].opt, lr);
+        }
+        bool alias = bits & 4;
+        em_tensor *in[2][2];
+        for (int k = 0; k < 2; k++) {
+          em_manual_seed(1000 + (uint64_t)call);
+          em_tensor *buf = em_randn(EM_F32, EM_SHAPE(2, 8));
+          in[k][0] = alias ? em_slice(buf, 1, 0, 4, 1) : em_clone(em_slice(buf, 1, 0, 4, 1)); /* [2, 4] */
+          in[k][1] = alias ? em_slice(buf, 1, 2, 6, 1) : em_clone(em_slice(buf, 1, 2, 6, 1)); /* overlaps in[0] */
+        }
+        em_outputs e = random_step(&s[0], in[0], 2);
+        em_outputs o = em_call(c, &s[1], in[1][0], in[1][1]);
+        cr_assert_eq(o.n, 2, "%s call %d: %s", backends[b], call, em_last_error() ? em_last_error() : "");
+        for (int i = 0; i < 2; i++) {
+          if (b < 2) EXPECT_SAME_BITS(o.t[i], e.t[i], "output");
+          else EXPECT_CLOSE(o.t[i], e.t[i], 1e-5);
+        }
+        if (b < 2) EXPECT_SAME_BITS(s[1].w, s[0].w, "w"), EXPECT_SAME_BITS(s[1].b, s[0].b, "b");
+        else EXPECT_CLOSE(s[1].w, s[0].w, 1e-5), EXPECT_CLOSE(s[1].b, s[0].b, 1e-5);
+        em_scope_end();
+      }
+      em_compile_stats st = em_compiled_stats(c);
+      cr_assert_gt(st.replays, 0, "%s: some calls replayed", backends[b]);
+      cr_assert_eq(st.eager_calls, 0);
+      em_compiled_free(c);
+      for (int k = 0; k < 2; k++) em_optimizer_free(s[k].opt);
+    }
+  }
+}
