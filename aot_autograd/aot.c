@@ -228,6 +228,23 @@ bool aot_run(aot_compiled *a, em_tensor *const *in, int n_in, em_tensor **outs, 
     return ok;
   }
   rt_free(all);
+  /* a saved value that is also a differentiable output (exp's result, saved for its backward)
+   * is saved as its own header over the same storage: the output's grad_fn will own this
+   * context, and the context owning the output itself would be a reference cycle that is never
+   * freed when no backward runs (found by the fuzzer: a graph break after such an op leaked) */
+  for (int i = 0; i < c->n_saved; i++)
+    for (int d = 0; d < a->n_diff; d++) {
+      em_tensor *o = outs[a->diff_output[d]];
+      if (c->saved[i] != o) continue;
+      em_tensor *v = rt_new_view(o, o->ndim, o->sizes, o->strides, o->offset, "em_call", site);
+      if (!v) {
+        ctx_destroy(c);
+        goto fail;
+      }
+      em_release(c->saved[i]);
+      c->saved[i] = v;
+      break;
+    }
   /* an output that is an input itself gets its own header (a view), so that attaching a grad_fn
    * does not turn the user's leaf into a non-leaf */
   for (int d = 0; d < a->n_diff; d++) {

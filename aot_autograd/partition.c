@@ -293,6 +293,22 @@ bool aot_partition(const ir_graph *j, const aot_joint_info *info, aot_partitione
       ir_fail(err, cap, "out of memory partitioning");
       goto done;
     }
+    /* Operands of comparisons are computed in the forward, never recomputed: a comparison is
+     * discontinuous, so the backward must see the forward's exact bits. amin's gradient tests
+     * x == amin(x); recomputing x in the backward with other code (the forward ran in the
+     * interpreter because of a dropout, the backward as generated kernels with other math
+     * functions) found no element equal and dropped the gradient (found by the fuzzer). The cut
+     * then saves the operand, or the comparison's bool result when that is cheaper. */
+    bool *compared = calloc(1, bytes);
+    if (!compared) {
+      ir_fail(err, cap, "out of memory partitioning");
+      goto done;
+    }
+    for (int i = 0; i < j->n_nodes; i++) {
+      const ir_node *n = &j->nodes[i];
+      if ((prim_get(n->op)->flags & P_BOOL_OUT) && n->n_in == 2 && n->op != EM_PRIM_LOGICAL_AND && n->op != EM_PRIM_LOGICAL_OR)
+        for (int k = 0; k < 2; k++) compared[ir_operands(j, n)[k]] = true;
+    }
     bool e = true;
     for (int v = 0; v < nv && e; v++) {
       if (td[v]) continue;
@@ -302,11 +318,12 @@ bool aot_partition(const ir_graph *j, const aot_joint_info *info, aot_partitione
       } else {
         const ir_node *n = &j->nodes[d];
         e = net_edge(&f, 2 * v, 2 * v + 1, value_bytes(j, v));
-        if (e && banned(n->op)) e = net_edge(&f, S, 2 * v, INF_CAP);
+        if (e && (banned(n->op) || compared[v])) e = net_edge(&f, S, 2 * v, INF_CAP);
         for (int k = 0; e && k < n->n_in; k++) e = net_edge(&f, 2 * ir_operands(j, n)[k] + 1, 2 * v, INF_CAP);
       }
       if (e && req[v]) e = net_edge(&f, 2 * v + 1, T, INF_CAP);
     }
+    free(compared);
     if (!e) {
       ir_fail(err, cap, "out of memory partitioning");
       goto done;
@@ -331,6 +348,11 @@ bool aot_partition(const ir_graph *j, const aot_joint_info *info, aot_partitione
   for (int v = 0; v < nv; v++) map[v] = -1;
   for (int o = 0; o < info->n_fwd_outputs; o++) fwd_take[j->outputs[o]] = true;
   for (int v = 0; v < nv; v++) fwd_take[v] |= save[v];
+  /* every random node runs in the forward, used or not: each consumes its block of the
+   * generator, so dropping an unused one shifted the masks of the later ones away from eager's
+   * (found by the fuzzer: two dropouts, the first one's result unused) */
+  for (int i = 0; i < j->n_nodes; i++)
+    if ((prim_get(j->nodes[i].op)->flags & P_RANDOM) && !td[j->nodes[i].out]) fwd_take[j->nodes[i].out] = true;
   close_upward(j, fwd_take, NULL);
   for (int i = 0; i < np; i++) map[j->inputs[i]] = ir_add_input(out->fwd, &j->values[j->inputs[i]].type);
   if (!copy_nodes(j, out->fwd, fwd_take, map)) {

@@ -993,7 +993,10 @@ static bool run_traced(em_compiled *c, void *ctx, em_tensor *const *in, int n_in
 /* ---- replay ---- */
 
 static bool replay(em_compiled *c, entry *e, em_tensor *const *in, em_outputs *res, em_site site) {
-  const ir_graph *g = e->graph->g;
+  /* fn that made no node (it returns inputs or tensors it reaches through ctx) has no graph:
+   * its outputs all come from sources (the fuzzer's first crash: its second call read NULL) */
+  static const ir_graph no_graph;
+  const ir_graph *g = e->graph ? e->graph->g : &no_graph;
   em_tensor *small_in[16], *small_out[16];
   em_tensor **gin = g->n_inputs <= 16 ? small_in : malloc(sizeof(em_tensor *) * (size_t)g->n_inputs);
   em_tensor **gout = g->n_outputs <= 16 ? small_out : malloc(sizeof(em_tensor *) * (size_t)g->n_outputs);
@@ -1003,13 +1006,13 @@ static bool replay(em_compiled *c, entry *e, em_tensor *const *in, em_outputs *r
   for (int i = 0; ok && i < g->n_inputs; i++) gin[i] = e->src[i].kind == SRC_ARG ? in[e->src[i].arg] : e->src[i].t;
   /* write-backs into graph inputs may be done by the kernels themselves (in place) */
   int small_don[16], *donate = NULL;
-  if (ok && e->n_wb && e->graph->inductor) {
+  if (ok && e->n_wb && e->graph && e->graph->inductor) {
     donate = g->n_outputs <= 16 ? small_don : malloc(sizeof(int) * (size_t)g->n_outputs);
     for (int o = 0; donate && o < g->n_outputs; o++) donate[o] = -1;
     for (int i = 0; donate && i < e->n_wb; i++)
       if (e->wb[i][0] < g->n_inputs) donate[e->wb[i][1]] = e->wb[i][0];
   }
-  ok = ok && fe_run(e->graph, gin, g->n_inputs, gout, donate, site);
+  ok = ok && (!e->graph || fe_run(e->graph, gin, g->n_inputs, gout, donate, site));
   if (donate != small_don) free(donate);
   if (ok && (e->n_wb || e->n_gb)) { /* the epilogue: write-backs and .grad bindings */
     bool prev = em_set_grad_enabled(false);

@@ -388,6 +388,14 @@ void prim_canonical_attrs(em_prim op, prim_attrs *at, int in_ndim) {
     if (a < 0 && a >= -(int64_t)nd) at->axes[i] = a + nd;
     all_valid = all_valid && at->axes[i] >= 0 && at->axes[i] < nd;
   }
+  /* "all axes" spelled out (argmax/argmin's "all" flattens instead: kept as none): a pass that
+   * marks the listed axes saw no axis reduced (issue 15: the inductor took mean(x) over
+   * [4, 3, 1] for a reduction over the last, size-1 dim) */
+  if ((prim_get(op)->flags & P_REDUCTION) && op != EM_PRIM_ARGMAX && op != EM_PRIM_ARGMIN && at->n_axes == 0) {
+    for (int d = 0; d < in_ndim; d++) at->axes[d] = d;
+    at->n_axes = in_ndim;
+    return;
+  }
   /* a 0-dim operand of a reduction accepts axis 0 / -1 and reduces nothing, as "all" does */
   if ((prim_get(op)->flags & P_REDUCTION) && in_ndim == 0) {
     int k = 0;

@@ -77,8 +77,9 @@ bool prim_meta_fn(em_prim op, const prim_attrs *at, const prim_meta *in, int n_i
                   char *err, size_t cap);
 
 /* Rewrites the axis attributes of op applied to an operand of in_ndim dims into their canonical
- * form: every axis in [0, ndim) (in [0, ndim] for UNSQUEEZE), and sorted ascending where order
- * does not matter (reduction axes, squeeze, flip). Axes out of range are left as they are, for
+ * form: every axis in [0, ndim) (in [0, ndim] for UNSQUEEZE), sorted ascending where order does
+ * not matter (reduction axes, squeeze, flip), and a reduction over all axes (sum, prod, amax,
+ * amin) listing them all. Axes out of range are left as they are, for
  * the meta function to reject. Graph nodes always carry canonical attributes (ir_add_node calls
  * this and the verifier checks it), so passes and code generators may index arrays by an axis
  * without normalizing it again. Eager kernels accept both forms. */

@@ -386,3 +386,28 @@ ETEST(aot, a_per_step_lr_schedule_never_recompiles) {
   lr_schedule_never_recompiles(false, "inductor");
   lr_schedule_never_recompiles(true, "inductor");
 }
+
+/* Found by the fuzzer: a value the forward saves for its backward that is also a differentiable
+ * output (exp's result) was saved as the output's own header, so the output's grad_fn owned a
+ * context that owned the output: a cycle, leaked whenever no backward ran (here: a graph break
+ * after the op makes the value an output of the first graph). ETEST checks nothing is left. */
+static em_outputs exp_then_break(void *ctx, em_tensor *const *in, int n) {
+  em_tensor *e = em_exp(in[0]);
+  em_tensor *d = em_div(in[0], em_add_scalar(em_abs(in[0]), 1));
+  em_graph_break();
+  return EM_OUTPUTS(em_add(e, d));
+}
+
+ETEST(aot, saved_outputs_do_not_leak) {
+  for (int p = 0; p < 2; p++) {
+    em_compiled *c = em_compile(exp_then_break, &(em_compile_options){.backend = "aot_eager", .partitioner = partitioners[p]});
+    for (int call = 0; call < 3; call++) {
+      em_scope_begin();
+      em_tensor *x = em_requires_grad_(em_randn(EM_F32, EM_SHAPE(3)), true);
+      em_outputs o = em_call(c, NULL, x);
+      cr_assert_not_null(o.t[0], "%s", em_last_error() ? em_last_error() : "");
+      em_scope_end();
+    }
+    em_compiled_free(c);
+  }
+}

@@ -748,3 +748,22 @@ ETEST(inductor, spilled_comparisons_do_not_corrupt_the_scratch) {
   expect_close(gg, gw, 1e-6, "gradient", 0);
   em_compiled_free(c);
 }
+
+/* Found by the fuzzer: a reduction over all axes (n_axes 0) of a tensor whose last dim has size
+ * 1. The inductor's reduction matcher marked only listed axes, saw none, and took the size-1 dim
+ * for the reduced one: mean(tanh(x)) over [4, 3, 1] gave 0.048 for eager's 0.400. Nodes now
+ * list every axis of an all-axes reduction. */
+static em_outputs mean_of_all(void *ctx, em_tensor *const *in, int n) {
+  return EM_OUTPUTS(em_mean(em_tanh(in[0]), 0, NULL, false), em_amax(in[0], 0, NULL, true), em_sum(in[0], 0, NULL, false));
+}
+
+ETEST(inductor, all_axes_reductions_over_trailing_size_one_dims) {
+  em_manual_seed(5);
+  em_tensor *xs[3] = {em_randn(EM_F32, EM_SHAPE(4, 3, 1)), em_randn(EM_F32, EM_SHAPE(5, 1, 1)), em_randn(EM_F32, EM_SHAPE(1, 7, 1))};
+  for (int i = 0; i < 3; i++) {
+    em_compiled *c = em_compile(mean_of_all, NULL);
+    em_outputs want = mean_of_all(NULL, &xs[i], 1), got = em_call(c, NULL, xs[i]);
+    for (int k = 0; k < 3; k++) expect_close(got.t[k], want.t[k], 1e-6, "output", k);
+    em_compiled_free(c);
+  }
+}
