@@ -34,6 +34,7 @@
 
 #include <ember.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -531,6 +532,8 @@ static int64_t fz_first_difference(const double *got, const double *want, const 
  * number of failures; each is described on out (NULL: silent). skipped: set when eager itself
  * rejected the program (counted apart: the generator's fault, or eager's, not the compiler's). */
 static int fz_check(uint64_t seed, unsigned mask, FILE *out, bool *skipped) {
+  const char *plant = getenv("EMBER_FUZZ_CRASH_SEED"); /* tests the harness: this program segfaults */
+  if (plant && strtoull(plant, NULL, 10) == seed) raise(SIGSEGV);
   fz_program p = {.seed = seed, .n_ops = 4 + (int)(seed % 27)};
   bool backward = fz_backward(seed);
   char err[512];
