@@ -17,6 +17,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +62,9 @@ typedef struct fe_graph {
   ind_variants ind;       /* compiled at the first run with each input layout */
   int *out_root;          /* [outputs] the traced graph's alias root of each output: an input's
                            * index (< n_inputs), else n_inputs + its value (see unalias_outputs) */
+  const ir_graph *traced; /* as traced (owned by the graph cache): the accuracy reference, repros */
+  int serial;             /* graphs_compiled when it was made: its name in messages */
+  bool ran;               /* has run once (the crash repro is prepared for the first run) */
 } fe_graph;
 
 /* A host value fn declared with em_guard_value: its address, bytes at trace time, and where. */
@@ -133,6 +137,8 @@ struct em_compiled {
   pthread_mutex_t lock;     /* recursive: held through a call, which may call c again (inlined) */
   int check_every;          /* replay validation: 0 never; 1: each entry's second call; N > 1: that
                              * and every Nth call of an entry */
+  bool accuracy;            /* each compiled graph run is checked against the reference (repro.c) */
+  char partitioner_name[16];
 };
 
 /* State of one traced run of fn, passed to on_break. */
@@ -478,6 +484,8 @@ static fe_graph *backend_compile(em_compiled *c, const ir_graph *traced, const b
   fe_dump_graph(g);
   fg->no_grad = has_backward;
   fg->inductor = c->inductor;
+  fg->serial = (int)c->stats.graphs_compiled - 1;
+  if (c->inductor) fe_plant(g); /* EMBER_DEBUG_PLANT_BUG: tests of the accuracy checker */
   if (c->aot && any_rg && rt_grad_enabled() && !has_backward) {
     char *saved_err = NULL;
     fg->aot = aot_compile(g, in_rg, c->partitioner, c->name, site);
@@ -506,11 +514,54 @@ static fe_graph *backend_compile(em_compiled *c, const ir_graph *traced, const b
  * layouts, else the interpreter. donate: see ind_run (NULL: none). */
 static bool fe_run_graph(const fe_graph *cfg, em_tensor *const *in, int n_in, em_tensor **out, const int *donate, em_site site);
 
-static bool fe_run(const fe_graph *fg, em_tensor *const *in, int n_in, em_tensor **out, const int *donate, em_site site) {
-  if (!fe_run_graph(fg, in, n_in, out, donate, site)) return false;
-  if (unalias_outputs(fg, in, n_in, out, donate, site)) return true;
-  for (int k = 0; k < fg->g->n_outputs; k++) em_release(out[k]), out[k] = NULL;
-  return false;
+/* Runs a compiled graph (fe_run_graph), then copies outputs that alias where eager's do not.
+ * With the accuracy checker on, the reference runs first (before any in-place write) and the
+ * outputs are compared; a difference fails the call naming the node and the user's line. With
+ * EMBER_REPRO_DIR, a repro is prepared before a graph's first run (a crash writes it) and
+ * written on an accuracy failure or when the inductor cannot compile the graph. */
+static bool fe_run(const em_compiled *c, const fe_graph *fg, em_tensor *const *in, int n_in, em_tensor **out,
+                   const int *donate, em_site site) {
+  const ir_graph *g = fg->g;
+  em_tensor *small[16], **ref = NULL;
+  char name[96];
+  snprintf(name, sizeof name, "%s_%d", c->name, fg->serial);
+  if (c->accuracy && fg->traced) {
+    ref = g->n_outputs <= 16 ? small : calloc((size_t)g->n_outputs, sizeof(em_tensor *));
+    for (int k = 0; ref && k < g->n_outputs; k++) ref[k] = NULL;
+    if (ref && !fe_reference(fg->traced, in, n_in, ref, site)) { /* no reference: nothing to check */
+      for (int k = 0; k < g->n_outputs; k++) em_release(ref[k]);
+      if (ref != small) free(ref);
+      ref = NULL;
+      em_clear_error();
+    }
+  }
+  char *crash_dir = !fg->ran && fe_repro_root() && fg->traced
+                        ? fe_write_repro(name, fg->traced, in, n_in, c->backend, c->partitioner_name, NULL, true)
+                        : NULL;
+  int64_t fails0 = ind_failures();
+  bool ok = fe_run_graph(fg, in, n_in, out, donate, site);
+  ((fe_graph *)fg)->ran = true;
+  fe_repro_done(crash_dir);
+  free(crash_dir);
+  if (ind_failures() != fails0 && fe_repro_root() && fg->traced)
+    free(fe_write_repro(name, fg->traced, in, n_in, c->backend, c->partitioner_name, "the inductor could not compile it", false));
+  if (ok && !unalias_outputs(fg, in, n_in, out, donate, site)) ok = false;
+  if (ok && ref) {
+    char *diff = fe_check_accuracy(name, fg->traced, !strcmp(c->backend, "eager"), c->inductor, in, n_in, out, ref);
+    if (diff) {
+      char *dir = fe_write_repro(name, fg->traced, in, n_in, c->backend, c->partitioner_name, diff, false);
+      rt_error(site, "em_call", "%s%s%s", diff, dir ? "; repro in " : "", dir ? dir : "");
+      free(dir), free(diff);
+      ok = false;
+    }
+  }
+  if (ref) {
+    for (int k = 0; k < g->n_outputs; k++) em_release(ref[k]);
+    if (ref != small) free(ref);
+  }
+  if (!ok)
+    for (int k = 0; k < g->n_outputs; k++) em_release(out[k]), out[k] = NULL;
+  return ok;
 }
 
 static bool fe_run_graph(const fe_graph *cfg, em_tensor *const *in, int n_in, em_tensor **out, const int *donate, em_site site) {
@@ -523,6 +574,7 @@ static bool fe_run_graph(const fe_graph *cfg, em_tensor *const *in, int n_in, em
   for (int i = 0; i < fg->g->n_nodes && !random; i++) random = prim_get(fg->g->nodes[i].op)->flags & P_RANDOM;
   ind_program *prog = fg->inductor && !needs_autograd && !random ? ind_variant(&fg->ind, fg->g, in, n_in) : NULL;
   if (prog) { /* else the interpreter runs it */
+    if (fe_planted_bug() == FE_PLANT_CRASH) raise(SIGSEGV); /* tests of the crash repro */
     bool ok = ind_run(prog, in, n_in, out, donate, site);
     if (fg->no_grad) em_set_grad_enabled(prev);
     return ok;
@@ -579,6 +631,7 @@ static const fe_graph *lookup_or_compile(em_compiled *c, const ir_graph *traced,
     ir_graph *copy = ir_graph_clone(traced);
     fe_graph *compiled = copy ? backend_compile(c, traced, in_rg, any_rg, has_backward, site) : NULL;
     if (compiled) {
+      compiled->traced = copy;
       c->graphs[c->n_graphs++] = (cached_graph){h, copy, variant, compiled, c->uses};
       found = compiled;
     } else {
@@ -711,7 +764,7 @@ static bool run_graph_so_far(run_state *rs, rt_trace *tr, em_site site, final_in
         }
     }
   }
-  ok = fe_run(cg, tr->lifted, tr->n_lifted, outs, NULL, site);
+  ok = fe_run(rs->c, cg, tr->lifted, tr->n_lifted, outs, NULL, site);
   int n_mat = 0;
   if (ok && mat)
     for (int i = 0; i < tr->n_proxies; i++)
@@ -1012,7 +1065,7 @@ static bool replay(em_compiled *c, entry *e, em_tensor *const *in, em_outputs *r
     for (int i = 0; donate && i < e->n_wb; i++)
       if (e->wb[i][0] < g->n_inputs) donate[e->wb[i][1]] = e->wb[i][0];
   }
-  ok = ok && (!e->graph || fe_run(e->graph, gin, g->n_inputs, gout, donate, site));
+  ok = ok && (!e->graph || fe_run(c, e->graph, gin, g->n_inputs, gout, donate, site));
   if (donate != small_don) free(donate);
   if (ok && (e->n_wb || e->n_gb)) { /* the epilogue: write-backs and .grad bindings */
     bool prev = em_set_grad_enabled(false);
@@ -1105,6 +1158,9 @@ em_compiled *em_compile_at(em_model_fn fn, const em_compile_options *opts, em_si
   c->fullgraph = o.fullgraph;
   c->limit = o.recompile_limit > 0 ? o.recompile_limit : 8;
   c->check_every = o.check_every < 0 ? 0 : o.check_every == 0 ? 1 : o.check_every;
+  const char *acc = getenv("EMBER_COMPILE_ACCURACY");
+  c->accuracy = o.accuracy || (acc && *acc && strcmp(acc, "0"));
+  snprintf(c->partitioner_name, sizeof c->partitioner_name, "%s", part);
   const char *chk = getenv("EMBER_COMPILE_CHECK");
   if (chk && *chk) c->check_every = atoi(chk) < 0 ? 0 : atoi(chk);
   c->site = site;

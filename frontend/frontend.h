@@ -29,4 +29,31 @@ void fe_log(fe_artifact a, const char *fmt, ...) __attribute__((format(printf, 2
 /* Writes g as <dir>/<name>_<n>.txt and .dot when EMBER_DUMP_DIR is set. */
 void fe_dump_graph(const ir_graph *g);
 
+/* ---- repro.c: the accuracy checker, repro directories, planted bugs ---- */
+
+enum { FE_PLANT_NONE, FE_PLANT_ADD_TO_SUB, FE_PLANT_CRASH };
+/* EMBER_DEBUG_PLANT_BUG (tests only): FE_PLANT_*. */
+int fe_planted_bug(void);
+/* With add_to_sub planted, turns g's first add into a sub (g is what the inductor compiles). */
+void fe_plant(ir_graph *g);
+/* Compares got with ref (the outputs of traced run by the backend and by the reference): NULL
+ * when they agree, else a new message naming the output, the element and, with inductor, the
+ * first node whose value differs and the user's line that made it. exact: bit for bit. */
+char *fe_check_accuracy(const char *graph_name, const ir_graph *traced, bool exact, bool inductor, em_tensor *const *in,
+                        int n_in, em_tensor *const *got, em_tensor *const *ref);
+/* The reference outputs of traced on in (caller-owned, n_outputs of them): the graph as traced,
+ * interpreted on the eager kernels without autograd, the RNG state restored after. */
+bool fe_reference(const ir_graph *traced, em_tensor *const *in, int n_in, em_tensor **ref, em_site site);
+/* EMBER_REPRO_DIR, or NULL. */
+const char *fe_repro_root(void);
+/* Writes a repro directory for traced on in under EMBER_REPRO_DIR; returns its path (caller
+ * frees) or NULL. for_crash: prepared before a run, armed for the crash handler; fe_repro_done
+ * removes it when the run finished. */
+char *fe_write_repro(const char *name, const ir_graph *traced, em_tensor *const *in, int n_in, const char *backend,
+                     const char *partitioner, const char *failure, bool for_crash);
+void fe_repro_done(const char *dir);
+/* Runs g on in through backend and through the reference; 0 when they agree, 1 when they
+ * differ or the backend fails, -1 when the reference fails. report: what happened. */
+int fe_check_graph(const ir_graph *g, em_tensor *const *in, int n_in, const char *backend, char *report, size_t cap);
+
 #endif /* EMBER_FRONTEND_H */

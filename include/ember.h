@@ -980,6 +980,9 @@ typedef struct em_compile_options {
   int recompile_limit; /* entries before falling back to eager; <= 0: 8 (torch's default) */
   const char *partitioner; /* "default" or "min_cut" (see below); NULL: min_cut for inductor,
                             * default for aot_eager */
+  bool accuracy;       /* the accuracy checker: every compiled graph is also run by the
+                        * reference and compared (see "When a compiled result is wrong" below);
+                        * EMBER_COMPILE_ACCURACY=1 turns it on for every compiled function */
   int check_every;     /* replay validation (see "Replay validation" below): 0 (default): each
                         * entry's second call is traced again and compared with the entry;
                         * N > 1: that and every Nth call of an entry; < 0: never. The
@@ -1069,6 +1072,27 @@ void em_explanation_free(em_explanation *e);
 /* An explicit graph break (torch._dynamo.graph_break). Does nothing outside a trace. */
 #define em_graph_break() em_graph_break_at(EM_HERE)
 void em_graph_break_at(em_site site);
+
+/* When a compiled result is wrong (frontend/repro.c). EMBER_COMPILE_ACCURACY=1 (or
+ * em_compile_options.accuracy) runs every compiled graph also on the reference (the graph as
+ * traced, interpreted on the eager kernels) and compares: bit for bit on backend eager, else
+ * within 1e-5 of each element plus 1e-5 of the output's largest magnitude plus 1e-6 (f32;
+ * 1e-12, 1e-13 in f64). A difference fails the call with an error naming the graph, the output
+ * and element, and (inductor) the first node whose value differs, its IR and the user's line:
+ *   model.c:9: em_call: accuracy check failed in graph fn_0: output 0 element 2 is 1, the
+ *   reference (the traced graph on the eager kernels) gives 5; the first node whose value
+ *   differs: %3 : f32[4] = add(%1, %2), made at model.c:31 in forward (em_add)
+ * It costs one reference run per call. EMBER_REPRO_DIR=dir writes dir/<fn>_<pid>_<n>/ on an
+ * accuracy failure, a graph the inductor cannot compile, or a crash while a compiled graph runs
+ * for the first time (prepared before that run; later runs are not covered): graph.ir (the
+ * traced graph, for ir_parse), in<i>.npy (its inputs), options.txt (backend, partitioner, remat,
+ * CPU, the failure) and repro.c, which calls em_debug_check_repro. build/ember_minify <dir>
+ * shrinks such a directory by delta debugging into <dir>/minified.
+ *
+ * em_debug_check_repro replays a repro directory: the graph through the backend it names and
+ * through the reference. Returns 0 when they agree, 1 when they differ or the backend fails, -1
+ * when the directory cannot be read or the reference fails; report (cap bytes) says which. */
+int em_debug_check_repro(const char *dir, char *report, size_t cap);
 
 /* Declares that fn's trace depends on the size bytes at ptr (host state: a `training` flag, a
  * float field of ctx, a global): called inside fn, each cache entry then checks those bytes on

@@ -77,6 +77,8 @@ void ind_set_compiled_hook(ind_compiled_hook hook);
 ind_stats ind_program_stats(const ind_program *p);
 /* Failed compiles on the calling thread (for em_compiled_stats). */
 int64_t ind_failures(void);
+/* The host CPU the code generator targets (LLVM's name), or NULL before the JIT started. */
+const char *ind_cpu_name(void);
 /* Tests: with a reason, every ind_compile fails with it; NULL restores normal compiles. */
 void ind_debug_fail(const char *reason);
 /* The programs of one graph, one per input layout met (strides differ between calls when an

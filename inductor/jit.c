@@ -15,6 +15,7 @@
 
 int ind_lanes = 8;
 char *ind_host_cpu, *ind_host_features;
+const char *ind_cpu_name(void) { return ind_host_cpu; }
 
 /* ---- the JIT ---- */
 

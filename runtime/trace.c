@@ -361,7 +361,19 @@ void rt_trace_materialize(rt_trace *tr, em_tensor *const *outs) {
     tr->proxies[i] = NULL;
     tr->live_proxies--;
     em_retain(p);            /* p's old autograd node may hold the last other reference */
-    rt_tensor_become(p, outs[k]);
+    /* A proxy whose value is a lifted tensor (fn's em_reshape(x, x's shape) is x's value) is
+     * another tensor than x in eager, with a grad_fn into x: becoming x itself made it a second
+     * leaf that took x's gradients away (found by the fuzzer). It becomes a view of x instead. */
+    em_tensor *real = outs[k], *view = NULL;
+    bool lifted = false;
+    for (int j = 0; j < tr->n_lifted && !lifted; j++) lifted = tr->lifted[j] == real;
+    if (lifted && real->requires_grad && rt_grad_enabled()) {
+      tr->suspended++;
+      view = rt_reshape(real, real->ndim, real->sizes, "em_call", (em_site){__FILE__, __LINE__, __func__});
+      tr->suspended--;
+    }
+    rt_tensor_become(p, view ? view : real);
+    em_release(view);
     em_release(p);
   }
 }

@@ -1018,3 +1018,27 @@ ETEST(compile, random_host_values_lr_and_aliasing_replay_like_eager) {
     }
   }
 }
+
+/* Found by the fuzzer: a proxy whose value is an input (x reshaped to its own shape) became the
+ * input's own tensor at a graph break: a second leaf, which took x's gradient away (0 for
+ * eager's 1). It now becomes a view of x with a grad_fn into x, as in eager. The f64 output
+ * makes AOT fall back to eager autograd on this graph, the path that materialized it so. */
+static em_outputs reshaped_input_across_a_break(void *ctx, em_tensor *const *in, int n) {
+  em_tensor *v = em_reshape(in[0], EM_SHAPE(-1));
+  em_tensor *d = em_cast(em_tanh(in[0]), EM_F64);
+  em_graph_break();
+  return EM_OUTPUTS(em_mul_scalar(v, 3), d);
+}
+
+ETEST(compile, a_proxy_that_is_an_input_keeps_its_gradient_across_a_break) {
+  static const char *backends[] = {"eager", "aot_eager", "inductor"};
+  for (int b = 0; b < 3; b++) {
+    em_compiled *c = em_compile(reshaped_input_across_a_break, &(em_compile_options){.backend = backends[b]});
+    em_tensor *x = em_requires_grad_(em_ones(EM_F32, EM_SHAPE(3)), true);
+    em_tensor *o = em_call(c, NULL, x).t[0], *g;
+    cr_assert_not_null(o, "%s", em_last_error() ? em_last_error() : "");
+    cr_assert(em_grad(1, &o, (em_tensor *[]){em_ones(EM_F32, EM_SHAPE(3))}, 1, &x, &g, false, false));
+    EXPECT_ALL(g, EM_F32, SHAPE(3), 0, 3);
+    em_compiled_free(c);
+  }
+}
