@@ -1241,8 +1241,10 @@ em_outputs em_call_at(em_compiled *c, void *ctx, em_tensor *const *in, int n_in,
 static em_outputs call(em_compiled *c, void *ctx, em_tensor *const *in, int n_in, em_site site) {
   if (!c) return rt_error(site, "em_call", "the compiled function is NULL"), failed_outputs(0);
   if (n_in < 0 || (n_in > 0 && !in)) return rt_error(site, "em_call", "bad inputs (n = %d)", n_in), failed_outputs(0);
-  for (int i = 0; i < n_in; i++)
+  for (int i = 0; i < n_in; i++) {
     if (!in[i]) return failed_outputs(0);
+    if (in[i] == EM_NONE) return rt_error(site, "em_call", "input %d is EM_NONE, where a tensor is required", i), failed_outputs(0);
+  }
   c->stats.calls++;
   if (rt_tracing()) return c->fn(ctx, in, n_in); /* inlined into the enclosing trace */
 
@@ -1371,8 +1373,13 @@ em_explanation *em_explain_at(em_model_fn fn, void *ctx, em_tensor *const *in, i
   rs->site = site;
   entry *e = NULL;
   em_outputs r;
-  for (int i = 0; i < n_in; i++)
+  for (int i = 0; i < n_in; i++) {
     if (!in[i]) goto fail;
+    if (in[i] == EM_NONE) {
+      rt_error(site, "em_explain", "input %d is EM_NONE, where a tensor is required", i);
+      goto fail;
+    }
+  }
   if (!run_traced(c, ctx, in, n_in, rs, true, &e, &r, site)) goto fail;
   for (int i = 0; i < r.n; i++) em_release(r.t[i]);
   x->n_graphs = rs->n_graphs;
@@ -1450,5 +1457,7 @@ em_outputs em_call_opaque_at(em_opaque_fn fn, void *ctx, em_tensor *const *in, i
   if (tok < 0) return failed_outputs(0);
   em_outputs o = fn(ctx, in, n_in);
   rt_break_end(tok);
+  if (o.n < 0 || o.n > EM_MAX_OUTPUTS) /* its tensors are its scope's: nothing to release */
+    return rt_error(site, "em_call_opaque", "fn returned %d outputs (0 to %d allowed)", o.n, EM_MAX_OUTPUTS), failed_outputs(0);
   return o;
 }

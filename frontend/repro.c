@@ -250,9 +250,10 @@ char *fe_write_repro(const char *name, const ir_graph *traced, em_tensor *const 
   for (int i = 0; ok && i < n_in; i++) {
     char path[4200];
     snprintf(path, sizeof path, "%s/in%d.npy", dir, i);
-    em_tensor *c = em_contiguous_at(in[i], (em_site){0}); /* em_save_npy wants row-major data */
+    bool dense = em_is_contiguous(in[i]); /* .npy holds row-major data: a caller-owned copy otherwise */
+    em_tensor *c = dense ? in[i] : rt_dispatch("em_call", EM_PRIM_CLONE, &in[i], 1, NULL, (em_site){0});
     ok = c && em_save_npy_at(path, c, (em_site){0});
-    em_release(c);
+    if (!dense) em_release(c);
   }
   rt_trace_resume();
   char opts[1024];

@@ -30,6 +30,7 @@ static em_tensor *num(em_dtype dt, double v, em_site site) { return rt_scope_add
 
 static bool float_arg(em_tensor *x, const char *name, em_site site) {
   char b[128];
+  if (!rt_tensor_arg(x, name, site)) return false;
   if (!ir_is_float(x->dtype) || !ir_dtype(x->dtype)->cpu_compute)
     return rt_error(site, name, "needs f32 or f64, got %s", rt_fmt(b, sizeof b, x)), false;
   return true;
@@ -279,6 +280,8 @@ em_tensor *em_batch_norm_at(em_tensor *x, em_tensor *rm, em_tensor *rv, em_tenso
 }
 
 em_tensor *em_linear_at(em_tensor *x, em_tensor *w, em_tensor *b, em_site site) {
+  RT_ARG(x, "em_linear", site);
+  RT_ARG(w, "em_linear", site);
   if (!x || !w || !b) return NULL;
   char s0[128], s1[128];
   if (w->ndim != 2) return rt_error(site, "em_linear", "weight must be [out, in], got %s", rt_fmt(s0, sizeof s0, w));
@@ -294,6 +297,7 @@ em_tensor *em_linear_at(em_tensor *x, em_tensor *w, em_tensor *b, em_site site) 
 }
 
 em_tensor *em_dropout_at(em_tensor *x, double p, bool training, em_site site) {
+  RT_ARG(x, "em_dropout", site);
   if (!x) return NULL;
   if (!(p >= 0 && p <= 1)) return rt_error(site, "em_dropout", "p must be in [0, 1], got %g", p);
   if (!training || p == 0) return rt_scope_add(em_retain(x), "em_dropout", site);
@@ -362,6 +366,8 @@ em_tensor *em_nll_loss_at(em_tensor *logp, em_tensor *target, int64_t ignore_ind
 }
 
 em_tensor *em_cross_entropy_at(em_tensor *logits, em_tensor *target, em_cross_entropy_opts o, em_site site) {
+  RT_ARG(logits, "em_cross_entropy", site);
+  RT_ARG(target, "em_cross_entropy", site);
   static const char name[] = "em_cross_entropy";
   if (!logits || !target) return NULL;
   char b0[128], b1[128];
@@ -402,6 +408,8 @@ em_tensor *em_mse_loss_at(em_tensor *x, em_tensor *y, em_reduction reduction, em
 }
 
 em_tensor *em_embedding_at(em_tensor *idx, em_tensor *w, em_site site) {
+  RT_ARG(idx, "em_embedding", site);
+  RT_ARG(w, "em_embedding", site);
   if (!idx || !w) return NULL;
   char b[128];
   if (w->ndim != 2) return rt_error(site, "em_embedding", "weight must be [V, D], got %s", rt_fmt(b, sizeof b, w));

@@ -544,6 +544,7 @@ static bool to_backward(rt_node *n, em_tensor *g, em_tensor **grads) {
 static const rt_custom_ops to_ops = {to_backward, NULL, NULL};
 
 em_tensor *em_to_at(em_tensor *x, em_device dev, em_site site) {
+  RT_ARG(x, "em_to", site);
   static const char name[] = "em_to";
   if (!x) return NULL;
   if (dev != EM_CPU && dev != EM_CUDA) return rt_error(site, name, "invalid device %d", (int)dev);

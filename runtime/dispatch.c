@@ -70,10 +70,21 @@ static bool check_operands(const char *name, em_prim op, em_tensor *const *in, i
   return true;
 }
 
+/* NULL operands (an earlier op failed: its error is recorded) and EM_NONE where a tensor is
+ * required (its header has no storage: issue 17 found 74 ops that crashed on it) stop here, for
+ * every op, before anything reads a header. */
+static bool operands_present(const char *name, em_tensor *const *in, int n_in, em_site site) {
+  for (int i = 0; i < n_in; i++) {
+    if (!in[i]) return false;
+    if (in[i] == EM_NONE || !in[i]->storage)
+      return rt_error(site, name, "operand %d is EM_NONE, where a tensor is required", i), false;
+  }
+  return true;
+}
+
 em_tensor *rt_dispatch(const char *name, em_prim op, em_tensor *const *in, int n_in,
                        const prim_attrs *at, em_site site) {
-  for (int i = 0; i < n_in; i++)
-    if (!in[i]) return NULL;
+  if (!operands_present(name, in, n_in, site)) return NULL;
   rt_trace *tr = rt_tracing();
   if (tr) return rt_trace_dispatch(tr, name, op, in, n_in, at, site);
   enum { MAX_IN = 64 };
@@ -167,9 +178,7 @@ bool rt_dispatch_out(const char *name, em_prim op, em_tensor *const *in, int n_i
                      const prim_attrs *at, em_tensor *out, em_site site) {
   EM_ASSERT(prim_get(op)->flags & P_POINTWISE);
   EM_ASSERT(n_in <= 4);
-  if (!out) return false;
-  for (int i = 0; i < n_in; i++)
-    if (!in[i]) return false;
+  if (!operands_present(name, &out, 1, site) || !operands_present(name, in, n_in, site)) return false;
   rt_trace *tr = rt_tracing();
   if (tr) {
     int r = rt_trace_inplace(tr, name, op, in, n_in, at, out, site);

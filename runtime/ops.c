@@ -208,6 +208,7 @@ em_tensor *em_clone_at(em_tensor *x, em_site site) {
 }
 
 em_tensor *em_contiguous_at(em_tensor *x, em_site site) {
+  RT_ARG(x, "em_contiguous", site);
   if (!x) return NULL;
   if (em_is_contiguous(x)) return SCOPED("em_contiguous", em_retain(x));
   return SCOPED("em_contiguous", rt_dispatch("em_contiguous", EM_PRIM_CLONE, &x, 1, NULL, site));
@@ -287,10 +288,12 @@ em_tensor *rt_reshape(em_tensor *x, int ndim, const int64_t *sizes, const char *
 }
 
 em_tensor *em_reshape_at(em_tensor *x, int ndim, const int64_t *sizes, em_site site) {
+  RT_ARG(x, "em_reshape", site);
   return SCOPED("em_reshape", rt_reshape(x, ndim, sizes, "em_reshape", site));
 }
 
 em_tensor *em_permute_at(em_tensor *x, int ndim, const int64_t *perm, em_site site) {
+  RT_ARG(x, "em_permute", site);
   if (!x) return NULL;
   if (!shape_arg("em_permute", ndim, perm, site)) return NULL;
   prim_attrs at = {.n_axes = ndim};
@@ -299,6 +302,7 @@ em_tensor *em_permute_at(em_tensor *x, int ndim, const int64_t *perm, em_site si
 }
 
 em_tensor *em_transpose_at(em_tensor *x, int d0, int d1, em_site site) {
+  RT_ARG(x, "em_transpose", site);
   if (!x) return NULL;
   int a = ir_norm_axis(d0, x->ndim), b = ir_norm_axis(d1, x->ndim);
   char s[128];
@@ -338,6 +342,7 @@ static bool slice_attrs(em_tensor *x, int axis, int64_t start, int64_t stop, int
 }
 
 em_tensor *em_slice_at(em_tensor *x, int axis, int64_t start, int64_t stop, int64_t step, em_site site) {
+  RT_ARG(x, "em_slice", site);
   prim_attrs at;
   if (!x || !slice_attrs(x, axis, start, stop, step, &at, "em_slice", site)) return NULL;
   return SCOPED("em_slice", rt_dispatch("em_slice", EM_PRIM_SLICE, &x, 1, &at, site));
@@ -432,9 +437,13 @@ static em_tensor *indexing(em_prim op, const char *name, em_tensor *x, int axis,
 }
 
 em_tensor *em_gather_at(em_tensor *x, int axis, em_tensor *index, em_site site) {
+  RT_ARG(x, "em_gather", site);
+  RT_ARG(index, "em_gather", site);
   return indexing(EM_PRIM_GATHER, "em_gather", x, axis, index, NULL, site);
 }
 em_tensor *em_index_select_at(em_tensor *x, int axis, em_tensor *index, em_site site) {
+  RT_ARG(x, "em_index_select", site);
+  RT_ARG(index, "em_index_select", site);
   return indexing(EM_PRIM_INDEX_SELECT, "em_index_select", x, axis, index, NULL, site);
 }
 em_tensor *em_scatter_add_at(em_tensor *x, int axis, em_tensor *index, em_tensor *src, em_site site) {
@@ -444,6 +453,8 @@ em_tensor *em_scatter_add_at(em_tensor *x, int axis, em_tensor *index, em_tensor
 /* ---- extern ------------------------------------------------------------------------------ */
 
 em_tensor *em_matmul_at(em_tensor *a, em_tensor *b, em_site site) {
+  RT_ARG(a, "em_matmul", site);
+  RT_ARG(b, "em_matmul", site);
   static const char name[] = "em_matmul";
   if (!a || !b) return NULL;
   char s0[128], s1[128];
@@ -598,7 +609,8 @@ static em_tensor *source_for(em_tensor *dst, em_tensor *src, const char *name, e
 }
 
 static em_tensor *inplace(em_prim op, const char *name, em_tensor *dst, em_tensor *b, em_site site) {
-  if (!dst || !b) return NULL;
+  RT_ARG(dst, name, site);
+  RT_ARG(b, name, site);
   if (!writable(dst, name, site)) return NULL;
   em_dtype res = compute_dtype(op, ir_promote(dst->dtype, b->dtype));
   if (ir_dtype(res)->cat > ir_dtype(dst->dtype)->cat) {
@@ -620,7 +632,7 @@ em_tensor *em_mul__at(em_tensor *dst, em_tensor *b, em_site site) { return inpla
 em_tensor *em_div__at(em_tensor *dst, em_tensor *b, em_site site) { return inplace(EM_PRIM_DIV, "em_div_", dst, b, site); }
 
 static em_tensor *inplace_scalar(em_prim op, const char *name, em_tensor *dst, double v, em_site site) {
-  if (!dst) return NULL;
+  RT_ARG(dst, name, site);
   bool is_float = !(isfinite(v) && v == trunc(v));
   em_tensor *s = rt_scalar(ir_promote_scalar(dst->dtype, is_float), v, name, site);
   em_tensor *r = inplace(op, name, dst, s, site);
@@ -632,6 +644,8 @@ em_tensor *em_add_scalar__at(em_tensor *dst, double s, em_site site) { return in
 em_tensor *em_mul_scalar__at(em_tensor *dst, double s, em_site site) { return inplace_scalar(EM_PRIM_MUL, "em_mul_scalar_", dst, s, site); }
 
 em_tensor *em_copy__at(em_tensor *dst, em_tensor *src, em_site site) {
+  RT_ARG(dst, "em_copy_", site);
+  RT_ARG(src, "em_copy_", site);
   static const char name[] = "em_copy_";
   if (!dst || !src) return NULL;
   if (!writable(dst, name, site)) return NULL;

@@ -251,6 +251,14 @@ struct rt_trace {
   int n_item_values;
 };
 
+/* Whether t may be used where a tensor is required: false for NULL (an earlier failure, already
+ * recorded) and for EM_NONE (recorded here, naming the op and the caller's line). */
+bool rt_tensor_arg(const em_tensor *t, const char *name, em_site site);
+#define RT_ARG(t, name, site)                           \
+  do {                                                  \
+    if (!rt_tensor_arg((t), (name), (site))) return NULL; \
+  } while (0)
+
 /* The active trace of this thread (NULL when none or suspended). */
 rt_trace *rt_tracing(void);
 /* The trace of this thread even while suspended at a break (NULL when none). */

@@ -33,13 +33,21 @@ static void storage_release(rt_storage *s) {
   }
 }
 
+bool rt_tensor_arg(const em_tensor *t, const char *name, em_site site) {
+  if (!t) return false;
+  if (t == EM_NONE) return rt_error(site, name, "an operand is EM_NONE, where a tensor is required"), false;
+  return true;
+}
+
+/* EM_NONE is a static sentinel, not a counted tensor: retaining or releasing it does nothing
+ * (an op handed it by mistake released it and freed its missing storage). */
 em_tensor *em_retain(em_tensor *t) {
-  if (t) __atomic_add_fetch(&t->refcount, 1, __ATOMIC_RELAXED);
+  if (t && t != EM_NONE) __atomic_add_fetch(&t->refcount, 1, __ATOMIC_RELAXED);
   return t;
 }
 
 void em_release(em_tensor *t) {
-  if (!t) return;
+  if (!t || t == EM_NONE) return;
   if (__atomic_sub_fetch(&t->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
     if (t->proxy) rt_trace_forget(t);
     if (t->watched) rt_watch_notify(t);

@@ -1042,3 +1042,27 @@ ETEST(compile, a_proxy_that_is_an_input_keeps_its_gradient_across_a_break) {
     em_compiled_free(c);
   }
 }
+
+/* Issue 17: EM_NONE as an input of em_call or em_explain, and an opaque function returning more
+ * than EM_MAX_OUTPUTS outputs, are clear errors (they crashed, or were accepted). */
+static em_outputs too_many(void *ctx, em_tensor *const *in, int n) {
+  em_outputs o = {.n = EM_MAX_OUTPUTS + 5};
+  return o;
+}
+
+ETEST(compile, em_none_inputs_and_too_many_opaque_outputs_are_errors) {
+  em_compiled *c = em_compile(double_it, NULL);
+  em_outputs o = em_call(c, NULL, EM_NONE);
+  cr_assert_null(o.t[0]);
+  cr_assert(em_last_error() && strstr(em_last_error(), "em_call: input 0 is EM_NONE"), "%s", em_last_error());
+  em_clear_error();
+  cr_assert_null(em_explain(double_it, NULL, EM_NONE));
+  cr_assert(em_last_error() && strstr(em_last_error(), "em_explain: input 0 is EM_NONE"), "%s", em_last_error());
+  em_clear_error();
+  o = em_call_opaque(too_many, NULL, em_ones(EM_F32, EM_SHAPE(2)));
+  cr_assert_eq(o.n, 0);
+  cr_assert(em_last_error() && strstr(em_last_error(), "em_call_opaque: fn returned 21 outputs (0 to 16 allowed)"), "%s",
+            em_last_error());
+  em_clear_error();
+  em_compiled_free(c);
+}

@@ -174,3 +174,115 @@ ETEST(errors, later_ops_run_after_an_error) {
   cr_assert_str_eq(em_last_error(), first, "the first message stays");
   em_clear_error();
 }
+
+/* Issue 17: EM_NONE where a tensor is required crashed 74 of 84 ops (a header without storage).
+ * Every op here, given EM_NONE for each tensor operand in turn, returns its failure value with
+ * an error naming the op, and leaks nothing; each call runs in a child process, so a crash is
+ * counted (and named) rather than ending the suite. */
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define N_NONE_CASES 64
+static em_tensor *none_case(int k, em_tensor *a, em_tensor *b, bool *is_null_ok) {
+  em_tensor *N = EM_NONE;
+  *is_null_ok = true;
+  switch (k) {
+  case 0: return em_neg(N);
+  case 1: return em_exp(N);
+  case 2: return em_abs(N);
+  case 3: return em_add(N, a);
+  case 4: return em_add(a, N);
+  case 5: return em_mul(N, b);
+  case 6: return em_sub(a, N);
+  case 7: return em_div(N, a);
+  case 8: return em_maximum(a, N);
+  case 9: return em_pow(N, a);
+  case 10: return em_where(N, a, a);
+  case 11: return em_where(em_gt(a, a), N, a);
+  case 12: return em_where(em_gt(a, a), a, N);
+  case 13: return em_sum(N, 0, NULL, false);
+  case 14: return em_mean(N, 1, (int64_t[]){0}, true);
+  case 15: return em_amax(N, 0, NULL, false);
+  case 16: return em_argmax(N, 0, false);
+  case 17: return em_reshape(N, EM_SHAPE(-1));
+  case 18: return em_transpose(N, 0, 1);
+  case 19: return em_permute(N, EM_SHAPE(1, 0));
+  case 20: return em_expand(N, EM_SHAPE(2, 3));
+  case 21: return em_slice(N, 0, 0, 1, 1);
+  case 22: return em_unsqueeze(N, 0);
+  case 23: return em_squeeze(N, 0, NULL);
+  case 24: return em_flip(N, EM_AXES(0));
+  case 25: return em_cat(2, ((em_tensor *[]){a, N}), 0);
+  case 26: return em_pad(N, 2, (int64_t[]){1, 1}, 0);
+  case 27: return em_matmul(N, b);
+  case 28: return em_matmul(a, N);
+  case 29: return em_cast(N, EM_F64);
+  case 30: return em_clone(N);
+  case 31: return em_contiguous(N);
+  case 32: return em_softmax(N, -1);
+  case 33: return em_log_softmax(N, 1);
+  case 34: return em_layer_norm(N, 1, EM_NONE, EM_NONE, 1e-5);
+  case 35: return em_relu(N);
+  case 36: return em_gelu(N, false);
+  case 37: return em_sigmoid(N);
+  case 38: return em_tanh(N);
+  case 39: return em_clamp(N, 0, 1);
+  case 40: return em_var(N, 0, NULL, 1, false);
+  case 41: return em_logsumexp(N, 0, NULL, false);
+  case 42: return em_linear(N, b, EM_NONE);
+  case 43: return em_linear(a, N, EM_NONE);
+  case 44: return em_dropout(N, 0.5, true);
+  case 45: return em_gather(a, 1, N);
+  case 46: return em_gather(N, 1, em_zeros(EM_I64, EM_SHAPE(2, 3)));
+  case 47: return em_index_select(N, 0, em_zeros(EM_I64, EM_SHAPE(1)));
+  case 48: return em_index_select(a, 0, N);
+  case 49: return em_add_(N, a);
+  case 50: return em_add_(em_clone(a), N);
+  case 51: return em_copy_(N, a);
+  case 52: return em_copy_(em_clone(a), N);
+  case 53: return em_mul_scalar(N, 2);
+  case 54: return em_add_scalar_(N, 1);
+  case 55: return em_detach(N);
+  case 56: return em_eq(N, a);
+  case 57: return em_logical_not(N);
+  case 58: return em_cross_entropy(N, em_zeros(EM_I64, EM_SHAPE(2)), EM_CROSS_ENTROPY_DEFAULT);
+  case 59: return em_cross_entropy(a, N, EM_CROSS_ENTROPY_DEFAULT);
+  case 60: return em_mse_loss(N, a, 1);
+  case 61: return em_embedding(N, b);
+  case 62: return em_sqrt(N);
+  case 63: return em_to(N, EM_CPU);
+  }
+  return NULL;
+}
+
+ETEST(errors, em_none_where_a_tensor_is_required) {
+  int crashed = 0, unclear = 0;
+  char names[512] = "";
+  for (int k = 0; k < N_NONE_CASES; k++) {
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+      em_scope_begin();
+      em_tensor *a = em_ones(F, EM_SHAPE(2, 3)), *b = em_ones(F, EM_SHAPE(3, 2));
+      bool null_ok;
+      em_clear_error();
+      em_tensor *r = none_case(k, a, b, &null_ok);
+      const char *e = em_last_error();
+      bool clean = !r && e && strstr(e, "EM_NONE") && strstr(e, "test_errors.c:");
+      em_clear_error();
+      em_scope_end();
+      em_thread_cleanup();
+      _exit(clean && em_debug_live_tensors() == 0 ? 0 : 1);
+    }
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    if (WIFSIGNALED(st)) crashed++;
+    else if (WEXITSTATUS(st)) unclear++;
+    if (WIFSIGNALED(st) || WEXITSTATUS(st)) {
+      size_t l = strlen(names);
+      snprintf(names + l, sizeof names - l, " %d%s", k, WIFSIGNALED(st) ? "(crash)" : "");
+    }
+  }
+  cr_log_info("%d EM_NONE calls: %d crashed, %d without a clear error", N_NONE_CASES, crashed, unclear);
+  cr_assert(crashed == 0 && unclear == 0, "cases:%s", names);
+}

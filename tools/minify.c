@@ -259,6 +259,10 @@ int main(int argc, char **argv) {
   bool in_child = want == CRASHES;
   if (want == AGREES || want == BROKEN) {
     printf("ember_minify: %s: the backend %s (nothing to minify)\n", dir, kind_name[want]);
+    em_scope_end();
+    em_thread_cleanup();
+    free(keep), free(keep_out), free(vals), free(orig_in), free(value_of), free(opts), free(text);
+    ir_graph_free(all), ir_graph_free(g);
     return 1;
   }
   for (int k = 0; k < g->n_outputs && g->n_outputs > 1; k++) { /* one failing output is enough */
@@ -280,5 +284,8 @@ int main(int argc, char **argv) {
   printf("ember_minify: %d nodes -> %d nodes (failure: %s; %d tests), in %s\n", g->n_nodes, count(keep, g->n_nodes),
          kind_name[want], tests, path);
   em_scope_end();
+  em_thread_cleanup();
+  free(keep), free(keep_out), free(vals), free(orig_in), free(value_of), free(opts), free(text);
+  ir_graph_free(all), ir_graph_free(g);
   return 0;
 }
