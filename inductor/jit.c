@@ -106,12 +106,13 @@ static LLVMMemoryBufferRef cache_read(const uint8_t key[16]) {
   if (!ind_cache_dir()) return NULL;
   char path[1200];
   cache_path(key, path, sizeof path);
-  FILE *f = fopen(path, "rb");
+  int64_t file_size;
+  FILE *f = rt_cache_open(path, &file_size);
   if (!f) return NULL;
   cache_header h;
   char *data = NULL;
   bool ok = fread(&h, sizeof h, 1, f) == 1 && !memcmp(h.magic, CACHE_MAGIC, 8) && h.format == CACHE_FORMAT &&
-            !memcmp(h.key, key, 16) && h.size > 0 && h.size < ((uint64_t)1 << 32);
+            !memcmp(h.key, key, 16) && h.size > 0 && h.size == (uint64_t)file_size - sizeof h; /* no over-allocation */
   if (ok) ok = (data = malloc(h.size)) != NULL && fread(data, 1, h.size, f) == h.size && fgetc(f) == EOF;
   fclose(f);
   uint8_t sum[16];

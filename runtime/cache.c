@@ -7,6 +7,7 @@
  * concurrent writers each leave a complete file and readers never see a partial one. */
 #include "rt.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,4 +55,17 @@ bool rt_write_file_whole(const char *path, const void *head, size_t head_size, c
   ok = close(fd) == 0 && ok;
   if (!ok || rename(tmp, path)) return unlink(tmp), false;
   return true;
+}
+
+FILE *rt_cache_open(const char *path, int64_t *size) {
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* O_NONBLOCK: opening a FIFO returns at once */
+  if (fd < 0) return NULL;
+  struct stat st;
+  if (fstat(fd, &st) || !S_ISREG(st.st_mode)) return close(fd), NULL;
+  int fl = fcntl(fd, F_GETFL);
+  if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  FILE *f = fdopen(fd, "rb");
+  if (!f) return close(fd), NULL;
+  *size = (int64_t)st.st_size;
+  return f;
 }

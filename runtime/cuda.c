@@ -505,13 +505,15 @@ typedef struct { char magic[8]; uint64_t src_len, src_hash, image_size, image_ha
 #define KC_MAGIC "EMBRCU01"
 
 static char *disk_read(const char *path, const char *src, size_t *size) {
-  FILE *f = fopen(path, "rb");
+  int64_t file_size;
+  FILE *f = rt_cache_open(path, &file_size);
   if (!f) return NULL;
   kc_header h;
   char *img = NULL;
   size_t n = strlen(src);
   bool ok = fread(&h, sizeof h, 1, f) == 1 && !memcmp(h.magic, KC_MAGIC, 8) && h.src_len == n &&
-            h.src_hash == fnv(src, n, 0xcbf29ce484222325ull) && h.image_size > 0 && h.image_size < ((uint64_t)1 << 30);
+            h.src_hash == fnv(src, n, 0xcbf29ce484222325ull) && h.image_size > 0 &&
+            h.image_size == (uint64_t)file_size - sizeof h;
   if (ok) ok = (img = malloc(h.image_size)) && fread(img, 1, h.image_size, f) == h.image_size && fgetc(f) == EOF &&
                fnv(img, h.image_size, 0xcbf29ce484222325ull) == h.image_hash;
   fclose(f);

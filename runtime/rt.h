@@ -17,6 +17,7 @@ struct ir_graph;
 struct ir_type;
 
 #include <stdarg.h>
+#include <stdio.h>
 
 /* Invariant checks: a broken invariant is a bug in Ember, not a user error; abort with file:line. */
 #define EM_ASSERT(c) ((c) ? (void)0 : rt_assert_fail(#c, __FILE__, __LINE__))
@@ -40,6 +41,9 @@ bool rt_mkdirs(char *path);
 /* Writes head then body to path through a temporary file and a rename: the file is whole or
  * absent. False (nothing left behind) on any failure. */
 bool rt_write_file_whole(const char *path, const void *head, size_t head_size, const void *body, size_t body_size);
+/* Opens a cache file for reading: NULL unless path is a regular file (a FIFO put in its place
+ * would block forever; a directory or device is no cache entry); its size in *size. */
+FILE *rt_cache_open(const char *path, int64_t *size);
 
 /* ---- error.c ----------------------------------------------------------------------------- */
 
