@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 /* ---- IDX ---- */
@@ -46,6 +47,24 @@ static void byteswap(char *p, size_t n, size_t size) {
 
 /* The body of em_load_idx, returning a caller-owned tensor so that the Fashion-MNIST loader can
  * drop what it loaded when a later file fails, instead of leaving it in the caller's scope. */
+/* The uncompressed bytes of f (opened by gzopen, its header read), when they can be known: the
+ * file's size for a plain file; for a gzip file (one member, as gzip writes them) the trailer's
+ * ISIZE, the size mod 2^32, which is the size itself when the file is small enough that it
+ * cannot inflate past 4 GiB (deflate expands at most about 1032 times). */
+static bool file_bytes(const char *path, gzFile f, uint64_t *bytes) {
+  struct stat st;
+  if (stat(path, &st) || !S_ISREG(st.st_mode)) return false;
+  if (gzdirect(f)) return *bytes = (uint64_t)st.st_size, true;
+  if (st.st_size < 18 || (uint64_t)st.st_size * 1032 >= ((uint64_t)1 << 32)) return false;
+  FILE *r = fopen(path, "rb");
+  unsigned char t[4];
+  bool ok = r && !fseek(r, -4, SEEK_END) && fread(t, 1, 4, r) == 4;
+  if (r) fclose(r);
+  if (!ok) return false;
+  *bytes = (uint64_t)t[0] | (uint64_t)t[1] << 8 | (uint64_t)t[2] << 16 | (uint64_t)t[3] << 24;
+  return true;
+}
+
 static em_tensor *idx_read(const char *path, const char *name, em_site site) {
   if (!path) return rt_error(site, name, "path is NULL");
   errno = 0;
@@ -79,6 +98,16 @@ static em_tensor *idx_read(const char *path, const char *name, em_site site) {
   case 0x0D: dt = EM_F32, fsize = 4; break;
   case 0x0E: dt = EM_F64, fsize = 8; break;
   default: rt_error(site, name, "%s has unknown IDX element type 0x%02x", path, h[2]); goto out;
+  }
+  /* the data the header promises must be in the file before anything is allocated (a 13-byte
+   * file claiming [65535, 65535] allocated 4 GiB first: issue 17) */
+  uint64_t need = fsize, have = 0;
+  for (int i = 0; i < ndim; i++)
+    if (__builtin_mul_overflow(need, (uint64_t)sizes[i], &need)) need = UINT64_MAX;
+  if (file_bytes(path, f, &have) && need > have - (uint64_t)(4 + 4 * ndim)) {
+    rt_error(site, name, "%s is truncated: its header promises %llu bytes of data, the file holds %llu", path,
+             (unsigned long long)need, (unsigned long long)(have - (uint64_t)(4 + 4 * ndim)));
+    goto out;
   }
   t = rt_new(dt, ndim, sizes, name, site);
   if (!t) goto out;

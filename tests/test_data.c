@@ -129,7 +129,14 @@ ETEST(idx, errors) {
   EXPECT_ERROR(em_load_idx(path_in("h.idx")), "truncated in its header");
   unsigned char trunc[] = {0, 0, 0x08, 1, 0, 0, 0, 9, 1, 2};
   write_file(path_in("t.idx"), trunc, sizeof trunc, false);
-  EXPECT_ERROR(em_load_idx(path_in("t.idx")), "truncated: expected 9 bytes");
+  EXPECT_ERROR(em_load_idx(path_in("t.idx")), "truncated: its header promises 9 bytes of data, the file holds 2");
+  /* issue 17: 13 bytes claiming [65535, 65535] u8 is refused before 4 GiB are allocated, plain and
+   * gzipped (em_debug_live_bytes stays 0 at the end of the test either way; the message says so) */
+  unsigned char huge[] = {0, 0, 0x08, 2, 0, 0, 0xff, 0xff, 0, 0, 0xff, 0xff, 7};
+  write_file(path_in("huge.idx"), huge, sizeof huge, false);
+  EXPECT_ERROR(em_load_idx(path_in("huge.idx")), "promises 4294836225 bytes of data, the file holds 1");
+  write_file(path_in("huge.idx.gz"), huge, sizeof huge, true);
+  EXPECT_ERROR(em_load_idx(path_in("huge.idx.gz")), "promises 4294836225 bytes of data, the file holds 1");
   write_file(path_in("t.idx.gz"), trunc, sizeof trunc, true);
   EXPECT_ERROR(em_load_idx(path_in("t.idx.gz")), "truncated");
   unsigned char f32[] = {0, 0, 0x0D, 1, 0, 0, 0, 2, 0x3f, 0xc0, 0, 0, 0x3f}; /* a partial element */
