@@ -47,6 +47,12 @@
 
 enum { FZ_POOL = 96, FZ_MAX_IN = 3, FZ_MAX_OUT = 4 };
 
+/* Discontinuous ops (sign, floor, ceil, comparisons, casts to integers and bool) get operands
+ * shifted by this: a value that cancels to zero in exact arithmetic (the mean of a layer_norm)
+ * is rounding noise of either sign, which flips such an op in eager and compiled code alike at
+ * random; a shift by a constant no program produces moves the discontinuity away from it. */
+#define FZ_SHIFT 0.3183098861837907
+
 typedef struct fz_rng {
   uint64_t s;
 } fz_rng;
@@ -179,10 +185,11 @@ static int fz_build(em_tensor *const *in, int n_in, em_tensor **out, fz_program 
       break;
     }
     case 9: x = fz_pick(&r, 2) ? em_silu(a) : em_erf(a), snprintf(what, sizeof what, "silu or erf(v%d)", ia); break;
-    case 10: {
+    case 10: { /* discontinuous: shifted off the points where rounding noise flips them (below) */
       int w = fz_pick(&r, 3);
-      x = w == 0 ? em_floor(a) : w == 1 ? em_ceil(a) : em_sign(a);
-      snprintf(what, sizeof what, "%s(v%d)", w == 0 ? "floor" : w == 1 ? "ceil" : "sign", ia);
+      em_tensor *sa = em_add_scalar(a, FZ_SHIFT);
+      x = w == 0 ? em_floor(sa) : w == 1 ? em_ceil(sa) : em_sign(sa);
+      snprintf(what, sizeof what, "%s(v%d + %g)", w == 0 ? "floor" : w == 1 ? "ceil" : "sign", ia, FZ_SHIFT);
       break;
     }
     case 11: x = em_add(a, b), snprintf(what, sizeof what, "add(v%d, v%d)", ia, ib); break;
@@ -194,16 +201,16 @@ static int fz_build(em_tensor *const *in, int n_in, em_tensor **out, fz_program 
       x = mx ? em_maximum(a, b) : em_minimum(a, b), snprintf(what, sizeof what, "%s(v%d, v%d)", mx ? "maximum" : "minimum", ia, ib);
       break;
     }
-    case 16: x = em_where(em_gt(a, b), a, em_mul_scalar(b, 0.5)), snprintf(what, sizeof what, "where(v%d > v%d, v%d, v%d * 0.5)", ia, ib, ia, ib); break;
-    case 17: x = em_cast(em_lt(a, b), fdt), snprintf(what, sizeof what, "cast(v%d < v%d)", ia, ib); break;
+    case 16: x = em_where(em_gt(a, em_add_scalar(b, FZ_SHIFT)), a, em_mul_scalar(b, 0.5)), snprintf(what, sizeof what, "where(v%d > v%d + %g, v%d, v%d * 0.5)", ia, ib, FZ_SHIFT, ia, ib); break;
+    case 17: x = em_cast(em_lt(a, em_add_scalar(b, FZ_SHIFT)), fdt), snprintf(what, sizeof what, "cast(v%d < v%d + %g)", ia, ib, FZ_SHIFT); break;
     case 18: x = em_pow_scalar(em_add_scalar(em_abs(a), 0.5), k == 0 ? 2 : fabs(k)), snprintf(what, sizeof what, "pow(abs(v%d) + 0.5, %g)", ia, k == 0 ? 2 : fabs(k)); break;
     case 19: x = em_add_scalar(em_mul_scalar(a, k), -k), snprintf(what, sizeof what, "v%d * %g - %g", ia, k, k); break;
     case 20: x = em_clamp(a, -0.5, 0.75), snprintf(what, sizeof what, "clamp(v%d, -0.5, 0.75)", ia); break;
     case 21: { /* casts: through f64, or through an integer or bool (no gradient) */
       int w = fz_pick(&r, 3);
       em_dtype mid = w == 0 ? (fdt == EM_F64 ? EM_F32 : EM_F64) : w == 1 ? EM_I32 : EM_BOOL;
-      x = em_cast(em_cast(em_mul_scalar(a, 3), mid), fdt);
-      snprintf(what, sizeof what, "cast(cast(v%d * 3, %s), %s)", ia, em_dtype_name(mid), em_dtype_name(fdt));
+      x = em_cast(em_cast(em_add_scalar(em_mul_scalar(a, 3), FZ_SHIFT), mid), fdt);
+      snprintf(what, sizeof what, "cast(cast(v%d * 3 + %g, %s), %s)", ia, FZ_SHIFT, em_dtype_name(mid), em_dtype_name(fdt));
       break;
     }
     case 22: case 23: case 24: { /* reductions over a random axis list, written as a user might */
