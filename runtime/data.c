@@ -274,14 +274,15 @@ em_tensor *em_load_npy_at(const char *path, em_site site) {
     rt_error(site, name, "%s: bad shape in header", path);
     goto out;
   }
+  /* a Python tuple of sizes, as numpy writes it: (), (3,), (2, 3); "(2 3)" and "(2,,,3)" are
+   * not (issue 17: both were read as (2, 3)) */
   int ndim = 0;
   int64_t sizes[EM_MAX_DIMS];
   const char *p = sh + 1;
-  for (;;) {
-    while (*p == ' ' || *p == ',') p++;
-    if (*p == ')') break;
+  while (*p == ' ') p++;
+  while (*p != ')') {
     if (ndim == EM_MAX_DIMS || *p < '0' || *p > '9') {
-      rt_error(site, name, "%s: bad shape in header (at most %d non-negative sizes): %s", path, EM_MAX_DIMS, sh);
+      rt_error(site, name, "%s: bad shape in header (a tuple of at most %d non-negative sizes): %s", path, EM_MAX_DIMS, sh);
       goto out;
     }
     char *end;
@@ -294,7 +295,22 @@ em_tensor *em_load_npy_at(const char *path, em_site site) {
     while (*end == 'L') end++; /* Python 2 wrote long sizes as 3L */
     sizes[ndim++] = v;
     p = end;
+    while (*p == ' ') p++;
+    if (*p == ',') {
+      p++;
+      while (*p == ' ') p++;
+    } else if (*p != ')') {
+      rt_error(site, name, "%s: bad shape in header (a tuple of at most %d non-negative sizes): %s", path, EM_MAX_DIMS, sh);
+      goto out;
+    }
   }
+  /* the data must be in the file before it is allocated */
+  uint64_t need = ir_dtype(dt)->size;
+  for (int i = 0; i < ndim; i++)
+    if (__builtin_mul_overflow(need, (uint64_t)sizes[i], &need)) need = UINT64_MAX;
+  struct stat st;
+  long at = ftell(f);
+  if (at >= 0 && !fstat(fileno(f), &st) && S_ISREG(st.st_mode) && need > (uint64_t)(st.st_size - at)) goto truncated;
   t = rt_new(dt, ndim, sizes, name, site);
   if (!t) goto out;
   if (fread(rt_data(t), 1, t->storage->bytes, f) != t->storage->bytes) {

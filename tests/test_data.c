@@ -253,6 +253,17 @@ ETEST(npy, headers_written_by_others) {
   EXPECT_ERROR(em_load_npy(path_in("ns.npy")), "header lacks");
   write_npy(path_in("neg.npy"), 1, "{'descr': '<f8', 'fortran_order': False, 'shape': (-1,), }", &one, 8);
   EXPECT_ERROR(em_load_npy(path_in("neg.npy")), "bad shape");
+  /* issue 17: shapes that are not Python tuples were read as (2, 3); a header promising more
+   * data than the file holds is refused before the allocation */
+  double six[6] = {0};
+  write_npy(path_in("sp.npy"), 1, "{'descr': '<f8', 'fortran_order': False, 'shape': (2 3), }", six, sizeof six);
+  EXPECT_ERROR(em_load_npy(path_in("sp.npy")), "bad shape in header");
+  write_npy(path_in("cm.npy"), 1, "{'descr': '<f8', 'fortran_order': False, 'shape': (2,,,3), }", six, sizeof six);
+  EXPECT_ERROR(em_load_npy(path_in("cm.npy")), "bad shape in header");
+  write_npy(path_in("ok.npy"), 1, "{'descr': '<f8', 'fortran_order': False, 'shape': ( 2 , 3 ), }", six, sizeof six);
+  EXPECT(em_load_npy(path_in("ok.npy")), EM_F64, SHAPE(2, 3), 0, 0, 0, 0, 0, 0, 0);
+  write_npy(path_in("big.npy"), 1, "{'descr': '<f8', 'fortran_order': False, 'shape': (65535, 65535), }", six, 8);
+  EXPECT_ERROR(em_load_npy(path_in("big.npy")), "is truncated");
   write_npy(path_in("v9.npy"), 9, "{}", NULL, 0);
   EXPECT_ERROR(em_load_npy(path_in("v9.npy")), "not a .npy file");
   write_file(path_in("short.npy"), "\x93NUMPY\x01\x00\x40\x00{'descr'", 17, false);
