@@ -835,7 +835,12 @@ bool em_fashion_mnist_load_at(em_fashion_mnist *d, const char *dir, em_site site
  * in an order shuffled by a Philox stream keyed by (seed, epoch) when shuffle is set; the last
  * short batch is kept unless drop_last. */
 typedef struct em_batch_iter em_batch_iter;
-em_batch_iter *em_batch_iter_new(int64_t n, int64_t batch_size, bool shuffle, uint64_t seed, bool drop_last);
+/* Returns a new iterator (free with em_batch_iter_free), or NULL with an error naming the
+ * caller's line: n < 0, batch_size < 1, n too large to hold its order, out of memory. */
+#define em_batch_iter_new(n, batch_size, shuffle, seed, drop_last) \
+  em_batch_iter_new_at((n), (batch_size), (shuffle), (seed), (drop_last), EM_HERE)
+em_batch_iter *em_batch_iter_new_at(int64_t n, int64_t batch_size, bool shuffle, uint64_t seed, bool drop_last,
+                                    em_site site);
 /* The next batch's indices, i64 [b] on the default device, owned by the current scope; NULL at the end of the epoch
  * (then the iterator moves to the next epoch, reshuffled). */
 #define em_batch_iter_next(it) em_batch_iter_next_at((it), EM_HERE)

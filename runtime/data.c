@@ -11,6 +11,7 @@
 #include "rt.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -439,15 +440,21 @@ static void reorder(em_batch_iter *it) {
 
 /* No em_site here (the public signature has none), so bad arguments are reported by the NULL
  * result alone, as allocation failure is. */
-em_batch_iter *em_batch_iter_new(int64_t n, int64_t batch_size, bool shuffle, uint64_t seed, bool drop_last) {
-  if (n < 0 || batch_size < 1 || (uint64_t)n > SIZE_MAX / sizeof(int64_t)) return NULL;
+em_batch_iter *em_batch_iter_new_at(int64_t n, int64_t batch_size, bool shuffle, uint64_t seed, bool drop_last,
+                                    em_site site) {
+  static const char name[] = "em_batch_iter_new";
+  if (n < 0 || batch_size < 1)
+    return rt_error(site, name, "needs n >= 0 and batch_size >= 1, got %lld and %lld", (long long)n, (long long)batch_size);
+  if ((uint64_t)n > (uint64_t)PTRDIFF_MAX / sizeof(int64_t))
+    return rt_error(site, name, "n = %lld examples: their order would not fit in memory", (long long)n);
   em_batch_iter *it = rt_alloc(sizeof *it, 16);
-  if (!it) return NULL;
+  if (!it) return rt_error(site, name, "out of memory");
   *it = (em_batch_iter){.n = n, .batch = batch_size, .seed = seed, .shuffle = shuffle, .drop_last = drop_last};
   it->order = rt_alloc(sizeof(int64_t) * (size_t)(n ? n : 1), 64);
   if (!it->order) {
     rt_free(it);
-    return NULL;
+    return rt_error(site, name, "out of memory for the order of %lld examples (%lld bytes)", (long long)n,
+                    (long long)(n * (int64_t)sizeof(int64_t)));
   }
   reorder(it);
   return it;

@@ -480,9 +480,11 @@ ETEST(batches, drop_last_and_no_shuffle) {
   cr_assert_eq(em_batch_iter_len(none), 0);
   cr_assert_null(em_batch_iter_next(none));
   em_batch_iter_free(none);
-  /* bad arguments and NULL iterators */
-  cr_assert_null(em_batch_iter_new(-1, 4, false, 0, false));
-  cr_assert_null(em_batch_iter_new(4, 0, false, 0, false));
+  /* bad arguments are located errors (issue 17: they were NULL without a word); a NULL iterator
+   * is not an error */
+  EXPECT_ERROR(em_batch_iter_new(-1, 4, false, 0, false), "em_batch_iter_new: needs n >= 0 and batch_size >= 1, got -1 and 4");
+  EXPECT_ERROR(em_batch_iter_new(4, 0, false, 0, false), "needs n >= 0 and batch_size >= 1");
+  EXPECT_ERROR(em_batch_iter_new((int64_t)1 << 62, 4, false, 0, false), "their order would not fit in memory");
   cr_assert_null(em_batch_iter_next(NULL));
   cr_assert_null(em_last_error());
   cr_assert_eq(em_batch_iter_len(NULL), 0);
