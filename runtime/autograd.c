@@ -317,9 +317,10 @@ static bool run_backward(const char *name, int n_roots, em_tensor *const *roots,
     if (!s && roots[i]->numel != 1)
       return rt_error(site, name, "a gradient can be implied only for one-element outputs; output %d is %s",
                       i, rt_fmt(b0, sizeof b0, roots[i])), false;
-    if (s && (s->ndim != roots[i]->ndim || memcmp(s->sizes, roots[i]->sizes, sizeof(int64_t) * (size_t)s->ndim)))
-      return rt_error(site, name, "grad %s does not match output %s", rt_fmt(b0, sizeof b0, s),
-                      rt_fmt(b1, sizeof b1, roots[i])), false;
+    if (s && (s == EM_NONE || s->dtype != roots[i]->dtype || s->ndim != roots[i]->ndim ||
+              memcmp(s->sizes, roots[i]->sizes, sizeof(int64_t) * (size_t)s->ndim)))
+      return rt_error(site, name, "grad %s does not match output %s (the same shape and dtype)",
+                      s == EM_NONE ? "EM_NONE" : rt_fmt(b0, sizeof b0, s), rt_fmt(b1, sizeof b1, roots[i])), false;
   }
   bool ok = false;
   rt_trace *tr = rt_tracing();

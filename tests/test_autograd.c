@@ -204,6 +204,10 @@ ETEST(engine, seed_gradient_and_errors) {
   cr_assert(!em_backward(em_mul_scalar(x, 2), T(EM_F32, SHAPE(2), 1, 1)));
   cr_assert(strstr(em_last_error(), "does not match output f32[3]"), "%s", em_last_error());
   em_clear_error();
+  /* issue 17: an i64 gradient for an f32 output was accepted */
+  cr_assert(!em_backward(em_mul_scalar(x, 2), em_ones(EM_I64, EM_SHAPE(3))));
+  cr_assert(strstr(em_last_error(), "grad i64[3] does not match output f32[3] (the same shape and dtype)"), "%s", em_last_error());
+  em_clear_error();
   cr_assert_null(em_requires_grad_(em_ones(EM_I64, EM_SHAPE(1)), true));
   cr_assert(strstr(em_last_error(), "only floating tensors"));
   em_clear_error();
