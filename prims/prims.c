@@ -302,6 +302,8 @@ static bool meta_conv(em_prim op, const prim_attrs *at, const prim_meta *in, pri
     memcpy(w, at->shape.sizes, sizeof w);
     memcpy(y, in[1].sizes, sizeof y);
   }
+  if (w[2] < 1 || w[3] < 1) /* a 0x0 kernel was accepted (issue 17) */
+    return fail(err, cap, "the kernel must be at least 1x1, got %lldx%lld", (long long)w[2], (long long)w[3]);
   if (x[1] % p->groups || w[0] % p->groups)
     return fail(err, cap, "groups %lld must divide input channels %lld and output channels %lld",
                 (long long)p->groups, (long long)x[1], (long long)w[0]);

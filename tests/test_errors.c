@@ -87,6 +87,7 @@ ETEST(errors, bad_input_catalogue) {
   p.stride[0] = 0;
   EXPECT_ERROR(em_conv2d(x, em_zeros(F, EM_SHAPE(4, 3, 3, 3)), EM_NONE, p), "stride and dilation must be >= 1");
   EXPECT_ERROR(em_conv2d(x, em_zeros(F, EM_SHAPE(4, 3, 9, 9)), EM_NONE, EM_CONV2D_DEFAULT), "larger than the padded input");
+  EXPECT_ERROR(em_conv2d(x, em_zeros(F, EM_SHAPE(4, 3, 0, 0)), EM_NONE, EM_CONV2D_DEFAULT), "the kernel must be at least 1x1, got 0x0");
   EXPECT_ERROR(em_conv2d(x, em_zeros(F, EM_SHAPE(4, 3, 3, 3)), em_zeros(F, EM_SHAPE(5)), EM_CONV2D_DEFAULT),
                "bias must be f32[4]");
   if (!etest_on_cuda()) EXPECT_ERROR(em_exp(em_zeros(EM_BF16, EM_SHAPE(2))), "bf16[2] has no CPU kernels");
