@@ -224,8 +224,9 @@ static bool meta_view(em_prim op, const prim_attrs *at, const prim_meta *x, prim
       return fail(err, cap, "bounds [%lld, %lld) invalid for axis %d of %s", (long long)at->start,
                   (long long)at->stop, a, fmt(b0, 96, x));
     r = *x;
-    r.sizes[a] = (at->stop - at->start + at->step - 1) / at->step;
-    r.strides[a] = x->strides[a] * at->step;
+    /* without overflow for any step (a step of INT64_MAX made a size of -1: issue 17) */
+    r.sizes[a] = at->stop > at->start ? 1 + (at->stop - at->start - 1) / at->step : 0;
+    r.strides[a] = r.sizes[a] > 1 ? x->strides[a] * at->step : x->strides[a]; /* <= the extent: no overflow */
     r.offset = x->offset + (r.sizes[a] ? at->start * x->strides[a] : 0);
     break;
   }
@@ -417,8 +418,25 @@ bool prim_attrs_canonical(em_prim op, const prim_attrs *at, int in_ndim) {
   return c.n_axes == at->n_axes && !memcmp(c.axes, at->axes, sizeof(int64_t) * (size_t)(c.n_axes > 0 ? c.n_axes : 0));
 }
 
+static bool meta_fn(em_prim op, const prim_attrs *at, const prim_meta *in, int n_in, prim_meta *out, char *err,
+                    size_t cap);
+
+/* Every result's element count must fit in 64 bits: an expand to [2^32, 2^32] made a view whose
+ * count saturated (its sum was 0: issue 17). */
 bool prim_meta_fn(em_prim op, const prim_attrs *at, const prim_meta *in, int n_in, prim_meta *out,
                   char *err, size_t cap) {
+  if (!meta_fn(op, at, in, n_in, out, err, cap)) return false;
+  for (int i = 0; i < out->ndim; i++)
+    if (out->sizes[i] < 0) return fail(err, cap, "the result would have a negative size");
+  if (ir_numel(out->ndim, out->sizes) == INT64_MAX) {
+    char b[96];
+    return fail(err, cap, "the result %s would have more elements than fit in 64 bits", fmt(b, 96, out));
+  }
+  return true;
+}
+
+static bool meta_fn(em_prim op, const prim_attrs *at, const prim_meta *in, int n_in, prim_meta *out, char *err,
+                    size_t cap) {
   const prim_info *pi = prim_get(op);
   char b0[96], b1[96];
   if (pi->arity >= 0 && n_in != pi->arity)
@@ -452,7 +470,9 @@ bool prim_meta_fn(em_prim op, const prim_attrs *at, const prim_meta *in, int n_i
     set_shape(out, x->dtype, x->ndim, x->sizes);
     for (int i = 0; i < at->n_pads; i++) {
       if (at->pads[i] < 0) return fail(err, cap, "pad amounts must be >= 0, got %lld", (long long)at->pads[i]);
-      out->sizes[x->ndim - 1 - i / 2] += at->pads[i];
+      int64_t *sz = &out->sizes[x->ndim - 1 - i / 2];
+      if (__builtin_add_overflow(*sz, at->pads[i], sz)) /* padding INT64_MAX wrote out of bounds: issue 17 */
+        return fail(err, cap, "padding %s by %lld does not fit in 64 bits", fmt(b0, 96, x), (long long)at->pads[i]);
     }
     ir_contiguous_strides(out->ndim, out->sizes, out->strides);
     return true;

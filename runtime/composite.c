@@ -433,10 +433,15 @@ static em_tensor *pool(bool is_max, em_tensor *x, int64_t kh, int64_t kw, int64_
   if (x->ndim != 4) return rt_error(site, name, "needs x [N, C, H, W], got %s", rt_fmt(b, sizeof b, x));
   if (sh == 0) sh = kh;
   if (sw == 0) sw = kw;
-  if (kh < 1 || kw < 1 || sh < 1 || sw < 1 || ph < 0 || pw < 0 || 2 * ph > kh || 2 * pw > kw)
+  /* ph > kh / 2, not 2 * ph > kh: a padding of INT64_MAX overflowed that product, passed, and
+   * made a pad that wrote out of bounds (issue 17) */
+  if (kh < 1 || kw < 1 || sh < 1 || sw < 1 || ph < 0 || pw < 0 || ph > kh / 2 || pw > kw / 2)
     return rt_error(site, name, "bad window: kernel %lldx%lld, stride %lldx%lld, padding %lldx%lld (padding at most half "
                     "the kernel)", (long long)kh, (long long)kw, (long long)sh, (long long)sw, (long long)ph, (long long)pw);
-  int64_t H = x->sizes[2] + 2 * ph, W = x->sizes[3] + 2 * pw;
+  int64_t H, W;
+  if (__builtin_add_overflow(x->sizes[2], 2 * ph, &H) || __builtin_add_overflow(x->sizes[3], 2 * pw, &W))
+    return rt_error(site, name, "padding %lldx%lld of %s does not fit in 64 bits", (long long)ph, (long long)pw,
+                    rt_fmt(b, sizeof b, x));
   if (H < kh || W < kw) return rt_error(site, name, "kernel %lldx%lld is larger than the padded input %s", (long long)kh,
                                         (long long)kw, rt_fmt(b, sizeof b, x));
   int64_t ho = (H - kh) / sh + 1, wo = (W - kw) / sw + 1;

@@ -287,3 +287,19 @@ ETEST(errors, em_none_where_a_tensor_is_required) {
   cr_log_info("%d EM_NONE calls: %d crashed, %d without a clear error", N_NONE_CASES, crashed, unclear);
   cr_assert(crashed == 0 && unclear == 0, "cases:%s", names);
 }
+
+/* Issue 17: shape arithmetic that overflowed. A slice with step INT64_MAX has one element (it
+ * made a size of -1); an expand to [2^32, 2^32] and padding a pooling window by INT64_MAX are
+ * errors (the first's element count saturated, the second wrote out of bounds). */
+ETEST(errors, shape_arithmetic_that_overflowed) {
+  em_tensor *x = em_ones(F, EM_SHAPE(5));
+  em_tensor *s = em_slice(x, 0, 0, 5, INT64_MAX);
+  cr_assert_not_null(s, "%s", em_last_error() ? em_last_error() : "");
+  cr_assert_eq(em_size(s, 0), 1);
+  EXPECT_ERROR(em_expand(em_ones(F, EM_SHAPE(1, 1)), EM_SHAPE((int64_t)1 << 32, (int64_t)1 << 32)),
+               "would have more elements than fit in 64 bits");
+  em_tensor *img = em_ones(F, EM_SHAPE(1, 1, 4, 4));
+  EXPECT_ERROR(em_max_pool2d(img, 2, 2, 1, 1, INT64_MAX, 0), "bad window");
+  EXPECT_ERROR(em_avg_pool2d(img, INT64_MAX, 2, 1, 1, INT64_MAX / 2, 0), "does not fit in 64 bits");
+  EXPECT_ERROR(em_pad(x, 2, (int64_t[]){INT64_MAX, 1}, 0), "does not fit in 64 bits");
+}
