@@ -1360,6 +1360,7 @@ void em_explanation_free(em_explanation *e) {
 }
 
 em_explanation *em_explain_at(em_model_fn fn, void *ctx, em_tensor *const *in, int n_in, em_site site) {
+  if (!fn) return rt_error(site, "em_explain", "fn is NULL");
   em_compiled *c = em_compile_at(fn, &(em_compile_options){.name = "explain"}, site);
   if (!c) return NULL;
   run_state *rs = calloc(1, sizeof *rs);

@@ -44,8 +44,29 @@ typedef struct ir_shape {
   int64_t sizes[EM_MAX_DIMS];
 } ir_shape;
 
-/* Product of sizes (1 for ndim 0). Saturates at INT64_MAX on overflow. */
+/* ---- checked shape arithmetic (issue 17) ----
+ * Every size, stride, element count and byte count computed from a caller's numbers goes
+ * through these, so none overflows (signed overflow is undefined behaviour; a wrapped size wrote
+ * out of bounds, a saturated count summed to 0). Each returns false where the exact result does
+ * not fit; the caller reports an error naming its op. Tensors that exist have shapes that passed
+ * ir_shape_fits, so arithmetic on their own sizes and strides within their extent is safe. */
+static inline bool ir_add_ok(int64_t a, int64_t b, int64_t *r) { return !__builtin_add_overflow(a, b, r); }
+static inline bool ir_sub_ok(int64_t a, int64_t b, int64_t *r) { return !__builtin_sub_overflow(a, b, r); }
+static inline bool ir_mul_ok(int64_t a, int64_t b, int64_t *r) { return !__builtin_mul_overflow(a, b, r); }
+/* Whether a shape can exist: sizes >= 0 and the product of its sizes, counting 0 as 1 (the
+ * extent contiguous strides reach, which bounds every element offset), fits in int64. */
+bool ir_shape_fits(int ndim, const int64_t *sizes);
+/* The bytes of a dense dt tensor of this shape (false when they do not fit in size_t less
+ * `reserve` bytes for headers). */
+bool ir_nbytes(em_dtype dt, int ndim, const int64_t *sizes, size_t reserve, size_t *bytes);
+/* Product of sizes (1 for ndim 0). Saturates at INT64_MAX on overflow (which ir_shape_fits
+ * rules out for every tensor that exists). */
 int64_t ir_numel(int ndim, const int64_t *sizes);
+/* Whether the number v can be stored in dt without overflow, as PyTorch's checked conversion of
+ * a fill value (torch.full, Tensor.fill_): integers take finite values in their range (u8 also
+ * takes -128..-1, wrapping as in torch.tensor(-1, dtype=torch.uint8)), floats any value that is
+ * NaN, infinite or within the type's finite range; bool anything. */
+bool ir_value_fits(em_dtype dt, double v);
 /* Row-major strides (elements) for sizes into strides. */
 void ir_contiguous_strides(int ndim, const int64_t *sizes, int64_t *strides);
 /* Whether (sizes, strides) is row-major contiguous (size-1 dims' strides do not matter). */

@@ -4,6 +4,8 @@
  * meta functions, the kernels and the printer cannot disagree. */
 #include "ir.h"
 
+#include <math.h>
+
 #include <stdio.h>
 #include <string.h>
 
@@ -58,11 +60,42 @@ int64_t ir_numel(int ndim, const int64_t *sizes) {
   return n;
 }
 
+bool ir_value_fits(em_dtype dt, double v) {
+  switch (dt) {
+  case EM_BOOL: return true;
+  case EM_U8: return v >= -128.0 && v <= 255.0;
+  case EM_I32: return v >= -2147483648.0 && v <= 2147483647.0;
+  case EM_I64: return v >= -9223372036854775808.0 && v < 9223372036854775808.0;
+  case EM_F32: return isnan(v) || isinf(v) || fabs(v) <= 3.4028234663852886e38;
+  case EM_F16: return isnan(v) || isinf(v) || fabs(v) <= 65504.0;
+  case EM_BF16: return isnan(v) || isinf(v) || fabs(v) <= 3.3895313892515355e38;
+  default: return true;
+  }
+}
+
+bool ir_shape_fits(int ndim, const int64_t *sizes) {
+  int64_t extent = 1;
+  for (int i = 0; i < ndim; i++)
+    if (sizes[i] < 0 || !ir_mul_ok(extent, sizes[i] > 1 ? sizes[i] : 1, &extent)) return false;
+  return true;
+}
+
+bool ir_nbytes(em_dtype dt, int ndim, const int64_t *sizes, size_t reserve, size_t *bytes) {
+  if (!ir_shape_fits(ndim, sizes)) return false;
+  int64_t n = ir_numel(ndim, sizes);
+  size_t esize = ir_dtype(dt)->size;
+  if (reserve > SIZE_MAX || (uint64_t)n > (SIZE_MAX - reserve) / esize) return false;
+  *bytes = (size_t)n * esize;
+  return true;
+}
+
+/* Saturates rather than overflows for a shape that failed ir_shape_fits (a defensive branch:
+ * such shapes are refused before strides are asked for). */
 void ir_contiguous_strides(int ndim, const int64_t *sizes, int64_t *strides) {
   int64_t s = 1;
   for (int i = ndim - 1; i >= 0; i--) {
     strides[i] = s;
-    s *= sizes[i] > 1 ? sizes[i] : 1;
+    if (!ir_mul_ok(s, sizes[i] > 1 ? sizes[i] : 1, &s)) s = INT64_MAX;
   }
 }
 

@@ -645,6 +645,15 @@ static bool conv_dnnl(em_prim op, const prim_attrs *at, const prim_buf *out, con
   if (!compact(b_in, 0, &b, &cb, err, cap)) return free(ca), false;
   conv_problem c = conv_of(op, out, &a, &b);
   conv_entry key = {.op = op, .p = at->conv, .threads = omp_get_max_threads()};
+  /* A stride or dilation that makes no difference is made small: oneDNN refuses a stride of
+   * INT64_MAX even where the output has one position (issue 17). With one output position any
+   * stride above the padded extent left by the kernel gives the same window; a 1-wide kernel
+   * has no taps to dilate. */
+  for (int d = 0; d < 2; d++) {
+    if (c.w[2 + d] == 1) key.p.dilation[d] = 1;
+    int64_t span = (c.w[2 + d] - 1) * key.p.dilation[d] + 1, room = c.x[2 + d] + 2 * key.p.padding[d] - span;
+    if (c.y[2 + d] == 1 && room >= 0 && key.p.stride[d] > room + 1) key.p.stride[d] = room + 1;
+  }
   memcpy(key.x, c.x, sizeof key.x), memcpy(key.w, c.w, sizeof key.w), memcpy(key.y, c.y, sizeof key.y);
   conv_lease l;
   dnnl_status_t st = conv_acquire(&key, &l);

@@ -84,7 +84,10 @@ typedef uint8_t bool8; /* bool elements are one byte, 0 or 1 */
 
 /* ---- unary ---- */
 UN_F(neg, -x)
-UN_I(neg, -x)
+/* wrapping, as two's complement and PyTorch: -INT64_MIN is INT64_MIN, not undefined behaviour */
+LOOP1(neg_i32, int32_t, int32_t, (int32_t)(0u - (uint32_t)x))
+LOOP1(neg_i64, int64_t, int64_t, (int64_t)(0ull - (uint64_t)x))
+LOOP1(neg_u8, uint8_t, uint8_t, (uint8_t)(0u - x))
 UN_F(abs, fabs(x))
 LOOP1(abs_i32, int32_t, int32_t, x < 0 ? -(uint32_t)x : (uint32_t)x)
 LOOP1(abs_i64, int64_t, int64_t, x < 0 ? -(uint64_t)x : (uint64_t)x)

@@ -308,17 +308,23 @@ static bool meta_conv(em_prim op, const prim_attrs *at, const prim_meta *in, pri
   if (x[1] % p->groups || w[0] % p->groups)
     return fail(err, cap, "groups %lld must divide input channels %lld and output channels %lld",
                 (long long)p->groups, (long long)x[1], (long long)w[0]);
-  if (w[1] * p->groups != x[1])
-    return fail(err, cap, "input has %lld channels but weight expects %lld (x %s, w %s)", (long long)x[1],
-                (long long)(w[1] * p->groups), ir_fmt_type(b0, 96, in[0].dtype, 4, x),
+  int64_t wc;
+  if (!ir_mul_ok(w[1], p->groups, &wc) || wc != x[1])
+    return fail(err, cap, "input has %lld channels but weight expects %lld x %lld groups (x %s, w %s)", (long long)x[1],
+                (long long)w[1], (long long)p->groups, ir_fmt_type(b0, 96, in[0].dtype, 4, x),
                 ir_fmt_type(b1, 96, in[0].dtype, 4, w));
   int64_t ho[2];
   for (int i = 0; i < 2; i++) {
-    int64_t span = p->dilation[i] * (w[2 + i] - 1) + 1;
-    ho[i] = (x[2 + i] + 2 * p->padding[i] - span) / p->stride[i] + 1;
-    if (x[2 + i] + 2 * p->padding[i] < span || ho[i] < 1)
+    /* span = dilation (k - 1) + 1, padded = x + 2 padding: both checked (issue 17) */
+    int64_t span, padded, room;
+    if (!ir_mul_ok(p->dilation[i], w[2 + i] - 1, &span) || !ir_add_ok(span, 1, &span) ||
+        !ir_mul_ok(p->padding[i], 2, &padded) || !ir_add_ok(padded, x[2 + i], &padded))
+      return fail(err, cap, "padding %lld or dilation %lld does not fit in 64 bits with input %s",
+                  (long long)p->padding[i], (long long)p->dilation[i], ir_fmt_type(b0, 96, in[0].dtype, 4, x));
+    if (!ir_sub_ok(padded, span, &room) || room < 0)
       return fail(err, cap, "kernel %lldx%lld (dilated) is larger than the padded input %s",
                   (long long)w[2], (long long)w[3], ir_fmt_type(b0, 96, in[0].dtype, 4, x));
+    ho[i] = room / p->stride[i] + 1;
   }
   if (op == EM_PRIM_CONV2D) {
     int64_t s[4] = {x[0], w[0], ho[0], ho[1]};
@@ -428,7 +434,7 @@ bool prim_meta_fn(em_prim op, const prim_attrs *at, const prim_meta *in, int n_i
   if (!meta_fn(op, at, in, n_in, out, err, cap)) return false;
   for (int i = 0; i < out->ndim; i++)
     if (out->sizes[i] < 0) return fail(err, cap, "the result would have a negative size");
-  if (ir_numel(out->ndim, out->sizes) == INT64_MAX) {
+  if (!ir_shape_fits(out->ndim, out->sizes)) {
     char b[96];
     return fail(err, cap, "the result %s would have more elements than fit in 64 bits", fmt(b, 96, out));
   }
@@ -471,7 +477,7 @@ static bool meta_fn(em_prim op, const prim_attrs *at, const prim_meta *in, int n
     for (int i = 0; i < at->n_pads; i++) {
       if (at->pads[i] < 0) return fail(err, cap, "pad amounts must be >= 0, got %lld", (long long)at->pads[i]);
       int64_t *sz = &out->sizes[x->ndim - 1 - i / 2];
-      if (__builtin_add_overflow(*sz, at->pads[i], sz)) /* padding INT64_MAX wrote out of bounds: issue 17 */
+      if (!ir_add_ok(*sz, at->pads[i], sz)) /* padding INT64_MAX wrote out of bounds: issue 17 */
         return fail(err, cap, "padding %s by %lld does not fit in 64 bits", fmt(b0, 96, x), (long long)at->pads[i]);
     }
     ir_contiguous_strides(out->ndim, out->sizes, out->strides);
@@ -489,7 +495,8 @@ static bool meta_fn(em_prim op, const prim_attrs *at, const prim_meta *in, int n
         if (d != a && in[i].sizes[d] != x->sizes[d])
           return fail(err, cap, "operand %d is %s but operand 0 is %s (sizes must match off axis %d)", i,
                       fmt(b0, 96, &in[i]), fmt(b1, 96, x), a);
-      total += in[i].sizes[a];
+      if (!ir_add_ok(total, in[i].sizes[a], &total))
+        return fail(err, cap, "the result's size along axis %d does not fit in 64 bits", a);
     }
     set_shape(out, x->dtype, x->ndim, x->sizes);
     out->sizes[a] = total;

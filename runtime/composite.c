@@ -16,8 +16,10 @@
 #include <math.h>
 #include <string.h>
 
+/* The composite's scope carries its public name (em_mean_at -> "em_mean"), so errors from the
+ * ops inside name the op the user called first. */
 #define BEGIN(site) \
-  if (!em_scope_begin_at(site)) return NULL
+  if (!rt_scope_begin_op(__func__, site)) return NULL
 #define END(r, site)                          \
   do {                                        \
     em_tensor *kept_ = em_keep_at((r), site); \
@@ -118,7 +120,7 @@ em_tensor *em_softmax_at(em_tensor *x, int axis, em_site site) {
 }
 
 em_tensor *em_logsumexp_at(em_tensor *x, int n_axes, const int64_t *axes, bool keepdim, em_site site) {
-  if (!x || !float_arg(x, "em_logsumexp", site)) return NULL;
+  if (!x || !float_arg(x, "em_logsumexp", site) || !rt_axes_arg(x, n_axes, axes, "em_logsumexp", site)) return NULL;
   BEGIN(site);
   em_tensor *m = em_detach_at(em_amax_at(x, n_axes, axes, true, site), site);
   m = m ? em_where_at(em_eq_scalar_at(em_abs_at(m, site), INFINITY, site), num(x->dtype, 0, site), m, site) : NULL;
@@ -150,7 +152,7 @@ static int64_t reduced_count(em_tensor *x, int n, const int64_t *axes) {
 }
 
 em_tensor *em_mean_at(em_tensor *x, int n_axes, const int64_t *axes, bool keepdim, em_site site) {
-  if (!x) return NULL;
+  if (!x || !rt_tensor_arg(x, "em_mean", site) || !rt_axes_arg(x, n_axes, axes, "em_mean", site)) return NULL;
   BEGIN(site);
   em_tensor *xf = ir_is_float(x->dtype) ? x : em_cast_at(x, EM_F32, site);
   em_tensor *s = em_sum_at(xf, n_axes, axes, keepdim, site);
@@ -158,7 +160,7 @@ em_tensor *em_mean_at(em_tensor *x, int n_axes, const int64_t *axes, bool keepdi
 }
 
 em_tensor *em_var_at(em_tensor *x, int n_axes, const int64_t *axes, int64_t correction, bool keepdim, em_site site) {
-  if (!x) return NULL;
+  if (!x || !rt_tensor_arg(x, "em_var", site) || !rt_axes_arg(x, n_axes, axes, "em_var", site)) return NULL;
   BEGIN(site);
   em_tensor *xf = ir_is_float(x->dtype) ? x : em_cast_at(x, EM_F32, site);
   em_tensor *d = em_sub_at(xf, em_mean_at(xf, n_axes, axes, true, site), site);
@@ -168,7 +170,7 @@ em_tensor *em_var_at(em_tensor *x, int n_axes, const int64_t *axes, int64_t corr
 }
 
 em_tensor *em_std_at(em_tensor *x, int n_axes, const int64_t *axes, int64_t correction, bool keepdim, em_site site) {
-  if (!x) return NULL;
+  if (!x || !rt_tensor_arg(x, "em_std", site) || !rt_axes_arg(x, n_axes, axes, "em_std", site)) return NULL;
   BEGIN(site);
   END(em_sqrt_at(em_var_at(x, n_axes, axes, correction, keepdim, site), site), site);
 }
@@ -439,7 +441,7 @@ static em_tensor *pool(bool is_max, em_tensor *x, int64_t kh, int64_t kw, int64_
     return rt_error(site, name, "bad window: kernel %lldx%lld, stride %lldx%lld, padding %lldx%lld (padding at most half "
                     "the kernel)", (long long)kh, (long long)kw, (long long)sh, (long long)sw, (long long)ph, (long long)pw);
   int64_t H, W;
-  if (__builtin_add_overflow(x->sizes[2], 2 * ph, &H) || __builtin_add_overflow(x->sizes[3], 2 * pw, &W))
+  if (!ir_add_ok(x->sizes[2], 2 * ph, &H) || !ir_add_ok(x->sizes[3], 2 * pw, &W)) /* 2 ph <= kh: no overflow */
     return rt_error(site, name, "padding %lldx%lld of %s does not fit in 64 bits", (long long)ph, (long long)pw,
                     rt_fmt(b, sizeof b, x));
   if (H < kh || W < kw) return rt_error(site, name, "kernel %lldx%lld is larger than the padded input %s", (long long)kh,
@@ -539,7 +541,8 @@ em_tensor *em_one_hot_at(em_tensor *idx, int64_t n, em_site site) {
 }
 
 em_tensor *em_masked_fill_at(em_tensor *x, em_tensor *mask, double value, em_site site) {
-  if (!x || !mask) return NULL;
+  if (!x || !mask || !rt_tensor_arg(x, "em_masked_fill", site) || !rt_tensor_arg(mask, "em_masked_fill", site))
+    return NULL;
   char b0[128], b1[128];
   if (mask->dtype != EM_BOOL)
     return rt_error(site, "em_masked_fill", "mask must be bool, got %s", rt_fmt(b0, sizeof b0, mask));
@@ -552,9 +555,9 @@ em_tensor *em_masked_fill_at(em_tensor *x, em_tensor *mask, double value, em_sit
   if (!ok)
     return rt_error(site, "em_masked_fill", "mask %s does not broadcast to x %s", rt_fmt(b0, sizeof b0, mask),
                     rt_fmt(b1, sizeof b1, x));
-  /* as torch: an infinite or NaN value has no integer to become */
-  if (!ir_is_float(x->dtype) && x->dtype != EM_BOOL && !isfinite(value))
-    return rt_error(site, "em_masked_fill", "value %g cannot fill integer x %s", value, rt_fmt(b0, sizeof b0, x));
+  /* as torch: an infinite, NaN or out-of-range value has no integer to become */
+  if (!ir_value_fits(x->dtype, value))
+    return rt_error(site, "em_masked_fill", "value %g cannot fill x %s without overflow", value, rt_fmt(b0, sizeof b0, x));
   BEGIN(site);
   END(em_where_at(mask, num(x->dtype, value, site), x, site), site);
 }

@@ -55,12 +55,18 @@ static bool shape_attr(prim_attrs *at, int ndim, const int64_t *sizes, const cha
     if (sizes[i] < 0) return rt_error(site, name, "size %lld of dim %d is negative", (long long)sizes[i], i), false;
     at->shape.sizes[i] = sizes[i];
   }
+  if (!ir_shape_fits(ndim, sizes)) {
+    char b[128];
+    return rt_error(site, name, "%s is too large to address", ir_fmt_type(b, sizeof b, at->dtype, ndim, sizes)), false;
+  }
   return true;
 }
 
 static em_tensor *full(em_dtype dt, int ndim, const int64_t *sizes, double v, const char *name, em_site site) {
   prim_attrs at = {.dtype = dt, .value = v};
   if (!shape_attr(&at, ndim, sizes, name, site)) return NULL;
+  if ((unsigned)dt < EM_DTYPE_COUNT && !ir_value_fits(dt, v))
+    return rt_error(site, name, "value %g cannot be converted to %s without overflow", v, em_dtype_name(dt));
   return rt_scope_add(rt_dispatch(name, EM_PRIM_FULL, NULL, 0, &at, site), name, site);
 }
 

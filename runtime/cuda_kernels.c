@@ -325,7 +325,9 @@ static bool gen_philox(ir_sbuf *b, const cu_kernel_key *k, char *name, size_t nc
 /* gather / index_select / scatter_add along axis L.stride[3][0]: the layout maps the output's
  * (gather, index_select) or src's (scatter_add) linear index to each operand's offset, with
  * the indexed axis's stride of x zeroed; the index replaces that coordinate. A bad index is
- * stored in *err (the first one met wins) and the element is left alone. */
+ * stored in err[1] by the thread that first sets the flag err[0] (the first one met wins), and
+ * the element is left alone. The flag has its own word: folding it into the index's top bit
+ * lost that bit, and INT64_MIN was reported as index 0 (issue 17). */
 static bool gen_index(ir_sbuf *b, const cu_kernel_key *k, char *name, size_t ncap) {
   const char *T = ctype(k->in), *X = ctype(k->idx);
   snprintf(name, ncap, "em_%s_%s_%s", prim_get(k->op)->name, em_dtype_name(k->in), em_dtype_name(k->idx));
@@ -333,7 +335,7 @@ static bool gen_index(ir_sbuf *b, const cu_kernel_key *k, char *name, size_t nca
     ir_sb_printf(b, "extern \"C\" __global__ void %s(%s *__restrict__ out, const %s *__restrict__ index, const %s *__restrict__ src, i64 n, i64 limit, i64 axis_stride, em_layout L, unsigned long long *err) {\n",
         name, T, X, T);
     ir_sb_printf(b, "  EM_GRID_LOOP(i, n) {\n    i64 j = (i64)index[em_off(L, 2, i)];\n");
-    ir_sb_printf(b, "    if (j < 0 || j >= limit) { atomicCAS(err, 0ull, (unsigned long long)j | (1ull << 63)); continue; }\n");
+    ir_sb_printf(b, "    if (j < 0 || j >= limit) { if (atomicCAS(err, 0ull, 1ull) == 0ull) err[1] = (unsigned long long)j; continue; }\n");
     if (k->in == EM_I64) ir_sb_printf(b, "    atomicAdd((unsigned long long *)&out[em_off(L, 0, i) + j * axis_stride], (unsigned long long)src[em_off(L, 1, i)]);\n");
     else if (k->in == EM_I32 || k->in == EM_F32 || k->in == EM_F64 || k->in == EM_F16 || k->in == EM_BF16)
       ir_sb_printf(b, "    atomicAdd(&out[em_off(L, 0, i) + j * axis_stride], src[em_off(L, 1, i)]);\n");
@@ -347,7 +349,7 @@ static bool gen_index(ir_sbuf *b, const cu_kernel_key *k, char *name, size_t nca
       name, T, T, X);
   ir_sb_printf(b, "  EM_GRID_LOOP(i, n) {\n");
   ir_sb_printf(b, "    i64 j = (i64)index[em_off(L, 2, i)];\n");
-  ir_sb_printf(b, "    if (j < 0 || j >= limit) { atomicCAS(err, 0ull, (unsigned long long)j | (1ull << 63)); continue; }\n");
+  ir_sb_printf(b, "    if (j < 0 || j >= limit) { if (atomicCAS(err, 0ull, 1ull) == 0ull) err[1] = (unsigned long long)j; continue; }\n");
   ir_sb_printf(b, "    out[em_off(L, 0, i)] = x[em_off(L, 1, i) + j * axis_stride];\n  }\n}\n");
   return true;
 }

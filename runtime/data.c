@@ -102,9 +102,9 @@ static em_tensor *idx_read(const char *path, const char *name, em_site site) {
   }
   /* the data the header promises must be in the file before anything is allocated (a 13-byte
    * file claiming [65535, 65535] allocated 4 GiB first: issue 17) */
-  uint64_t need = fsize, have = 0;
-  for (int i = 0; i < ndim; i++)
-    if (__builtin_mul_overflow(need, (uint64_t)sizes[i], &need)) need = UINT64_MAX;
+  int64_t need_bytes; /* numel (ir_shape_fits bounds it) times the file's element size */
+  uint64_t need = ir_shape_fits(ndim, sizes) && ir_mul_ok(ir_numel(ndim, sizes), (int64_t)fsize, &need_bytes)
+                      ? (uint64_t)need_bytes : UINT64_MAX, have = 0;
   if (file_bytes(path, f, &have) && need > have - (uint64_t)(4 + 4 * ndim)) {
     rt_error(site, name, "%s is truncated: its header promises %llu bytes of data, the file holds %llu", path,
              (unsigned long long)need, (unsigned long long)(have - (uint64_t)(4 + 4 * ndim)));
@@ -306,9 +306,8 @@ em_tensor *em_load_npy_at(const char *path, em_site site) {
     }
   }
   /* the data must be in the file before it is allocated */
-  uint64_t need = ir_dtype(dt)->size;
-  for (int i = 0; i < ndim; i++)
-    if (__builtin_mul_overflow(need, (uint64_t)sizes[i], &need)) need = UINT64_MAX;
+  size_t need_bytes;
+  uint64_t need = ir_nbytes(dt, ndim, sizes, 0, &need_bytes) ? need_bytes : UINT64_MAX;
   struct stat st;
   long at = ftell(f);
   if (at >= 0 && !fstat(fileno(f), &st) && S_ISREG(st.st_mode) && need > (uint64_t)(st.st_size - at)) goto truncated;

@@ -14,8 +14,13 @@ static _Thread_local bool has_error;
 
 void *rt_error(em_site site, const char *op, const char *fmt, ...) {
   if (has_error) return NULL;
-  int n = snprintf(last_error, sizeof last_error, "%s:%d: %s: ", site.file ? site.file : "?",
-                   site.line, op);
+  /* the composite the user called, when op is inside one: its C name less the "_at" suffix */
+  const char *outer = rt_scope_op();
+  int len = outer ? (int)strlen(outer) : 0;
+  if (len > 3 && !strcmp(outer + len - 3, "_at")) len -= 3;
+  int n = outer && (strncmp(outer, op, (size_t)len) || op[len])
+              ? snprintf(last_error, sizeof last_error, "%s:%d: %.*s: %s: ", site.file ? site.file : "?", site.line, len, outer, op)
+              : snprintf(last_error, sizeof last_error, "%s:%d: %s: ", site.file ? site.file : "?", site.line, op);
   if (n < 0) n = 0;
   if ((size_t)n < sizeof last_error) {
     va_list ap;

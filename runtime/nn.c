@@ -71,12 +71,13 @@ static em_tensor *param(int ndim, const int64_t *sizes, bool kaiming, double bou
  * when both exist, so a failure (out of memory, say) frees the half-built layer at once. Should
  * the bias's hand-over itself fail, the weight already handed over goes when the caller's scope
  * ends, like any other result. */
-static bool make_layer(em_tensor **weight, em_tensor **bias, int ndim, const int64_t *wsizes, int64_t out,
-                       bool has_bias, em_site site) {
+static bool make_layer(const char *name, em_tensor **weight, em_tensor **bias, int ndim, const int64_t *wsizes,
+                       int64_t out, bool has_bias, em_site site) {
   *weight = *bias = NULL;
-  if (!em_scope_begin_at(site)) return false;
-  int64_t f = 1;
-  for (int i = 1; i < ndim; i++) f *= wsizes[i];
+  int64_t f = 1; /* fan_in; a weight whose element count does not fit fails in em_empty below */
+  for (int i = 1; i < ndim; i++)
+    if (!ir_mul_ok(f, wsizes[i], &f)) f = INT64_MAX;
+  if (!rt_scope_begin_op(name, site)) return false;
   /* nn.Linear / nn.Conv2d: bias bound 1 / sqrt(fan_in), 0 when fan_in is 0. */
   em_tensor *w = param(ndim, wsizes, true, 0, site);
   em_tensor *b = !w ? NULL : has_bias ? param(1, &out, false, f > 0 ? 1 / sqrt((double)f) : 0, site) : EM_NONE;
@@ -93,7 +94,7 @@ bool em_linear_layer_init_at(em_linear_layer *l, int64_t in, int64_t out, bool h
   /* nn.Linear accepts zero features (an empty weight); only negative sizes are meaningless. */
   if (in < 0 || out < 0)
     return rt_error(site, name, "sizes must be >= 0, got in %lld, out %lld", (long long)in, (long long)out), false;
-  return make_layer(&l->weight, &l->bias, 2, (int64_t[]){out, in}, out, has_bias, site);
+  return make_layer(name, &l->weight, &l->bias, 2, (int64_t[]){out, in}, out, has_bias, site);
 }
 
 bool em_conv2d_layer_init_at(em_conv2d_layer *l, int64_t in, int64_t out, int64_t kh, int64_t kw, em_conv2d_params p,
@@ -114,7 +115,7 @@ bool em_conv2d_layer_init_at(em_conv2d_layer *l, int64_t in, int64_t out, int64_
                     (long long)kh, (long long)kw, (long long)p.stride[0], (long long)p.stride[1],
                     (long long)p.padding[0], (long long)p.padding[1], (long long)p.dilation[0],
                     (long long)p.dilation[1]), false;
-  return make_layer(&l->weight, &l->bias, 4, (int64_t[]){out, in / p.groups, kh, kw}, out, has_bias, site);
+  return make_layer(name, &l->weight, &l->bias, 4, (int64_t[]){out, in / p.groups, kh, kw}, out, has_bias, site);
 }
 
 /* ---- optimizers ---- */

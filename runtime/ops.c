@@ -216,6 +216,21 @@ em_tensor *em_contiguous_at(em_tensor *x, em_site site) {
 
 /* ---- reductions -------------------------------------------------------------------------- */
 
+bool rt_axes_arg(const em_tensor *x, int n_axes, const int64_t *axes, const char *name, em_site site) {
+  char b[128];
+  if (n_axes < 0 || n_axes > EM_MAX_DIMS || (n_axes > 0 && !axes))
+    return rt_error(site, name, "invalid axis list (%d axes%s)", n_axes, n_axes > 0 && !axes ? ", NULL" : ""), false;
+  bool seen[EM_MAX_DIMS] = {0};
+  for (int i = 0; i < n_axes; i++) {
+    int a = ir_norm_axis(axes[i], x->ndim);
+    if (a < 0)
+      return rt_error(site, name, "axis %lld out of range for %s", (long long)axes[i], rt_fmt(b, sizeof b, x)), false;
+    if (seen[a]) return rt_error(site, name, "axis %d repeated", a), false;
+    seen[a] = true;
+  }
+  return true;
+}
+
 static em_tensor *reduce(em_prim op, const char *name, em_tensor *x, int n_axes, const int64_t *axes,
                          bool keepdim, em_site site) {
   if (!x) return NULL;
@@ -266,8 +281,9 @@ em_tensor *rt_reshape(em_tensor *x, int ndim, const int64_t *sizes, const char *
       infer = i;
     } else if (sizes[i] < 0) {
       return rt_error(site, name, "size %lld of dim %d is invalid", (long long)sizes[i], i);
-    } else {
-      known *= sizes[i];
+    } else if (!ir_mul_ok(known, sizes[i], &known)) {
+      char b[128];
+      return rt_error(site, name, "cannot reshape %s: the sizes' product does not fit in 64 bits", rt_fmt(b, sizeof b, x));
     }
   }
   if (infer >= 0) {
@@ -447,6 +463,9 @@ em_tensor *em_index_select_at(em_tensor *x, int axis, em_tensor *index, em_site 
   return indexing(EM_PRIM_INDEX_SELECT, "em_index_select", x, axis, index, NULL, site);
 }
 em_tensor *em_scatter_add_at(em_tensor *x, int axis, em_tensor *index, em_tensor *src, em_site site) {
+  RT_ARG(x, "em_scatter_add", site);
+  RT_ARG(index, "em_scatter_add", site);
+  RT_ARG(src, "em_scatter_add", site);
   return indexing(EM_PRIM_SCATTER_ADD, "em_scatter_add", x, axis, index, src, site);
 }
 
@@ -556,7 +575,10 @@ em_tensor *em_conv2d_backward_input_at(em_tensor *g, em_tensor *w, const int64_t
     char s0[128], s1[128];
     return rt_error(site, name, "needs 4-D grad_out and weight, got %s and %s", rt_fmt(s0, 128, g), rt_fmt(s1, 128, w));
   }
-  ir_shape s = {4, {g->sizes[0], w->sizes[1] * p.groups, hw[0], hw[1]}};
+  ir_shape s = {4, {g->sizes[0], 0, hw[0], hw[1]}};
+  if (!ir_mul_ok(w->sizes[1], p.groups, &s.sizes[1]))
+    return rt_error(site, name, "groups %lld times weight channels %lld does not fit in 64 bits", (long long)p.groups,
+                    (long long)w->sizes[1]);
   return SCOPED(name, conv(EM_PRIM_CONV2D_BWD_INPUT, name, g, w, NULL, &s, p, site));
 }
 
@@ -667,7 +689,9 @@ em_tensor *em_copy__at(em_tensor *dst, em_tensor *src, em_site site) {
 }
 
 em_tensor *em_fill__at(em_tensor *dst, double value, em_site site) {
-  if (!dst) return NULL;
+  RT_ARG(dst, "em_fill_", site);
+  if (!ir_value_fits(dst->dtype, value))
+    return rt_error(site, "em_fill_", "value %g cannot be converted to %s without overflow", value, em_dtype_name(dst->dtype));
   em_tensor *s = rt_scalar(dst->dtype, value, "em_fill_", site);
   em_tensor *r = s ? em_copy__at(dst, s, site) : NULL;
   em_release(s);

@@ -114,6 +114,12 @@ em_tensor *rt_new_view(em_tensor *t, int ndim, const int64_t *sizes, const int64
 /* Hands a caller-owned reference to the current scope. Returns t, or NULL (t released, error
  * recorded) if the scope cannot grow. NULL-safe. */
 em_tensor *rt_scope_add(em_tensor *t, const char *op, em_site site);
+/* em_scope_begin for a composite op: errors recorded while the scope is open are reported
+ * under the outermost such op's name, the inner op's after it ("em_mean: em_sum: axis 2 out of
+ * range"), so they name the op the user called. op is a static string, the C function's name
+ * (__func__); an "_at" suffix is dropped. rt_scope_op: the outermost such name, or NULL. */
+bool rt_scope_begin_op(const char *op, em_site site);
+const char *rt_scope_op(void);
 /* Views of a tensor as kernel operands. */
 prim_buf rt_buf(const em_tensor *t);
 prim_meta rt_meta(const em_tensor *t);
@@ -258,6 +264,9 @@ struct rt_trace {
 /* Whether t may be used where a tensor is required: false for NULL (an earlier failure, already
  * recorded) and for EM_NONE (recorded here, naming the op and the caller's line). */
 bool rt_tensor_arg(const em_tensor *t, const char *name, em_site site);
+/* An axis list of x at the public boundary: 0..EM_MAX_DIMS axes, not NULL when any, each in
+ * [-ndim, ndim), none repeated. False with an error naming `name`, x and the bad axis. */
+bool rt_axes_arg(const em_tensor *x, int n_axes, const int64_t *axes, const char *name, em_site site);
 #define RT_ARG(t, name, site)                           \
   do {                                                  \
     if (!rt_tensor_arg((t), (name), (site))) return NULL; \

@@ -16,6 +16,7 @@ _Static_assert(sizeof(rt_storage) <= STORAGE_HEADER, "storage header outgrew its
 typedef struct scope {
   em_tensor **items;
   int64_t n, cap;
+  const char *op; /* the composite op that opened it (rt_scope_begin_op), else NULL */
 } scope;
 
 /* EM_NONE's address; never read. */
@@ -73,7 +74,7 @@ static em_tensor *new_header(rt_storage *s, em_dtype dt, int ndim, const int64_t
   t->storage = s;
   t->dtype = dt;
   t->ndim = ndim;
-  memcpy(t->sizes, sizes, sizeof(int64_t) * (size_t)ndim);
+  if (ndim) memcpy(t->sizes, sizes, sizeof(int64_t) * (size_t)ndim); /* sizes may be NULL for 0 dims */
   t->numel = ir_numel(ndim, sizes);
   t->serial = __atomic_add_fetch(&serial_counter, 1, __ATOMIC_RELAXED);
   rt_count_tensor(1);
@@ -90,11 +91,8 @@ static bool checked_bytes(em_dtype dt, int ndim, const int64_t *sizes, size_t *b
   for (int i = 0; i < ndim; i++)
     if (sizes[i] < 0)
       return rt_error(site, op, "size %lld of dim %d is negative", (long long)sizes[i], i), false;
-  int64_t numel = ir_numel(ndim, sizes);
-  size_t esize = ir_dtype(dt)->size;
-  if (numel == INT64_MAX || (uint64_t)numel > (SIZE_MAX - 2 * STORAGE_HEADER) / esize)
+  if (!ir_nbytes(dt, ndim, sizes, 2 * STORAGE_HEADER, bytes))
     return rt_error(site, op, "%s is too large to address", ir_fmt_type(b, sizeof b, dt, ndim, sizes)), false;
-  *bytes = (size_t)numel * esize;
   return true;
 }
 
@@ -143,7 +141,7 @@ em_tensor *rt_new_view(em_tensor *base, int ndim, const int64_t *sizes, const in
   em_tensor *t = new_header(base->storage, base->dtype, ndim, sizes, op, site);
   if (!t) return NULL;
   __atomic_add_fetch(&base->storage->refcount, 1, __ATOMIC_RELAXED);
-  memcpy(t->strides, strides, sizeof(int64_t) * (size_t)ndim);
+  if (ndim) memcpy(t->strides, strides, sizeof(int64_t) * (size_t)ndim);
   t->offset = offset;
   if (base->proxy && !rt_trace_adopt(t, base)) { /* a view of a proxy (em_detach) is a proxy */
     em_release(t);
@@ -256,6 +254,18 @@ bool em_scope_begin_at(em_site site) {
     return false;
   }
   return true;
+}
+
+bool rt_scope_begin_op(const char *op, em_site site) {
+  if (!em_scope_begin_at(site)) return false;
+  scopes[n_scopes - 1].op = op;
+  return true;
+}
+
+const char *rt_scope_op(void) {
+  for (int i = 0; i < n_scopes; i++)
+    if (scopes[i].op) return scopes[i].op;
+  return NULL;
 }
 
 void em_scope_end_at(em_site site) {

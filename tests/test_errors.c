@@ -302,4 +302,21 @@ ETEST(errors, shape_arithmetic_that_overflowed) {
   EXPECT_ERROR(em_max_pool2d(img, 2, 2, 1, 1, INT64_MAX, 0), "bad window");
   EXPECT_ERROR(em_avg_pool2d(img, INT64_MAX, 2, 1, 1, INT64_MAX / 2, 0), "does not fit in 64 bits");
   EXPECT_ERROR(em_pad(x, 2, (int64_t[]){INT64_MAX, 1}, 0), "does not fit in 64 bits");
+  /* negating the most negative integer wraps (it was undefined behaviour, fatal under UBSan) */
+  int64_t mn[2] = {INT64_MIN, 5};
+  em_tensor *n = em_neg(em_from_data(mn, EM_I64, EM_SHAPE(2)));
+  int64_t got[2];
+  cr_assert(n && em_to_buffer(n, EM_I64, got, sizeof got));
+  cr_assert(got[0] == INT64_MIN && got[1] == -5);
+}
+
+/* Issue 17: the CUDA indexing kernels folded a "found" flag into the bad index's top bit, so
+ * INT64_MIN was reported as index 0 and 2^62 with the wrong sign. Both devices name the index. */
+ETEST(errors, a_bad_index_is_named_exactly) {
+  em_tensor *m = em_zeros(F, EM_SHAPE(2, 3));
+  int64_t lo[2] = {INT64_MIN, 0}, hi[2] = {0, (int64_t)1 << 62};
+  EXPECT_ERROR(em_gather(m, 1, em_from_data(lo, EM_I64, EM_SHAPE(2, 1))),
+               "index -9223372036854775808 is out of bounds for axis 1 with size 3");
+  EXPECT_ERROR(em_index_select(m, 0, em_from_data(hi, EM_I64, EM_SHAPE(2))),
+               "index 4611686018427387904 is out of bounds for axis 0 with size 2");
 }
