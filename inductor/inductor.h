@@ -114,6 +114,7 @@ typedef struct ind_cache_stats {
   int64_t memory_hits; /* already in this process's JIT */
   int64_t disk_hits;   /* object code loaded from the disk cache */
   int64_t misses;      /* optimised and compiled by LLVM (and written to the disk cache) */
+  int64_t bad_entries; /* disk entries that passed their checksum but lacked the kernels: replaced */
 } ind_cache_stats;
 ind_cache_stats ind_cache_counters(void);
 /* Generated kernels the calling thread has run, for em_compiled_stats, tests and benchmarks. */

@@ -5,6 +5,7 @@
 
 #include <llvm-c/Error.h>
 #include <llvm-c/LLJIT.h>
+#include <llvm-c/Object.h>
 #include <llvm-c/Orc.h>
 #include <llvm-c/Target.h>
 #include <llvm-c/TargetMachine.h>
@@ -133,6 +134,33 @@ static void cache_write(const uint8_t key[16], const char *data, size_t size) {
   rt_write_file_whole(path, &h, sizeof h, data, size);
 }
 
+/* Whether obj is an object file that defines every kernel of p by name. A cache entry can pass
+ * its checksum and still hold the wrong object (a file copied over another, a bug in an older
+ * writer); loaded, its kernels were missing and the graph fell back to op by op on every call
+ * (issue 17). The names embed the module's key, which hashes the IR and so every kernel's
+ * signature: an object defining them was compiled from this module. */
+static bool object_defines(LLVMMemoryBufferRef obj, const ind_program *p, LLVMContextRef ctx) {
+  char *msg = NULL;
+  LLVMBinaryRef bin = LLVMCreateBinary(obj, ctx, &msg);
+  if (!bin) return LLVMDisposeMessage(msg), false;
+  LLVMBinaryType t = LLVMBinaryGetType(bin);
+  bool ok = t >= LLVMBinaryTypeCOFF && t <= LLVMBinaryTypeWasm; /* an object file, not IR or an archive */
+  bool *found = calloc((size_t)p->n_kernels + 1, 1);
+  LLVMSymbolIteratorRef it = ok && found ? LLVMObjectFileCopySymbolIterator(bin) : NULL;
+  ok = ok && it;
+  int n_found = 0;
+  while (ok && !LLVMObjectFileIsSymbolIteratorAtEnd(bin, it)) {
+    const char *name = LLVMGetSymbolName(it);
+    for (int k = 0; name && k < p->n_kernels; k++)
+      if (!found[k] && !strcmp(name, p->kernels[k].name) && LLVMGetSymbolSize(it) > 0) found[k] = true, n_found++;
+    LLVMMoveToNextSymbol(it);
+  }
+  if (it) LLVMDisposeSymbolIterator(it);
+  LLVMDisposeBinary(bin);
+  free(found);
+  return ok && n_found == p->n_kernels;
+}
+
 static _Thread_local ind_cache_stats cache_stats;
 ind_cache_stats ind_cache_counters(void) { return cache_stats; }
 
@@ -232,9 +260,14 @@ bool ind_build_kernels(ind_program *p, const prim_meta *meta, char *err, size_t 
     pthread_mutex_lock(&jit_lock);
     found = jit_find(p);
     pthread_mutex_unlock(&jit_lock);
+    if (!found && (obj = cache_read(key)) && !object_defines(obj, p, c.ctx)) {
+      LLVMDisposeMemoryBuffer(obj); /* compiled again below, and the entry replaced */
+      obj = NULL;
+      cache_stats.bad_entries++;
+    }
     if (found) {
       cache_stats.memory_hits++;
-    } else if ((obj = cache_read(key))) {
+    } else if (obj) {
       cache_stats.disk_hits++;
     } else {
       cache_stats.misses++;

@@ -16,6 +16,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "common.h"
 
+#include <llvm-c/blake3.h>
+
 #include "random_program.h"
 #include "composites.h"
 #include "../runtime/rt.h"
@@ -652,6 +654,55 @@ static void probe(const char *dir, int n, long counts[][4]) {
   }
 }
 
+/* The one file in dir ending in .o other than `not` (NULL: any); path into out. */
+static void cache_file(const char *dir, const char *not, char *out, size_t cap) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "ls '%s'/*.o", dir);
+  FILE *f = popen(cmd, "r");
+  cr_assert(f);
+  out[0] = 0;
+  char line[1024];
+  while (fgets(line, sizeof line, f)) {
+    line[strcspn(line, "\n")] = 0;
+    if (!not || strcmp(line, not)) snprintf(out, cap, "%s", line);
+  }
+  pclose(f);
+  cr_assert(out[0], "a cache file in %s", dir);
+}
+
+static char *slurp(const char *path, size_t *n) {
+  FILE *f = fopen(path, "rb");
+  cr_assert(f);
+  fseek(f, 0, SEEK_END);
+  *n = (size_t)ftell(f);
+  rewind(f);
+  char *b = malloc(*n);
+  cr_assert(b && fread(b, 1, *n, f) == *n);
+  fclose(f);
+  return b;
+}
+
+/* Issue 17: a cache entry whose checksum is right but whose object is another module's (its
+ * header and key kept, the object and its BLAKE3 sum taken from a second entry) loaded, lacked
+ * the kernels, and the graph ran op by op on every call. It must be refused, compiled again and
+ * replaced. The header is 56 bytes: magic, format, reserved, size, key, sum. */
+static void forge_entry(const char *victim, const char *donor) {
+  size_t nv, nd;
+  char *v = slurp(victim, &nv), *d = slurp(donor, &nd);
+  enum { HEAD = 56 };
+  cr_assert(nv > HEAD && nd > HEAD);
+  uint64_t size = nd - HEAD;
+  memcpy(v + 16, &size, 8);
+  llvm_blake3_hasher h;
+  llvm_blake3_hasher_init(&h);
+  llvm_blake3_hasher_update(&h, d + HEAD, size);
+  llvm_blake3_hasher_finalize(&h, (uint8_t *)v + 40, 16);
+  FILE *f = fopen(victim, "wb");
+  cr_assert(f && fwrite(v, 1, HEAD, f) == HEAD && fwrite(d + HEAD, 1, size, f) == size);
+  fclose(f);
+  free(v), free(d);
+}
+
 static int count_files(const char *dir, const char *suffix) {
   char cmd[1024];
   snprintf(cmd, sizeof cmd, "ls '%s' | grep -c -- '%s$'", dir, suffix);
@@ -688,6 +739,18 @@ ETEST(inductor, disk_cache_second_process_corruption_and_concurrent_writers) {
     probe(dir, 1, c);
     cr_assert_eq(c[0][1], 1, "damage %d: and the rewritten file loads", damage);
   }
+  /* damage 4: a valid checksum over the wrong object */
+  char victim[1024], donor[1024];
+  cache_file(dir, NULL, victim, sizeof victim);
+  setenv("EMBER_CACHE_PROBE_VARIANT", "1", 1);
+  probe(dir, 1, c);
+  unsetenv("EMBER_CACHE_PROBE_VARIANT");
+  cache_file(dir, victim, donor, sizeof donor);
+  forge_entry(victim, donor);
+  probe(dir, 1, c);
+  cr_assert(c[0][2] == 1 && c[0][1] == 0, "a wrong object under a valid checksum is compiled again (misses %ld)", c[0][2]);
+  probe(dir, 1, c);
+  cr_assert_eq(c[0][1], 1, "and the replaced entry loads");
   snprintf(cmd, sizeof cmd, "rm -f '%s'/*", dir);
   cr_assert_eq(system(cmd), 0);
   probe(dir, 4, c);
