@@ -485,7 +485,16 @@ static struct {
   int cap, n;
   char dir[1024];
   bool dir_done;
+  int64_t replaced; /* disk entries that loaded without their kernel: compiled again */
 } kc = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+void cu_kernel_cache_forget(int64_t *replaced) {
+  pthread_mutex_lock(&kc.lock);
+  free(kc.slot);
+  kc.slot = NULL, kc.cap = kc.n = 0;
+  if (replaced) *replaced = kc.replaced;
+  pthread_mutex_unlock(&kc.lock);
+}
 
 static uint64_t fnv(const void *p, size_t n, uint64_t h) {
   for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)p)[i]) * 0x100000001b3ull;
@@ -594,6 +603,7 @@ cu_function cu_kernel(const cu_kernel_key *k, char *err, size_t cap) {
     snprintf(path, sizeof path, "%s/%016llx%016llx.bin", kc.dir, (unsigned long long)h1, (unsigned long long)h2);
     img = disk_read(path, src, &size);
   }
+  bool from_disk = img != NULL;
   if (!img) {
     if (!drv.d->compile(src, name, &img, &size, &log)) {
       snprintf(err, cap, "compiling CUDA kernel %s failed: %s", name, log ? log : "?");
@@ -601,14 +611,28 @@ cu_function cu_kernel(const cu_kernel_key *k, char *err, size_t cap) {
     }
     if (path[0]) disk_write(path, src, img, size);
   }
-  cu_enter();
-  void *mod = NULL;
-  int r = drv.d->module_load(&mod, img);
-  if (!r) r = drv.d->module_get_function(&f, mod, name);
-  if (r) {
-    snprintf(err, cap, "loading CUDA kernel %s: %s", name, drv.d->error_string(r));
+  /* An entry whose checksums pass can still hold another kernel's image (a file copied over
+   * another): it loads without the function. Then it is compiled again and the entry replaced,
+   * once, instead of failing the op on every call (issue 17). The bad module stays loaded. */
+  for (;;) {
+    cu_enter();
+    void *mod = NULL;
+    int r = drv.d->module_load(&mod, img);
+    if (!r) r = drv.d->module_get_function(&f, mod, name);
+    if (!r) break;
     f = NULL;
-    goto done;
+    if (!from_disk) {
+      snprintf(err, cap, "loading CUDA kernel %s: %s", name, drv.d->error_string(r));
+      goto done;
+    }
+    from_disk = false;
+    free(img), img = NULL;
+    if (!drv.d->compile(src, name, &img, &size, &log)) {
+      snprintf(err, cap, "compiling CUDA kernel %s failed: %s", name, log ? log : "?");
+      goto done;
+    }
+    disk_write(path, src, img, size);
+    kc.replaced++;
   }
   if (!kc_insert(key, k, f)) snprintf(err, cap, "out of memory"), f = NULL;
 done:

@@ -175,6 +175,9 @@ const char *cu_arch(void);
 /* The kernel for key k, compiled (through the memory and disk caches) and loaded; NULL with a
  * reason in err. */
 cu_function cu_kernel(const cu_kernel_key *k, char *err, size_t cap);
+/* For tests: forgets the kernels looked up so far (their modules stay loaded), so the next
+ * lookup reads the disk cache again; *replaced (if given): disk entries found bad and replaced. */
+void cu_kernel_cache_forget(int64_t *replaced);
 /* Launches f on the current stream over n elements (grid-stride kernels: any grid works). */
 bool cu_launch(cu_function f, int64_t n, unsigned block, void **params, char *err, size_t cap);
 /* Device storage for bytes on the current stream, or NULL with an error recorded. */

@@ -7,6 +7,7 @@
  * and the kernels' indexing and arithmetic, not the GPU itself. EMBER_TEST_CUDA=emulate forces
  * the emulator on a GPU machine. */
 #include "common.h"
+#include "../runtime/cuda.h"
 
 static void setup(void) {
   etest_pick_cuda();
@@ -423,6 +424,32 @@ ETEST(cuda_eager, random_programs) {
   }
 }
 
+/* Rewrites the CUDA cache entry at victim to hold donor's image under victim's header, with
+ * the image's size and FNV-1a hash made to match (header: magic, src_len, src_hash, image_size,
+ * image_hash; 40 bytes). */
+static void forge_cuda_entry(const char *victim, const char *donor) {
+  char *f[2] = {NULL, NULL};
+  size_t n[2];
+  const char *paths[2] = {victim, donor};
+  for (int i = 0; i < 2; i++) {
+    FILE *fp = fopen(paths[i], "rb");
+    cr_assert(fp);
+    fseek(fp, 0, SEEK_END);
+    n[i] = (size_t)ftell(fp);
+    rewind(fp);
+    f[i] = malloc(n[i]);
+    cr_assert(f[i] && fread(f[i], 1, n[i], fp) == n[i]);
+    fclose(fp);
+  }
+  uint64_t size = n[1] - 40, h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < size; i++) h = (h ^ (unsigned char)f[1][40 + i]) * 0x100000001b3ull;
+  memcpy(f[0] + 24, &size, 8), memcpy(f[0] + 32, &h, 8);
+  FILE *fp = fopen(victim, "wb");
+  cr_assert(fp && fwrite(f[0], 1, 40, fp) == 40 && fwrite(f[1] + 40, 1, size, fp) == size);
+  fclose(fp);
+  free(f[0]), free(f[1]);
+}
+
 /* Kernels are compiled once per (prim, dtypes, layout kind) and kept on disk: a second process
  * loads them (cubins on a GPU, shared objects on the emulator). */
 ETEST(cuda_eager, kernels_are_cached_on_disk) {
@@ -434,6 +461,29 @@ ETEST(cuda_eager, kernels_are_cached_on_disk) {
   char cmd[256];
   snprintf(cmd, sizeof cmd, "test $(ls %s/cuda/*.bin | wc -l) -eq 1", dir);
   cr_assert_eq(system(cmd), 0, "the exp kernel is in %s/cuda", dir);
+  /* Issue 17: an entry with valid checksums over another kernel's image (neg's, under exp's
+   * name and source hash) loaded without the function and failed the op on every call; it is
+   * compiled again and replaced. */
+  char exp_bin[512], neg_bin[512];
+  FILE *ls = popen("ls -t $EMBER_CACHE_DIR/cuda/*.bin", "r");
+  cr_assert(ls && fgets(exp_bin, sizeof exp_bin, ls));
+  pclose(ls);
+  exp_bin[strcspn(exp_bin, "\n")] = 0;
+  SAME(em_neg(em_arange(EM_F64, 0, 5, 1)), em_neg(x), 0);
+  ls = popen("ls -t $EMBER_CACHE_DIR/cuda/*.bin", "r");
+  cr_assert(ls && fgets(neg_bin, sizeof neg_bin, ls));
+  pclose(ls);
+  neg_bin[strcspn(neg_bin, "\n")] = 0;
+  cr_assert(strcmp(exp_bin, neg_bin), "a second entry for neg");
+  forge_cuda_entry(exp_bin, neg_bin);
+  cu_kernel_cache_forget(NULL);
+  SAME(em_exp(em_arange(EM_F64, 0, 5, 1)), em_exp(x), 1e-15);
+  int64_t replaced;
+  cu_kernel_cache_forget(&replaced);
+  cr_assert_eq(replaced, 1, "the forged entry was found and replaced");
+  SAME(em_exp(em_arange(EM_F64, 0, 5, 1)), em_exp(x), 1e-15);
+  cu_kernel_cache_forget(&replaced);
+  cr_assert_eq(replaced, 1, "and the replacement loads");
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   cr_assert_eq(system(cmd), 0);
 }
