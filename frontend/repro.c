@@ -378,6 +378,15 @@ int em_debug_check_repro(const char *dir, char *report, size_t cap) {
   char *text = read_all(path);
   char err[512];
   ir_graph *g = text ? ir_parse(text, err, sizeof err) : NULL;
+  /* graph.ir is untrusted text: a graph whose declared types are not what its prims give would
+   * size its buffers wrongly when run (fuzz/fuzz_ir found a slice declared f32[4,3] that gives
+   * f32[4,1]; the parser checks syntax, the verifier meaning) */
+  char why[400];
+  if (g && !ir_verify(g, 0, why, sizeof why)) {
+    snprintf(err, sizeof err, "the graph does not verify: %s", why);
+    ir_graph_free(g);
+    g = NULL;
+  }
   int r = -1;
   if (!opts || !text) {
     snprintf(report, cap, "%s: no graph.ir or options.txt", dir ? dir : ".");

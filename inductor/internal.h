@@ -215,4 +215,9 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
 /* EMBER_INDUCTOR_PROFILE: p's slowest kernels, printed when it is freed. */
 void ind_profile_kernels(const ind_program *p);
 
+/* The kernel-cache reader, whole, for the fuzzer (fuzz/fuzz_kcache.c): whether the entry at
+ * path is well formed for key (header, size, checksum) and its object defines every one of the
+ * n kernel names. */
+bool ind_cache_entry_ok(const char *path, const uint8_t key[16], int n, const char *const *names);
+
 #endif /* EMBER_INDUCTOR_INTERNAL_H */

@@ -102,11 +102,9 @@ static void cache_path(const uint8_t key[16], char *path, size_t cap) {
   snprintf(path, cap, "%s/%s.o", rt_cache_dir(), hex);
 }
 
-/* The cached object for key, checked; NULL when absent or damaged. */
-static LLVMMemoryBufferRef cache_read(const uint8_t key[16]) {
-  if (!ind_cache_dir()) return NULL;
-  char path[1200];
-  cache_path(key, path, sizeof path);
+/* The object of the cache entry at path for key, checked (header, key, size, checksum); NULL when
+ * absent or damaged. Nothing is allocated before the size is checked against the file's. */
+static LLVMMemoryBufferRef cache_read_path(const char *path, const uint8_t key[16]) {
   int64_t file_size;
   FILE *f = rt_cache_open(path, &file_size);
   if (!f) return NULL;
@@ -121,6 +119,13 @@ static LLVMMemoryBufferRef cache_read(const uint8_t key[16]) {
   LLVMMemoryBufferRef buf = ok ? LLVMCreateMemoryBufferWithMemoryRangeCopy(data, h.size, "ember_cached") : NULL;
   free(data);
   return buf;
+}
+
+static LLVMMemoryBufferRef cache_read(const uint8_t key[16]) {
+  if (!ind_cache_dir()) return NULL;
+  char path[1200];
+  cache_path(key, path, sizeof path);
+  return cache_read_path(path, key);
 }
 
 static void cache_write(const uint8_t key[16], const char *data, size_t size) {
@@ -139,26 +144,45 @@ static void cache_write(const uint8_t key[16], const char *data, size_t size) {
  * writer); loaded, its kernels were missing and the graph fell back to op by op on every call
  * (issue 17). The names embed the module's key, which hashes the IR and so every kernel's
  * signature: an object defining them was compiled from this module. */
-static bool object_defines(LLVMMemoryBufferRef obj, const ind_program *p, LLVMContextRef ctx) {
+static bool object_defines(LLVMMemoryBufferRef obj, int n, const char *const *names, LLVMContextRef ctx) {
   char *msg = NULL;
   LLVMBinaryRef bin = LLVMCreateBinary(obj, ctx, &msg);
   if (!bin) return LLVMDisposeMessage(msg), false;
   LLVMBinaryType t = LLVMBinaryGetType(bin);
   bool ok = t >= LLVMBinaryTypeCOFF && t <= LLVMBinaryTypeWasm; /* an object file, not IR or an archive */
-  bool *found = calloc((size_t)p->n_kernels + 1, 1);
+  bool *found = calloc((size_t)n + 1, 1);
   LLVMSymbolIteratorRef it = ok && found ? LLVMObjectFileCopySymbolIterator(bin) : NULL;
   ok = ok && it;
   int n_found = 0;
   while (ok && !LLVMObjectFileIsSymbolIteratorAtEnd(bin, it)) {
     const char *name = LLVMGetSymbolName(it);
-    for (int k = 0; name && k < p->n_kernels; k++)
-      if (!found[k] && !strcmp(name, p->kernels[k].name) && LLVMGetSymbolSize(it) > 0) found[k] = true, n_found++;
+    for (int k = 0; name && k < n; k++)
+      if (!found[k] && !strcmp(name, names[k]) && LLVMGetSymbolSize(it) > 0) found[k] = true, n_found++;
     LLVMMoveToNextSymbol(it);
   }
   if (it) LLVMDisposeSymbolIterator(it);
   LLVMDisposeBinary(bin);
   free(found);
-  return ok && n_found == p->n_kernels;
+  return ok && n_found == n;
+}
+
+static bool program_defined_by(LLVMMemoryBufferRef obj, const ind_program *p, LLVMContextRef ctx) {
+  const char **names = malloc(sizeof *names * (size_t)(p->n_kernels + 1));
+  if (!names) return false;
+  for (int k = 0; k < p->n_kernels; k++) names[k] = p->kernels[k].name;
+  bool ok = object_defines(obj, p->n_kernels, names, ctx);
+  free(names);
+  return ok;
+}
+
+bool ind_cache_entry_ok(const char *path, const uint8_t key[16], int n, const char *const *names) {
+  LLVMMemoryBufferRef obj = cache_read_path(path, key);
+  if (!obj) return false;
+  LLVMContextRef ctx = LLVMContextCreate();
+  bool ok = object_defines(obj, n, names, ctx);
+  LLVMContextDispose(ctx);
+  LLVMDisposeMemoryBuffer(obj);
+  return ok;
 }
 
 static _Thread_local ind_cache_stats cache_stats;
@@ -260,7 +284,7 @@ bool ind_build_kernels(ind_program *p, const prim_meta *meta, char *err, size_t 
     pthread_mutex_lock(&jit_lock);
     found = jit_find(p);
     pthread_mutex_unlock(&jit_lock);
-    if (!found && (obj = cache_read(key)) && !object_defines(obj, p, c.ctx)) {
+    if (!found && (obj = cache_read(key)) && !program_defined_by(obj, p, c.ctx)) {
       LLVMDisposeMemoryBuffer(obj); /* compiled again below, and the entry replaced */
       obj = NULL;
       cache_stats.bad_entries++;

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # scripts/setup.sh: installs what Ember needs from Debian (when missing), then configures and
-# builds build/ (optimised) and, with --asan, build-asan/ (address + undefined sanitizers).
+# builds build/ (optimised) and, with --asan, build-asan/ (address + undefined sanitizers); with
+# --fuzz, also clang and its libFuzzer runtime, and configures build-fuzz/ (scripts/fuzz.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 pkgs=(meson ninja-build pkg-config gcc g++ llvm-19-dev libcriterion-dev libdnnl-dev
       libopenblas-dev libsleef-dev zlib1g-dev dataset-fashion-mnist)
+[ "${1:-}" = "--fuzz" ] && pkgs+=(clang libclang-rt-dev libomp-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -27,6 +29,10 @@ configure() { # dir, extra args...
 }
 
 configure build
+if [ "${1:-}" = "--fuzz" ] && [ ! -f build-fuzz/build.ninja ]; then
+  CC=clang CXX=clang++ meson setup build-fuzz --native-file meson/native.ini -Dfuzz=true -Dtests=disabled \
+    -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug -Doptimization=1 >/dev/null
+fi
 if [ "${1:-}" = "--asan" ]; then
   configure build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug -Doptimization=1
 fi

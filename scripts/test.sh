@@ -11,4 +11,6 @@ echo "== tests (optimised build) =="
 meson test -C build --print-errorlogs || status=1
 echo "== tests (address + undefined sanitizers) =="
 meson test -C build-asan --print-errorlogs --timeout-multiplier 4 || status=1
+echo "== fuzzers (libFuzzer, ASan + UBSan: 20000 inputs each over fuzz/corpus) =="
+bash scripts/fuzz.sh --runs 20000 || status=1
 exit $status

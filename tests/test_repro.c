@@ -151,3 +151,25 @@ ETEST(repro, a_crash_in_compiled_code_leaves_a_repro) {
   remove_tree(root);
   free(dir), free(root);
 }
+
+/* Issue 17, found by fuzz/fuzz_ir: graph.ir is untrusted text, and the parser checks only its
+ * syntax. A graph whose declared types are not what its prims give (a slice declared f32[4,3]
+ * that gives f32[4,1]) would have run with wrongly sized buffers; the replay refuses it. */
+ETEST(repro, a_graph_that_does_not_verify_is_refused) {
+  char *root = make_tmpdir(), path[700];
+  snprintf(path, sizeof path, "%s/graph.ir", root);
+  FILE *f = fopen(path, "w");
+  cr_assert_not_null(f);
+  fputs("graph g(%0 : f32[4,6]) {\n  %1 : f32[4,3] = slice(%0, axes=[1], start=5, stop=6, step=2)\n  return %1\n}\n", f);
+  fclose(f);
+  snprintf(path, sizeof path, "%s/options.txt", root);
+  f = fopen(path, "w");
+  cr_assert_not_null(f);
+  fputs("backend: inductor\n", f);
+  fclose(f);
+  char report[1024];
+  cr_assert_neq(em_debug_check_repro(root, report, sizeof report), 0);
+  cr_assert(strstr(report, "does not verify") && strstr(report, "f32[4,1]"), "%s", report);
+  remove_tree(root);
+  free(root);
+}

@@ -224,6 +224,12 @@ int main(int argc, char **argv) {
   snprintf(path, sizeof path, "%s/graph.ir", dir);
   char *text = read_all(path);
   ir_graph *g = text ? ir_parse(text, err, sizeof err) : NULL;
+  char why[400];
+  if (g && !ir_verify(g, 0, why, sizeof why)) { /* untrusted text: see em_debug_check_repro */
+    snprintf(err, sizeof err, "the graph does not verify: %s", why);
+    ir_graph_free(g);
+    g = NULL;
+  }
   const char *b = opts ? strstr(opts, "backend: ") : NULL;
   if (!g || !b) {
     fprintf(stderr, "ember_minify: %s: %s\n", dir, !text || !opts ? "no graph.ir or options.txt" : !g ? err : "no backend in options.txt");
