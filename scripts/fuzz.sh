@@ -32,8 +32,8 @@ for t in "${targets[@]}"; do
     crashes=1
     status=1
   fi
-  runs=$(grep -ao 'Done [0-9]* runs' "$log" | awk '{print $2}' | tail -1)
-  [ -z "$runs" ] && runs=$(grep -ao '^#[0-9]*' "$log" | tr -d '#' | tail -1)
+  runs=$(grep -ao 'Done [0-9]* runs' "$log" | awk '{print $2}' | tail -1 || true)
+  [ -z "$runs" ] && runs=$(grep -ao '^#[0-9]*' "$log" | tr -d '#' | tail -1 || true)
   printf '%-8s %12s %8s\n' "$t" "${runs:-?}" "$crashes"
   [ "$crashes" = 0 ] || { echo "fuzz: $t crashed; see $log"; grep -aE 'ERROR|SUMMARY|runtime error' "$log" | head -5; }
 done
