@@ -91,7 +91,8 @@ run_mode() { # label mode which env...
   local ok=0 contained=0 wrong=0 killed=0 tried=0 n out rc
   for ((n = 1; n <= total; n += stride)); do
     out=$tmp/run.txt
-    "${pre[@]}" "$step" "$mode" "$which" "$n" >"$out" 2>&1
+    # in a subshell, so that bash's "Aborted" notice goes to the run's output, not the table
+    ("${pre[@]}" "$step" "$mode" "$which" "$n") >"$out" 2>&1
     rc=$?
     tried=$((tried + 1))
     case $rc in
