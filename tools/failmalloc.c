@@ -13,12 +13,17 @@
  *                        (n = 0 disarms); returns the allocations counted so far
  *   failmalloc_count()   allocations counted since process start, all threads
  *   FAILMALLOC_QUIET=1   no backtrace on failure
+ *   FAILMALLOC_CALLER=s  count (and fail) only allocations with a frame on the stack in a loaded
+ *                        object whose path contains s (libdnnl, libLLVM): aims the failure at
+ *                        one library, so a test can try each of its allocations in a step
  *
  * The real allocator is glibc's, through its exported __libc_* entry points (dlsym would itself
  * allocate). Built by meson as a shared module (tools/libfailmalloc.so). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <dlfcn.h>
+#include <link.h>
 #include <errno.h>
 #include <execinfo.h>
 #include <stdbool.h>
@@ -40,6 +45,7 @@ extern void *__libc_pvalloc(size_t);
 
 static int64_t count, fail_at;
 static bool quiet;
+static const char *caller; /* FAILMALLOC_CALLER, or NULL */
 static _Thread_local bool inside; /* the shim's own calls (backtrace) are not counted */
 
 static void say_failure(int64_t k, const char *fn, size_t bytes) {
@@ -56,9 +62,24 @@ static void say_failure(int64_t k, const char *fn, size_t bytes) {
   if (write(2, end, sizeof end - 1) < 0) return;
 }
 
+/* Whether some frame of the calling thread's stack lies in an object whose path has `caller`. */
+static bool called_from(void) {
+  void *frames[48];
+  inside = true;
+  int n = backtrace(frames, 48);
+  inside = false;
+  for (int i = 2; i < n; i++) {
+    /* _dl_find_object (glibc 2.35) finds the object without dladdr's search of its symbols */
+    struct dl_find_object o;
+    if (!_dl_find_object(frames[i], &o) && o.dlfo_link_map && strstr(o.dlfo_link_map->l_name, caller)) return true;
+  }
+  return false;
+}
+
 /* Whether this allocation is the one to fail. */
 static bool should_fail(const char *fn, size_t bytes) {
   if (inside) return false;
+  if (caller && !called_from()) return false;
   int64_t k = __atomic_add_fetch(&count, 1, __ATOMIC_RELAXED);
   int64_t f = __atomic_load_n(&fail_at, __ATOMIC_RELAXED);
   if (!f || k != f) return false;
@@ -82,6 +103,14 @@ EXPORT int64_t failmalloc_arm(int64_t n) {
 __attribute__((constructor)) static void init(void) {
   const char *q = getenv("FAILMALLOC_QUIET");
   quiet = q && *q && strcmp(q, "0");
+  const char *c = getenv("FAILMALLOC_CALLER");
+  caller = c && *c ? c : NULL;
+  if (caller) { /* backtrace() loads libgcc_s on its first call, which allocates: now, uncounted */
+    void *frames[4];
+    inside = true;
+    backtrace(frames, 4);
+    inside = false;
+  }
   const char *n = getenv("FAILMALLOC_N");
   if (n && atoll(n) > 0) fail_at = atoll(n);
 }
