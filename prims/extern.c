@@ -103,8 +103,7 @@ void prim_matmul_ref(const prim_buf *out, const prim_buf *a, const prim_buf *b) 
   em_dtype dt = out->dtype;
   int64_t es = (int64_t)esize(dt);
   /* Each output element is one dot product in a fixed order, so threads change no result. */
-#pragma omp parallel for schedule(static) if (rows > 1 && rows * n * k >= PAR_WORK)
-  for (int64_t r = 0; r < rows; r++) {
+  PRIM_PARALLEL_FOR(rows > 1 && rows * n * k >= PAR_WORK, r, rows, {
     int64_t bi = r / m, i = r % m;
     const char *pa = a->data + (batch_offset(a, bi) + i * as0) * es;
     const char *pb = b->data + batch_offset(b, bi) * es;
@@ -127,7 +126,7 @@ void prim_matmul_ref(const prim_buf *out, const prim_buf *a, const prim_buf *b) 
       else if (dt == EM_I32) *(int32_t *)o = (int32_t)(uint32_t)acci;
       else *(int64_t *)o = (int64_t)acci;
     }
-  }
+  });
 }
 
 /* ---- convolution reference ----------------------------------------------------------------- */
@@ -169,8 +168,7 @@ void prim_conv2d_ref(em_prim op, const prim_attrs *at, const prim_buf *out, cons
                                                 : y[0] * y[2] * y[3];
   const int64_t sh = p->stride[0], sw = p->stride[1], ph = p->padding[0], pw = p->padding[1];
   const int64_t dh = p->dilation[0], dw = p->dilation[1];
-#pragma omp parallel for schedule(static) if (total > 1 && total * per >= PAR_WORK)
-  for (int64_t e = 0; e < total; e++) {
+  PRIM_PARALLEL_FOR(total > 1 && total * per >= PAR_WORK, e, total, {
     int64_t i3 = e % out->sizes[3], i2 = e / out->sizes[3] % out->sizes[2];
     int64_t i1 = e / (out->sizes[3] * out->sizes[2]) % out->sizes[1];
     int64_t i0 = e / (out->sizes[3] * out->sizes[2] * out->sizes[1]);
@@ -212,7 +210,7 @@ void prim_conv2d_ref(em_prim op, const prim_attrs *at, const prim_buf *out, cons
     int64_t off = i0 * out->strides[0] + i1 * out->strides[1] + i2 * out->strides[2] + i3 * out->strides[3];
     if (out->dtype == EM_F32) ((float *)out->data)[off] = (float)acc;
     else ((double *)out->data)[off] = acc;
-  }
+  });
 }
 
 /* ---- GEMM through the libraries ------------------------------------------------------------ */
@@ -319,15 +317,14 @@ static void dgemm_blas(const gemm_job *g) {
     if (blocks > (g->m + 15) / 16) blocks = (g->m + 15) / 16;
   }
   int64_t tiles = g->batches * blocks;
-#pragma omp parallel for schedule(static) if (tiles > 1 && work >= PAR_WORK)
-  for (int64_t t = 0; t < tiles; t++) {
+  PRIM_PARALLEL_FOR(tiles > 1 && work >= PAR_WORK, t, tiles, {
     int64_t i = t / blocks, r0 = g->m * (t % blocks) / blocks, r1 = g->m * (t % blocks + 1) / blocks;
     const double *pa = (const double *)g->a.data + batch_offset(&g->a, i) + (g->ta == 'N' ? r0 * g->lda : r0);
     cblas_dgemm(CblasRowMajor, g->ta == 'T' ? CblasTrans : CblasNoTrans, g->tb == 'T' ? CblasTrans : CblasNoTrans,
                 (int)(r1 - r0), (int)g->n, (int)g->k, 1.0, pa, (int)g->lda,
                 (const double *)g->b.data + batch_offset(&g->b, i), (int)g->ldb, 0.0,
                 (double *)g->out->data + i * g->m * g->n + r0 * g->n, (int)g->n);
-  }
+  });
 }
 #endif
 

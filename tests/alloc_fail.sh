@@ -5,6 +5,11 @@
 # with the step finished (0) or failed with an Ember error and later steps working (3):
 #   - oneDNN: every allocation oneDNN makes in an eager step (its GEMMs): std::bad_alloc used to
 #     escape dnnl_sgemm and abort the process (prims/dnnl_guard.cpp);
+#   - libgomp: every allocation made with libgomp on the stack in an eager step: a parallel
+#     region whose if-clause was false made libgomp allocate a one-thread team on every call,
+#     and libgomp exit(1)s when that fails (now such loops stay out of libgomp:
+#     PRIM_PARALLEL_FOR in prims/prims.h); what remains are oneDNN's own allocations on its
+#     worker threads, which it checks;
 #   - LLVM: allocations spread over the first compiled call's LLVM work (EMBER_CACHE=0: the
 #     JIT's creation, IR emission, passes, code generation, loading): bad_alloc and LLVM's
 #     "out of memory" fatal error used to abort it; now the graph runs op by op
@@ -39,6 +44,9 @@ count() { # mode library [env...]
 k=$(count eager libdnnl)
 [ "${k:-0}" -gt 0 ] || { echo "FAIL: no allocation inside oneDNN was seen (is the shim preloaded?)"; exit 1; }
 for ((n = 1; n <= k && n <= 8; n++)); do run eager libdnnl "$n"; done
+
+k=$(count eager libgomp)
+for ((n = 1; n <= ${k:-0} && n <= 8; n++)); do run eager libgomp "$n"; done
 
 k=$(count first libLLVM EMBER_CACHE=0)
 [ "${k:-0}" -gt 100 ] || { echo "FAIL: no LLVM compile was seen in the first compiled call"; exit 1; }
