@@ -33,16 +33,17 @@ static LLVMOrcLLJITRef jit;
 static char jit_error[256];
 static bool jit_tried;
 
-/* Creates the JIT into jit (NULL and jit_error on an LLVM error). Guarded, under jit_lock. */
+/* Creates the JIT into jit (NULL and jit_error on an LLVM error; *oom when it ran out of
+ * memory, which is worth another try later). Guarded, under jit_lock. */
 static void create_jit(void *arg) {
-  (void)arg;
+  bool *oom = arg;
   LLVMInitializeNativeTarget();
   LLVMInitializeNativeAsmPrinter();
   LLVMOrcLLJITRef j = NULL;
   LLVMErrorRef e = LLVMOrcCreateLLJIT(&j, NULL);
   if (e) {
     char *m = LLVMGetErrorMessage(e);
-    snprintf(jit_error, sizeof jit_error, "creating the LLJIT: %s", m);
+    snprintf(jit_error, sizeof jit_error, "creating the LLJIT: %s", m ? m : "out of memory");
     LLVMDisposeErrorMessage(m);
     return;
   }
@@ -51,13 +52,20 @@ static void create_jit(void *arg) {
   e = LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess(&gen, LLVMOrcLLJITGetGlobalPrefix(j), NULL, NULL);
   if (e) {
     char *m = LLVMGetErrorMessage(e);
-    snprintf(jit_error, sizeof jit_error, "process symbol generator: %s", m);
+    snprintf(jit_error, sizeof jit_error, "process symbol generator: %s", m ? m : "out of memory");
     LLVMDisposeErrorMessage(m);
     LLVMOrcDisposeLLJIT(j);
     return;
   }
   LLVMOrcJITDylibAddGenerator(LLVMOrcLLJITGetMainJITDylib(j), gen);
-  char *cpu = LLVMGetHostCPUName(), *features = LLVMGetHostCPUFeatures();
+  char *cpu = LLVMGetHostCPUName(), *features = LLVMGetHostCPUFeatures(); /* strdup'd: may be NULL */
+  if (!cpu || !features) {
+    LLVMDisposeMessage(cpu), LLVMDisposeMessage(features);
+    LLVMOrcDisposeLLJIT(j);
+    snprintf(jit_error, sizeof jit_error, "creating the LLJIT: out of memory");
+    *oom = true;
+    return;
+  }
   ind_host_cpu = cpu, ind_host_features = features;
   if (ind_host_features && strstr(ind_host_features, "+avx512f,") && !getenv("EMBER_NO_AVX512")) LANES = 16;
   jit = j;
@@ -68,9 +76,11 @@ bool ind_jit_get(char *err, size_t cap) {
   if (!jit_tried) {
     ind_llvm_install_handlers();
     char why[200];
+    bool oom = false;
     /* An LLVM error is final; running out of memory is not: the next compile tries again. */
-    if (ind_llvm_guard(create_jit, NULL, why, sizeof why) == IND_LLVM_OK) jit_tried = true;
-    else snprintf(jit_error, sizeof jit_error, "creating the LLJIT: %s", why), jit = NULL;
+    if (ind_llvm_guard(create_jit, &oom, why, sizeof why) != IND_LLVM_OK)
+      snprintf(jit_error, sizeof jit_error, "creating the LLJIT: %s", why), jit = NULL;
+    else if (!oom) jit_tried = true;
   }
   bool ok = jit != NULL;
   if (!ok) snprintf(err, cap, "%s", jit_error);
@@ -231,7 +241,7 @@ ind_cache_stats ind_cache_counters(void) { return cache_stats; }
 
 static void llvm_error(LLVMErrorRef e, const char *what, char *err, size_t cap) {
   char *m = LLVMGetErrorMessage(e);
-  ir_fail(err, cap, "%s: %s", what, m);
+  ir_fail(err, cap, "%s: %s", what, m ? m : "out of memory");
   LLVMDisposeErrorMessage(m);
 }
 
@@ -317,7 +327,11 @@ static void emit_module(void *arg) {
                               : ind_emit_kernel(c, p->g, b->meta, p->kind, &p->kernels[k], b->err, b->cap);
   LLVMDisposeBuilder(c->b);
   if (!b->ok) return;
-  char *text = LLVMPrintModuleToString(c->mod);
+  char *text = LLVMPrintModuleToString(c->mod); /* strdup'd: may be NULL */
+  if (!text) {
+    b->ok = ir_fail(b->err, b->cap, "out of memory printing the kernels' module");
+    return;
+  }
   llvm_blake3_hasher h;
   llvm_blake3_hasher_init(&h);
   llvm_blake3_hasher_update(&h, text, strlen(text) + 1);

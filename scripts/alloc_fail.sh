@@ -14,8 +14,9 @@
 # Modes: eager; compiled (a replay, kernels compiled); first (the compiled step's first call:
 # trace, aot, inductor) with EMBER_CACHE=0 (LLVM compiles) and with the disk cache warm.
 # Allocators: ember (em_debug_fail_alloc: Ember's allocator) and malloc (LD_PRELOAD shim
-# tools/failmalloc.c: every heap allocation of the process). ALLOC_FAIL_KEEP=dir keeps each
-# run's output there. Prints one table row per (mode, allocator) and the killed causes.
+# tools/failmalloc.c: every heap allocation of the process); ALLOC_FAIL_ALLOCATORS="malloc"
+# runs one of them, ALLOC_FAIL_MODES="eager first-cold" some of the modes. ALLOC_FAIL_KEEP=dir
+# keeps each run's output there. Prints one table row per (mode, allocator) and the killed causes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -92,18 +93,18 @@ run_mode() { # label mode which env...
   for ((n = 1; n <= total; n += stride)); do
     out=$tmp/run.txt
     # in a subshell, so that bash's "Aborted" notice goes to the run's output, not the table
-    ("${pre[@]}" "$step" "$mode" "$which" "$n") >"$out" 2>&1
+    ("${pre[@]}" "$step" "$mode" "$which" "$n"; exit $?) >"$out" 2>&1
     rc=$?
     tried=$((tried + 1))
     case $rc in
       0) ok=$((ok + 1)) ;;
       3) contained=$((contained + 1)) ;;
       4 | 5 | 6 | 7) wrong=$((wrong + 1))
-         echo "$label|wrong: $(grep -m1 '^verdict' "$out" | cut -c1-100)" >>"$causes" ;;
+         echo "$label|wrong: $(grep -m1 '^verdict' "$out" | cut -c1-100)|$n" >>"$causes" ;;
       *) killed=$((killed + 1))
          local who="Ember"
          [ "$which" = malloc ] && who=$(receiver "$out")
-         echo "$label|$who: $(how "$rc" "$out")" >>"$causes" ;;
+         echo "$label|$who: $(how "$rc" "$out")|$n" >>"$causes" ;;
     esac
     [ -n "$keep" ] && cp "$out" "$keep/${label//\//_}_$n.txt"
     # a killed eager step may have left its disk cache half written; each run starts clean
@@ -112,12 +113,18 @@ run_mode() { # label mode which env...
   printf '%-22s %7d %6d %6d %6d %9d %6d %6d\n' "$label" "$total" "$stride" "$tried" "$ok" "$contained" "$wrong" "$killed"
 }
 
-for which in ember malloc; do
-  run_mode "eager/$which" eager "$which"
-  run_mode "compiled/$which" compiled "$which"
-  run_mode "first-cold/$which" first "$which" EMBER_CACHE=0
-  run_mode "first-warm/$which" first "$which"
+modes=${ALLOC_FAIL_MODES:-eager compiled first-cold first-warm}
+for which in ${ALLOC_FAIL_ALLOCATORS:-ember malloc}; do
+  for m in $modes; do
+    case $m in
+      eager | compiled) run_mode "$m/$which" "$m" "$which" ;;
+      first-cold) run_mode "$m/$which" first "$which" EMBER_CACHE=0 ;;
+      first-warm) run_mode "$m/$which" first "$which" ;;
+    esac
+  done
 done
 echo
-echo "killed and wrong, by mode and cause (the library that got the NULL: how the process died):"
-sort "$causes" | uniq -c | sort -k2,2 -k1,1nr | awk '{c=$1; $1=""; printf "%6d %s\n", c, substr($0,2)}'
+echo "killed and wrong, by mode and cause (the library that got the NULL: how the process died),"
+echo "with the first failure point of each (alloc_fail_step MODE ALLOCATOR N reproduces it):"
+awk -F'|' '{k = $1 "|" $2; if (!(k in first)) {first[k] = $3; order[++n] = k} count[k]++}
+     END {for (i = 1; i <= n; i++) printf "%6d %s (e.g. N=%s)\n", count[order[i]], order[i], first[order[i]]}' "$causes"
