@@ -153,6 +153,16 @@ void em_set_allocator(const em_allocator *a);
  * and so does nothing else. n = 0 disables it. Counts allocations of all threads. */
 void em_debug_fail_alloc(int64_t n);
 
+/* Allocation failure below Ember. The libraries Ember calls allocate with malloc and operator
+ * new, not through the allocator above. When they run out of memory: oneDNN's failures (GEMM,
+ * convolution) are errors of the op, "out of memory in oneDNN sgemm"; LLVM's (the inductor's
+ * compile, the JIT) make the graph run op by op, as any failed compile does, and a failure
+ * inside the JIT itself stops compiling for the rest of the process (kernels already compiled
+ * keep working; what LLVM was building is leaked). libgomp (OpenMP) ends the process with
+ * exit(1) when it cannot allocate a thread team or start a thread; Ember's loops allocate no
+ * team after the first full-width parallel region, but a region of another width, or the first
+ * one, still can. README.md, "Allocation failure", has the measurements. */
+
 /* Number of allocations made through Ember's allocator since process start. */
 int64_t em_debug_alloc_count(void);
 

@@ -212,8 +212,7 @@ static void fill_philox(em_prim op, em_dtype dt, uint64_t seed, uint64_t offset,
   bool normal = op == EM_PRIM_PHILOX_NORMAL;
   if (dt == EM_F32) {
     float *o = (float *)data;
-#pragma omp parallel for schedule(static) if (calls >= 2 * PHILOX_GRAIN)
-    for (int64_t q = 0; q < calls; q++) {
+    PRIM_PARALLEL_FOR(calls >= 2 * PHILOX_GRAIN, q, calls, {
       uint32_t w[4];
       float v[4];
       philox_call(seed, offset, (uint64_t)q, w);
@@ -229,11 +228,10 @@ static void fill_philox(em_prim op, em_dtype dt, uint64_t seed, uint64_t offset,
       }
       int64_t i = 4 * q, m = n - i < 4 ? n - i : 4;
       for (int64_t j = 0; j < m; j++) o[i + j] = v[j];
-    }
+    });
   } else {
     double *o = (double *)data;
-#pragma omp parallel for schedule(static) if (calls >= 2 * PHILOX_GRAIN)
-    for (int64_t q = 0; q < calls; q++) {
+    PRIM_PARALLEL_FOR(calls >= 2 * PHILOX_GRAIN, q, calls, {
       uint32_t w[4];
       double v[2];
       philox_call(seed, offset, (uint64_t)q, w);
@@ -247,7 +245,7 @@ static void fill_philox(em_prim op, em_dtype dt, uint64_t seed, uint64_t offset,
       int64_t i = 2 * q;
       o[i] = v[0];
       if (i + 1 < n) o[i + 1] = v[1];
-    }
+    });
   }
 }
 
@@ -280,8 +278,7 @@ static void fill_iota(const prim_attrs *at, const prim_buf *out, int64_t n) {
   if (!ir_is_float(dt) && is_int64_valued(v0) && is_int64_valued(dv)) {
     /* Exact integer arithmetic, wrapping (through uint64) rather than overflowing. */
     uint64_t a = (uint64_t)(int64_t)v0, b = (uint64_t)(int64_t)dv;
-#pragma omp parallel for schedule(static) if (par)
-    for (int64_t i = 0; i < n; i++) {
+    PRIM_PARALLEL_FOR(par, i, n, {
       uint64_t x = a + (uint64_t)i * b;
       switch (dt) {
       case EM_I64: ((int64_t *)d)[i] = (int64_t)x; break;
@@ -289,7 +286,7 @@ static void fill_iota(const prim_attrs *at, const prim_buf *out, int64_t n) {
       case EM_U8: ((uint8_t *)d)[i] = (uint8_t)x; break;
       default: ((uint8_t *)d)[i] = x != 0; break; /* bool */
       }
-    }
+    });
     return;
   }
   /* start + i * step in double, then one rounding to the dtype, as torch.arange does. The
@@ -297,25 +294,22 @@ static void fill_iota(const prim_attrs *at, const prim_buf *out, int64_t n) {
    * within one expression), keeping the values the same whatever the contraction setting. */
   if (dt == EM_F32) {
     float *o = (float *)d;
-#pragma omp parallel for schedule(static) if (par)
-    for (int64_t i = 0; i < n; i++) {
+    PRIM_PARALLEL_FOR(par, i, n, {
       double di = (double)i * dv;
       o[i] = (float)(v0 + di);
-    }
+    });
   } else if (dt == EM_F64) {
     double *o = (double *)d;
-#pragma omp parallel for schedule(static) if (par)
-    for (int64_t i = 0; i < n; i++) {
+    PRIM_PARALLEL_FOR(par, i, n, {
       double di = (double)i * dv;
       o[i] = v0 + di;
-    }
+    });
   } else {
     size_t sz = ir_dtype(dt)->size;
-#pragma omp parallel for schedule(static) if (par)
-    for (int64_t i = 0; i < n; i++) {
+    PRIM_PARALLEL_FOR(par, i, n, {
       double di = (double)i * dv;
       prim_store(d + (size_t)i * sz, dt, v0 + di);
-    }
+    });
   }
 }
 

@@ -24,6 +24,8 @@
 #ifdef EMBER_HAVE_DNNL
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
+
+#include "dnnl_guard.h"
 #endif
 #ifdef EMBER_HAVE_BLAS
 #include <cblas.h>
@@ -101,8 +103,7 @@ void prim_matmul_ref(const prim_buf *out, const prim_buf *a, const prim_buf *b) 
   em_dtype dt = out->dtype;
   int64_t es = (int64_t)esize(dt);
   /* Each output element is one dot product in a fixed order, so threads change no result. */
-#pragma omp parallel for schedule(static) if (rows > 1 && rows * n * k >= PAR_WORK)
-  for (int64_t r = 0; r < rows; r++) {
+  PRIM_PARALLEL_FOR(rows > 1 && rows * n * k >= PAR_WORK, r, rows, {
     int64_t bi = r / m, i = r % m;
     const char *pa = a->data + (batch_offset(a, bi) + i * as0) * es;
     const char *pb = b->data + batch_offset(b, bi) * es;
@@ -125,7 +126,7 @@ void prim_matmul_ref(const prim_buf *out, const prim_buf *a, const prim_buf *b) 
       else if (dt == EM_I32) *(int32_t *)o = (int32_t)(uint32_t)acci;
       else *(int64_t *)o = (int64_t)acci;
     }
-  }
+  });
 }
 
 /* ---- convolution reference ----------------------------------------------------------------- */
@@ -167,8 +168,7 @@ void prim_conv2d_ref(em_prim op, const prim_attrs *at, const prim_buf *out, cons
                                                 : y[0] * y[2] * y[3];
   const int64_t sh = p->stride[0], sw = p->stride[1], ph = p->padding[0], pw = p->padding[1];
   const int64_t dh = p->dilation[0], dw = p->dilation[1];
-#pragma omp parallel for schedule(static) if (total > 1 && total * per >= PAR_WORK)
-  for (int64_t e = 0; e < total; e++) {
+  PRIM_PARALLEL_FOR(total > 1 && total * per >= PAR_WORK, e, total, {
     int64_t i3 = e % out->sizes[3], i2 = e / out->sizes[3] % out->sizes[2];
     int64_t i1 = e / (out->sizes[3] * out->sizes[2]) % out->sizes[1];
     int64_t i0 = e / (out->sizes[3] * out->sizes[2] * out->sizes[1]);
@@ -210,7 +210,7 @@ void prim_conv2d_ref(em_prim op, const prim_attrs *at, const prim_buf *out, cons
     int64_t off = i0 * out->strides[0] + i1 * out->strides[1] + i2 * out->strides[2] + i3 * out->strides[3];
     if (out->dtype == EM_F32) ((float *)out->data)[off] = (float)acc;
     else ((double *)out->data)[off] = acc;
-  }
+  });
 }
 
 /* ---- GEMM through the libraries ------------------------------------------------------------ */
@@ -243,10 +243,18 @@ typedef struct {
 #define SMALL_GEMM ((int64_t)1 << 18)
 
 #ifdef EMBER_HAVE_DNNL
+/* A failed oneDNN status as Ember's error: out of memory in the words every allocation failure
+ * uses; returns false. */
+static bool dnnl_fail(char *err, size_t cap, const char *what, dnnl_status_t st) {
+  if (st == dnnl_out_of_memory) snprintf(err, cap, "out of memory in oneDNN %s", what);
+  else snprintf(err, cap, "oneDNN %s failed: %s", what, dnnl_status2str(st));
+  return false;
+}
+
 static dnnl_status_t sgemm_one(const gemm_job *g, int64_t i) {
   const float *pa = (const float *)g->a.data + batch_offset(&g->a, i);
   const float *pb = (const float *)g->b.data + batch_offset(&g->b, i);
-  return dnnl_sgemm(g->ta, g->tb, g->m, g->n, g->k, 1.0f, pa, g->lda, pb, g->ldb, 0.0f,
+  return prim_dnnl_sgemm(g->ta, g->tb, g->m, g->n, g->k, 1.0f, pa, g->lda, pb, g->ldb, 0.0f,
                     (float *)g->out->data + i * g->m * g->n, g->n);
 }
 
@@ -276,7 +284,7 @@ static bool sgemm_dnnl(const gemm_job *g, char *err, size_t cap) {
   } else {
     for (int64_t i = 0; i < g->batches && bad == dnnl_success; i++) bad = sgemm_one(g, i);
   }
-  if (bad != dnnl_success) return snprintf(err, cap, "oneDNN sgemm failed: %s", dnnl_status2str(bad)), false;
+  if (bad != dnnl_success) return dnnl_fail(err, cap, "sgemm", bad);
   return true;
 }
 #endif
@@ -309,15 +317,14 @@ static void dgemm_blas(const gemm_job *g) {
     if (blocks > (g->m + 15) / 16) blocks = (g->m + 15) / 16;
   }
   int64_t tiles = g->batches * blocks;
-#pragma omp parallel for schedule(static) if (tiles > 1 && work >= PAR_WORK)
-  for (int64_t t = 0; t < tiles; t++) {
+  PRIM_PARALLEL_FOR(tiles > 1 && work >= PAR_WORK, t, tiles, {
     int64_t i = t / blocks, r0 = g->m * (t % blocks) / blocks, r1 = g->m * (t % blocks + 1) / blocks;
     const double *pa = (const double *)g->a.data + batch_offset(&g->a, i) + (g->ta == 'N' ? r0 * g->lda : r0);
     cblas_dgemm(CblasRowMajor, g->ta == 'T' ? CblasTrans : CblasNoTrans, g->tb == 'T' ? CblasTrans : CblasNoTrans,
                 (int)(r1 - r0), (int)g->n, (int)g->k, 1.0, pa, (int)g->lda,
                 (const double *)g->b.data + batch_offset(&g->b, i), (int)g->ldb, 0.0,
                 (double *)g->out->data + i * g->m * g->n + r0 * g->n, (int)g->n);
-  }
+  });
 }
 #endif
 
@@ -426,20 +433,22 @@ static int result_arg(em_prim op) { return op == EM_PRIM_CONV2D ? 2 : op == EM_P
 
 /* x or y as nchw, or w as oihw; grouped weights [O, C/g, kh, kw] are, byte for byte, goihw
  * [g, O/g, C/g, kh, kw]. With any set, the same dims with the layout left to oneDNN. */
-static void conv_desc(dnnl_memory_desc_t *md, int which, const int64_t *s, int64_t groups, bool any) {
+static dnnl_status_t conv_desc(dnnl_memory_desc_t *md, int which, const int64_t *s, int64_t groups, bool any) {
   if (which == 1 && groups > 1) {
     dnnl_dims_t d = {groups, s[0] / groups, s[1], s[2], s[3]};
-    dnnl_memory_desc_init_by_tag(md, 5, d, dnnl_f32, any ? dnnl_format_tag_any : dnnl_goihw);
-  } else {
-    dnnl_dims_t d = {s[0], s[1], s[2], s[3]};
-    dnnl_memory_desc_init_by_tag(md, 4, d, dnnl_f32, any ? dnnl_format_tag_any : dnnl_nchw);
+    return dnnl_memory_desc_init_by_tag(md, 5, d, dnnl_f32, any ? dnnl_format_tag_any : dnnl_goihw);
   }
+  dnnl_dims_t d = {s[0], s[1], s[2], s[3]};
+  return dnnl_memory_desc_init_by_tag(md, 4, d, dnnl_f32, any ? dnnl_format_tag_any : dnnl_nchw);
 }
 
-static void place(region *r, const dnnl_memory_desc_t *md, size_t *total) {
+/* md NULL: the query that produced it failed. */
+static dnnl_status_t place(region *r, const dnnl_memory_desc_t *md, size_t *total) {
+  if (!md) return dnnl_runtime_error;
   r->md = *md;
   r->at = *total;
   *total += (dnnl_memory_desc_get_size(md) + 63) / 64 * 64; /* 64-byte aligned, for vector access */
+  return dnnl_success;
 }
 
 static void conv_entry_destroy(conv_entry *e) {
@@ -454,9 +463,10 @@ static dnnl_status_t make_conv(conv_entry *e) {
   const int64_t *dims[3] = {e->x, e->w, e->y};
   bool blocked = !(e->op == EM_PRIM_CONV2D_BWD_INPUT && e->w[1] < 4);
   dnnl_memory_desc_t md[3];
-  for (int i = 0; i < 3; i++) {
-    conv_desc(&e->arg[i].user, i, dims[i], p->groups, false);
-    conv_desc(&md[i], i, dims[i], p->groups, blocked);
+  dnnl_status_t st = dnnl_success;
+  for (int i = 0; i < 3 && st == dnnl_success; i++) {
+    st = conv_desc(&e->arg[i].user, i, dims[i], p->groups, false);
+    if (st == dnnl_success) st = conv_desc(&md[i], i, dims[i], p->groups, blocked);
   }
   /* oneDNN counts dilation from 0 (no gaps). Padding is symmetric as in torch: the output size
    * (floor division) already drops the rows a larger right pad would reach. */
@@ -465,28 +475,25 @@ static dnnl_status_t make_conv(conv_entry *e) {
   dnnl_convolution_desc_t fd, bd;
   dnnl_primitive_attr_t attr = NULL;
   dnnl_primitive_desc_t fpd = NULL, pd = NULL, rpd = NULL;
-  dnnl_status_t st = dnnl_primitive_attr_create(&attr);
-  if (st == dnnl_success) st = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+  if (st == dnnl_success) st = prim_dnnl_primitive_attr_create(&attr);
+  if (st == dnnl_success) st = prim_dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
   if (st == dnnl_success)
-    st = dnnl_dilated_convolution_forward_desc_init(&fd, dnnl_forward_training, dnnl_convolution_direct, &md[0],
-                                                    &md[1], NULL, &md[2], strides, dil, pad, pad);
-  if (st == dnnl_success) st = dnnl_primitive_desc_create(&fpd, &fd, attr, engine, NULL);
+    st = prim_dnnl_conv_forward_desc_init(&fd, &md[0], &md[1], &md[2], strides, dil, pad);
+  if (st == dnnl_success) st = prim_dnnl_primitive_desc_create(&fpd, &fd, attr, engine, NULL);
   if (st == dnnl_success && e->op == EM_PRIM_CONV2D) {
     pd = fpd, fpd = NULL;
   } else if (st == dnnl_success) {
     /* The backward primitives take the forward one as a hint of the layouts it chose. */
     if (e->op == EM_PRIM_CONV2D_BWD_INPUT)
-      st = dnnl_dilated_convolution_backward_data_desc_init(&bd, dnnl_convolution_direct, &md[0], &md[1], &md[2],
-                                                            strides, dil, pad, pad);
+      st = prim_dnnl_conv_backward_data_desc_init(&bd, &md[0], &md[1], &md[2], strides, dil, pad);
     else
-      st = dnnl_dilated_convolution_backward_weights_desc_init(&bd, dnnl_convolution_direct, &md[0], &md[1], NULL,
-                                                               &md[2], strides, dil, pad, pad);
-    if (st == dnnl_success) st = dnnl_primitive_desc_create(&pd, &bd, attr, engine, fpd);
+      st = prim_dnnl_conv_backward_weights_desc_init(&bd, &md[0], &md[1], &md[2], strides, dil, pad);
+    if (st == dnnl_success) st = prim_dnnl_primitive_desc_create(&pd, &bd, attr, engine, fpd);
   }
   size_t total = 0;
   if (st == dnnl_success) {
-    place(&e->scratch_pad, dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0), &total);
-    st = dnnl_primitive_create(&e->prim, pd);
+    st = place(&e->scratch_pad, dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0), &total);
+    if (st == dnnl_success) st = prim_dnnl_primitive_create(&e->prim, pd);
   }
   const dnnl_query_t query[3] = {e->op == EM_PRIM_CONV2D_BWD_INPUT ? dnnl_query_diff_src_md : dnnl_query_src_md,
                                  e->op == EM_PRIM_CONV2D_BWD_WEIGHT ? dnnl_query_diff_weights_md : dnnl_query_weights_md,
@@ -494,14 +501,14 @@ static dnnl_status_t make_conv(conv_entry *e) {
   for (int i = 0; i < 3 && st == dnnl_success; i++) {
     conv_arg *a = &e->arg[i];
     const dnnl_memory_desc_t *inner = dnnl_primitive_desc_query_md(pd, query[i], 0);
-    if (dnnl_memory_desc_equal(inner, &a->user)) continue;
-    place(&a->inner, inner, &total);
+    if (inner && dnnl_memory_desc_equal(inner, &a->user)) continue;
+    if ((st = place(&a->inner, inner, &total)) != dnnl_success) break;
     bool out = i == result_arg(e->op);
     const dnnl_memory_desc_t *from = out ? inner : &a->user, *to = out ? &a->user : inner;
-    st = dnnl_reorder_primitive_desc_create(&rpd, from, engine, to, engine, attr);
+    st = prim_dnnl_reorder_primitive_desc_create(&rpd, from, engine, to, engine, attr);
     if (st == dnnl_success) {
-      place(&a->reorder_scratch, dnnl_primitive_desc_query_md(rpd, dnnl_query_scratchpad_md, 0), &total);
-      st = dnnl_primitive_create(&a->reorder, rpd);
+      st = place(&a->reorder_scratch, dnnl_primitive_desc_query_md(rpd, dnnl_query_scratchpad_md, 0), &total);
+      if (st == dnnl_success) st = prim_dnnl_primitive_create(&a->reorder, rpd);
     }
     if (rpd) dnnl_primitive_desc_destroy(rpd), rpd = NULL;
   }
@@ -541,7 +548,7 @@ static dnnl_status_t conv_acquire(const conv_entry *key, conv_lease *l) {
   *l = (conv_lease){0};
 #pragma omp critical(ember_dnnl_conv)
   {
-    if (!engine) st = dnnl_engine_create(&engine, dnnl_cpu, 0);
+    if (!engine) st = prim_dnnl_engine_create(&engine, dnnl_cpu, 0);
     for (int i = 0; st == dnnl_success && i < conv_cached && !e; i++)
       if (same_problem(&conv_cache[i], key)) e = &conv_cache[i];
     if (st == dnnl_success && !e) {
@@ -587,13 +594,13 @@ static void conv_release(const conv_lease *l) {
 
 /* A memory object of layout md over Ember's buffer or a region of the scratch buffer. */
 static dnnl_status_t wrap(dnnl_memory_t *m, const dnnl_memory_desc_t *md, void *ptr) {
-  return dnnl_memory_create(m, md, engine, ptr);
+  return prim_dnnl_memory_create(m, md, engine, ptr);
 }
 
 static dnnl_status_t run_conv(const conv_entry *e, char *scratch, char *data[3]) {
   dnnl_memory_t user[3] = {NULL}, inner[3] = {NULL}, rscratch[3] = {NULL}, pad = NULL;
   dnnl_stream_t stream = NULL;
-  dnnl_status_t st = dnnl_stream_create(&stream, engine, dnnl_stream_default_flags);
+  dnnl_status_t st = prim_dnnl_stream_create(&stream, engine, dnnl_stream_default_flags);
   for (int i = 0; i < 3 && st == dnnl_success; i++) {
     const conv_arg *a = &e->arg[i];
     if ((st = wrap(&user[i], &a->user, data[i])) != dnnl_success) break;
@@ -610,7 +617,7 @@ static dnnl_status_t run_conv(const conv_entry *e, char *scratch, char *data[3])
   for (int i = 0; i < 3 && st == dnnl_success; i++)
     if (i != out && e->arg[i].reorder) {
       dnnl_exec_arg_t args[3] = {{DNNL_ARG_FROM, user[i]}, {DNNL_ARG_TO, inner[i]}, {DNNL_ARG_SCRATCHPAD, rscratch[i]}};
-      st = dnnl_primitive_execute(e->arg[i].reorder, stream, rscratch[i] ? 3 : 2, args);
+      st = prim_dnnl_primitive_execute(e->arg[i].reorder, stream, rscratch[i] ? 3 : 2, args);
     }
   if (st == dnnl_success) {
     dnnl_memory_t m[3];
@@ -619,14 +626,14 @@ static dnnl_status_t run_conv(const conv_entry *e, char *scratch, char *data[3])
                                {e->op == EM_PRIM_CONV2D_BWD_WEIGHT ? DNNL_ARG_DIFF_WEIGHTS : DNNL_ARG_WEIGHTS, m[1]},
                                {e->op == EM_PRIM_CONV2D ? DNNL_ARG_DST : DNNL_ARG_DIFF_DST, m[2]},
                                {DNNL_ARG_SCRATCHPAD, pad}};
-    st = dnnl_primitive_execute(e->prim, stream, pad ? 4 : 3, args);
+    st = prim_dnnl_primitive_execute(e->prim, stream, pad ? 4 : 3, args);
   }
   if (st == dnnl_success && e->arg[out].reorder) {
     dnnl_exec_arg_t args[3] = {
         {DNNL_ARG_FROM, inner[out]}, {DNNL_ARG_TO, user[out]}, {DNNL_ARG_SCRATCHPAD, rscratch[out]}};
-    st = dnnl_primitive_execute(e->arg[out].reorder, stream, rscratch[out] ? 3 : 2, args);
+    st = prim_dnnl_primitive_execute(e->arg[out].reorder, stream, rscratch[out] ? 3 : 2, args);
   }
-  if (st == dnnl_success) st = dnnl_stream_wait(stream);
+  if (st == dnnl_success) st = prim_dnnl_stream_wait(stream);
   for (int i = 0; i < 3; i++) {
     if (user[i]) dnnl_memory_destroy(user[i]);
     if (inner[i]) dnnl_memory_destroy(inner[i]);
@@ -662,7 +669,7 @@ static bool conv_dnnl(em_prim op, const prim_attrs *at, const prim_buf *out, con
   if (l.e) conv_release(&l);
   free(ca);
   free(cb);
-  if (st != dnnl_success) return snprintf(err, cap, "oneDNN convolution failed: %s", dnnl_status2str(st)), false;
+  if (st != dnnl_success) return dnnl_fail(err, cap, "convolution", st);
   return true;
 }
 #endif

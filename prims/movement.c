@@ -418,8 +418,8 @@ static void select_rows(const prim_buf *out, const prim_buf *x, const prim_buf *
   if (chunks > nt) chunks = nt;
   if (chunks > rows) chunks = rows;
   if (chunks < 1) chunks = 1;
-#pragma omp parallel for num_threads((int)chunks) schedule(static, 1) if (chunks > 1)
-  for (int64_t c = 0; c < chunks; c++) {
+  /* at most one chunk per thread: schedule(static) gives each its own */
+  PRIM_PARALLEL_FOR(chunks > 1, c, chunks, {
     int64_t r = rows * c / chunks, end = rows * (c + 1) / chunks;
     int64_t o = r / n, j = r % n;
     while (r < end) {
@@ -434,7 +434,7 @@ static void select_rows(const prim_buf *out, const prim_buf *x, const prim_buf *
       j = 0;
       o++;
     }
-  }
+  });
 }
 
 static void index_select(const prim_buf *out, const prim_buf *x, const prim_buf *index, int axis) {

@@ -13,6 +13,8 @@
 
 #include "../ir/ir.h"
 
+#include <omp.h>
+
 typedef enum em_prim {
 #define PRIM(name, arity, flags, attrs) EM_PRIM_##name,
 #include "prims.def"
@@ -111,6 +113,21 @@ void prim_foreach_serial(int nops, const prim_buf *bufs, prim_loop1d fn, const v
 
 /* Elements per thread below which loops stay serial. */
 #define PRIM_PARALLEL_GRAIN 32768
+
+/* `for (int64_t var = 0; var < n; var++) body` across the OpenMP threads when par (and not
+ * already inside a parallel region), else on the calling thread without entering the OpenMP
+ * runtime. Not `#pragma omp parallel for if (par)`: a region whose if-clause is false (or a
+ * nested one) still makes libgomp allocate a one-thread team and free it afterwards, on every
+ * call, and libgomp ends the process with exit(1) when that allocation fails. A full-size team
+ * is allocated once and reused (see README, "Allocation failure"). */
+#define PRIM_PARALLEL_FOR(par, var, n, ...)                                                       \
+  do {                                                                                            \
+    if ((par) && omp_get_level() == 0) {                                                          \
+      _Pragma("omp parallel for schedule(static)") for (int64_t var = 0; var < (n); var++) __VA_ARGS__ \
+    } else {                                                                                      \
+      for (int64_t var = 0; var < (n); var++) __VA_ARGS__                                         \
+    }                                                                                             \
+  } while (0)
 
 /* ---- kernels ----------------------------------------------------------------------------- */
 

@@ -499,8 +499,7 @@ static void run_rows(const plan *pl) {
      * output once and stepping from there, so short reductions pay no divisions. */
     int64_t group = nred >= GROUP ? 1 : GROUP / nred, ngroups = (nout + group - 1) / group;
     bool par = ngroups > 1 && nred >= 2 * PRIM_PARALLEL_GRAIN / nout;
-#pragma omp parallel for schedule(static) if (par)
-    for (int64_t g = 0; g < ngroups; g++) {
+    PRIM_PARALLEL_FOR(par, g, ngroups, {
       int64_t idx[EM_MAX_DIMS], ioff, ooff, o1 = (g + 1) * group < nout ? (g + 1) * group : nout;
       seek(&pl->k, g * group, idx, &ioff, &ooff);
       for (int64_t o = g * group; o < o1; o++) {
@@ -509,7 +508,7 @@ static void run_rows(const plan *pl) {
         finish(pl, pl->out + ooff, &a);
         step2(&pl->k, idx, &ioff, &ooff);
       }
-    }
+    });
     return;
   }
   /* Chunks are whole f32 blocks, so chunking never changes how a block is summed. */
@@ -673,15 +672,14 @@ static void run_cols(const plan *pl, int v) {
   if (nch > nred) nch = nred;
   if (nch < 2) {
     bool par = units > 1 && per_unit >= 2 * PRIM_PARALLEL_GRAIN / units;
-#pragma omp parallel for schedule(static) if (par)
-    for (int64_t u = 0; u < units; u++) {
+    PRIM_PARALLEL_FOR(par, u, units, {
       int64_t idx[EM_MAX_DIMS], ioff, ooff, t0 = u % ntiles * TILE;
       int64_t w = cols - t0 < TILE ? cols - t0 : TILE;
       seek(&outer, u / ntiles, idx, &ioff, &ooff);
       acc st[TILE];
       pl->col(pl, pl->in + ioff + t0 * vs, vs, w, 0, nred, st);
       for (int64_t t = 0; t < w; t++) finish(pl, pl->out + ooff + (t0 + t) * ostep, &st[t]);
-    }
+    });
     return;
   }
   int64_t len = (nred + nch - 1) / nch;
