@@ -8,12 +8,21 @@
  * its gradient into that flat vector, and the engine's ordinary accumulation sums them, so the
  * engine needs no notion of multi-output nodes.
  *
+ * An output that receives no gradient (nothing downstream of it reaches the loss) has no
+ * tangent in eager autograd, while the backward graph takes one for each output. A zero there
+ * is not the same: the backward multiplies tangents by saved values, and 0 * inf or 0 / NaN is
+ * NaN, so one output's absent gradient poisoned the others' (the fuzzer: a mean over an empty
+ * tensor, then a graph break, gave NaN gradients where eager gave -0.043). The unpacking nodes
+ * record which outputs received a gradient, and the backward runs a variant of the graph in
+ * which the absent tangents are symbolic zeros (zero_tangent_graph), as eager would.
+ *
  * Random nodes draw their Philox counters in the forward run into a table of rng slots that
  * the node keeps; a backward graph that recomputes a random value (min-cut) reads the same
  * slot, so dropout's mask is replayed, not saved. */
 #include "aot.h"
 #include "../inductor/inductor.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,20 +37,138 @@ struct aot_compiled {
   int *grad_primal;     /* [bwd outputs] primal the gradient belongs to */
   bool use_inductor;
   ind_variants ind[2]; /* forward, backward: compiled at the first run with each layout */
+  /* backward variants for calls where some outputs received no gradient (bit d: output d's
+   * tangent absent), made at first need */
+  pthread_mutex_t zlock;
+  struct {
+    uint64_t absent;
+    ir_graph *g;
+    ind_variants ind;
+  } zv[8];
+  int n_zv;
 };
 
 void aot_set_inductor(aot_compiled *a, bool use_inductor) { a->use_inductor = use_inductor; }
 
-/* Runs graph `which` (0 forward, 1 backward) with generated kernels when enabled and possible,
- * else with the interpreter. */
-static bool run_graph(aot_compiled *a, int which, em_tensor *const *in, int n_in, em_tensor **out,
-                      const rt_interp_opts *opts, em_site site) {
-  const ir_graph *g = which ? a->split.bwd : a->split.fwd;
+/* Runs g with generated kernels (variants v) when enabled and possible, else with the
+ * interpreter. */
+static bool run_graph(aot_compiled *a, const ir_graph *g, ind_variants *v, em_tensor *const *in, int n_in,
+                      em_tensor **out, const rt_interp_opts *opts, em_site site) {
   bool random = false;
   for (int i = 0; i < g->n_nodes && !random; i++) random = prim_get(g->nodes[i].op)->flags & P_RANDOM;
-  ind_program *p = a->use_inductor && !random && !rt_grad_enabled() ? ind_variant(&a->ind[which], g, in, n_in) : NULL;
+  ind_program *p = a->use_inductor && !random && !rt_grad_enabled() ? ind_variant(v, g, in, n_in) : NULL;
   if (p) return ind_run(p, in, n_in, out, NULL, site); /* else the interpreter runs it */
   return rt_interpret(g, in, n_in, out, opts, site);
+}
+
+/* ---- symbolic zero tangents ---- */
+
+enum { ZERO = -2 }; /* a value known to be zero because it is linear in absent tangents only */
+
+static int zero_of(ir_graph *g, const ir_type *t, const ir_node *n) {
+  prim_meta m = ir_meta_of_type(t);
+  prim_attrs at = {.dtype = t->dtype, .value = 0, .shape = {m.ndim, {0}}};
+  memcpy(at.shape.sizes, m.sizes, sizeof(int64_t) * (size_t)m.ndim);
+  return ir_add_node(g, EM_PRIM_FULL, NULL, 0, &at, t, n ? n->site : (em_site){0}, "zeros");
+}
+
+/* What node n gives when the operands flagged z are zero: ZERO, the id of an operand it equals,
+ * or -1 when it must be computed (with real zeros for the flagged operands). Backward graphs
+ * are linear in the tangents, so a product with a tangent-derived zero is zero whatever the
+ * other factor (0 * inf included: that is the point), as are sums, copies and views of zeros. */
+static int zero_rule(const ir_graph *b, const ir_node *n, const bool *z, const int *map) {
+  const int *ops = ir_operands(b, n);
+  int nz = 0;
+  for (int i = 0; i < n->n_in; i++) nz += z[i];
+  const ir_type *t = &b->values[n->out].type;
+  switch (n->op) {
+  case EM_PRIM_MUL: case EM_PRIM_MATMUL: case EM_PRIM_CONV2D: case EM_PRIM_CONV2D_BWD_INPUT:
+  case EM_PRIM_CONV2D_BWD_WEIGHT:
+    return ZERO;
+  case EM_PRIM_DIV: case EM_PRIM_NEG: case EM_PRIM_SUM: case EM_PRIM_RESHAPE: case EM_PRIM_PERMUTE:
+  case EM_PRIM_EXPAND: case EM_PRIM_SLICE: case EM_PRIM_SQUEEZE: case EM_PRIM_UNSQUEEZE: case EM_PRIM_CLONE:
+  case EM_PRIM_FLIP: case EM_PRIM_CONVERT: case EM_PRIM_GATHER: case EM_PRIM_INDEX_SELECT: case EM_PRIM_DETACH:
+    return z[0] ? ZERO : -1;
+  case EM_PRIM_PAD: return z[0] && n->attrs.value == 0 ? ZERO : -1;
+  case EM_PRIM_WHERE: return z[1] && z[2] ? ZERO : -1;
+  case EM_PRIM_SCATTER_ADD: return z[0] && z[2] ? ZERO : -1;
+  case EM_PRIM_ADD: case EM_PRIM_SUB: case EM_PRIM_CAT: case EM_PRIM_SLICE_SCATTER:
+    if (nz == n->n_in) return ZERO;
+    if (n->op == EM_PRIM_ADD || (n->op == EM_PRIM_SUB && z[1]))
+      for (int i = 0; i < n->n_in; i++)
+        if (!z[i] && ir_type_equal(&b->values[ops[i]].type, t)) return map[ops[i]]; /* x + 0, x - 0 */
+    return -1;
+  default: return -1;
+  }
+}
+
+/* b with the tangent inputs flagged in `absent` (bit d: input first + d) taken as zeros and
+ * propagated: the same inputs (the absent ones unused), outputs that are zero made by FULL.
+ * NULL when out of memory. */
+static ir_graph *zero_tangent_graph(const ir_graph *b, int first, uint64_t absent) {
+  ir_graph *g = ir_graph_new(b->name);
+  int *map = malloc(sizeof(int) * (size_t)(b->n_values + 1));
+  bool ok = g && map;
+  for (int i = 0; ok && i < b->n_inputs; i++) {
+    int v = ir_add_input(g, &b->values[b->inputs[i]].type);
+    ok = v >= 0;
+    map[b->inputs[i]] = i >= first && i - first < 64 && (absent >> (i - first) & 1) ? ZERO : v;
+  }
+  for (int k = 0; ok && k < b->n_nodes; k++) {
+    const ir_node *n = &b->nodes[k];
+    const int *ops = ir_operands(b, n);
+    bool z[EM_MAX_DIMS * 8] = {0}, any = false;
+    for (int i = 0; i < n->n_in && i < (int)(sizeof z); i++) any |= z[i] = map[ops[i]] == ZERO;
+    int r = any ? zero_rule(b, n, z, map) : -1;
+    if (r != -1) {
+      map[n->out] = r;
+      continue;
+    }
+    int in[64];
+    for (int i = 0; ok && i < n->n_in && i < 64; i++)
+      ok = (in[i] = z[i] ? zero_of(g, &b->values[ops[i]].type, n) : map[ops[i]]) >= 0;
+    int v = ok ? ir_add_node(g, n->op, in, n->n_in, &n->attrs, &b->values[n->out].type, n->site, n->opname) : -1;
+    if ((ok = v >= 0)) g->nodes[g->n_nodes - 1].rng_slot = n->rng_slot;
+    map[n->out] = v;
+  }
+  for (int i = 0; ok && i < b->n_outputs; i++) {
+    int v = map[b->outputs[i]];
+    if (v == ZERO) v = zero_of(g, &b->values[b->outputs[i]].type, NULL);
+    ok = v >= 0 && ir_add_output(g, v);
+  }
+  /* what only fed a product with a zero is dead now */
+  int *uses = ok ? calloc((size_t)g->n_values + 1, sizeof(int)) : NULL;
+  bool *keep = ok ? malloc((size_t)g->n_nodes + 1) : NULL;
+  ok = ok && uses && keep;
+  if (ok) {
+    for (int i = 0; i < g->n_outputs; i++) uses[g->outputs[i]]++;
+    for (int k = g->n_nodes - 1; k >= 0; k--) {
+      const ir_node *n = &g->nodes[k];
+      keep[k] = uses[n->out] > 0;
+      if (keep[k])
+        for (int i = 0; i < n->n_in; i++) uses[ir_operands(g, n)[i]]++;
+    }
+    ok = ir_graph_compact(g, keep, NULL);
+  }
+  free(uses), free(keep), free(map);
+  if (!ok) ir_graph_free(g), g = NULL;
+  return g;
+}
+
+/* The backward graph (and its compiled variants) for this set of absent tangents. */
+static bool backward_variant(aot_compiled *a, uint64_t absent, const ir_graph **g, ind_variants **v) {
+  if (!absent) return *g = a->split.bwd, *v = &a->ind[1], true;
+  pthread_mutex_lock(&a->zlock);
+  int i = 0;
+  while (i < a->n_zv && a->zv[i].absent != absent) i++;
+  if (i == a->n_zv && i < 8) {
+    ir_graph *z = zero_tangent_graph(a->split.bwd, a->split.bwd->n_inputs - a->n_diff, absent);
+    if (z) a->zv[i].absent = absent, a->zv[i].g = z, a->n_zv++;
+  }
+  bool ok = i < a->n_zv;
+  if (ok) *g = a->zv[i].g, *v = &a->zv[i].ind;
+  pthread_mutex_unlock(&a->zlock);
+  return ok;
 }
 
 const aot_split *aot_get_split(const aot_compiled *a) { return &a->split; }
@@ -51,6 +178,8 @@ void aot_release(aot_compiled *a) {
   aot_joint_info_free(&a->info);
   aot_split_free(&a->split);
   ind_variants_free(&a->ind[0]), ind_variants_free(&a->ind[1]);
+  for (int i = 0; i < a->n_zv; i++) ir_graph_free(a->zv[i].g), ind_variants_free(&a->zv[i].ind);
+  pthread_mutex_destroy(&a->zlock);
   free(a->diff_output), free(a->grad_primal);
   free(a);
 }
@@ -59,6 +188,7 @@ aot_compiled *aot_compile(const ir_graph *fwd, const bool *in_rg, aot_partitione
   aot_compiled *a = calloc(1, sizeof *a);
   if (!a) return rt_error(site, "em_compile", "out of memory");
   a->refcount = 1;
+  pthread_mutex_init(&a->zlock, NULL);
   snprintf(a->name, sizeof a->name, "%s", name);
   ir_graph *joint = aot_joint_graph(fwd, in_rg, &a->info, site);
   if (!joint) {
@@ -105,6 +235,7 @@ typedef struct aot_ctx {
   rt_rng_slot *slots;
   prim_meta *diff_meta; /* [n_diff] */
   int64_t *diff_offset; /* [n_diff + 1] offsets in the flat vector */
+  uint64_t received;    /* bit d: output d's gradient arrived in this backward (its unpacking ran) */
   bool released;
 } aot_ctx;
 
@@ -152,7 +283,13 @@ static bool aot_backward(rt_node *n, em_tensor *g, em_tensor **grads) {
     in[c->n_saved + d] = t;
     ok = t != NULL;
   }
-  ok = ok && run_graph(a, 1, in, n_in, out, &(rt_interp_opts){.fresh_rng = true, .slots = c->slots, .n_slots = a->n_slots}, s);
+  /* outputs whose gradient did not arrive have no tangent (with one output, it arrived) */
+  uint64_t got = __atomic_exchange_n(&c->received, 0, __ATOMIC_ACQ_REL);
+  uint64_t absent = a->n_diff > 1 && a->n_diff <= 64 ? ~got & (a->n_diff == 64 ? ~0ull : (1ull << a->n_diff) - 1) : 0;
+  const ir_graph *bg;
+  ind_variants *bv;
+  if (ok && !backward_variant(a, absent, &bg, &bv)) ok = (rt_error(s, n->name, "out of memory"), false);
+  ok = ok && run_graph(a, bg, bv, in, n_in, out, &(rt_interp_opts){.fresh_rng = true, .slots = c->slots, .n_slots = a->n_slots}, s);
   for (int k = 0; ok && k < n_out; k++) {
     int i = a->grad_primal[k];
     grads[i] = rt_scope_add(out[k], n->name, s);
@@ -171,11 +308,14 @@ static const rt_custom_ops aot_ops = {aot_backward, ctx_free_saved, ctx_destroy}
 typedef struct unpack_ctx {
   int64_t start, stop, total;
   em_dtype dtype;
+  aot_ctx *owner; /* the compiled node's context, alive while this node is (it holds that node) */
+  int d;          /* which differentiable output */
 } unpack_ctx;
 
 static bool unpack_backward(rt_node *n, em_tensor *g, em_tensor **grads) {
   unpack_ctx *u = n->custom_ctx;
   em_site s = n->site;
+  if (u->d < 64) __atomic_fetch_or(&u->owner->received, 1ull << u->d, __ATOMIC_ACQ_REL);
   int64_t len = u->stop - u->start;
   em_tensor *flat = em_reshape_at(g, 1, &len, s);
   grads[0] = em_slice_scatter_at(em_zeros_at(u->dtype, 1, &u->total, s), flat, 0, u->start, u->stop, 1, s);
@@ -208,8 +348,8 @@ bool aot_run(aot_compiled *a, em_tensor *const *in, int n_in, em_tensor **outs, 
     return rt_error(site, "em_call", "out of memory"), false;
   }
   bool prev = em_set_grad_enabled(false);
-  ok = run_graph(a, 0, in, n_in, all, &(rt_interp_opts){.fresh_rng = true, .slots = c->slots, .n_slots = a->n_slots},
-                 site);
+  ok = run_graph(a, a->split.fwd, &a->ind[0], in, n_in, all,
+                 &(rt_interp_opts){.fresh_rng = true, .slots = c->slots, .n_slots = a->n_slots}, site);
   em_set_grad_enabled(prev);
   if (ok) {
     for (int k = 0; k < n_fo; k++) outs[k] = all[k];
@@ -285,7 +425,7 @@ bool aot_run(aot_compiled *a, em_tensor *const *in, int n_in, em_tensor **outs, 
         ok = (rt_error(site, "em_call", "out of memory"), false);
         break;
       }
-      *u = (unpack_ctx){c->diff_offset[d], c->diff_offset[d + 1], total, flat.dtype};
+      *u = (unpack_ctx){c->diff_offset[d], c->diff_offset[d + 1], total, flat.dtype, c, d};
       un->next[0] = node;
       __atomic_add_fetch(&node->refcount, 1, __ATOMIC_RELAXED);
       un->in_meta[0] = flat;

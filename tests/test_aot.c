@@ -411,3 +411,29 @@ ETEST(aot, saved_outputs_do_not_leak) {
     em_compiled_free(c);
   }
 }
+
+/* Found by the fuzzer (program 52750): a graph with two differentiable outputs, of which only
+ * the first reaches the loss. Eager gives the second no gradient at all; the compiled backward
+ * took a zero tangent for it, and 0 times the NaN it is scaled by (a mean over an empty tensor)
+ * made x's gradient NaN. Absent tangents are symbolic zeros now, for every backend. */
+static em_outputs nan_side_output(void *ctx, em_tensor *const *in, int n) {
+  em_tensor *nan = em_mean(em_zeros(EM_F32, EM_SHAPE(0)), 0, NULL, false); /* 0 / 0 */
+  return EM_OUTPUTS(em_mul_scalar(in[0], 2), em_mul(in[0], nan));
+}
+
+ETEST(aot, an_output_without_a_gradient_does_not_poison_the_others) {
+  const char *backends[3] = {"eager", "aot_eager", "inductor"};
+  for (int b = 0; b < 3; b++)
+    for (int call = 0; call < 2; call++) {
+      em_tensor *x = em_requires_grad_(em_ones(EM_F32, EM_SHAPE(3)), true);
+      em_compiled *c = em_compile(nan_side_output, &(em_compile_options){.backend = backends[b]});
+      em_outputs o = em_call(c, NULL, x);
+      if (call) o = em_call(c, NULL, x); /* the replay too */
+      cr_assert(o.n == 2 && o.t[0] && o.t[1], "%s", em_last_error() ? em_last_error() : "");
+      cr_assert(em_backward(em_sum(o.t[0], 0, NULL, false), NULL), "%s", em_last_error() ? em_last_error() : "");
+      float g[3];
+      cr_assert(em_to_buffer(em_get_grad(x), EM_F32, g, sizeof g));
+      for (int i = 0; i < 3; i++) cr_assert_eq(g[i], 2.0f, "%s call %d: x.grad[%d] = %g, eager 2", backends[b], call, i, g[i]);
+      em_compiled_free(c);
+    }
+}
