@@ -211,28 +211,37 @@ static const prim_loop1d loops[EM_PRIM_COUNT][EM_DTYPE_COUNT] = {
     [EM_PRIM_LOGICAL_AND] = ROW6(land), [EM_PRIM_LOGICAL_OR] = ROW6(lor),
 };
 
-/* ---- SLEEF vector loops for contiguous f32 ---- */
+/* ---- SLEEF vector loops for f32 ----
+ * Every element goes through the same vector routine, whatever the layout: a row's tail and
+ * strided rows are gathered into a vector's worth of lanes. With libm for those (as before), an
+ * element's bits depended on its operand's strides and on its position in a row, so the same op
+ * on the same values gave eager one result and a replayed graph, whose operand was laid out
+ * otherwise, another (the fuzzer: exp(tanh(x)) 2 ULP apart under the eager backend, which
+ * promises eager's bits). */
 #ifdef EMBER_HAVE_SLEEF
-#define SLEEF_LOOP(OP, VFN, SFN)                                                 \
-  static void OP##_f32_vec(char **p, const int64_t *s, int64_t n, const void *ctx) { \
-    if (s[0] != 4 || s[1] != 4) {                                                \
-      OP##_f32(p, s, n, ctx);                                                    \
-      return;                                                                    \
-    }                                                                            \
-    float *o = (float *)p[0];                                                    \
-    const float *a = (const float *)p[1];                                        \
-    int64_t i = 0;                                                               \
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(o + i, VFN(_mm256_loadu_ps(a + i))); \
-    for (; i < n; i++) o[i] = SFN(a[i]);                                         \
+#define SLEEF_LOOP(OP, VFN)                                                                   \
+  static void OP##_f32_vec(char **p, const int64_t *s, int64_t n, const void *ctx) {          \
+    (void)ctx;                                                                                \
+    float lanes[8];                                                                           \
+    for (int64_t i = 0; i < n; i += 8) {                                                      \
+      int64_t m = n - i < 8 ? n - i : 8;                                                      \
+      if (m == 8 && s[0] == 4 && s[1] == 4) {                                                 \
+        _mm256_storeu_ps((float *)p[0] + i, VFN(_mm256_loadu_ps((const float *)p[1] + i)));   \
+        continue;                                                                             \
+      }                                                                                       \
+      for (int64_t k = 0; k < 8; k++) lanes[k] = k < m ? *(const float *)(p[1] + (i + k) * s[1]) : 0.0f; \
+      _mm256_storeu_ps(lanes, VFN(_mm256_loadu_ps(lanes)));                                   \
+      for (int64_t k = 0; k < m; k++) *(float *)(p[0] + (i + k) * s[0]) = lanes[k];          \
+    }                                                                                         \
   }
-SLEEF_LOOP(exp, Sleef_expf8_u10, expf)
-SLEEF_LOOP(log, Sleef_logf8_u10, logf)
-SLEEF_LOOP(log1p, Sleef_log1pf8_u10, log1pf)
-SLEEF_LOOP(expm1, Sleef_expm1f8_u10, expm1f)
-SLEEF_LOOP(sin, Sleef_sinf8_u10, sinf)
-SLEEF_LOOP(cos, Sleef_cosf8_u10, cosf)
-SLEEF_LOOP(tanh, Sleef_tanhf8_u10, tanhf)
-SLEEF_LOOP(erf, Sleef_erff8_u10, erff)
+SLEEF_LOOP(exp, Sleef_expf8_u10)
+SLEEF_LOOP(log, Sleef_logf8_u10)
+SLEEF_LOOP(log1p, Sleef_log1pf8_u10)
+SLEEF_LOOP(expm1, Sleef_expm1f8_u10)
+SLEEF_LOOP(sin, Sleef_sinf8_u10)
+SLEEF_LOOP(cos, Sleef_cosf8_u10)
+SLEEF_LOOP(tanh, Sleef_tanhf8_u10)
+SLEEF_LOOP(erf, Sleef_erff8_u10)
 static prim_loop1d vec_loop(em_prim op) {
   switch (op) {
   case EM_PRIM_EXP: return exp_f32_vec;

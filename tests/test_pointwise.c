@@ -260,3 +260,27 @@ ETEST(errors, integer_domain_errors) {
   EXPECT_ERROR(em_remainder(T(EM_I64, SHAPE(2), 1, 2), T(EM_I64, SHAPE(2), 1, 0)), "integer remainder by zero");
   EXPECT_ERROR(em_pow(T(EM_I32, SHAPE(1), 2), T(EM_I32, SHAPE(1), -1)), "negative integer powers");
 }
+
+/* Found by the fuzzer (programs 15422 and 63185, the eager backend 1-2 ULP off eager): the f32
+ * transcendentals ran SLEEF's vector routine on contiguous rows but libm on a row's tail and on
+ * strided rows, so an element's bits depended on its operand's layout. Every layout now gives
+ * the same bits. */
+ETEST(pointwise, transcendental_bits_do_not_depend_on_layout) {
+  CPU_ONLY("the CPU kernels' vector and strided paths");
+  typedef em_tensor *(*fn)(em_tensor *, em_site);
+  fn fns[] = {em_exp_at, em_log_at, em_log1p_at, em_expm1_at, em_sin_at, em_cos_at, em_tanh_at, em_erf_at};
+  em_manual_seed(11);
+  em_tensor *base = em_add_scalar(em_abs(em_randn(EM_F32, EM_SHAPE(13, 22))), 0.01); /* > 0 for log */
+  em_tensor *strided = em_slice(base, 1, 0, 22, 2);                                   /* [13,11], strides (22,2) */
+  em_tensor *dense = em_contiguous(strided);                                          /* rows of 11: a tail of 3 */
+  em_tensor *flat = em_reshape(em_contiguous(em_transpose(strided, 0, 1)), EM_SHAPE(143)); /* other positions */
+  for (size_t k = 0; k < sizeof fns / sizeof fns[0]; k++) {
+    float a[143], b[143], c[143];
+    cr_assert(em_to_buffer(fns[k](strided, EM_HERE), EM_F32, a, sizeof a));
+    cr_assert(em_to_buffer(fns[k](dense, EM_HERE), EM_F32, b, sizeof b));
+    cr_assert(em_to_buffer(em_transpose(em_reshape(fns[k](flat, EM_HERE), EM_SHAPE(11, 13)), 0, 1), EM_F32, c, sizeof c));
+    for (int i = 0; i < 143; i++)
+      cr_assert(a[i] == b[i] && b[i] == c[i], "op %zu element %d: strided %.9g, dense %.9g, other position %.9g", k, i, a[i],
+                b[i], c[i]);
+  }
+}
