@@ -107,6 +107,10 @@ int main(void) {
   em_save("fuzz/corpus/embr/checkpoint.embr", 2, t, names);
   em_save("fuzz/corpus/embr/wrong_shape.embr", 2, wrong, names);
   em_save("fuzz/corpus/embr/one.embr", 1, t, names);
+  /* fuzz_embr then loads a bool mask from the same file */
+  em_tensor *all[3] = {t[0], t[1], em_gt_scalar(em_randn(EM_F32, EM_SHAPE(2, 2)), 0)};
+  const char *all_names[3] = {"w", "step", "mask"};
+  em_save("fuzz/corpus/embr/with_mask.embr", 3, all, all_names);
   /* ir */
   for (int i = 0; i < 4; i++) snprintf(p, sizeof p, "fuzz/corpus/ir/graph%d.ir", i), ir_seed(p, i);
   if (em_last_error()) fprintf(stderr, "%s\n", em_last_error());

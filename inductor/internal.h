@@ -5,6 +5,7 @@
  *   schedule.c  lowering and fusion into kernels, memory planning, the printed schedule
  *   codegen.c   LLVM IR for pointwise and row kernels, their loop IR text
  *   jit.c       the ORC LLJIT, the kernel cache (memory and disk), building a program's module
+ *   elf.c       the kernel cache's objects checked, bytes first, before LLVM reads them
  *   run.c       running a program: threads, arena, in-place updates, the profile
  *   rewrite.c   graph rewrites before scheduling: rematerialization, sums of slice scatters */
 #ifndef EMBER_INDUCTOR_INTERNAL_H
@@ -191,6 +192,12 @@ typedef struct cg {
   LLVMBuilderRef b;
   LLVMTypeRef f32, i1, i8, i64, ptr, vf32, vi8;
 } cg;
+
+/* elf.c */
+/* Whether the size bytes at obj are a well-formed relocatable object for this host (ELF64: header,
+ * sections, symbols, relocations all in range) that defines each of the n names as a function
+ * with a size. Reads nothing outside [obj, obj + size); calls no LLVM. */
+bool ind_elf_defines(const void *obj, size_t size, int n, const char *const *names);
 
 /* jit.c */
 bool ind_jit_get(char *err, size_t cap);

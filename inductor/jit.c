@@ -6,7 +6,6 @@
 
 #include <llvm-c/Error.h>
 #include <llvm-c/LLJIT.h>
-#include <llvm-c/Object.h>
 #include <llvm-c/Orc.h>
 #include <llvm-c/Target.h>
 #include <llvm-c/TargetMachine.h>
@@ -176,63 +175,23 @@ static void cache_write(const uint8_t key[16], const char *data, size_t size) {
  * its checksum and still hold the wrong object (a file copied over another, a bug in an older
  * writer); loaded, its kernels were missing and the graph fell back to op by op on every call
  * (issue 17). The names embed the module's key, which hashes the IR and so every kernel's
- * signature: an object defining them was compiled from this module. */
-static bool object_defines(LLVMMemoryBufferRef obj, int n, const char *const *names, LLVMContextRef ctx) {
-  char *msg = NULL;
-  LLVMBinaryRef bin = LLVMCreateBinary(obj, ctx, &msg);
-  if (!bin) return LLVMDisposeMessage(msg), false;
-  LLVMBinaryType t = LLVMBinaryGetType(bin);
-  bool ok = t >= LLVMBinaryTypeCOFF && t <= LLVMBinaryTypeWasm; /* an object file, not IR or an archive */
-  bool *found = calloc((size_t)n + 1, 1);
-  LLVMSymbolIteratorRef it = ok && found ? LLVMObjectFileCopySymbolIterator(bin) : NULL;
-  ok = ok && it;
-  int n_found = 0;
-  while (ok && !LLVMObjectFileIsSymbolIteratorAtEnd(bin, it)) {
-    const char *name = LLVMGetSymbolName(it);
-    for (int k = 0; name && k < n; k++)
-      if (!found[k] && !strcmp(name, names[k]) && LLVMGetSymbolSize(it) > 0) found[k] = true, n_found++;
-    LLVMMoveToNextSymbol(it);
-  }
-  if (it) LLVMDisposeSymbolIterator(it);
-  LLVMDisposeBinary(bin);
-  free(found);
-  return ok && n_found == n;
-}
-
-static bool program_defined_by(LLVMMemoryBufferRef obj, const ind_program *p, LLVMContextRef ctx) {
+ * signature: an object defining them was compiled from this module. The object is read by
+ * elf.c, which checks all of it first: LLVM's object reader ends the process on some damage. */
+static bool program_defined_by(LLVMMemoryBufferRef obj, const ind_program *p) {
   const char **names = malloc(sizeof *names * (size_t)(p->n_kernels + 1));
   if (!names) return false;
   for (int k = 0; k < p->n_kernels; k++) names[k] = p->kernels[k].name;
-  bool ok = object_defines(obj, p->n_kernels, names, ctx);
+  bool ok = ind_elf_defines(LLVMGetBufferStart(obj), LLVMGetBufferSize(obj), p->n_kernels, names);
   free(names);
   return ok;
 }
 
-/* ind_cache_entry_ok's LLVM work. Guarded. */
-typedef struct entry_check {
-  char *data;
-  size_t size;
-  int n;
-  const char *const *names;
-  bool ok;
-} entry_check;
-
-static void check_entry(void *arg) {
-  entry_check *c = arg;
-  LLVMMemoryBufferRef obj = LLVMCreateMemoryBufferWithMemoryRangeCopy(c->data, c->size, "ember_cached");
-  LLVMContextRef ctx = LLVMContextCreate();
-  c->ok = object_defines(obj, c->n, c->names, ctx);
-  LLVMContextDispose(ctx);
-  LLVMDisposeMemoryBuffer(obj);
-}
-
 bool ind_cache_entry_ok(const char *path, const uint8_t key[16], int n, const char *const *names) {
-  entry_check c = {.n = n, .names = names};
-  if (!(c.data = cache_read_path(path, key, &c.size))) return false;
-  ind_llvm_install_handlers();
-  char why[200];
-  bool ok = ind_llvm_guard(check_entry, &c, why, sizeof why) == IND_LLVM_OK && c.ok;
-  free(c.data);
+  size_t size;
+  char *data = cache_read_path(path, key, &size);
+  if (!data) return false;
+  bool ok = ind_elf_defines(data, size, n, names); /* C only: no LLVM, nothing to guard */
+  free(data);
   return ok;
 }
 
@@ -364,7 +323,7 @@ static void compile_module(void *arg) {
   build *b = arg;
   if (b->cached) {
     b->obj = LLVMCreateMemoryBufferWithMemoryRangeCopy(b->cached, b->cached_size, "ember_cached");
-    if (program_defined_by(b->obj, b->p, b->c.ctx)) {
+    if (program_defined_by(b->obj, b->p)) {
       b->hit = true;
       return;
     }

@@ -13,6 +13,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -279,7 +280,12 @@ static bool site(parser *ps, em_site *s) {
   memcpy(buf, start, n);
   buf[n] = 0;
   s->file = ir_intern(buf);
-  s->line = (int)strtol(colon + 1, (char **)&ps->p, 10);
+  /* the line must fit an int: a longer one became -1, printed as ":-1", which read back as a
+   * plain comment (fuzz/fuzz_ir's round trip) */
+  errno = 0;
+  long line = strtol(colon + 1, (char **)&ps->p, 10);
+  if (errno || line > INT_MAX) return ps->p = colon + 1, fail(ps, "line number out of range");
+  s->line = (int)line;
   blanks(ps);
   if (ps->p < end) {
     const char *f = ps->p, *fe = end;

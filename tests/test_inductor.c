@@ -16,6 +16,12 @@
 #define _POSIX_C_SOURCE 200809L
 #include "common.h"
 
+/* <elf.h> defines EM_NONE and EM_CUDA (machine numbers 0 and 190) over ember.h's; only its
+ * Elf64 types are used here, so its two macros go and ember.h's EM_NONE comes back. */
+#include <elf.h>
+#undef EM_NONE
+#undef EM_CUDA
+#define EM_NONE (&em_none_sentinel)
 #include <llvm-c/blake3.h>
 
 #include "random_program.h"
@@ -703,6 +709,40 @@ static void forge_entry(const char *victim, const char *donor) {
   free(v), free(d);
 }
 
+/* The entry's checksum made right again for its (damaged) object. */
+static void rehash_entry(char *e, size_t n) {
+  llvm_blake3_hasher h;
+  llvm_blake3_hasher_init(&h);
+  llvm_blake3_hasher_update(&h, e + 56, n - 56);
+  llvm_blake3_hasher_finalize(&h, (uint8_t *)e + 40, 16);
+}
+
+/* Issue 17 (fuzz/fuzz_kcache): an object under a valid checksum whose last symbol's name lies
+ * past the end of the string table; LLVM's object reader ended the process ("LLVM ERROR:
+ * st_name ... is past the end of the string table"). */
+static void damage_symbol_name(const char *path) {
+  size_t n;
+  char *e = slurp(path, &n), *obj = e + 56;
+  Elf64_Ehdr eh;
+  Elf64_Shdr sh;
+  cr_assert(n > 56 + sizeof eh);
+  memcpy(&eh, obj, sizeof eh);
+  int found = 0;
+  for (int i = 0; i < eh.e_shnum; i++) {
+    memcpy(&sh, obj + eh.e_shoff + (size_t)i * sizeof sh, sizeof sh);
+    if (sh.sh_type != SHT_SYMTAB) continue;
+    Elf64_Word bad = 0x248458fc;
+    memcpy(obj + sh.sh_offset + sh.sh_size - sizeof(Elf64_Sym) + offsetof(Elf64_Sym, st_name), &bad, sizeof bad);
+    found = 1;
+  }
+  cr_assert(found, "the object has a symbol table");
+  rehash_entry(e, n);
+  FILE *f = fopen(path, "wb");
+  cr_assert(f && fwrite(e, 1, n, f) == n);
+  fclose(f);
+  free(e);
+}
+
 static int count_files(const char *dir, const char *suffix) {
   char cmd[1024];
   snprintf(cmd, sizeof cmd, "ls '%s' | grep -c -- '%s$'", dir, suffix);
@@ -749,6 +789,13 @@ ETEST(inductor, disk_cache_second_process_corruption_and_concurrent_writers) {
   forge_entry(victim, donor);
   probe(dir, 1, c);
   cr_assert(c[0][2] == 1 && c[0][1] == 0, "a wrong object under a valid checksum is compiled again (misses %ld)", c[0][2]);
+  probe(dir, 1, c);
+  cr_assert_eq(c[0][1], 1, "and the replaced entry loads");
+  /* damage 5: a valid checksum over an object whose symbol names lie outside its string table;
+   * probe fails the test if the process dies */
+  damage_symbol_name(victim);
+  probe(dir, 1, c);
+  cr_assert(c[0][2] == 1 && c[0][1] == 0, "a malformed object under a valid checksum is compiled again");
   probe(dir, 1, c);
   cr_assert_eq(c[0][1], 1, "and the replaced entry loads");
   snprintf(cmd, sizeof cmd, "rm -f '%s'/*", dir);

@@ -163,6 +163,9 @@ ETEST(ir, parse_errors_name_line_and_column) {
       {"graph g(%0 : f32[3]) {\n  return %0\n", "expected '}'"},
       {"graph g(%0 : f32[-3]) {\n  return %0\n}", "negative size -3"},
       {"graph g(%0 : f32[(s0^2)]) {\n  return %0\n}", "expected '+', '*' or '//'"},
+      /* fuzz/fuzz_ir: a site's line past INT_MAX became -1, printed as ":-1", read back as a comment */
+      {"graph g(%0 : f32[3]) {\n  %1 : f32[3] = neg(%0)  # a.c:66444444444444 f\n  return %1\n}",
+       "line 2, column 32: line number out of range"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char err[256];
