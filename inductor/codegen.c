@@ -91,29 +91,29 @@ static LLVMValueRef intrinsic(cg *c, const char *name, LLVMValueRef x) {
  * ns an element on one Zen 4 core against 0.34, which made a tanh GELU kernel compute-bound (1.5
  * ms over [16,128,1024] where its bytes take 0.6). A few ULP is what XLA's f32 tanh gives too;
  * tests hold compiled tanh to eager's within 1e-5. */
-static LLVMValueRef transcendental(cg *c, prim_sop op, LLVMValueRef x, int w) {
+static LLVMValueRef transcendental(cg *c, prim_sop op, LLVMValueRef *x, int n, int w) {
   const char *base = prim_sop_name(op);
   char name[64];
+  LLVMValueRef r;
 #ifdef EMBER_HAVE_SLEEF
   /* the scalar tail calls the same vector function on a broadcast and takes lane 0, so an
    * element's result does not depend on whether it fell in the vector body or the tail (with
    * libm in the tail, 1-ULP differences between neighbours of one row turned a comparison
    * of equal values around: found by the random programs) */
   snprintf(name, sizeof name, "Sleef_%sf%d_%s", base, LANES, op == SOP_TANH ? "u35" : "u10");
-  if (w == 1)
-    return LLVMBuildExtractElement(c->b, call_fn(c, name, c->vf32, (LLVMValueRef[]){splat(c, x, LANES)}, 1),
-                                   LLVMConstInt(c->i64, 0, 0), "");
-  return call_fn(c, name, c->vf32, &x, 1);
+  LLVMValueRef args[2];
+  for (int k = 0; k < n; k++) args[k] = w == 1 ? splat(c, x[k], LANES) : x[k];
+  r = call_fn(c, name, c->vf32, args, n);
+  if (w == 1) r = LLVMBuildExtractElement(c->b, r, LLVMConstInt(c->i64, 0, 0), "");
+  return r;
 #else
-  if (w == 1) {
-    snprintf(name, sizeof name, "%sf", base);
-    return call_fn(c, name, c->f32, &x, 1);
-  }
-  LLVMValueRef r = LLVMGetUndef(c->vf32);
   snprintf(name, sizeof name, "%sf", base);
+  if (w == 1) return call_fn(c, name, c->f32, x, n);
+  r = LLVMGetUndef(c->vf32);
   for (int l = 0; l < w; l++) {
-    LLVMValueRef lane = LLVMBuildExtractElement(c->b, x, LLVMConstInt(c->i64, (unsigned)l, 0), "");
-    r = LLVMBuildInsertElement(c->b, r, call_fn(c, name, c->f32, &lane, 1), LLVMConstInt(c->i64, (unsigned)l, 0), "");
+    LLVMValueRef lanes[2], at = LLVMConstInt(c->i64, (unsigned)l, 0);
+    for (int k = 0; k < n; k++) lanes[k] = LLVMBuildExtractElement(c->b, x[k], at, "");
+    r = LLVMBuildInsertElement(c->b, r, call_fn(c, name, c->f32, lanes, n), at, "");
   }
   return r;
 #endif
@@ -128,7 +128,7 @@ static bool llvm_renders(const prim_sexpr *e, const prim_sinst *in) {
   case SOP_CAST: return (f32 && x == EM_BOOL) || (d == EM_BOOL && x == EM_F32);
   case SOP_NEG: case SOP_ABS: case SOP_EXP: case SOP_LOG: case SOP_LOG1P: case SOP_EXPM1: case SOP_SQRT:
   case SOP_SIN: case SOP_COS: case SOP_TANH: case SOP_ERF: case SOP_FLOOR: case SOP_CEIL:
-  case SOP_ADD: case SOP_SUB: case SOP_MUL: case SOP_DIV:
+  case SOP_ADD: case SOP_SUB: case SOP_MUL: case SOP_DIV: case SOP_ATAN2:
     return f32;
   case SOP_EQ: case SOP_NE: case SOP_LT: case SOP_LE: case SOP_GT: case SOP_GE: case SOP_ISNAN:
   case SOP_AND: case SOP_OR: case SOP_NOT: case SOP_SELECT:
@@ -188,8 +188,8 @@ static LLVMValueRef emit_node(cg *c, const ir_graph *g, const ir_node *n, LLVMVa
     case SOP_FLOOR: r[i] = intrinsic(c, "llvm.floor", x); break;
     case SOP_CEIL: r[i] = intrinsic(c, "llvm.ceil", x); break;
     case SOP_EXP: case SOP_LOG: case SOP_LOG1P: case SOP_EXPM1: case SOP_SIN: case SOP_COS: case SOP_TANH:
-    case SOP_ERF:
-      r[i] = transcendental(c, in->op, x, w);
+    case SOP_ERF: case SOP_ATAN2:
+      r[i] = transcendental(c, in->op, (LLVMValueRef[]){x, y}, in->n_in, w);
       break;
     case SOP_ADD: r[i] = LLVMBuildFAdd(b, x, y, ""); break;
     case SOP_SUB: r[i] = LLVMBuildFSub(b, x, y, ""); break;

@@ -107,6 +107,7 @@ typedef enum prim_sop {
   SOP_ADD, SOP_SUB, SOP_MUL, SOP_DIV,
   SOP_POW, /* integers: repeated squaring; a negative exponent gives 0 except for bases 1 and -1 */
   SOP_REM, /* Python's remainder: the sign of the divisor; integer remainder by 0 gives 0 */
+  SOP_ATAN2, /* atan2(a, b): the angle of the point (b, a), in (-pi, pi] */
   SOP_EQ, SOP_NE, SOP_LT, SOP_LE, SOP_GT, SOP_GE, /* compare in the compute dtype; bool result */
   SOP_ISNAN,                                      /* false for every non-float dtype */
   SOP_AND, SOP_OR, SOP_NOT,                       /* bool */

@@ -24,7 +24,7 @@ static const struct {
     [SOP_TANH] = {"tanh", 1},   [SOP_ERF] = {"erf", 1},     [SOP_FLOOR] = {"floor", 1},
     [SOP_CEIL] = {"ceil", 1},   [SOP_ADD] = {"add", 2},     [SOP_SUB] = {"sub", 2},
     [SOP_MUL] = {"mul", 2},     [SOP_DIV] = {"div", 2},     [SOP_POW] = {"pow", 2},
-    [SOP_REM] = {"rem", 2},     [SOP_EQ] = {"eq", 2},       [SOP_NE] = {"ne", 2},
+    [SOP_REM] = {"rem", 2},     [SOP_ATAN2] = {"atan2", 2},     [SOP_EQ] = {"eq", 2},       [SOP_NE] = {"ne", 2},
     [SOP_LT] = {"lt", 2},       [SOP_LE] = {"le", 2},       [SOP_GT] = {"gt", 2},
     [SOP_GE] = {"ge", 2},       [SOP_ISNAN] = {"isnan", 1}, [SOP_AND] = {"and", 2},
     [SOP_OR] = {"or", 2},       [SOP_NOT] = {"not", 1},     [SOP_SELECT] = {"select", 3},

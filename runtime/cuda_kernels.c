@@ -187,6 +187,10 @@ static bool render_expr(ir_sbuf *b, const prim_sexpr *e, const char *indent) {
       else ir_sb_printf(b, "em_ipow(%s, %s)", x, y);
       break;
     case SOP_REM: ir_sb_printf(b, "%s(%s, %s)", f ? "em_fmod_py" : "em_imod_py", x, y); break;
+    case SOP_ATAN2:
+      if (!f) return false;
+      ir_sb_printf(b, "atan2%s(%s, %s)", sfx, x, y);
+      break;
     case SOP_EQ: case SOP_NE: case SOP_LT: case SOP_LE: case SOP_GT: case SOP_GE:
       ir_sb_printf(b, "%s %s %s", x, cmp[in->op - SOP_EQ], y);
       break;

@@ -122,6 +122,12 @@ bool rt_vjp(rt_node *n, em_tensor *g, em_tensor **grads) {
     if (need[0]) grads[0] = g;
     if (need[1]) grads[1] = em_neg_at(em_mul_at(g, em_floor_at(em_div_at(x[0], x[1], s), s), s), s);
     break;
+  case EM_PRIM_ATAN2: { /* d/da atan2(a, b) = b / (a^2 + b^2), d/db = -a / (a^2 + b^2) */
+    em_tensor *r2 = em_add_at(em_mul_at(x[0], x[0], s), em_mul_at(x[1], x[1], s), s);
+    if (need[0]) grads[0] = em_div_at(em_mul_at(g, x[1], s), r2, s);
+    if (need[1]) grads[1] = em_neg_at(em_div_at(em_mul_at(g, x[0], s), r2, s), s);
+    break;
+  }
   case EM_PRIM_WHERE: {
     em_tensor *zero = scalar(dt, 0, s);
     if (need[1]) grads[1] = em_where_at(x[0], g, zero, s);

@@ -963,6 +963,7 @@ static int apply_prim(em_tensor *const *in, em_tensor **out, void *ctx) {
   case EM_PRIM_MAXIMUM: out[0] = em_maximum(x, y); break;
   case EM_PRIM_MINIMUM: out[0] = em_minimum(x, y); break;
   case EM_PRIM_REMAINDER: out[0] = em_remainder(x, y); break;
+  case EM_PRIM_ATAN2: out[0] = em_atan2(x, y); break;
   case EM_PRIM_EQ: out[0] = em_eq(x, y); break;
   case EM_PRIM_NE: out[0] = em_ne(x, y); break;
   case EM_PRIM_LT: out[0] = em_lt(x, y); break;
@@ -1007,7 +1008,8 @@ ETEST(inductor, every_pointwise_prim_from_the_table_matches_eager) {
       ind_stats st;
       int exact = check(apply_prim, (em_tensor *[]){x, y, m, xb, yb}, &p, &st, what);
       bool transcendental = op == EM_PRIM_EXP || op == EM_PRIM_LOG || op == EM_PRIM_LOG1P || op == EM_PRIM_EXPM1 ||
-                            op == EM_PRIM_SIN || op == EM_PRIM_COS || op == EM_PRIM_TANH || op == EM_PRIM_ERF;
+                            op == EM_PRIM_SIN || op == EM_PRIM_COS || op == EM_PRIM_TANH || op == EM_PRIM_ERF ||
+                            op == EM_PRIM_ATAN2;
       if (!transcendental) cr_assert_eq(exact, 1, "%s: not bit-identical to eager", what);
       bool f32_arith = !b && op != EM_PRIM_POW && op != EM_PRIM_REMAINDER;
       bool bool_logic = b && (fl & P_BOOL_OUT); /* comparisons, logic and not over bools */
