@@ -42,7 +42,7 @@
  *
  * Numerics: pointwise arithmetic, comparisons, where, floor, ceil, sign and conversions are
  * eager's bits; exp, log, sin, ... are the SLEEF u10 functions eager runs too, tanh SLEEF's u35
- * (3.5 ULP), atan2 SLEEF's u10 against eager's correctly rounded double; reductions sum in another order than the
+ * (3.5 ULP), atan2 SLEEF's u10 against eager's double atan2 rounded to f32; reductions sum in another order than the
  * eager kernels (vector lanes, then lanes in order), within 1e-5 relative in the tests.
  *
  * Programs are specialised to the dtypes, sizes and strides of their inputs (ind_accepts); a
