@@ -328,6 +328,12 @@ em_tensor *em_maximum_at(em_tensor *a, em_tensor *b, em_site site);
 em_tensor *em_minimum_at(em_tensor *a, em_tensor *b, em_site site);
 #define em_remainder(a, b) em_remainder_at((a), (b), EM_HERE)
 em_tensor *em_remainder_at(em_tensor *a, em_tensor *b, em_site site);
+/* Element-wise arctangent of a / b taking the quadrant from both signs: the angle in radians, in
+ * [-pi, pi], of the point (b, a); a [..] and b [..] broadcast, integers promote to f32, result
+ * float. atan2(+-0, -0) is +-pi and atan2(+-0, +0) is +-0, as C's atan2. Gradient b / (a^2 + b^2)
+ * for a and -a / (a^2 + b^2) for b (NaN at the origin). Matches torch.atan2. */
+#define em_atan2(a, b) em_atan2_at((a), (b), EM_HERE)
+em_tensor *em_atan2_at(em_tensor *a, em_tensor *b, em_site site);
 #define em_eq(a, b) em_eq_at((a), (b), EM_HERE)
 em_tensor *em_eq_at(em_tensor *a, em_tensor *b, em_site site);
 #define em_ne(a, b) em_ne_at((a), (b), EM_HERE)

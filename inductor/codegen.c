@@ -78,97 +78,140 @@ static LLVMValueRef intrinsic(cg *c, const char *name, LLVMValueRef x) {
   return LLVMBuildCall2(c->b, LLVMIntrinsicGetType(c->ctx, id, &t, 1), f, &x, 1, "");
 }
 
-/* exp, log, ...: SLEEF's u10 vector functions (1.0 ULP; the ones the eager kernels call on
- * contiguous data), in the vector body and, on a broadcast, in the scalar tail; libm without
- * SLEEF. tanh alone takes SLEEF's u35 function (3.5 ULP): the u10 one evaluates in double-float
- * arithmetic and costs 1.06 ns an element on one Zen 4 core against 0.34, which made a tanh
- * GELU kernel compute-bound (1.5 ms over [16,128,1024] where its bytes take 0.6). A few ULP is
- * what XLA's f32 tanh gives too; tests hold compiled tanh to eager's within 1e-5. */
-static LLVMValueRef transcendental(cg *c, em_prim op, LLVMValueRef x, int w) {
-  const char *base = NULL;
-  switch (op) {
-  case EM_PRIM_EXP: base = "exp"; break;
-  case EM_PRIM_LOG: base = "log"; break;
-  case EM_PRIM_LOG1P: base = "log1p"; break;
-  case EM_PRIM_EXPM1: base = "expm1"; break;
-  case EM_PRIM_SIN: base = "sin"; break;
-  case EM_PRIM_COS: base = "cos"; break;
-  case EM_PRIM_TANH: base = "tanh"; break;
-  case EM_PRIM_ERF: base = "erf"; break;
-  default: return NULL;
-  }
+/* ---- the LLVM renderer of pointwise expressions ----
+ * A fused kernel computes in f32 (floats) and i1 (bools), w lanes at a time. Each pointwise node
+ * is its prim's scalar expression from the prim table (prims.def), instantiated for the node's
+ * dtypes (prim_scalar_expr) and rendered instruction by instruction; a node whose expression uses
+ * a scalar op this renderer lacks for its dtypes (integer pow, remainder, arithmetic on bools)
+ * is not fusible and runs as an eager kernel. */
+
+/* exp, log, ...: SLEEF's u10 vector functions (1.0 ULP; the ones the eager kernels call), in the
+ * vector body and, on a broadcast, in the scalar tail; libm without SLEEF. tanh alone takes
+ * SLEEF's u35 function (3.5 ULP): the u10 one evaluates in double-float arithmetic and costs 1.06
+ * ns an element on one Zen 4 core against 0.34, which made a tanh GELU kernel compute-bound (1.5
+ * ms over [16,128,1024] where its bytes take 0.6). A few ULP is what XLA's f32 tanh gives too;
+ * tests hold compiled tanh to eager's within 1e-5. */
+static LLVMValueRef transcendental(cg *c, prim_sop op, LLVMValueRef *x, int n, int w) {
+  const char *base = prim_sop_name(op);
   char name[64];
+  LLVMValueRef r;
 #ifdef EMBER_HAVE_SLEEF
   /* the scalar tail calls the same vector function on a broadcast and takes lane 0, so an
    * element's result does not depend on whether it fell in the vector body or the tail (with
    * libm in the tail, 1-ULP differences between neighbours of one row turned a comparison
    * of equal values around: found by the random programs) */
-  snprintf(name, sizeof name, "Sleef_%sf%d_%s", base, LANES, op == EM_PRIM_TANH ? "u35" : "u10");
-  if (w == 1)
-    return LLVMBuildExtractElement(c->b, call_fn(c, name, c->vf32, (LLVMValueRef[]){splat(c, x, LANES)}, 1),
-                                   LLVMConstInt(c->i64, 0, 0), "");
-  return call_fn(c, name, c->vf32, &x, 1);
+  snprintf(name, sizeof name, "Sleef_%sf%d_%s", base, LANES, op == SOP_TANH ? "u35" : "u10");
+  LLVMValueRef args[2];
+  for (int k = 0; k < n; k++) args[k] = w == 1 ? splat(c, x[k], LANES) : x[k];
+  r = call_fn(c, name, c->vf32, args, n);
+  if (w == 1) r = LLVMBuildExtractElement(c->b, r, LLVMConstInt(c->i64, 0, 0), "");
+  return r;
 #else
-  if (w == 1) {
-    snprintf(name, sizeof name, "%sf", base);
-    return call_fn(c, name, c->f32, &x, 1);
-  }
-  LLVMValueRef r = LLVMGetUndef(c->vf32);
   snprintf(name, sizeof name, "%sf", base);
+  if (w == 1) return call_fn(c, name, c->f32, x, n);
+  r = LLVMGetUndef(c->vf32);
   for (int l = 0; l < w; l++) {
-    LLVMValueRef lane = LLVMBuildExtractElement(c->b, x, LLVMConstInt(c->i64, (unsigned)l, 0), "");
-    r = LLVMBuildInsertElement(c->b, r, call_fn(c, name, c->f32, &lane, 1), LLVMConstInt(c->i64, (unsigned)l, 0), "");
+    LLVMValueRef lanes[2], at = LLVMConstInt(c->i64, (unsigned)l, 0);
+    for (int k = 0; k < n; k++) lanes[k] = LLVMBuildExtractElement(c->b, x[k], at, "");
+    r = LLVMBuildInsertElement(c->b, r, call_fn(c, name, c->f32, lanes, n), at, "");
   }
   return r;
 #endif
+}
+
+/* Whether the renderer has scalar op in (of expression e) for its dtypes. */
+static bool llvm_renders(const prim_sexpr *e, const prim_sinst *in) {
+  em_dtype d = in->dtype, x = in->n_in ? e->ins[in->in[0]].dtype : d;
+  bool f32 = d == EM_F32;
+  switch (in->op) {
+  case SOP_ARG: case SOP_CONST: return f32 || d == EM_BOOL;
+  case SOP_CAST: return (f32 && x == EM_BOOL) || (d == EM_BOOL && x == EM_F32);
+  case SOP_NEG: case SOP_ABS: case SOP_EXP: case SOP_LOG: case SOP_LOG1P: case SOP_EXPM1: case SOP_SQRT:
+  case SOP_SIN: case SOP_COS: case SOP_TANH: case SOP_ERF: case SOP_FLOOR: case SOP_CEIL:
+  case SOP_ADD: case SOP_SUB: case SOP_MUL: case SOP_DIV: case SOP_ATAN2:
+    return f32;
+  case SOP_EQ: case SOP_NE: case SOP_LT: case SOP_LE: case SOP_GT: case SOP_GE: case SOP_ISNAN:
+  case SOP_AND: case SOP_OR: case SOP_NOT: case SOP_SELECT:
+    return true;
+  default: /* pow, rem */
+    return false;
+  }
+}
+
+/* Node n's expression instantiated for its dtypes (see prim_scalar_expr): computing in the dtype
+ * of its first value operand. */
+static bool node_expr(const ir_graph *g, const ir_node *n, prim_sexpr *e) {
+  em_dtype args[3];
+  const int *o = ir_operands(g, n);
+  if (n->n_in > 3) return false;
+  for (int k = 0; k < n->n_in; k++) args[k] = g->values[o[k]].type.dtype;
+  em_dtype compute = args[n->op == EM_PRIM_WHERE ? 1 : 0];
+  return prim_scalar_expr(n->op, args, compute, g->values[n->out].type.dtype, e);
+}
+
+bool ind_renders(const ir_graph *g, const ir_node *n) {
+  if (!(prim_get(n->op)->flags & P_POINTWISE) || !ir_type_concrete(&g->values[n->out].type)) return false;
+  prim_sexpr e;
+  if (!node_expr(g, n, &e)) return false;
+  for (int i = 0; i < e.n; i++)
+    if (!llvm_renders(&e, &e.ins[i])) return false;
+  return true;
 }
 
 /* One node's value from its operands' (f32 as float, bool as i1), w lanes. */
 static LLVMValueRef emit_node(cg *c, const ir_graph *g, const ir_node *n, LLVMValueRef *v, int w) {
   LLVMBuilderRef b = c->b;
   const int *o = ir_operands(g, n);
-  LLVMValueRef x = v[o[0]], y = n->n_in > 1 ? v[o[1]] : NULL;
-  em_dtype xd = g->values[o[0]].type.dtype;
   switch (n->op) {
-  case EM_PRIM_DETACH: case EM_PRIM_RESHAPE: case EM_PRIM_SQUEEZE: case EM_PRIM_UNSQUEEZE: return x;
-  case EM_PRIM_NEG: return LLVMBuildFNeg(b, x, "");
-  case EM_PRIM_ABS: return intrinsic(c, "llvm.fabs", x);
-  case EM_PRIM_SQRT: return intrinsic(c, "llvm.sqrt", x);
-  case EM_PRIM_RSQRT: return LLVMBuildFDiv(b, fconst(c, 1, w), intrinsic(c, "llvm.sqrt", x), "");
-  case EM_PRIM_RECIPROCAL: return LLVMBuildFDiv(b, fconst(c, 1, w), x, "");
-  case EM_PRIM_ADD: return LLVMBuildFAdd(b, x, y, "");
-  case EM_PRIM_SUB: return LLVMBuildFSub(b, x, y, "");
-  case EM_PRIM_MUL: return LLVMBuildFMul(b, x, y, "");
-  case EM_PRIM_DIV: return LLVMBuildFDiv(b, x, y, "");
-  case EM_PRIM_MAXIMUM: case EM_PRIM_MINIMUM: { /* NaN propagates, as torch.maximum */
-    LLVMValueRef xn = LLVMBuildFCmp(b, LLVMRealUNO, x, x, ""), yn = LLVMBuildFCmp(b, LLVMRealUNO, y, y, "");
-    LLVMValueRef gt = LLVMBuildFCmp(b, n->op == EM_PRIM_MAXIMUM ? LLVMRealOGT : LLVMRealOLT, x, y, "");
-    LLVMValueRef pick = LLVMBuildSelect(b, gt, x, y, "");
-    return LLVMBuildSelect(b, xn, x, LLVMBuildSelect(b, yn, y, pick, ""), "");
+  case EM_PRIM_DETACH: case EM_PRIM_RESHAPE: case EM_PRIM_SQUEEZE: case EM_PRIM_UNSQUEEZE: return v[o[0]];
+  default: break;
   }
-  case EM_PRIM_EQ: case EM_PRIM_NE: case EM_PRIM_LT: case EM_PRIM_LE: case EM_PRIM_GT: case EM_PRIM_GE: {
-    if (xd == EM_F32) {
+  prim_sexpr e;
+  if (!node_expr(g, n, &e)) return NULL;
+  LLVMValueRef r[PRIM_SEXPR_MAX];
+  for (int i = 0; i < e.n; i++) {
+    const prim_sinst *in = &e.ins[i];
+    LLVMValueRef x = in->n_in > 0 ? r[in->in[0]] : NULL, y = in->n_in > 1 ? r[in->in[1]] : NULL;
+    bool xf = in->n_in > 0 && e.ins[in->in[0]].dtype == EM_F32;
+    switch (in->op) {
+    case SOP_ARG: r[i] = v[o[in->arg]]; break;
+    case SOP_CONST:
+      r[i] = in->dtype == EM_BOOL ? splat(c, LLVMConstInt(c->i1, in->value != 0, 0), w) : fconst(c, in->value, w);
+      break;
+    case SOP_CAST: /* f32 <-> bool: (bool)x is x != 0 */
+      r[i] = in->dtype == EM_BOOL ? LLVMBuildFCmp(b, LLVMRealUNE, x, fconst(c, 0, w), "")
+                                   : LLVMBuildUIToFP(b, x, w == 1 ? c->f32 : c->vf32, "");
+      break;
+    case SOP_NEG: r[i] = LLVMBuildFNeg(b, x, ""); break;
+    case SOP_ABS: r[i] = intrinsic(c, "llvm.fabs", x); break;
+    case SOP_SQRT: r[i] = intrinsic(c, "llvm.sqrt", x); break;
+    case SOP_FLOOR: r[i] = intrinsic(c, "llvm.floor", x); break;
+    case SOP_CEIL: r[i] = intrinsic(c, "llvm.ceil", x); break;
+    case SOP_EXP: case SOP_LOG: case SOP_LOG1P: case SOP_EXPM1: case SOP_SIN: case SOP_COS: case SOP_TANH:
+    case SOP_ERF: case SOP_ATAN2:
+      r[i] = transcendental(c, in->op, (LLVMValueRef[]){x, y}, in->n_in, w);
+      break;
+    case SOP_ADD: r[i] = LLVMBuildFAdd(b, x, y, ""); break;
+    case SOP_SUB: r[i] = LLVMBuildFSub(b, x, y, ""); break;
+    case SOP_MUL: r[i] = LLVMBuildFMul(b, x, y, ""); break;
+    case SOP_DIV: r[i] = LLVMBuildFDiv(b, x, y, ""); break;
+    case SOP_EQ: case SOP_NE: case SOP_LT: case SOP_LE: case SOP_GT: case SOP_GE: {
       static const LLVMRealPredicate rp[] = {LLVMRealOEQ, LLVMRealUNE, LLVMRealOLT, LLVMRealOLE, LLVMRealOGT, LLVMRealOGE};
-      return LLVMBuildFCmp(b, rp[n->op - EM_PRIM_EQ], x, y, "");
+      static const LLVMIntPredicate ip[] = {LLVMIntEQ, LLVMIntNE, LLVMIntULT, LLVMIntULE, LLVMIntUGT, LLVMIntUGE};
+      r[i] = xf ? LLVMBuildFCmp(b, rp[in->op - SOP_EQ], x, y, "") : LLVMBuildICmp(b, ip[in->op - SOP_EQ], x, y, "");
+      break;
     }
-    static const LLVMIntPredicate ip[] = {LLVMIntEQ, LLVMIntNE, LLVMIntULT, LLVMIntULE, LLVMIntUGT, LLVMIntUGE};
-    return LLVMBuildICmp(b, ip[n->op - EM_PRIM_EQ], x, y, "");
+    case SOP_ISNAN:
+      r[i] = xf ? LLVMBuildFCmp(b, LLVMRealUNO, x, x, "") : splat(c, LLVMConstInt(c->i1, 0, 0), w);
+      break;
+    case SOP_AND: r[i] = LLVMBuildAnd(b, x, y, ""); break;
+    case SOP_OR: r[i] = LLVMBuildOr(b, x, y, ""); break;
+    case SOP_NOT: r[i] = LLVMBuildNot(b, x, ""); break;
+    case SOP_SELECT: r[i] = LLVMBuildSelect(b, x, y, r[in->in[2]], ""); break;
+    default: return NULL; /* not reached: ind_renders checked every instruction */
+    }
   }
-  case EM_PRIM_LOGICAL_AND: return LLVMBuildAnd(b, x, y, "");
-  case EM_PRIM_LOGICAL_OR: return LLVMBuildOr(b, x, y, "");
-  case EM_PRIM_LOGICAL_NOT:
-    if (xd == EM_F32) return LLVMBuildFCmp(b, LLVMRealOEQ, x, fconst(c, 0, w), "");
-    return LLVMBuildNot(b, x, "");
-  case EM_PRIM_WHERE: return LLVMBuildSelect(b, x, y, v[o[2]], "");
-  case EM_PRIM_CONVERT: {
-    em_dtype to = n->attrs.dtype;
-    if (to == xd) return x;
-    if (to == EM_BOOL) return LLVMBuildFCmp(b, LLVMRealUNE, x, fconst(c, 0, w), ""); /* (bool)x: x != 0 */
-    return LLVMBuildUIToFP(b, x, w == 1 ? c->f32 : c->vf32, "");
-  }
-  default:
-    return transcendental(c, n->op, x, w);
-  }
+  return r[e.n - 1];
 }
 
 /* Layout of one buffer of a kernel in the coalesced iteration space. A gathered input (flat

@@ -9,7 +9,9 @@
  *
  * Fusion (the schedule). Nodes are taken in graph order into the open kernel while they fit its
  * iteration space:
- *  - pointwise kernels: f32/bool pointwise prims over one shape, vertical chains and horizontal
+ *  - pointwise kernels: pointwise prims over one shape whose scalar expression (prims.def) the
+ *    LLVM renderer renders for their dtypes (f32 arithmetic, transcendentals, comparisons, bool
+ *    logic, f32/bool conversions; not integer math, pow or remainder), vertical chains and horizontal
  *    neighbours alike; a sum/amax/amin over leading dims (a bias gradient) joins as a column
  *    reduction, accumulated in its output (one thread per column block);
  *  - row kernels: a sum/amax/amin over trailing dims makes the kernel a loop over rows; the
@@ -38,9 +40,9 @@
  * Kernel cache: in memory (the JIT's symbol table) and on disk (see inductor.c), keyed by the
  * BLAKE3 hash of a module's IR, the host CPU and the LLVM version.
  *
- * Numerics: pointwise arithmetic, comparisons, where and conversions are eager's bits;
- * transcendental functions agree with eager's (SLEEF on contiguous data, libm otherwise) within
- * their 1 ULP; reductions sum in another order than the
+ * Numerics: pointwise arithmetic, comparisons, where, floor, ceil, sign and conversions are
+ * eager's bits; exp, log, sin, ... are the SLEEF u10 functions eager runs too, tanh SLEEF's u35
+ * (3.5 ULP), atan2 SLEEF's u10 against eager's double atan2 rounded to f32; reductions sum in another order than the
  * eager kernels (vector lanes, then lanes in order), within 1e-5 relative in the tests.
  *
  * Programs are specialised to the dtypes, sizes and strides of their inputs (ind_accepts); a

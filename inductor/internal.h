@@ -95,34 +95,14 @@ struct ind_program {
  * one cat. Counts both in st. NULL when out of memory. */
 ir_graph *ind_rewrite(const ir_graph *g, bool rematerialize, ind_stats *st);
 
-static inline bool is_f32_or_bool(em_dtype dt) { return dt == EM_F32 || dt == EM_BOOL; }
+/* codegen.c: whether the LLVM renderer renders pointwise node n: its prim's scalar expression
+ * (prims.def), instantiated for the node's dtypes, uses only scalar ops the renderer has for them
+ * (f32 arithmetic and transcendentals, comparisons, bool logic, conversions between f32 and
+ * bool). */
+bool ind_renders(const ir_graph *g, const ir_node *n);
 
-/* Pointwise prims the code generator implements, for the operand and result dtypes given. */
-static inline bool fusible(const ir_graph *g, const ir_node *n) {
-  if (!(prim_get(n->op)->flags & P_POINTWISE)) return false;
-  em_dtype out = g->values[n->out].type.dtype;
-  if (!is_f32_or_bool(out) || !ir_type_concrete(&g->values[n->out].type)) return false;
-  bool all_f32 = out == EM_F32 || n->op == EM_PRIM_CONVERT || (prim_get(n->op)->flags & P_BOOL_OUT);
-  for (int k = 0; k < n->n_in; k++) {
-    em_dtype d = g->values[ir_operands(g, n)[k]].type.dtype;
-    if (!is_f32_or_bool(d)) return false;
-    if (!(n->op == EM_PRIM_WHERE && k == 0) && d != EM_F32) all_f32 = false;
-  }
-  switch (n->op) {
-  case EM_PRIM_NEG: case EM_PRIM_ABS: case EM_PRIM_EXP: case EM_PRIM_LOG: case EM_PRIM_LOG1P: case EM_PRIM_EXPM1:
-  case EM_PRIM_SQRT: case EM_PRIM_RSQRT: case EM_PRIM_SIN: case EM_PRIM_COS: case EM_PRIM_TANH: case EM_PRIM_ERF:
-  case EM_PRIM_RECIPROCAL: case EM_PRIM_ADD: case EM_PRIM_SUB: case EM_PRIM_MUL: case EM_PRIM_DIV:
-  case EM_PRIM_MAXIMUM: case EM_PRIM_MINIMUM:
-    return out == EM_F32 && all_f32;
-  case EM_PRIM_EQ: case EM_PRIM_NE: case EM_PRIM_LT: case EM_PRIM_LE: case EM_PRIM_GT: case EM_PRIM_GE:
-  case EM_PRIM_WHERE: case EM_PRIM_CONVERT: case EM_PRIM_LOGICAL_NOT:
-    return true;
-  case EM_PRIM_LOGICAL_AND: case EM_PRIM_LOGICAL_OR:
-    return g->values[ir_operands(g, n)[0]].type.dtype == EM_BOOL;
-  default:
-    return false;
-  }
-}
+/* Pointwise nodes the code generator fuses: the ones it renders. */
+static inline bool fusible(const ir_graph *g, const ir_node *n) { return ind_renders(g, n); }
 
 /* An f32 sum, amax or amin over the trailing dims of its operand: the first reduced dim, or -1. */
 static inline int trailing_reduction(const ir_graph *g, const ir_node *n) {

@@ -171,6 +171,7 @@ static inline int64_t imod_py(int64_t x, int64_t y) {
 LOOP2(rem_f32, float, float, (float)fmod_py(x, y))
 LOOP2(rem_f64, double, double, fmod_py(x, y))
 BIN_I(rem, int32_t, int64_t, uint8_t, imod_py(x, y))
+BIN_F(atan2, float, double, atan2(x, y))
 
 #define CMP(OP, EXPR)                      \
   BIN_F(OP, bool8, bool8, EXPR)            \
@@ -205,6 +206,7 @@ static const prim_loop1d loops[EM_PRIM_COUNT][EM_DTYPE_COUNT] = {
     [EM_PRIM_MUL] = ROW6(mul),         [EM_PRIM_DIV] = ROWF(div),
     [EM_PRIM_POW] = ROW5(pow),         [EM_PRIM_MAXIMUM] = ROW6(max),
     [EM_PRIM_MINIMUM] = ROW6(min),     [EM_PRIM_REMAINDER] = ROW5(rem),
+    [EM_PRIM_ATAN2] = ROWF(atan2),
     [EM_PRIM_EQ] = ROW6(eq),           [EM_PRIM_NE] = ROW6(ne),
     [EM_PRIM_LT] = ROW6(lt),           [EM_PRIM_LE] = ROW6(le),
     [EM_PRIM_GT] = ROW6(gt),           [EM_PRIM_GE] = ROW6(ge),

@@ -10,7 +10,7 @@
 #include <string.h>
 
 static const prim_info prim_table[EM_PRIM_COUNT] = {
-#define PRIM(name, arity, flags, attrs) [EM_PRIM_##name] = {#name, arity, flags, attrs},
+#define PRIM(name, arity, flags, attrs, expr) [EM_PRIM_##name] = {#name, arity, flags, attrs, expr},
 #include "prims.def"
 #undef PRIM
 };

@@ -16,7 +16,7 @@
 #include <omp.h>
 
 typedef enum em_prim {
-#define PRIM(name, arity, flags, attrs) EM_PRIM_##name,
+#define PRIM(name, arity, flags, attrs, expr) EM_PRIM_##name,
 #include "prims.def"
 #undef PRIM
   EM_PRIM_COUNT
@@ -36,6 +36,7 @@ enum {
   P_NONDIFF = 1 << 10,
   P_RANDOM = 1 << 11,
   P_COMMUTATIVE = 1 << 12,
+  P_SAVES_INPUTS = 1 << 13,
 };
 
 typedef struct prim_info {
@@ -43,6 +44,7 @@ typedef struct prim_info {
   int arity;         /* tensor operands; -1 variadic */
   unsigned flags;
   const char *attrs; /* attribute schema: names of the prim_attrs fields read */
+  const char *expr;  /* pointwise prims: the scalar expression (prims.def); "" otherwise */
 } prim_info;
 
 const prim_info *prim_get(em_prim op);
@@ -88,6 +90,58 @@ bool prim_meta_fn(em_prim op, const prim_attrs *at, const prim_meta *in, int n_i
 void prim_canonical_attrs(em_prim op, prim_attrs *at, int in_ndim);
 /* Whether at is already canonical for op over in_ndim dims (see prim_canonical_attrs). */
 bool prim_attrs_canonical(em_prim op, const prim_attrs *at, int in_ndim);
+
+/* ---- scalar.c: the scalar expressions of pointwise prims ---------------------------------
+ * A renderer (the LLVM code generator, the CUDA C generators) turns a pointwise prim into code by
+ * walking its expression, instantiated for concrete dtypes: a list of typed instructions in
+ * which every conversion is explicit, so a renderer implements each scalar op for the dtypes it
+ * supports and nothing per prim. */
+
+typedef enum prim_sop {
+  SOP_ARG,   /* operand `arg` */
+  SOP_CONST, /* `value`, in the instruction's dtype */
+  SOP_CAST,  /* in[0] converted to the instruction's dtype: to bool x != 0; from a float to an
+              * integer, as prims/pointwise.c (INT64_MIN for NaN and out of range, then the low bits) */
+  SOP_NEG, SOP_ABS, SOP_EXP, SOP_LOG, SOP_LOG1P, SOP_EXPM1, SOP_SQRT, SOP_SIN, SOP_COS, SOP_TANH,
+  SOP_ERF, SOP_FLOOR, SOP_CEIL, /* unary, in the compute dtype (floor and ceil of an integer: itself) */
+  SOP_ADD, SOP_SUB, SOP_MUL, SOP_DIV,
+  SOP_POW, /* integers: repeated squaring; a negative exponent gives 0 except for bases 1 and -1 */
+  SOP_REM, /* Python's remainder: the sign of the divisor; integer remainder by 0 gives 0 */
+  SOP_ATAN2, /* atan2(a, b): the angle of the point (b, a), in (-pi, pi] */
+  SOP_EQ, SOP_NE, SOP_LT, SOP_LE, SOP_GT, SOP_GE, /* compare in the compute dtype; bool result */
+  SOP_ISNAN,                                      /* false for every non-float dtype */
+  SOP_AND, SOP_OR, SOP_NOT,                       /* bool */
+  SOP_SELECT,                                     /* in[0] ? in[1] : in[2] */
+  SOP_COUNT
+} prim_sop;
+
+#define PRIM_SEXPR_MAX 32
+
+typedef struct prim_sinst {
+  prim_sop op;
+  em_dtype dtype; /* the value's dtype */
+  int n_in;
+  int in[3];      /* earlier instructions */
+  int arg;        /* SOP_ARG: the operand */
+  double value;   /* SOP_CONST */
+} prim_sinst;
+
+/* An instantiated expression: ins[n - 1] is the result. */
+typedef struct prim_sexpr {
+  int n;
+  prim_sinst ins[PRIM_SEXPR_MAX];
+} prim_sexpr;
+
+/* Instantiates pointwise prim op's expression for operands of dtypes args[0 .. arity) computing
+ * in dtype compute, with result dtype out. Typing: numbers are constants in compute; every
+ * arithmetic op, floor, ceil and the two branches of select take and give compute; comparisons
+ * and isnan take compute and give bool; and, or, not and select's condition take and give bool;
+ * an operand of another dtype is converted by an explicit SOP_CAST, and so is the result when
+ * its dtype is not out. False when op has no expression (not pointwise). */
+bool prim_scalar_expr(em_prim op, const em_dtype *args, em_dtype compute, em_dtype out, prim_sexpr *e);
+
+/* The scalar op's name as written in prims.def ("add"); "arg", "const" and "cast" for the rest. */
+const char *prim_sop_name(prim_sop op);
 
 /* ---- loop.c ------------------------------------------------------------------------------ */
 

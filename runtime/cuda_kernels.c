@@ -100,104 +100,139 @@ static const char prelude[] =
     "}\n"
     "#define EM_GRID_LOOP(i, n) for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)\n";
 
-/* The expression of a pointwise prim over a, b, c (already in the compute type C of dt). */
-static const char *pointwise_expr(em_prim op, em_dtype dt, char *buf, size_t cap) {
-  bool f = is_float(dt), dbl = dt == EM_F64, bl = dt == EM_BOOL;
-  const char *sfx = dbl ? "" : "f"; /* expf / exp */
-#define FN(name) (snprintf(buf, cap, "%s%s(a)", name, sfx), buf)
-  switch (op) {
-  case EM_PRIM_NEG: return "-a";
-  case EM_PRIM_ABS: return bl || dt == EM_U8 ? "a" : f ? (dbl ? "fabs(a)" : "fabsf(a)") : "(a < 0 ? -a : a)";
-  case EM_PRIM_EXP: return FN("exp");
-  case EM_PRIM_LOG: return FN("log");
-  case EM_PRIM_LOG1P: return FN("log1p");
-  case EM_PRIM_EXPM1: return FN("expm1");
-  case EM_PRIM_SQRT: return FN("sqrt");
-  case EM_PRIM_RSQRT: return FN("rsqrt");
-  case EM_PRIM_SIN: return FN("sin");
-  case EM_PRIM_COS: return FN("cos");
-  case EM_PRIM_TANH: return FN("tanh");
-  case EM_PRIM_ERF: return FN("erf");
-  case EM_PRIM_SIGN: return bl ? "a" : dt == EM_U8 ? "(C)(a > 0)" : f ? "(a != a ? a : (C)((a > (C)0) - (a < (C)0)))" : "(C)((a > (C)0) - (a < (C)0))";
-  case EM_PRIM_FLOOR: return f ? FN("floor") : "a";
-  case EM_PRIM_CEIL: return f ? FN("ceil") : "a";
-  case EM_PRIM_RECIPROCAL: return "(C)1 / a";
-  case EM_PRIM_LOGICAL_NOT: return "!a";
-  case EM_PRIM_ADD: return bl ? "(a || b)" : "a + b";
-  case EM_PRIM_SUB: return "a - b";
-  case EM_PRIM_MUL: return bl ? "(a && b)" : "a * b";
-  case EM_PRIM_DIV: return "a / b";
-  case EM_PRIM_POW:
-    if (f) return snprintf(buf, cap, "pow%s(a, b)", sfx), buf;
-    return "em_ipow(a, b)";
-  case EM_PRIM_MAXIMUM: return f ? "((a != a || a > b) ? a : b)" : "(a > b ? a : b)"; /* NaN propagates */
-  case EM_PRIM_MINIMUM: return f ? "((a != a || a < b) ? a : b)" : "(a < b ? a : b)";
-  case EM_PRIM_REMAINDER: /* Python's: the sign of the divisor */
-    if (f) return snprintf(buf, cap, "em_fmod_py(a, b)"), buf;
-    return "em_imod_py(a, b)";
-  case EM_PRIM_EQ: return "a == b";
-  case EM_PRIM_NE: return "a != b";
-  case EM_PRIM_LT: return "a < b";
-  case EM_PRIM_LE: return "a <= b";
-  case EM_PRIM_GT: return "a > b";
-  case EM_PRIM_GE: return "a >= b";
-  case EM_PRIM_LOGICAL_AND: return "((bool)a && (bool)b)";
-  case EM_PRIM_LOGICAL_OR: return "((bool)a || (bool)b)";
-  case EM_PRIM_WHERE: return "(cnd ? a : b)";
-  case EM_PRIM_CONVERT: return "a";
-  default: return NULL;
-  }
-#undef FN
-}
+/* ---- the CUDA C renderer of pointwise expressions ----
+ * A kernel computes in the compute type of its input dtype (f16 and bf16 in float) and renders
+ * its prim's scalar expression from the prim table (prims.def) as one typed temporary per
+ * instruction; the fused kernels of compiled graphs render from the same rows. */
 
-/* The helper op's expression calls (remainder, integer pow), for compute type C. */
-static void pointwise_helpers(ir_sbuf *b, em_prim op, em_dtype dt) {
-  const char *C = computetype(dt);
-  bool uns = dt == EM_U8;
-  if (op == EM_PRIM_REMAINDER && is_float(dt)) {
-    const char *fm = dt == EM_F64 ? "fmod" : "fmodf";
-    ir_sb_printf(b, "__device__ __forceinline__ %s em_fmod_py(%s a, %s b) { %s r = %s(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }\n",
-        C, C, C, C, fm);
-  } else if (op == EM_PRIM_REMAINDER && uns) {
-    ir_sb_printf(b, "__device__ __forceinline__ %s em_imod_py(%s a, %s b) { return b == 0 ? 0 : a %% b; }\n", C, C, C);
-  } else if (op == EM_PRIM_REMAINDER) {
-    ir_sb_printf(b, "__device__ __forceinline__ %s em_imod_py(%s a, %s b) { if (b == 0) return 0; %s r = a %% b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }\n",
-        C, C, C, C);
-  } else if (op == EM_PRIM_POW && !is_float(dt)) {
-    ir_sb_printf(b, "__device__ __forceinline__ %s em_ipow(%s a, %s b) { %s %s r = 1; while (b) { if (b & 1) r *= a; a *= a; b >>= 1; } return r; }\n",
-        C, C, C, uns ? "" : "if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);", C);
+static em_dtype compute_dtype(em_dtype dt) { return dt == EM_F16 || dt == EM_BF16 ? EM_F32 : dt; }
+
+/* The device helpers expression e calls (remainder, integer pow), in its compute type. */
+static void render_helpers(ir_sbuf *b, const prim_sexpr *e) {
+  bool done[2] = {false, false};
+  for (int i = 0; i < e->n; i++) {
+    const prim_sinst *in = &e->ins[i];
+    if ((in->op != SOP_REM && in->op != SOP_POW) || done[in->op == SOP_POW]) continue;
+    done[in->op == SOP_POW] = true;
+    em_dtype dt = in->dtype;
+    const char *C = ctype(dt);
+    bool uns = dt == EM_U8;
+    if (in->op == SOP_REM && is_float(dt)) {
+      const char *fm = dt == EM_F64 ? "fmod" : "fmodf";
+      ir_sb_printf(b, "__device__ __forceinline__ %s em_fmod_py(%s a, %s b) { %s r = %s(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }\n",
+          C, C, C, C, fm);
+    } else if (in->op == SOP_REM && uns) {
+      ir_sb_printf(b, "__device__ __forceinline__ %s em_imod_py(%s a, %s b) { return b == 0 ? 0 : a %% b; }\n", C, C, C);
+    } else if (in->op == SOP_REM) {
+      ir_sb_printf(b, "__device__ __forceinline__ %s em_imod_py(%s a, %s b) { if (b == 0) return 0; %s r = a %% b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }\n",
+          C, C, C, C);
+    } else if (!is_float(dt)) {
+      ir_sb_printf(b, "__device__ __forceinline__ %s em_ipow(%s a, %s b) { %s %s r = 1; while (b) { if (b & 1) r *= a; a *= a; b >>= 1; } return r; }\n",
+          C, C, C, uns ? "" : "if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);", C);
+    }
   }
 }
 
-/* Pointwise: out[i] = expr(operands[i]); WHERE's first operand is the bool condition, CONVERT
- * reads dtype `in` and writes `out`. */
+/* The name of instruction i's value: an operand's, or its temporary. */
+static const char *value_name(const prim_sexpr *e, int i, char *buf, size_t cap) {
+  static const char *const operands[] = {"a", "b", "c"};
+  if (e->ins[i].op == SOP_ARG) return operands[e->ins[i].arg];
+  snprintf(buf, cap, "t%d", i);
+  return buf;
+}
+
+/* Expression e as statements "const T tI = ...;", one per instruction; false for an op this
+ * renderer lacks for the dtype (none today: every scalar op has a CUDA C form for every dtype). */
+static bool render_expr(ir_sbuf *b, const prim_sexpr *e, const char *indent) {
+  for (int i = 0; i < e->n; i++) {
+    const prim_sinst *in = &e->ins[i];
+    if (in->op == SOP_ARG) continue;
+    char nb[3][16], tb[16];
+    const char *x = in->n_in > 0 ? value_name(e, in->in[0], nb[0], sizeof nb[0]) : NULL;
+    const char *y = in->n_in > 1 ? value_name(e, in->in[1], nb[1], sizeof nb[1]) : NULL;
+    const char *z = in->n_in > 2 ? value_name(e, in->in[2], nb[2], sizeof nb[2]) : NULL;
+    em_dtype dt = in->dtype, xd = in->n_in ? e->ins[in->in[0]].dtype : dt;
+    const char *T = ctype(dt), *t = value_name(e, i, tb, sizeof tb);
+    bool f = is_float(dt), dbl = dt == EM_F64;
+    const char *sfx = dbl ? "" : "f"; /* expf / exp */
+    static const char *const cmp[] = {"==", "!=", "<", "<=", ">", ">="};
+    static const char *const arith[] = {"+", "-", "*", "/"};
+    ir_sb_printf(b, "%sconst %s %s = ", indent, T, t);
+    switch (in->op) {
+    case SOP_CONST: ir_sb_printf(b, "(%s)%.17g", T, in->value); break;
+    case SOP_CAST:
+      if (dt == EM_BOOL) ir_sb_printf(b, "em_to_bool(%s)", x);
+      else ir_sb_printf(b, "em_to<%s>(%s)", T, x);
+      break;
+    case SOP_NEG: ir_sb_printf(b, "(%s)(-%s)", T, x); break;
+    case SOP_ABS:
+      if (dt == EM_BOOL || dt == EM_U8) ir_sb_printf(b, "%s", x);
+      else if (f) ir_sb_printf(b, "%s(%s)", dbl ? "fabs" : "fabsf", x);
+      else ir_sb_printf(b, "(%s < 0 ? (%s)-%s : %s)", x, T, x, x);
+      break;
+    case SOP_FLOOR: case SOP_CEIL:
+      if (f) ir_sb_printf(b, "%s%s(%s)", prim_sop_name(in->op), sfx, x);
+      else ir_sb_printf(b, "%s", x);
+      break;
+    case SOP_EXP: case SOP_LOG: case SOP_LOG1P: case SOP_EXPM1: case SOP_SQRT: case SOP_SIN: case SOP_COS:
+    case SOP_TANH: case SOP_ERF:
+      if (!f) return false;
+      ir_sb_printf(b, "%s%s(%s)", prim_sop_name(in->op), sfx, x);
+      break;
+    case SOP_ADD: case SOP_SUB: case SOP_MUL: case SOP_DIV:
+      ir_sb_printf(b, "(%s)(%s %s %s)", T, x, arith[in->op - SOP_ADD], y);
+      break;
+    case SOP_POW:
+      if (f) ir_sb_printf(b, "pow%s(%s, %s)", sfx, x, y);
+      else ir_sb_printf(b, "em_ipow(%s, %s)", x, y);
+      break;
+    case SOP_REM: ir_sb_printf(b, "%s(%s, %s)", f ? "em_fmod_py" : "em_imod_py", x, y); break;
+    case SOP_ATAN2:
+      if (!f) return false;
+      ir_sb_printf(b, "atan2%s(%s, %s)", sfx, x, y);
+      break;
+    case SOP_EQ: case SOP_NE: case SOP_LT: case SOP_LE: case SOP_GT: case SOP_GE:
+      ir_sb_printf(b, "%s %s %s", x, cmp[in->op - SOP_EQ], y);
+      break;
+    case SOP_ISNAN: ir_sb_printf(b, is_float(xd) ? "%s != %s" : "false", x, x); break;
+    case SOP_AND: ir_sb_printf(b, "%s && %s", x, y); break;
+    case SOP_OR: ir_sb_printf(b, "%s || %s", x, y); break;
+    case SOP_NOT: ir_sb_printf(b, "!%s", x); break;
+    case SOP_SELECT: ir_sb_printf(b, "%s ? %s : %s", x, y, z); break;
+    default: return false;
+    }
+    ir_sb_printf(b, ";\n");
+  }
+  return true;
+}
+
+/* Pointwise: out[i] = the prim's expression of operands[i] (prims.def); WHERE's first operand is
+ * the bool condition, CONVERT reads dtype `in` and writes `out`. */
 static bool gen_pointwise(ir_sbuf *b, const cu_kernel_key *k, char *name, size_t ncap) {
-  char ebuf[64];
   const prim_info *pi = prim_get(k->op);
   int arity = pi->arity;
-  em_dtype in = k->in, out = k->out;
-  const char *expr = pointwise_expr(k->op, in, ebuf, sizeof ebuf);
-  if (!expr) return false;
-  const char *I = ctype(in), *O = ctype(out), *C = computetype(in);
+  em_dtype in = k->in, out = k->out, C = compute_dtype(in);
+  bool where = k->op == EM_PRIM_WHERE;
+  em_dtype args[3] = {where ? EM_BOOL : C, C, C};
+  prim_sexpr e;
+  if (arity < 1 || arity > 3 || !prim_scalar_expr(k->op, args, C, out, &e)) return false;
+  const char *I = ctype(in), *O = ctype(out);
   snprintf(name, ncap, "em_%s_%s_%s_%s", pi->name, em_dtype_name(in), em_dtype_name(out), layout_name(k->layout));
-  pointwise_helpers(b, k->op, in);
-  ir_sb_printf(b, "typedef %s C;\n", C);
+  render_helpers(b, &e);
   ir_sb_printf(b, "extern \"C\" __global__ void %s(%s *__restrict__ out", name, O);
-  for (int a = 0; a < arity; a++) ir_sb_printf(b, ", const %s *__restrict__ x%d", k->op == EM_PRIM_WHERE && a == 0 ? "bool" : I, a);
+  for (int a = 0; a < arity; a++) ir_sb_printf(b, ", const %s *__restrict__ x%d", where && a == 0 ? "bool" : I, a);
   /* broadcast: L.stride[1 + a][0] is 1 for a dense operand, 0 for a one-element one */
   ir_sb_printf(b, ", i64 n, em_layout L) {\n  EM_GRID_LOOP(i, n) {\n");
-  bool where = k->op == EM_PRIM_WHERE;
   for (int a = 0; a < arity; a++) {
     char ix[16] = "i";
     if (k->layout == CU_BROADCAST) snprintf(ix, sizeof ix, "o%d", a), ir_sb_printf(b, "    i64 o%d = L.stride[%d][0] ? i : 0;\n", a, a + 1);
     else if (k->layout == CU_STRIDED) snprintf(ix, sizeof ix, "o%d", a), ir_sb_printf(b, "    i64 o%d = em_off(L, %d, i);\n", a, a + 1);
-    if (where && a == 0) ir_sb_printf(b, "    bool cnd = x0[%s];\n", ix);
-    else ir_sb_printf(b, "    C %s = (C)em_ld(x%d[%s]);\n", where ? (a == 1 ? "a" : "b") : (a == 0 ? "a" : a == 1 ? "b" : "c"), a, ix);
+    if (where && a == 0) ir_sb_printf(b, "    const bool a = x0[%s];\n", ix);
+    else ir_sb_printf(b, "    const %s %c = (%s)em_ld(x%d[%s]);\n", ctype(C), 'a' + a, ctype(C), a, ix);
   }
-  const char *oi = k->layout == CU_STRIDED ? "em_off(L, 0, i)" : "i";
-  if (out == EM_BOOL && k->op != EM_PRIM_WHERE && k->op != EM_PRIM_CONVERT) ir_sb_printf(b, "    out[%s] = (bool)(%s);\n", oi, expr);
-  else if (k->op == EM_PRIM_CONVERT && out == EM_BOOL) ir_sb_printf(b, "    out[%s] = em_to_bool(a);\n", oi);
-  else ir_sb_printf(b, "    out[%s] = em_to<%s>(%s);\n", oi, O, expr);
+  if (!render_expr(b, &e, "    ")) return false;
+  char rb[16];
+  ir_sb_printf(b, "    out[%s] = %s;\n", k->layout == CU_STRIDED ? "em_off(L, 0, i)" : "i", value_name(&e, e.n - 1, rb, sizeof rb));
   ir_sb_printf(b, "  }\n}\n");
   return true;
 }

@@ -168,6 +168,7 @@ BINARY_S(lt, LT)
 BINARY_S(le, LE)
 BINARY_S(gt, GT)
 BINARY_S(ge, GE)
+BINARY(atan2, ATAN2)
 BINARY(logical_and, LOGICAL_AND)
 BINARY(logical_or, LOGICAL_OR)
 

@@ -15,20 +15,7 @@
 #include <math.h>
 #include <string.h>
 
-bool rt_vjp_saves_inputs(em_prim op) {
-  switch (op) {
-  case EM_PRIM_ABS: case EM_PRIM_EXP: case EM_PRIM_LOG: case EM_PRIM_LOG1P: case EM_PRIM_EXPM1:
-  case EM_PRIM_SQRT: case EM_PRIM_RSQRT: case EM_PRIM_SIN: case EM_PRIM_COS: case EM_PRIM_TANH:
-  case EM_PRIM_ERF: case EM_PRIM_RECIPROCAL: case EM_PRIM_MUL: case EM_PRIM_DIV: case EM_PRIM_POW:
-  case EM_PRIM_MAXIMUM: case EM_PRIM_MINIMUM: case EM_PRIM_REMAINDER: case EM_PRIM_WHERE:
-  case EM_PRIM_PROD: case EM_PRIM_AMAX: case EM_PRIM_AMIN: case EM_PRIM_GATHER: case EM_PRIM_INDEX_SELECT:
-  case EM_PRIM_SCATTER_ADD: case EM_PRIM_MATMUL: case EM_PRIM_CONV2D: case EM_PRIM_CONV2D_BWD_INPUT:
-  case EM_PRIM_CONV2D_BWD_WEIGHT:
-    return true;
-  default:
-    return false;
-  }
-}
+bool rt_vjp_saves_inputs(em_prim op) { return prim_get(op)->flags & P_SAVES_INPUTS; }
 
 /* The gradient g of a reduction's output, viewed with the reduced axes kept (size 1) and
  * expanded to the input's shape. */
@@ -135,6 +122,12 @@ bool rt_vjp(rt_node *n, em_tensor *g, em_tensor **grads) {
     if (need[0]) grads[0] = g;
     if (need[1]) grads[1] = em_neg_at(em_mul_at(g, em_floor_at(em_div_at(x[0], x[1], s), s), s), s);
     break;
+  case EM_PRIM_ATAN2: { /* d/da atan2(a, b) = b / (a^2 + b^2), d/db = -a / (a^2 + b^2) */
+    em_tensor *r2 = em_add_at(em_mul_at(x[0], x[0], s), em_mul_at(x[1], x[1], s), s);
+    if (need[0]) grads[0] = em_div_at(em_mul_at(g, x[1], s), r2, s);
+    if (need[1]) grads[1] = em_neg_at(em_div_at(em_mul_at(g, x[0], s), r2, s), s);
+    break;
+  }
   case EM_PRIM_WHERE: {
     em_tensor *zero = scalar(dt, 0, s);
     if (need[1]) grads[1] = em_where_at(x[0], g, zero, s);

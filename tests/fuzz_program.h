@@ -195,7 +195,10 @@ static int fz_build(em_tensor *const *in, int n_in, em_tensor **out, fz_program 
     case 11: x = em_add(a, b), snprintf(what, sizeof what, "add(v%d, v%d)", ia, ib); break;
     case 12: x = em_sub(a, b), snprintf(what, sizeof what, "sub(v%d, v%d)", ia, ib); break;
     case 13: x = em_mul(a, b), snprintf(what, sizeof what, "mul(v%d, v%d)", ia, ib); break;
-    case 14: x = em_div(a, em_add_scalar(em_abs(b), 1)), snprintf(what, sizeof what, "div(v%d, abs(v%d) + 1)", ia, ib); break;
+    case 14: /* b kept off 0: atan2 turns at the origin, division blows up */
+      if (fz_pick(&r, 2)) x = em_div(a, em_add_scalar(em_abs(b), 1)), snprintf(what, sizeof what, "div(v%d, abs(v%d) + 1)", ia, ib);
+      else x = em_atan2(a, em_add_scalar(em_abs(b), 0.5)), snprintf(what, sizeof what, "atan2(v%d, abs(v%d) + 0.5)", ia, ib);
+      break;
     case 15: {
       bool mx = fz_pick(&r, 2);
       x = mx ? em_maximum(a, b) : em_minimum(a, b), snprintf(what, sizeof what, "%s(v%d, v%d)", mx ? "maximum" : "minimum", ia, ib);

@@ -34,6 +34,7 @@ UNARY_FN(f_pow, em_pow(em_transpose(x[0], 0, 1), x[1]))
 UNARY_FN(f_max, em_maximum(em_transpose(x[0], 0, 1), x[1]))
 UNARY_FN(f_min, em_minimum(em_transpose(x[0], 0, 1), x[1]))
 UNARY_FN(f_rem, em_remainder(em_transpose(x[0], 0, 1), x[1]))
+UNARY_FN(f_atan2, em_atan2(em_transpose(x[0], 0, 1), x[1]))
 UNARY_FN(f_where, em_where(em_gt_scalar(x[1], 0.5), em_transpose(x[0], 0, 1), x[1]))
 UNARY_FN(f_scalar_ops, em_div_scalar(em_pow_scalar(em_add_scalar(em_mul_scalar(x[0], 3), 1), 2), 7))
 UNARY_FN(f_cast, em_cast(em_mul(em_cast(x[0], EM_F32), em_cast(x[0], EM_F32)), D))
@@ -61,7 +62,7 @@ ETEST(gradcheck, binary_broadcast_strided) {
   struct { const char *name; gc_fn f; double lo, hi; } cases[] = {
       {"add", f_add, -1, 1}, {"sub", f_sub, -1, 1}, {"mul", f_mul, -1, 1}, {"div", f_div, 0.5, 2},
       {"pow", f_pow, 0.5, 2}, {"maximum", f_max, -1, 1}, {"minimum", f_min, -1, 1},
-      {"remainder", f_rem, 0.3, 3}, {"where", f_where, -1, 1},
+      {"remainder", f_rem, 0.3, 3}, {"atan2", f_atan2, -1, 1}, {"where", f_where, -1, 1},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     em_tensor *x[2] = {gc_leaf(cases[i].lo, cases[i].hi, EM_SHAPE(4, 3)), gc_leaf(cases[i].lo, cases[i].hi, EM_SHAPE(4))};

@@ -205,11 +205,12 @@ static const struct { const char *name; unary_fn f; } UN[] = {
 static const struct { const char *name; binary_fn f; } BIN[] = {
     {"em_add", em_add_at}, {"em_sub", em_sub_at}, {"em_mul", em_mul_at}, {"em_div", em_div_at},
     {"em_pow", em_pow_at}, {"em_maximum", em_maximum_at}, {"em_minimum", em_minimum_at}, {"em_remainder", em_remainder_at},
+    {"em_atan2", em_atan2_at},
     {"em_eq", em_eq_at}, {"em_ne", em_ne_at}, {"em_lt", em_lt_at}, {"em_le", em_le_at}, {"em_gt", em_gt_at},
     {"em_ge", em_ge_at}, {"em_logical_and", em_logical_and_at}, {"em_logical_or", em_logical_or_at},
     {"em_matmul", em_matmul_at},
 };
-#define N_BIN 17
+#define N_BIN 18
 static const struct { const char *name; scalar_fn f; } SC[] = {
     {"em_add_scalar", em_add_scalar_at}, {"em_sub_scalar", em_sub_scalar_at}, {"em_mul_scalar", em_mul_scalar_at},
     {"em_div_scalar", em_div_scalar_at}, {"em_pow_scalar", em_pow_scalar_at}, {"em_maximum_scalar", em_maximum_scalar_at},

@@ -62,13 +62,13 @@ U(u_expm1, em_expm1(a)) U(u_sqrt, em_sqrt(em_abs(a))) U(u_rsqrt, em_rsqrt(em_abs
 U(u_tanh, em_tanh(a)) U(u_erf, em_erf(a)) U(u_sign, em_sign(a)) U(u_floor, em_floor(a)) U(u_ceil, em_ceil(a))
 U(u_recip, em_reciprocal(a)) U(u_not, em_logical_not(a)) U(u_relu, em_relu(a)) U(u_sigmoid, em_sigmoid(a))
 B(b_add, em_add(a, b)) B(b_sub, em_sub(a, b)) B(b_mul, em_mul(a, b)) B(b_div, em_div(a, b)) B(b_max, em_maximum(a, b))
-B(b_min, em_minimum(a, b)) B(b_rem, em_remainder(a, b)) B(b_pow, em_pow(em_abs(a), b)) B(b_eq, em_eq(a, b)) B(b_ne, em_ne(a, b))
+B(b_min, em_minimum(a, b)) B(b_rem, em_remainder(a, b)) B(b_atan2, em_atan2(a, b)) B(b_pow, em_pow(em_abs(a), b)) B(b_eq, em_eq(a, b)) B(b_ne, em_ne(a, b))
 B(b_lt, em_lt(a, b)) B(b_le, em_le(a, b)) B(b_gt, em_gt(a, b)) B(b_ge, em_ge(a, b)) B(b_and, em_logical_and(a, b))
 B(b_or, em_logical_or(a, b)) B(b_where, em_where(em_gt(a, b), a, b))
 
 static const unary unaries[] = {u_neg, u_abs, u_exp, u_log, u_log1p, u_expm1, u_sqrt, u_rsqrt, u_sin, u_cos,
                                 u_tanh, u_erf, u_sign, u_floor, u_ceil, u_recip, u_not, u_relu, u_sigmoid};
-static const binary binaries[] = {b_add, b_sub, b_mul, b_div, b_max, b_min, b_rem, b_pow, b_eq,
+static const binary binaries[] = {b_add, b_sub, b_mul, b_div, b_max, b_min, b_rem, b_atan2, b_pow, b_eq,
                                   b_ne, b_lt, b_le, b_gt, b_ge, b_and, b_or, b_where};
 
 ETEST(cuda_eager, pointwise_contiguous_broadcast_strided) {

@@ -881,3 +881,146 @@ ETEST(inductor, all_axes_reductions_over_trailing_size_one_dims) {
     em_compiled_free(c);
   }
 }
+
+/* ---- the prim table's scalar expressions, rendered by LLVM ---- */
+
+/* Every pointwise prim has an expression, and it instantiates for every dtype as a well-typed
+ * list: operands before their users, each op's operands of the dtypes its typing rule names,
+ * the result of the dtype asked for. */
+ETEST(inductor, every_pointwise_prim_has_a_well_typed_expression) {
+  const em_dtype dts[] = {EM_F32, EM_F64, EM_I32, EM_I64, EM_U8, EM_BOOL};
+  int pointwise = 0;
+  for (int op = 0; op < EM_PRIM_COUNT; op++) {
+    const prim_info *pi = prim_get((em_prim)op);
+    if (!(pi->flags & P_POINTWISE)) {
+      prim_sexpr e;
+      cr_assert_not(prim_scalar_expr((em_prim)op, (em_dtype[]){EM_F32, EM_F32, EM_F32}, EM_F32, EM_F32, &e), "%s", pi->name);
+      continue;
+    }
+    pointwise++;
+    cr_assert(pi->expr && *pi->expr, "%s has no expression in prims.def", pi->name);
+    for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++) {
+      em_dtype C = dts[d], out = pi->flags & P_BOOL_OUT ? EM_BOOL : op == EM_PRIM_CONVERT ? EM_I64 : C;
+      em_dtype args[3] = {op == EM_PRIM_WHERE ? EM_BOOL : C, C, C};
+      prim_sexpr e;
+      cr_assert(prim_scalar_expr((em_prim)op, args, C, out, &e), "%s over %s: the expression does not parse", pi->name, em_dtype_name(C));
+      cr_assert_eq(e.ins[e.n - 1].dtype, out, "%s over %s: result dtype", pi->name, em_dtype_name(C));
+      for (int i = 0; i < e.n; i++) {
+        const prim_sinst *in = &e.ins[i];
+        if (in->op == SOP_ARG) cr_assert(in->arg < pi->arity && in->dtype == args[in->arg], "%s: operand %d", pi->name, in->arg);
+        for (int k = 0; k < in->n_in; k++) {
+          cr_assert_lt(in->in[k], i, "%s: instruction %d reads a later one", pi->name, i);
+          em_dtype got = e.ins[in->in[k]].dtype;
+          bool logic = in->op == SOP_AND || in->op == SOP_OR || in->op == SOP_NOT || (in->op == SOP_SELECT && k == 0);
+          if (in->op != SOP_CAST) cr_assert_eq(got, logic ? EM_BOOL : C, "%s: %s operand %d", pi->name, prim_sop_name(in->op), k);
+        }
+      }
+    }
+  }
+  cr_assert_geq(pointwise, 35);
+}
+
+/* Inputs with the values where implementations differ: NaN, infinities, signed zeros, halves,
+ * huge and tiny magnitudes. */
+static const float specials[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 0.5f, -0.5f, 1.5f, -1.5f, 2.5f,
+                                 -2.5f, 1.0f, -1.0f, 3.0f, 1e30f, -1e30f, 1e-30f, 7.25f, -0.75f, 0.1f};
+#define N_SPECIAL (int)(sizeof specials / sizeof specials[0])
+
+typedef struct one_prim {
+  em_prim op;
+  em_dtype dtype;
+} one_prim;
+
+/* The prim applied through its public op to x and y (in[0], in[1]: f32; in[3], in[4]: bool),
+ * in[2] the mask of where. */
+static int apply_prim(em_tensor *const *in, em_tensor **out, void *ctx) {
+  const one_prim *p = ctx;
+  bool b = p->dtype == EM_BOOL;
+  em_tensor *x = in[b ? 3 : 0], *y = in[b ? 4 : 1], *m = in[2];
+  switch (p->op) {
+  case EM_PRIM_NEG: out[0] = em_neg(x); break;
+  case EM_PRIM_ABS: out[0] = em_abs(x); break;
+  case EM_PRIM_EXP: out[0] = em_exp(x); break;
+  case EM_PRIM_LOG: out[0] = em_log(x); break;
+  case EM_PRIM_LOG1P: out[0] = em_log1p(x); break;
+  case EM_PRIM_EXPM1: out[0] = em_expm1(x); break;
+  case EM_PRIM_SQRT: out[0] = em_sqrt(x); break;
+  case EM_PRIM_RSQRT: out[0] = em_rsqrt(x); break;
+  case EM_PRIM_SIN: out[0] = em_sin(x); break;
+  case EM_PRIM_COS: out[0] = em_cos(x); break;
+  case EM_PRIM_TANH: out[0] = em_tanh(x); break;
+  case EM_PRIM_ERF: out[0] = em_erf(x); break;
+  case EM_PRIM_SIGN: out[0] = em_sign(x); break;
+  case EM_PRIM_FLOOR: out[0] = em_floor(x); break;
+  case EM_PRIM_CEIL: out[0] = em_ceil(x); break;
+  case EM_PRIM_RECIPROCAL: out[0] = em_reciprocal(x); break;
+  case EM_PRIM_LOGICAL_NOT: out[0] = em_logical_not(x); break;
+  case EM_PRIM_ADD: out[0] = em_add(x, y); break;
+  case EM_PRIM_SUB: out[0] = em_sub(x, y); break;
+  case EM_PRIM_MUL: out[0] = em_mul(x, y); break;
+  case EM_PRIM_DIV: out[0] = em_div(x, y); break;
+  case EM_PRIM_POW: out[0] = em_pow(x, y); break;
+  case EM_PRIM_MAXIMUM: out[0] = em_maximum(x, y); break;
+  case EM_PRIM_MINIMUM: out[0] = em_minimum(x, y); break;
+  case EM_PRIM_REMAINDER: out[0] = em_remainder(x, y); break;
+  case EM_PRIM_ATAN2: out[0] = em_atan2(x, y); break;
+  case EM_PRIM_EQ: out[0] = em_eq(x, y); break;
+  case EM_PRIM_NE: out[0] = em_ne(x, y); break;
+  case EM_PRIM_LT: out[0] = em_lt(x, y); break;
+  case EM_PRIM_LE: out[0] = em_le(x, y); break;
+  case EM_PRIM_GT: out[0] = em_gt(x, y); break;
+  case EM_PRIM_GE: out[0] = em_ge(x, y); break;
+  case EM_PRIM_LOGICAL_AND: out[0] = em_logical_and(x, y); break;
+  case EM_PRIM_LOGICAL_OR: out[0] = em_logical_or(x, y); break;
+  case EM_PRIM_WHERE: out[0] = em_where(m, x, y); break;
+  case EM_PRIM_CONVERT: out[0] = em_cast(x, p->dtype == EM_BOOL ? EM_F32 : EM_BOOL); break;
+  default: return 0;
+  }
+  return 1;
+}
+
+/* Every pointwise prim over f32 and bool, on every pair of special values: the ones the LLVM
+ * renderer renders are fused, and match eager bit for bit, except the transcendentals, which
+ * run SLEEF functions of up to 3.5 ULP (within the suite's tolerance); the rest run as eager
+ * kernels. */
+ETEST(inductor, every_pointwise_prim_from_the_table_matches_eager) {
+  float xs[N_SPECIAL * N_SPECIAL], ys[N_SPECIAL * N_SPECIAL];
+  bool ms[N_SPECIAL * N_SPECIAL];
+  for (int i = 0; i < N_SPECIAL; i++)
+    for (int j = 0; j < N_SPECIAL; j++) xs[i * N_SPECIAL + j] = specials[i], ys[i * N_SPECIAL + j] = specials[j], ms[i * N_SPECIAL + j] = (i + j) % 3 == 0;
+  em_tensor *x = em_from_data(xs, EM_F32, EM_SHAPE(N_SPECIAL, N_SPECIAL));
+  em_tensor *y = em_from_data(ys, EM_F32, EM_SHAPE(N_SPECIAL, N_SPECIAL));
+  em_tensor *m = em_from_data(ms, EM_BOOL, EM_SHAPE(N_SPECIAL, N_SPECIAL));
+  em_tensor *xb = em_gt_scalar(x, 0.5), *yb = em_gt_scalar(y, 0.5);
+  int fused = 0;
+  for (int op = 0; op < EM_PRIM_COUNT; op++) {
+    if (!(prim_get((em_prim)op)->flags & P_POINTWISE)) continue;
+    for (int b = 0; b < 2; b++) {
+      one_prim p = {(em_prim)op, b ? EM_BOOL : EM_F32};
+      unsigned fl = prim_get((em_prim)op)->flags;
+      if (b && (fl & (P_FLOAT_ONLY | P_NO_BOOL))) continue;
+      em_tensor *probe[1];
+      em_scope_begin();
+      cr_assert_eq(apply_prim((em_tensor *[]){x, y, m, xb, yb}, probe, &p), 1, "%s has no case in apply_prim", prim_get((em_prim)op)->name);
+      em_scope_end();
+      char what[64];
+      snprintf(what, sizeof what, "%s over %s", prim_get((em_prim)op)->name, em_dtype_name(p.dtype));
+      ind_stats st;
+      int exact = check(apply_prim, (em_tensor *[]){x, y, m, xb, yb}, &p, &st, what);
+      bool transcendental = op == EM_PRIM_EXP || op == EM_PRIM_LOG || op == EM_PRIM_LOG1P || op == EM_PRIM_EXPM1 ||
+                            op == EM_PRIM_SIN || op == EM_PRIM_COS || op == EM_PRIM_TANH || op == EM_PRIM_ERF ||
+                            op == EM_PRIM_ATAN2;
+      if (!transcendental) cr_assert_eq(exact, 1, "%s: not bit-identical to eager", what);
+      bool f32_arith = !b && op != EM_PRIM_POW && op != EM_PRIM_REMAINDER;
+      bool bool_logic = b && (fl & P_BOOL_OUT); /* comparisons, logic and not over bools */
+      if (f32_arith || bool_logic || (b && (op == EM_PRIM_WHERE || op == EM_PRIM_CONVERT || op == EM_PRIM_MAXIMUM || op == EM_PRIM_MINIMUM)))
+      {
+        cr_assert_geq(st.fused_nodes, 1, "%s: not fused (%d kernels)", what, st.kernels);
+        fused++;
+      }
+      if (op == EM_PRIM_POW || op == EM_PRIM_REMAINDER || (b && (op == EM_PRIM_ADD || op == EM_PRIM_MUL)))
+        cr_assert_eq(st.kernels, 0, "%s: the renderer has no %s", what, b ? "bool arithmetic" : prim_get((em_prim)op)->name);
+    }
+  }
+  cr_assert_geq(fused, 40);
+}

@@ -61,7 +61,7 @@ static int every_prim(em_tensor *const *in, em_tensor **out, void *ctx) {
                                                em_sign_at, em_floor_at, em_ceil_at, em_reciprocal_at};
   for (size_t i = 0; i < sizeof un / sizeof un[0]; i++) out[n++] = un[i](x, EM_HERE);
   em_tensor *(*bin[])(em_tensor *, em_tensor *, em_site) = {em_add_at, em_sub_at, em_mul_at, em_div_at, em_pow_at,
-                                                              em_maximum_at, em_minimum_at, em_remainder_at};
+                                                              em_maximum_at, em_minimum_at, em_remainder_at, em_atan2_at};
   for (size_t i = 0; i < sizeof bin / sizeof bin[0]; i++) out[n++] = bin[i](x, y, EM_HERE);
   em_tensor *c = em_gt(x, y);
   out[n++] = em_logical_or(em_logical_and(c, em_le(x, y)), em_logical_not(em_eq(x, y)));

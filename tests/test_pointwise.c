@@ -91,6 +91,18 @@ ETEST(binary, python_remainder_and_division) {
   EXPECT(em_div(T(F, SHAPE(2), 1, -1), T(F, SHAPE(2), 0, 0)), F, SHAPE(2), 0, INFINITY, -INFINITY);
 }
 
+/* C's atan2, quadrant by quadrant, on the axes and signed zeros (torch.atan2); integers promote
+ * to f32. */
+ETEST(binary, atan2_quadrants_axes_and_zeros) {
+  const double pi = 3.14159265358979323846;
+  em_tensor *y = T(D, SHAPE(8), 1, 1, -1, -1, 0, -0.0, 0, -0.0), *x = T(D, SHAPE(8), 1, -1, -1, 1, -1, -1, 1, 1);
+  EXPECT(em_atan2(y, x), D, SHAPE(8), 1e-15, pi / 4, 3 * pi / 4, -3 * pi / 4, -pi / 4, pi, -pi, 0, -0.0);
+  em_tensor *r = em_atan2(T(F, SHAPE(3), 1, 0, NAN), T(F, SHAPE(3), 0, 0, 1));
+  EXPECT(r, F, SHAPE(3), 1e-7, pi / 2, 0, NAN);
+  EXPECT(em_atan2(T(EM_I64, SHAPE(2), 1, -1), T(EM_I32, SHAPE(2), 1, 1)), F, SHAPE(2), 1e-7, pi / 4, -pi / 4);
+  EXPECT(em_atan2(T(D, SHAPE(2, 1), 1, 2), T(D, SHAPE(2), 1, 2)), D, SHAPE(2, 2), 1e-15, atan2(1, 1), atan2(1, 2), atan2(2, 1), atan2(2, 2));
+}
+
 ETEST(binary, nan_propagates_through_maximum) {
   EXPECT(em_maximum(T(F, SHAPE(3), NAN, 1, 2), T(F, SHAPE(3), 0, NAN, 1)), F, SHAPE(3), 0, NAN, NAN, 2);
   EXPECT(em_minimum(T(D, SHAPE(2), NAN, 1), T(D, SHAPE(2), 0, -1)), D, SHAPE(2), 0, NAN, -1);
