@@ -1057,6 +1057,20 @@ typedef struct em_compile_stats {
 /* The counters of c (all zero for NULL). */
 em_compile_stats em_compiled_stats(const em_compiled *c);
 
+/* The process's in-memory cache of generated CPU kernels (backend inductor): one module per
+ * compiled graph, kept for graphs compiled again. Bounded: past `limit` modules (the
+ * EMBER_KERNEL_CACHE_MODULES environment variable, default 256), the least recently used module
+ * no live compiled graph uses is removed, its code freed (a later compile of that graph reloads
+ * it from the disk cache). Modules in use are never removed, so `modules` may exceed `limit`
+ * while more graphs than that are alive. */
+typedef struct em_kernel_cache_stats {
+  int64_t modules;   /* modules loaded now */
+  int64_t in_use;    /* of them, used by a live compiled graph */
+  int64_t limit;     /* most modules kept, unless more are in use */
+  int64_t evictions; /* modules removed since the process started */
+} em_kernel_cache_stats;
+em_kernel_cache_stats em_kernel_cache_info(void);
+
 /* Frees the compiled function, its entries and graphs. NULL-safe. Outputs it returned stay
  * valid, and em_backward through them still works (their backward nodes hold what they need). */
 void em_compiled_free(em_compiled *c);

@@ -13,6 +13,7 @@ const char *ind_schedule(const ind_program *p) { return p->schedule_text; }
 void ind_free(ind_program *p) {
   if (!p) return;
   ind_profile_kernels(p);
+  ind_release_kernels(p);
   for (int k = 0; k < p->n_kernels; k++)
     free(p->kernels[k].nodes), free(p->kernels[k].in), free(p->kernels[k].out), free(p->kernels[k].loop_ir);
   for (int s = 0; s < p->n_steps; s++) free(p->steps[s].release);

@@ -119,6 +119,9 @@ typedef struct ind_cache_stats {
   int64_t bad_entries; /* disk entries that passed their checksum but lacked the kernels: replaced */
 } ind_cache_stats;
 ind_cache_stats ind_cache_counters(void);
+/* Sets the in-memory kernel cache's limit in modules (tests; users set
+ * EMBER_KERNEL_CACHE_MODULES); 0 restores the default. */
+void ind_set_kernel_cache_limit(int modules);
 /* Generated kernels the calling thread has run, for em_compiled_stats, tests and benchmarks. */
 int64_t ind_kernel_runs(void);
 /* The LLVM IR of p's kernels (EMBER_LOGS=output_code), or NULL. Borrowed. */

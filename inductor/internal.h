@@ -88,6 +88,8 @@ struct ind_program {
   char *ir_text;
   char *schedule_text;
   ind_stats stats;
+  uint8_t module_key[16]; /* the JIT module holding its kernels, while has_module (jit.c) */
+  bool has_module;
 };
 
 /* g rewritten for scheduling (rewrite.c): with rematerialize, each cheap pointwise value that a
@@ -181,6 +183,8 @@ bool ind_elf_defines(const void *obj, size_t size, int n, const char *const *nam
 
 /* jit.c */
 bool ind_jit_get(char *err, size_t cap);
+/* p's kernels will not run again (ind_free): their module may be evicted from the JIT. */
+void ind_release_kernels(ind_program *p);
 /* Emits every kernel of p into one module and loads its object code (JIT, disk cache, or LLVM). */
 bool ind_build_kernels(ind_program *p, const prim_meta *meta, char *err, size_t cap);
 

@@ -96,9 +96,14 @@ static void retire_jit(const char *why) {
 /* ---- the kernel cache ----
  *
  * A module's key is the BLAKE3 hash of its LLVM IR before optimisation, the host CPU and its
- * features, the LLVM version and the cache format. Its kernels are named after the key, so the
- * JIT's own symbol table is the in-memory cache: a module whose first kernel is already defined
- * is not compiled again. On disk (EMBER_CACHE_DIR, else $XDG_CACHE_HOME/ember/kernels, else
+ * features, the LLVM version and the cache format. Its kernels are named after the key. In
+ * memory, each module loaded into the JIT has its own resource tracker and an entry in `mods`,
+ * counting the programs that use it: a program built again finds its module there. The cache
+ * is bounded (LRU): past the limit (EMBER_KERNEL_CACHE_MODULES, default 256 modules), the least
+ * recently used module that no live program uses is removed from the JIT, its code and symbols
+ * freed; a program needing it again gets it from the disk cache. So a process that compiles an
+ * endless stream of distinct graphs (constants that change every call) keeps at most the limit
+ * plus the modules live programs use. On disk (EMBER_CACHE_DIR, else $XDG_CACHE_HOME/ember/kernels, else
  * ~/.cache/ember/kernels; EMBER_CACHE=0 turns it off) each module is one object file behind a
  * header with its key and the hash of its bytes: written to a temporary file and renamed, so
  * concurrent writers each leave a whole file; a short or corrupt file fails its check and is
@@ -198,6 +203,79 @@ bool ind_cache_entry_ok(const char *path, const uint8_t key[16], int n, const ch
 static _Thread_local ind_cache_stats cache_stats;
 ind_cache_stats ind_cache_counters(void) { return cache_stats; }
 
+/* The modules loaded into the JIT, under jit_lock. */
+typedef struct module {
+  uint8_t key[16];
+  LLVMOrcResourceTrackerRef rt;
+  int users;         /* live programs whose kernels are in it */
+  uint64_t last_use; /* the LRU clock at its last build */
+} module;
+
+static module *mods;
+static int n_mods, cap_mods;
+static uint64_t mod_clock;
+static int64_t mod_evictions, mod_limit = -1;
+
+static int module_limit(void) {
+  if (mod_limit < 0) {
+    const char *e = getenv("EMBER_KERNEL_CACHE_MODULES");
+    long v = e && *e ? strtol(e, NULL, 10) : 0;
+    mod_limit = v > 0 ? v : 256;
+  }
+  return (int)mod_limit;
+}
+
+void ind_set_kernel_cache_limit(int modules) {
+  pthread_mutex_lock(&jit_lock);
+  mod_limit = modules > 0 ? modules : -1;
+  pthread_mutex_unlock(&jit_lock);
+}
+
+em_kernel_cache_stats em_kernel_cache_info(void) {
+  pthread_mutex_lock(&jit_lock);
+  em_kernel_cache_stats s = {.modules = n_mods, .limit = module_limit(), .evictions = mod_evictions};
+  for (int i = 0; i < n_mods; i++) s.in_use += mods[i].users > 0;
+  pthread_mutex_unlock(&jit_lock);
+  return s;
+}
+
+static module *module_find(const uint8_t key[16]) {
+  for (int i = 0; i < n_mods; i++)
+    if (!memcmp(mods[i].key, key, 16)) return &mods[i];
+  return NULL;
+}
+
+/* Removes least recently used modules no program uses while there are more than the limit.
+ * Guarded, under jit_lock. A removal that fails leaves the module loaded (and counted). */
+static void evict_modules(void) {
+  int limit = module_limit();
+  while (n_mods > limit) {
+    int lru = -1;
+    for (int i = 0; i < n_mods; i++)
+      if (!mods[i].users && (lru < 0 || mods[i].last_use < mods[lru].last_use)) lru = i;
+    if (lru < 0) return; /* every module is in use */
+    LLVMErrorRef e = LLVMOrcResourceTrackerRemove(mods[lru].rt);
+    if (e) {
+      LLVMConsumeError(e);
+      mods[lru].last_use = mod_clock++; /* try the next one */
+      return;
+    }
+    LLVMOrcReleaseResourceTracker(mods[lru].rt);
+    mods[lru] = mods[--n_mods];
+    mod_evictions++;
+  }
+}
+
+/* The program no longer runs its kernels: its module may be evicted. */
+void ind_release_kernels(ind_program *p) {
+  if (!p->has_module) return;
+  pthread_mutex_lock(&jit_lock);
+  module *m = module_find(p->module_key);
+  if (m && m->users > 0) m->users--;
+  p->has_module = false;
+  pthread_mutex_unlock(&jit_lock);
+}
+
 static void llvm_error(LLVMErrorRef e, const char *what, char *err, size_t cap) {
   char *m = LLVMGetErrorMessage(e);
   ir_fail(err, cap, "%s: %s", what, m ? m : "out of memory");
@@ -245,6 +323,14 @@ static bool jit_find(ind_program *p) {
     p->kernels[k].fn = (kernel_fn)(uintptr_t)addr;
   }
   return true;
+}
+
+/* p runs module m's kernels. Under jit_lock. */
+static void hold(ind_program *p, module *m) {
+  m->users++;
+  m->last_use = mod_clock++;
+  memcpy(p->module_key, m->key, 16);
+  p->has_module = true;
 }
 
 /* One build of a program's kernels: what each guarded step makes, kept here so that a step LLVM
@@ -311,10 +397,13 @@ static void emit_module(void *arg) {
   LLVMDisposeMessage(text);
 }
 
-/* b->found: whether the JIT has the module's kernels already. Guarded, under jit_lock. */
+/* b->found: whether the JIT has the module's kernels already (then the program uses it).
+ * Guarded, under jit_lock. */
 static void find_kernels(void *arg) {
   build *b = arg;
-  b->found = jit_find(b->p);
+  module *m = module_find(b->key);
+  b->found = m && jit_find(b->p);
+  if (b->found) hold(b->p, m);
 }
 
 /* The module's object code in b->obj: the disk cache's copy, or optimised (a short pipeline, see
@@ -363,12 +452,38 @@ static void compile_module(void *arg) {
  * the kernels. The JIT takes the buffer. Guarded, under jit_lock. */
 static void load_module(void *arg) {
   build *b = arg;
-  if (jit_find(b->p)) return;
+  module *m = module_find(b->key);
+  if (m && jit_find(b->p)) {
+    hold(b->p, m);
+    return;
+  }
+  if (n_mods == cap_mods) {
+    int c = cap_mods ? 2 * cap_mods : 64;
+    module *t = realloc(mods, sizeof *t * (size_t)c);
+    if (!t) {
+      b->ok = ir_fail(b->err, b->cap, "out of memory");
+      return;
+    }
+    mods = t, cap_mods = c;
+  }
   LLVMMemoryBufferRef obj = b->obj;
   b->obj = NULL;
-  LLVMErrorRef e = LLVMOrcLLJITAddObjectFile(jit, LLVMOrcLLJITGetMainJITDylib(jit), obj);
-  if (e) b->ok = (llvm_error(e, "LLJIT", b->err, b->cap), false);
-  else if (!jit_find(b->p)) b->ok = ir_fail(b->err, b->cap, "LLJIT: the kernels' symbols are missing from their object file");
+  LLVMOrcResourceTrackerRef rt = LLVMOrcJITDylibCreateResourceTracker(LLVMOrcLLJITGetMainJITDylib(jit));
+  LLVMErrorRef e = LLVMOrcLLJITAddObjectFileWithRT(jit, rt, obj);
+  if (e) {
+    b->ok = (llvm_error(e, "LLJIT", b->err, b->cap), false);
+    LLVMOrcReleaseResourceTracker(rt);
+    return;
+  }
+  m = &mods[n_mods++];
+  memcpy(m->key, b->key, 16);
+  m->rt = rt, m->users = 0;
+  if (!jit_find(b->p)) {
+    b->ok = ir_fail(b->err, b->cap, "LLJIT: the kernels' symbols are missing from their object file");
+    return;
+  }
+  hold(b->p, m);
+  evict_modules();
 }
 
 /* Runs a step of the JIT's own under jit_lock; false after an exception, which retires the JIT. */

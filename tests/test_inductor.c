@@ -1024,3 +1024,73 @@ ETEST(inductor, every_pointwise_prim_from_the_table_matches_eager) {
   }
   cr_assert_geq(fused, 40);
 }
+
+/* ---- the in-memory kernel cache is bounded ---- */
+
+/* n steps of x * 1.5 - 0.5 (neg between them), one module per n: the kernel's code grows with n
+ * (pointwise kernels take their sizes as arguments, so shapes share a module). */
+static int chain_of(em_tensor *const *in, em_tensor **out, void *ctx) {
+  em_tensor *x = in[0];
+  for (int k = 0; k < *(const int *)ctx; k++) x = em_neg(em_add_scalar(em_mul_scalar(x, 1.5), -0.5));
+  out[0] = x;
+  return 1;
+}
+
+static ind_program *compile_chain(em_tensor *x, int n) {
+  rt_trace tr;
+  cr_assert(rt_trace_begin(&tr, "t", refuse_break, NULL, EM_HERE));
+  em_scope_begin();
+  em_tensor *o[1];
+  chain_of(&x, o, &n);
+  cr_assert(ir_add_output(tr.g, rt_trace_value_of(&tr, o[0])));
+  em_scope_end();
+  ir_graph *g = ir_graph_clone(tr.g);
+  em_tensor *gin = tr.lifted[0];
+  rt_trace_end(&tr);
+  cr_assert(ir_graph_compact(g, NULL, NULL));
+  char err[256];
+  ind_program *p = ind_compile(g, &gin, NULL, err, sizeof err);
+  cr_assert_not_null(p, "%s", err);
+  ir_graph_free(g);
+  return p;
+}
+
+/* Past the limit, modules no program uses are evicted, least recently used first; those in use
+ * never are, and a graph whose module was evicted compiles (or loads from disk) again and gives
+ * the same results. */
+ETEST(inductor, the_kernel_cache_in_memory_is_bounded) {
+  ind_set_kernel_cache_limit(4);
+  em_manual_seed(9);
+  em_tensor *x = em_randn(EM_F32, EM_SHAPE(3, 5));
+  em_kernel_cache_stats s0 = em_kernel_cache_info();
+  ind_stats st;
+  for (int n = 1; n <= 40; n++) {
+    check(chain_of, &x, &n, &st, "chain");
+    em_kernel_cache_stats s = em_kernel_cache_info();
+    cr_assert_leq(s.modules, 4, "after %d graphs: %lld modules", n, (long long)s.modules);
+    cr_assert_eq(s.in_use, 0);
+  }
+  em_kernel_cache_stats s1 = em_kernel_cache_info();
+  cr_assert_geq(s1.evictions - s0.evictions, 36, "%lld evictions", (long long)(s1.evictions - s0.evictions));
+  /* six live programs: their modules stay although the limit is 4 */
+  ind_program *live[6];
+  for (int i = 0; i < 6; i++) live[i] = compile_chain(x, 41 + i);
+  em_kernel_cache_stats s2 = em_kernel_cache_info();
+  cr_assert_geq(s2.modules, 6);
+  cr_assert_eq(s2.in_use, 6);
+  for (int n = 47; n < 57; n++) check(chain_of, &x, &n, &st, "churn"); /* the live modules survive it */
+  em_scope_begin();
+  for (int i = 0; i < 6; i++) {
+    em_tensor *got[1], *want[1];
+    int n = 41 + i;
+    cr_assert(ind_run(live[i], &x, 1, got, NULL, EM_HERE), "%s", em_last_error());
+    chain_of(&x, want, &n);
+    expect_close(rt_scope_add(got[0], "test", EM_HERE), want[0], 0, "live program", i);
+    ind_free(live[i]);
+  }
+  em_scope_end();
+  int n = 1; /* evicted long ago */
+  check(chain_of, &x, &n, &st, "again");
+  cr_assert_leq(em_kernel_cache_info().modules, 4);
+  ind_set_kernel_cache_limit(0);
+}
