@@ -121,7 +121,6 @@ struct em_compiled {
   char name[64];
   char backend[16];
   bool aot;                 /* backend aot_eager or inductor */
-  bool cuda_warned;         /* said once that CUDA inputs run eagerly */
   bool inductor;            /* backend inductor */
   aot_partitioner partitioner;
   bool fullgraph;
@@ -1285,16 +1284,8 @@ static em_outputs call(em_compiled *c, void *ctx, em_tensor *const *in, int n_in
     return to_scope(r, site);
   }
   drop_dead_entries(c);
-  bool cuda = false;
-  for (int i = 0; i < n_in; i++) cuda |= em_device_of(in[i]) == EM_CUDA;
-  if (cuda && !c->cuda_warned) { /* the inductor generates CPU code only: the eager CUDA kernels run it */
-    fprintf(stderr, "[ember] %s (compiled at %s:%d) got CUDA inputs; compiled CUDA graphs are not implemented, so it "
-            "runs eagerly on the device\n", c->name, c->site.file, c->site.line);
-    fe_log(FE_LOG_GRAPH_BREAKS, "%s: CUDA inputs run eagerly (no CUDA code generation)", c->name);
-    c->cuda_warned = true;
-  }
-  if (cuda || c->n_entries >= c->limit) {
-    if (!cuda && !c->limit_warned) {
+  if (c->n_entries >= c->limit) {
+    if (!c->limit_warned) {
       fprintf(stderr, "[ember] %s (compiled at %s:%d) hit its recompile limit (%d entries); running it eagerly "
               "from now on. Last guard failure: %s\n", c->name, c->site.file, c->site.line, c->limit, why);
       c->limit_warned = true;

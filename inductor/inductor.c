@@ -17,7 +17,7 @@ void ind_free(ind_program *p) {
   for (int k = 0; k < p->n_kernels; k++)
     free(p->kernels[k].nodes), free(p->kernels[k].in), free(p->kernels[k].out), free(p->kernels[k].loop_ir);
   for (int s = 0; s < p->n_steps; s++) free(p->steps[s].release);
-  free(p->kernels), free(p->steps), free(p->in_meta), free(p->ir_text), free(p->schedule_text), free(p->kind);
+  free(p->kernels), free(p->steps), free(p->in_meta), free(p->in_device), free(p->ir_text), free(p->schedule_text), free(p->kind);
   free(p->arena_off), free(p->out_step), free(p->in_last_read), free(p->in_view_read), free(p->in_returned);
   ir_graph_free(p->g);
   free(p);
@@ -79,12 +79,25 @@ static bool remat_enabled(void) {
 static ind_program *compile(const ir_graph *graph, em_tensor *const *inputs, ind_stats *stats, char *err, size_t cap) {
   double t0 = now_ms();
   if (stats) memset(stats, 0, sizeof *stats);
-  if (!ind_jit_get(err, cap)) return NULL;
+  /* a CUDA program when an input is on the GPU; CPU inputs then hold one element, possibly
+   * broadcast (scalars such as an optimizer's learning rate, copied to the device where a
+   * kernel reads them) */
+  em_device device = EM_CPU;
+  for (int i = 0; i < graph->n_inputs; i++)
+    if (em_device_of(inputs[i]) == EM_CUDA) device = EM_CUDA;
+  for (int i = 0; device == EM_CUDA && i < graph->n_inputs; i++) {
+    const em_tensor *x = inputs[i];
+    bool scalar = true;
+    for (int d = 0; d < x->ndim; d++) scalar &= x->sizes[d] <= 1 || x->strides[d] == 0;
+    if (x->storage->device == EM_CPU && !scalar)
+      return ir_fail(err, cap, "input %d has %lld elements on the cpu, others are on cuda", i, (long long)x->numel), NULL;
+  }
+  if (device == EM_CPU && !ind_jit_get(err, cap)) return NULL;
   bool concrete = true;
   for (int i = 0; i < graph->n_nodes; i++) concrete = concrete && ir_type_concrete(&graph->values[graph->nodes[i].out].type);
   if (!concrete) return ir_fail(err, cap, "symbolic sizes"), NULL;
   ind_program *p = calloc(1, sizeof *p);
-  if (p) p->g = ind_rewrite(graph, remat_enabled(), &p->stats);
+  if (p) p->device = device, p->g = ind_rewrite(graph, remat_enabled(), &p->stats);
   prim_meta *meta = p && p->g ? calloc((size_t)p->g->n_values + 1, sizeof(prim_meta)) : NULL;
   if (!meta) {
     if (p) ir_graph_free(p->g);
@@ -96,12 +109,15 @@ static ind_program *compile(const ir_graph *graph, em_tensor *const *inputs, ind
   bool ok = true;
   p->in_meta = malloc(sizeof(prim_meta) * (size_t)(g->n_inputs + 1));
   if (!p->in_meta) ok = ir_fail(err, cap, "out of memory");
-  for (int i = 0; ok && i < g->n_inputs; i++) p->in_meta[i] = rt_meta(inputs[i]);
+  p->in_device = malloc(sizeof(em_device) * (size_t)(g->n_inputs + 1));
+  if (!p->in_device) ok = ir_fail(err, cap, "out of memory");
+  for (int i = 0; ok && i < g->n_inputs; i++) p->in_meta[i] = rt_meta(inputs[i]), p->in_device[i] = em_device_of(inputs[i]);
   if (ok && !value_metas(g, p->in_meta, meta)) ok = ir_fail(err, cap, "the graph's layouts do not follow from its inputs");
   p->kind = calloc((size_t)g->n_values + 1, 1);
   if (ok && !p->kind) ok = ir_fail(err, cap, "out of memory");
   if (ok && !ind_schedule_program(p, meta)) ok = ir_fail(err, cap, "out of memory scheduling");
-  if (ok && p->n_kernels) ok = ind_build_kernels(p, meta, err, cap);
+  if (ok && p->n_kernels)
+    ok = device == EM_CUDA ? ind_cuda_build_kernels(p, meta, err, cap) : ind_build_kernels(p, meta, err, cap);
   if (ok) ind_describe_schedule(p);
   free(meta);
   if (!ok) {

@@ -49,6 +49,8 @@ typedef struct kernel {
   int n_out, *out;        /* values other steps or the graph's outputs read */
   char name[32];
   kernel_fn fn;
+  void *cu_fn;            /* a CUDA program's kernel (cu_function), launched over n_elems */
+  int64_t n_elems;
   bool row;               /* a row kernel (holds reductions) */
   bool has_col;           /* a pointwise kernel with K_COL reductions: split across threads by columns only */
   ir_type shape;          /* iteration shape S */
@@ -72,6 +74,7 @@ typedef struct step {
 struct ind_program {
   ir_graph *g;
   prim_meta *in_meta; /* the input layouts the kernels are specialised to */
+  em_device *in_device; /* and their devices */
   step *steps;
   int n_steps;
   kernel *kernels;
@@ -88,6 +91,7 @@ struct ind_program {
   char *ir_text;
   char *schedule_text;
   ind_stats stats;
+  em_device device;       /* EM_CUDA: inputs on the GPU, kernels in CUDA C (cuda_codegen.c) */
   uint8_t module_key[16]; /* the JIT module holding its kernels, while has_module (jit.c) */
   bool has_module;
 };
@@ -201,6 +205,10 @@ bool ind_emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const sign
                      size_t cap);
 bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const signed char *kind, kernel *k,
                          char *err, size_t cap);
+
+/* cuda_codegen.c */
+/* Renders every kernel of CUDA program p as CUDA C and loads it (NVRTC, or the emulator). */
+bool ind_cuda_build_kernels(ind_program *p, const prim_meta *meta, char *err, size_t cap);
 
 /* run.c */
 /* EMBER_INDUCTOR_PROFILE: p's slowest kernels, printed when it is freed. */

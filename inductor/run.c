@@ -2,6 +2,7 @@
  * OpenMP threads, intermediates in the planned arena, in-place updates where the plan allows,
  * releases at last use; and EMBER_INDUCTOR_PROFILE. */
 #include "internal.h"
+#include "../runtime/cuda.h"
 
 #include <omp.h>
 #include <pthread.h>
@@ -142,6 +143,7 @@ static void profile_add(int slot, double ms, int64_t bytes) {
 bool ind_accepts(const ind_program *p, em_tensor *const *in, int n_in) {
   if (n_in != p->g->n_inputs) return false;
   for (int i = 0; i < n_in; i++) {
+    if (em_device_of(in[i]) != p->in_device[i]) return false;
     prim_meta m = rt_meta(in[i]);
     const prim_meta *w = &p->in_meta[i];
     if (m.dtype != w->dtype || m.ndim != w->ndim || memcmp(m.sizes, w->sizes, sizeof(int64_t) * (size_t)m.ndim) ||
@@ -208,11 +210,12 @@ bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **o
     }
   }
   em_tensor *arena = NULL;
+  bool cuda = p->device == EM_CUDA;
   if (ok && p->arena_bytes > 0) {
-    arena = rt_new(EM_F32, 1, (int64_t[]){(p->arena_bytes + GUARD) / 4}, "em_call", site);
+    arena = rt_new_device(EM_F32, 1, (int64_t[]){(p->arena_bytes + GUARD) / 4}, p->device, "em_call", site);
     ok = arena != NULL;
   }
-  char *arena_end = arena ? (char *)rt_data(arena) + p->arena_bytes : NULL;
+  char *arena_end = arena && !cuda ? (char *)rt_data(arena) + p->arena_bytes : NULL; /* no guard on the device */
   guard_set(arena_end);
   bool prof = profiling();
   rt_trace_suspend();
@@ -275,7 +278,7 @@ bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **o
           vals[v] = rt_new_view(arena, t->ndim, sz, st_, 0, "em_call", site);
           if (vals[v]) vals[v]->dtype = t->dtype, vals[v]->offset = p->arena_off[v] / (int64_t)em_dtype_size(t->dtype);
         } else {
-          vals[v] = rt_new(t->dtype, t->ndim, sz, "em_call", site);
+          vals[v] = rt_new_device(t->dtype, t->ndim, sz, p->device, "em_call", site);
         }
         ok = vals[v] != NULL;
         if (ok) bufs[o] = rt_data(vals[v]);
@@ -288,8 +291,33 @@ bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **o
           float *d = (float *)bufs[o];
           for (int64_t e = 0, n = vals[k->out[o]]->numel; e < n; e++) d[e] = init;
         }
-      for (int i = 0; ok && i < k->n_in; i++) bufs[k->n_out + i] = rt_data(vals[k->in[i]]);
-      if (ok) {
+      for (int i = 0; ok && i < k->n_in; i++) {
+        em_tensor *x = vals[k->in[i]];
+        if (cuda && x->storage->device != EM_CUDA) { /* a CPU scalar (ir_verify allows them) */
+          em_tensor *d = cu_scalar_to_device(x, "em_call", site);
+          ok = d != NULL;
+          em_release(vals[k->in[i]]);
+          vals[k->in[i]] = x = d;
+        }
+        if (ok) bufs[k->n_out + i] = rt_data(x);
+      }
+      if (ok && cuda) {
+        uint64_t ptr[130];
+        void *params[131];
+        int nb = k->n_out + k->n_in;
+        if (nb > 130) {
+          ok = (rt_error(site, "em_call", "CUDA kernel %s with %d buffers", k->name, nb), false);
+        } else {
+          for (int q = 0; q < nb; q++) ptr[q] = (uint64_t)(uintptr_t)bufs[q], params[q] = &ptr[q];
+          int64_t n = k->n_elems;
+          params[nb] = &n;
+          char why[256];
+          ok = cu_launch(k->cu_fn, n, 256, params, why, sizeof why);
+          if (!ok) rt_error(site, "em_call", "%s: %s", k->name, why);
+          kernel_runs++;
+          if (prof) profile_add(EM_PRIM_COUNT, now_ms() - t0, k->bytes); /* launch time: asynchronous */
+        }
+      } else if (ok) {
         run_kernel(k, bufs, scratch);
         guard_check(scratch_end, k, "kernel scratch");
         guard_check(arena_end, k, "arena");

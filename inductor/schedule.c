@@ -111,6 +111,17 @@ static bool try_add(builder *b, int i) {
   signed char *kind = b->p->kind;
   for (int a = 0; a < n->n_in; a++) /* a column reduction is complete only when its kernel ends */
     if (b->in_group[ir_operands(g, n)[a]] && kind[ir_operands(g, n)[a]] == K_COL) return false;
+  if (b->p->device == EM_CUDA) { /* pointwise kernels only (cuda_codegen.c): reductions run eagerly */
+    if (fusible(g, n)) {
+      if (gr->mode == G_EMPTY) {
+        gr->mode = G_PW, gr->shape = *t, gr->split = t->ndim, gr->rows = numel_of(t);
+        return add(b, i, K_FULL), true;
+      }
+      return same_shape(t, &gr->shape) ? (add(b, i, K_FULL), true) : false;
+    }
+    if (n->op == EM_PRIM_DETACH && b->in_group[ir_operands(g, n)[0]]) return add(b, i, K_FULL), true;
+    return false;
+  }
   if (leading_reduction(g, n) >= 0 && gr->mode != G_ROW) {
     int u = ir_operands(g, n)[0];
     const ir_type *ut = &g->values[u].type;

@@ -24,6 +24,23 @@ static const char *describe(const ir_graph *g, const ir_node *n, char *buf, size
   return buf;
 }
 
+/* A CPU value holding one element, or a broadcast (expand) of one, or a CPU graph input (whose
+ * layout only the run shows: a partitioned backward receives the forward's broadcast scalars):
+ * it may join device operands, as in eager mode and PyTorch. The runtime copies it to the
+ * device, and refuses, as eager does, a CPU tensor that is not one element broadcast. */
+static bool cpu_scalar(const ir_graph *g, int v) {
+  for (int depth = 0; depth < 8 && v >= 0; depth++) {
+    const ir_type *t = &g->values[v].type;
+    if (t->device != EM_CPU || !ir_type_concrete(t)) return false;
+    if (ir_numel(t->ndim, t->sizes) == 1) return true;
+    int d = g->values[v].def;
+    if (d < 0) return true;
+    if (g->nodes[d].op != EM_PRIM_EXPAND) return false;
+    v = ir_operands(g, &g->nodes[d])[0];
+  }
+  return false;
+}
+
 bool ir_verify(const ir_graph *g, unsigned flags, char *err, size_t cap) {
   char d[256], t0[96], t1[96];
   if (g->oom) return ir_fail(err, cap, "the graph ran out of memory while it was built");
@@ -83,7 +100,7 @@ bool ir_verify(const ir_graph *g, unsigned flags, char *err, size_t cap) {
         node_ok = ir_fail(err, cap, "%s: operand %d (%%%d) is used before it is defined", describe(g, n, d, sizeof d), j, v);
       } else {
         const ir_type *ot = &g->values[v].type;
-        if (ot->device != ty->device)
+        if (ot->device != ty->device && !cpu_scalar(g, v))
           node_ok = ir_fail(err, cap, "%s: operand %%%d is on another device than the result", describe(g, n, d, sizeof d), v);
         concrete = concrete && ir_type_concrete(ot);
         metas[j] = ir_meta_of_type(ot);

@@ -569,20 +569,9 @@ static bool kc_insert(uint64_t key, const cu_kernel_key *k, cu_function f) {
   return true;
 }
 
-cu_function cu_kernel(const cu_kernel_key *k, char *err, size_t cap) {
-  uint64_t key = key_of(k);
-  pthread_mutex_lock(&kc.lock);
-  kslot *s = kc_find(key, k);
-  if (s && s->key) {
-    cu_function f = s->f;
-    pthread_mutex_unlock(&kc.lock);
-    return f;
-  }
-  char name[128], *body = NULL;
-  if (!cu_kernel_body(k, &body, name, sizeof name)) {
-    pthread_mutex_unlock(&kc.lock);
-    return snprintf(err, cap, "no CUDA kernel for %s on these dtypes", prim_get(k->op)->name), NULL;
-  }
+/* The kernel `name` of body (after the prelude): from the disk cache, else compiled and written
+ * there, then loaded. Under kc.lock. */
+static cu_function load_source(const char *body, const char *name, char *err, size_t cap) {
   const char *pre = cu_kernel_prelude();
   size_t np = strlen(pre), nb = strlen(body);
   char *src = malloc(np + nb + 1), *img = NULL, *log = NULL, path[1200] = "";
@@ -634,10 +623,56 @@ cu_function cu_kernel(const cu_kernel_key *k, char *err, size_t cap) {
     disk_write(path, src, img, size);
     kc.replaced++;
   }
-  if (!kc_insert(key, k, f)) snprintf(err, cap, "out of memory"), f = NULL;
 done:
+  free(src), free(img), free(log);
+  return f;
+}
+
+cu_function cu_kernel(const cu_kernel_key *k, char *err, size_t cap) {
+  uint64_t key = key_of(k);
+  pthread_mutex_lock(&kc.lock);
+  kslot *s = kc_find(key, k);
+  if (s && s->key) {
+    cu_function f = s->f;
+    pthread_mutex_unlock(&kc.lock);
+    return f;
+  }
+  char name[128], *body = NULL;
+  cu_function f = NULL;
+  if (!cu_kernel_body(k, &body, name, sizeof name))
+    snprintf(err, cap, "no CUDA kernel for %s on these dtypes", prim_get(k->op)->name);
+  else if ((f = load_source(body, name, err, cap)) && !kc_insert(key, k, f))
+    snprintf(err, cap, "out of memory"), f = NULL;
   pthread_mutex_unlock(&kc.lock);
-  free(src), free(img), free(log), free(body);
+  free(body);
+  return f;
+}
+
+/* Generated kernels of compiled graphs, by their source: a kernel's name is its key (it hashes
+ * the source), so a lookup compares names. */
+static struct {
+  char (*name)[64];
+  cu_function *f;
+  int n, cap;
+} sk;
+
+cu_function cu_source_kernel(const char *body, const char *name, char *err, size_t cap) {
+  if (strlen(name) >= sizeof sk.name[0]) return snprintf(err, cap, "kernel name too long: %s", name), NULL;
+  pthread_mutex_lock(&kc.lock);
+  cu_function f = NULL;
+  for (int i = 0; i < sk.n && !f; i++)
+    if (!strcmp(sk.name[i], name)) f = sk.f[i];
+  if (!f && (f = load_source(body, name, err, cap))) {
+    if (sk.n == sk.cap) {
+      int c = sk.cap ? 2 * sk.cap : 64;
+      char(*nn)[64] = realloc(sk.name, sizeof *nn * (size_t)c);
+      if (nn) sk.name = nn;
+      cu_function *nf = nn ? realloc(sk.f, sizeof *nf * (size_t)c) : NULL;
+      if (nf) sk.f = nf, sk.cap = c;
+    }
+    if (sk.n < sk.cap) snprintf(sk.name[sk.n], sizeof sk.name[0], "%s", name), sk.f[sk.n++] = f;
+  }
+  pthread_mutex_unlock(&kc.lock);
   return f;
 }
 

@@ -13,6 +13,7 @@
 #include <ember.h>
 
 #include "../prims/prims.h"
+#include "../ir/graph.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -175,6 +176,24 @@ const char *cu_arch(void);
 /* The kernel for key k, compiled (through the memory and disk caches) and loaded; NULL with a
  * reason in err. */
 cu_function cu_kernel(const cu_kernel_key *k, char *err, size_t cap);
+/* The CUDA C renderer of the prim table's scalar expressions (cuda_kernels.c), shared by the
+ * eager kernels and the fused kernels of compiled graphs. cu_render_expr writes e as statements
+ * `const T <prefix>t<i> = ...;`, one per instruction, reading operand k as operands[k], and the
+ * name of the result's value into result; false for an op it lacks for the dtype.
+ * cu_render_helpers writes the device functions e calls (Python remainder, integer pow) that
+ * *done (a bit set, 0 to start) says are not written yet. */
+bool cu_render_expr(ir_sbuf *b, const prim_sexpr *e, const char *const *operands, const char *prefix,
+                    const char *indent, char *result, size_t cap);
+void cu_render_helpers(ir_sbuf *b, const prim_sexpr *e, uint32_t *done);
+/* The C type of a dtype's elements in CUDA C ("float", "__half", ...), and the dtype its
+ * arithmetic runs in (f16 and bf16: f32). */
+const char *cu_ctype(em_dtype dt);
+em_dtype cu_compute_dtype(em_dtype dt);
+
+/* The kernel `name` defined by body (CUDA C after the prelude): a generated kernel of a compiled
+ * graph (inductor/cuda_codegen.c). Cached like cu_kernel's: in memory by name (which must
+ * identify the source: the inductor names kernels after a hash of it) and on disk by source. */
+cu_function cu_source_kernel(const char *body, const char *name, char *err, size_t cap);
 /* For tests: forgets the kernels looked up so far (their modules stay loaded), so the next
  * lookup reads the disk cache again; *replaced (if given): disk entries found bad and replaced. */
 void cu_kernel_cache_forget(int64_t *replaced);

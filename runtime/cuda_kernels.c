@@ -105,15 +105,16 @@ static const char prelude[] =
  * its prim's scalar expression from the prim table (prims.def) as one typed temporary per
  * instruction; the fused kernels of compiled graphs render from the same rows. */
 
-static em_dtype compute_dtype(em_dtype dt) { return dt == EM_F16 || dt == EM_BF16 ? EM_F32 : dt; }
+em_dtype cu_compute_dtype(em_dtype dt) { return dt == EM_F16 || dt == EM_BF16 ? EM_F32 : dt; }
+const char *cu_ctype(em_dtype dt) { return ctype(dt); }
 
-/* The device helpers expression e calls (remainder, integer pow), in its compute type. */
-static void render_helpers(ir_sbuf *b, const prim_sexpr *e) {
-  bool done[2] = {false, false};
+void cu_render_helpers(ir_sbuf *b, const prim_sexpr *e, uint32_t *done) {
   for (int i = 0; i < e->n; i++) {
     const prim_sinst *in = &e->ins[i];
-    if ((in->op != SOP_REM && in->op != SOP_POW) || done[in->op == SOP_POW]) continue;
-    done[in->op == SOP_POW] = true;
+    if (in->op != SOP_REM && in->op != SOP_POW) continue;
+    uint32_t bit = 1u << (2 * (int)in->dtype + (in->op == SOP_POW));
+    if (*done & bit) continue;
+    *done |= bit;
     em_dtype dt = in->dtype;
     const char *C = ctype(dt);
     bool uns = dt == EM_U8;
@@ -133,26 +134,25 @@ static void render_helpers(ir_sbuf *b, const prim_sexpr *e) {
   }
 }
 
-/* The name of instruction i's value: an operand's, or its temporary. */
-static const char *value_name(const prim_sexpr *e, int i, char *buf, size_t cap) {
-  static const char *const operands[] = {"a", "b", "c"};
+/* The name of instruction i's value: its operand's, or its temporary (prefix, "t", index). */
+static const char *value_name(const prim_sexpr *e, int i, const char *const *operands, const char *prefix, char *buf,
+                              size_t cap) {
   if (e->ins[i].op == SOP_ARG) return operands[e->ins[i].arg];
-  snprintf(buf, cap, "t%d", i);
+  snprintf(buf, cap, "%st%d", prefix, i);
   return buf;
 }
 
-/* Expression e as statements "const T tI = ...;", one per instruction; false for an op this
- * renderer lacks for the dtype (none today: every scalar op has a CUDA C form for every dtype). */
-static bool render_expr(ir_sbuf *b, const prim_sexpr *e, const char *indent) {
+bool cu_render_expr(ir_sbuf *b, const prim_sexpr *e, const char *const *operands, const char *prefix,
+                    const char *indent, char *result, size_t rcap) {
   for (int i = 0; i < e->n; i++) {
     const prim_sinst *in = &e->ins[i];
     if (in->op == SOP_ARG) continue;
-    char nb[3][16], tb[16];
-    const char *x = in->n_in > 0 ? value_name(e, in->in[0], nb[0], sizeof nb[0]) : NULL;
-    const char *y = in->n_in > 1 ? value_name(e, in->in[1], nb[1], sizeof nb[1]) : NULL;
-    const char *z = in->n_in > 2 ? value_name(e, in->in[2], nb[2], sizeof nb[2]) : NULL;
+    char nb[3][48], tb[48];
+    const char *x = in->n_in > 0 ? value_name(e, in->in[0], operands, prefix, nb[0], sizeof nb[0]) : NULL;
+    const char *y = in->n_in > 1 ? value_name(e, in->in[1], operands, prefix, nb[1], sizeof nb[1]) : NULL;
+    const char *z = in->n_in > 2 ? value_name(e, in->in[2], operands, prefix, nb[2], sizeof nb[2]) : NULL;
     em_dtype dt = in->dtype, xd = in->n_in ? e->ins[in->in[0]].dtype : dt;
-    const char *T = ctype(dt), *t = value_name(e, i, tb, sizeof tb);
+    const char *T = ctype(dt), *t = value_name(e, i, operands, prefix, tb, sizeof tb);
     bool f = is_float(dt), dbl = dt == EM_F64;
     const char *sfx = dbl ? "" : "f"; /* expf / exp */
     static const char *const cmp[] = {"==", "!=", "<", "<=", ">", ">="};
@@ -203,6 +203,8 @@ static bool render_expr(ir_sbuf *b, const prim_sexpr *e, const char *indent) {
     }
     ir_sb_printf(b, ";\n");
   }
+  char rb[48];
+  snprintf(result, rcap, "%s", value_name(e, e->n - 1, operands, prefix, rb, sizeof rb));
   return true;
 }
 
@@ -211,14 +213,15 @@ static bool render_expr(ir_sbuf *b, const prim_sexpr *e, const char *indent) {
 static bool gen_pointwise(ir_sbuf *b, const cu_kernel_key *k, char *name, size_t ncap) {
   const prim_info *pi = prim_get(k->op);
   int arity = pi->arity;
-  em_dtype in = k->in, out = k->out, C = compute_dtype(in);
+  em_dtype in = k->in, out = k->out, C = cu_compute_dtype(in);
   bool where = k->op == EM_PRIM_WHERE;
   em_dtype args[3] = {where ? EM_BOOL : C, C, C};
   prim_sexpr e;
   if (arity < 1 || arity > 3 || !prim_scalar_expr(k->op, args, C, out, &e)) return false;
   const char *I = ctype(in), *O = ctype(out);
   snprintf(name, ncap, "em_%s_%s_%s_%s", pi->name, em_dtype_name(in), em_dtype_name(out), layout_name(k->layout));
-  render_helpers(b, &e);
+  uint32_t helpers = 0;
+  cu_render_helpers(b, &e, &helpers);
   ir_sb_printf(b, "extern \"C\" __global__ void %s(%s *__restrict__ out", name, O);
   for (int a = 0; a < arity; a++) ir_sb_printf(b, ", const %s *__restrict__ x%d", where && a == 0 ? "bool" : I, a);
   /* broadcast: L.stride[1 + a][0] is 1 for a dense operand, 0 for a one-element one */
@@ -230,9 +233,10 @@ static bool gen_pointwise(ir_sbuf *b, const cu_kernel_key *k, char *name, size_t
     if (where && a == 0) ir_sb_printf(b, "    const bool a = x0[%s];\n", ix);
     else ir_sb_printf(b, "    const %s %c = (%s)em_ld(x%d[%s]);\n", ctype(C), 'a' + a, ctype(C), a, ix);
   }
-  if (!render_expr(b, &e, "    ")) return false;
-  char rb[16];
-  ir_sb_printf(b, "    out[%s] = %s;\n", k->layout == CU_STRIDED ? "em_off(L, 0, i)" : "i", value_name(&e, e.n - 1, rb, sizeof rb));
+  static const char *const operands[] = {"a", "b", "c"};
+  char r[48];
+  if (!cu_render_expr(b, &e, operands, "", "    ", r, sizeof r)) return false;
+  ir_sb_printf(b, "    out[%s] = %s;\n", k->layout == CU_STRIDED ? "em_off(L, 0, i)" : "i", r);
   ir_sb_printf(b, "  }\n}\n");
   return true;
 }

@@ -254,6 +254,33 @@ static bool dispatch_out(const char *name, em_prim op, em_tensor *const *in, int
 
 /* ---- tracing ---- */
 
+/* Whether t is one element broadcast (every dim of size > 1 has stride 0). */
+static bool broadcast_scalar(const em_tensor *t) {
+  for (int d = 0; d < t->ndim; d++)
+    if (t->sizes[d] > 1 && t->strides[d]) return false;
+  return true;
+}
+
+/* A CPU scalar broadcast over a CUDA op's shape (a concrete tensor the trace meets, e.g. a
+ * constant an interpreted graph expanded) enters the graph as its one element and an expand,
+ * so the graph says it is a scalar (ir_verify lets those join device operands). */
+static int lift_broadcast_scalar(rt_trace *tr, em_tensor *t, const char *name, em_site site) {
+  int64_t ones[EM_MAX_DIMS], zeros[EM_MAX_DIMS];
+  for (int d = 0; d < t->ndim; d++) ones[d] = 1, zeros[d] = 0;
+  em_tensor *one = rt_new_view(t, t->ndim, ones, zeros, t->offset, name, site);
+  if (!one) return -1;
+  int b = rt_trace_operand(tr, one, name, site);
+  em_release(one); /* the trace holds it while it is lifted */
+  if (b < 0) return b;
+  prim_attrs at = {.shape = {.ndim = t->ndim}};
+  for (int d = 0; d < t->ndim; d++) at.shape.sizes[d] = t->sizes[d];
+  prim_meta m = rt_meta(t);
+  ir_type ty = ir_type_of_meta(&m, EM_CPU);
+  int v = ir_add_node(tr->g, EM_PRIM_EXPAND, &b, 1, &at, &ty, site, name);
+  if (v < 0) rt_error(site, name, "out of memory recording a graph node");
+  return v;
+}
+
 em_tensor *rt_trace_dispatch(rt_trace *tr, const char *name, em_prim op, em_tensor *const *in, int n_in,
                              const prim_attrs *at, em_site site) {
   enum { MAX_IN = 64 };
@@ -262,8 +289,13 @@ em_tensor *rt_trace_dispatch(rt_trace *tr, const char *name, em_prim op, em_tens
   int ids[MAX_IN];
   char err[512];
   if (!check_operands(name, op, in, n_in, metas, site)) return NULL;
+  bool cuda_op = false;
+  for (int i = 0; i < n_in; i++) cuda_op |= in[i]->storage->device == EM_CUDA;
   for (int i = 0; i < n_in; i++) {
-    ids[i] = rt_trace_operand(tr, in[i], name, site);
+    if (cuda_op && !in[i]->proxy && in[i]->storage->device == EM_CPU && in[i]->numel > 1 && broadcast_scalar(in[i]))
+      ids[i] = lift_broadcast_scalar(tr, in[i], name, site);
+    else
+      ids[i] = rt_trace_operand(tr, in[i], name, site);
     if (ids[i] == -2) { /* in[i] aliases a tensor the graph wrote: break, then run eagerly */
       int tok = rt_break_begin(name, "reads a tensor that aliases one written in place earlier in the graph", site);
       if (tok < 0) return NULL;
@@ -274,7 +306,23 @@ em_tensor *rt_trace_dispatch(rt_trace *tr, const char *name, em_prim op, em_tens
     if (ids[i] < 0) return NULL;
   }
   if (!prim_meta_fn(op, at, metas, n_in, &out_meta, err, sizeof err)) return rt_error(site, name, "%s", err);
-  em_device dev = n_in ? in[0]->storage->device : EM_CPU;
+  /* placed as eager places it (place): on the operands' device, a CPU one-element operand
+   * joining CUDA ones; creation on the default device */
+  em_device dev = n_in ? EM_CPU : rt_default_device();
+  for (int i = 0; i < n_in; i++)
+    if (in[i]->storage->device == EM_CUDA) dev = EM_CUDA;
+  for (int i = 0; i < n_in && dev == EM_CUDA; i++) {
+    if (in[i]->storage->device == EM_CUDA) continue;
+    bool scalar = true;
+    for (int d = 0; d < in[i]->ndim; d++) scalar &= in[i]->sizes[d] <= 1 || in[i]->strides[d] == 0;
+    if (!scalar) {
+      char b0[128], b1[128];
+      int j = 0;
+      while (j < n_in - 1 && in[j]->storage->device != EM_CUDA) j++;
+      return rt_error(site, name, "expected all operands on one device: operand %d is %s on cpu, operand %d is %s on "
+                      "cuda (move it with em_to)", i, rt_fmt(b0, sizeof b0, in[i]), j, rt_fmt(b1, sizeof b1, in[j]));
+    }
+  }
   ir_type ty = ir_type_of_meta(&out_meta, dev);
   int v = ir_add_node(tr->g, op, ids, n_in, at, &ty, site, name);
   if (v < 0) return rt_error(site, name, "out of memory recording a graph node");

@@ -161,7 +161,8 @@ em_tensor *rt_new_proxy(em_tensor *base, const prim_meta *m, int value, rt_trace
   } else {
     rt_storage *s = rt_alloc(STORAGE_HEADER, 64);
     if (!s) return rt_error(site, op, "out of memory allocating a proxy");
-    *s = (rt_storage){.refcount = 1, .device = EM_CPU, .data = NULL};
+    /* on the device of the value it stands for, so ops on it record nodes on that device */
+    *s = (rt_storage){.refcount = 1, .device = tr->g->values[value].type.device, .data = NULL};
     t = new_header(s, m->dtype, m->ndim, m->sizes, op, site);
     if (!t) {
       storage_release(s);

@@ -173,13 +173,6 @@ int rt_trace_operand(rt_trace *tr, em_tensor *t, const char *name, em_site site)
   }
   if (hazard && !(found >= 0 && tr->lifted_mutated[found])) return -2;
   if (found >= 0) return tr->lifted_value[found];
-  if (t->storage->device == EM_CUDA) { /* the frontend runs functions with CUDA inputs eagerly */
-    char b[128];
-    rt_error(site, name, "%s is on cuda and reached a compiled function other than as an input (through ctx?); "
-             "compiled CUDA graphs are not implemented: pass CUDA tensors as inputs (the function then runs "
-             "eagerly) or call it without em_compile", rt_fmt(b, sizeof b, t));
-    return -1;
-  }
   return lift(tr, t, name, site);
 }
 

@@ -376,7 +376,9 @@ ETEST(cuda_eager, streams_events_and_allocator) {
   em_cuda_stream_free(st);
 }
 
-/* A compiled function over CUDA tensors runs its graphs with the eager CUDA kernels. */
+/* A compiled function over CUDA tensors: its graphs run with generated CUDA kernels for the
+ * pointwise parts (inductor/cuda_codegen.c) and the eager CUDA kernels and cuBLAS for the rest;
+ * parameters reach it through ctx as on the CPU. */
 static em_outputs mlp(void *ctx, em_tensor *const *in, int n) {
   (void)ctx, (void)n;
   return EM_OUTPUTS(em_sum(em_tanh(em_matmul(in[0], in[1])), 0, NULL, false));
@@ -384,23 +386,34 @@ static em_outputs mlp(void *ctx, em_tensor *const *in, int n) {
 
 static em_outputs through_ctx(void *ctx, em_tensor *const *in, int n) {
   (void)n;
-  return EM_OUTPUTS(em_matmul(in[0], ctx));
+  return EM_OUTPUTS(em_relu(em_add_scalar(em_matmul(in[0], ctx), 0.5)));
 }
 
 ETEST(cuda_eager, compiled_functions_run_on_the_device) {
   em_manual_seed(10);
   em_tensor *a = em_randn(F, EM_SHAPE(4, 5)), *b = em_randn(F, EM_SHAPE(5, 3));
   em_compiled *c = em_compile(mlp, NULL);
-  for (int call = 0; call < 2; call++) {
+  for (int call = 0; call < 3; call++) {
     em_outputs o = em_call(c, NULL, C(a), C(b));
     cr_assert(o.n == 1 && o.t[0], "%s", em_last_error());
     SAME(mlp(NULL, (em_tensor *[]){a, b}, 2).t[0], o.t[0], 1e-5);
   }
+  em_compile_stats st = em_compiled_stats(c);
+  cr_assert_eq(st.traces, 1, "%lld traces", (long long)st.traces);
+  cr_assert_eq(st.eager_calls, 0);
+  cr_assert_geq(st.kernel_runs, 3, "the generated tanh kernel ran on every call (%lld runs)", (long long)st.kernel_runs);
   em_compiled_free(c);
-  /* CUDA tensors reaching a traced function through ctx: a clear error */
+  /* a CUDA parameter through ctx is lifted into the graph, as a CPU one is */
   em_compiled *c2 = em_compile(through_ctx, NULL);
   em_tensor *db = C(b);
-  EXPECT_ERROR(em_call(c2, db, a).t[0], "is on cuda and reached a compiled function other than as an input");
+  for (int call = 0; call < 2; call++) {
+    em_outputs o = em_call(c2, db, C(a));
+    cr_assert(o.n == 1 && o.t[0], "%s", em_last_error());
+    SAME(through_ctx(b, &a, 1).t[0], o.t[0], 1e-5);
+  }
+  cr_assert_geq(em_compiled_stats(c2).kernel_runs, 2);
+  /* a CPU input meeting a CUDA parameter: eager's error, naming both */
+  EXPECT_ERROR(em_call(c2, db, a).t[0], "expected all operands on one device: operand 0 is f32[4,5] on cpu");
   em_compiled_free(c2);
 }
 
@@ -486,4 +499,122 @@ ETEST(cuda_eager, kernels_are_cached_on_disk) {
   cr_assert_eq(replaced, 1, "and the replacement loads");
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   cr_assert_eq(system(cmd), 0);
+}
+
+/* ---- generated CUDA kernels of compiled graphs (inductor/cuda_codegen.c) ---- */
+#include "../runtime/rt.h"
+#include "../inductor/inductor.h"
+
+static bool no_break(rt_trace *tr, const char *op, const char *reason, em_site site, void *ctx) { return false; }
+
+typedef int (*build_fn)(em_tensor *const *in, em_tensor **out, void *ctx);
+
+/* Traces build on the (CUDA) inputs, compiles the graph with the inductor, runs it, and compares
+ * every output with build run eagerly on the CPU copies of the inputs. */
+static ind_stats compile_on_device(build_fn build, void *ctx, em_tensor *const *cpu, int n_in, bool nvrtc, double tol,
+                                   const char *what) {
+  em_scope_begin();
+  em_tensor *dev[8], *want[16], *outs[16], *got[16], *gin[8];
+  for (int i = 0; i < n_in; i++) dev[i] = C(cpu[i]);
+  int n = build(cpu, want, ctx);
+  rt_trace tr;
+  cr_assert(rt_trace_begin(&tr, "t", no_break, NULL, EM_HERE));
+  em_scope_begin();
+  em_tensor *proxy[8];
+  for (int i = 0; i < n_in; i++) { /* the device inputs as graph inputs, as the frontend makes them */
+    prim_meta m = rt_meta(dev[i]);
+    ir_type t = ir_type_of_meta(&m, EM_CUDA);
+    proxy[i] = rt_scope_add(rt_trace_new_input(&tr, &t, EM_HERE), "test", EM_HERE);
+    gin[i] = dev[i];
+  }
+  cr_assert_eq(build(proxy, outs, ctx), n);
+  for (int i = 0; i < n; i++) {
+    cr_assert_not_null(outs[i], "%s: tracing on the device: %s", what, em_last_error());
+    cr_assert(ir_add_output(tr.g, rt_trace_value_of(&tr, outs[i])));
+  }
+  ir_graph *g = ir_graph_clone(tr.g);
+  int ng = n_in;
+  cr_assert_eq(tr.n_lifted, 0, "%s: the builder lifted a tensor", what);
+  em_scope_end();
+  rt_trace_end(&tr);
+  cr_assert(ir_graph_compact(g, NULL, NULL));
+  char err[512];
+  ind_stats st;
+  ind_program *p = ind_compile(g, gin, &st, err, sizeof err);
+  cr_assert_not_null(p, "%s: %s", what, err);
+  /* the same kernels compile with NVRTC for the H100's sm_90, warning-free, on every machine */
+  if (nvrtc && st.kernels) {
+    cr_assert(cu_nvrtc_available(), "this build has no NVRTC: the generated kernels cannot be checked");
+    const char *pre = cu_kernel_prelude(), *text = ind_kernel_ir(p);
+    cr_assert_not_null(text);
+    char *src = malloc(strlen(pre) + strlen(text) + 1), *cubin = NULL, *log = NULL;
+    size_t size = 0;
+    strcpy(src, pre), strcat(src, text);
+    bool compiled = cu_nvrtc_compile(src, "compiled_graph.cu", "sm_90", &cubin, &size, &log);
+    cr_assert(compiled && (!log || !strstr(log, "warning")), "%s: NVRTC:\n%s\n%s", what, log ? log : "?", text);
+    free(src), free(cubin), free(log);
+  }
+  for (int r = 0; r < 2; r++) { /* a second run reuses the loaded kernels */
+    cr_assert(ind_run(p, gin, ng, got, NULL, EM_HERE), "%s: %s", what, em_last_error());
+    for (int i = 0; i < n; i++) {
+      em_tensor *o = rt_scope_add(got[i], "test", EM_HERE);
+      same(want[i], o, tol, EM_CUDA, what, __LINE__);
+    }
+  }
+  ind_free(p);
+  ir_graph_free(g);
+  em_scope_end();
+  return st;
+}
+
+/* Pointwise chains over a transposed input and a broadcast row, where, comparisons and a bool
+ * output, around a reduction and a matmul (eager steps between the kernels). */
+static int device_chain(em_tensor *const *in, em_tensor **out, void *ctx) {
+  em_tensor *x = em_transpose(in[0], 0, 1), *b = in[1], *w = in[2];
+  em_tensor *h = em_add(em_mul_scalar(x, 1.5), b);
+  h = em_where(em_gt_scalar(h, 0), em_exp(em_neg(h)), em_tanh(h));
+  h = em_maximum(em_sqrt(em_abs(h)), em_div(h, em_add_scalar(em_abs(b), 1)));
+  out[0] = h;
+  out[1] = em_lt(h, b);
+  em_tensor *s = em_sum(h, 1, (int64_t[]){1}, true);                  /* an eager step */
+  em_tensor *y = em_sigmoid(em_sub(h, s));
+  out[2] = em_relu(em_add_scalar(em_matmul(y, w), -0.25));           /* matmul, then its epilogue */
+  out[3] = em_atan2(out[2], em_add_scalar(em_abs(em_sign(out[2])), 0.5));
+  return 4;
+}
+
+ETEST(cuda_eager, compiled_graphs_run_generated_kernels) {
+  em_manual_seed(12);
+  int64_t shapes[][2] = {{5, 7}, {1, 1}, {33, 65}, {300, 129}};
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+    em_scope_begin();
+    int64_t R = shapes[i][0], K = shapes[i][1];
+    em_tensor *in[3] = {em_randn(F, EM_SHAPE(K, R)), em_randn(F, EM_SHAPE(K)), em_randn(F, EM_SHAPE(K, 4))};
+    char what[64];
+    snprintf(what, sizeof what, "chain over [%lld, %lld]", (long long)R, (long long)K);
+    ind_stats st = compile_on_device(device_chain, NULL, in, 3, true, 1e-5, what);
+    cr_assert_geq(st.kernels, 3, "%s: %d kernels", what, st.kernels);
+    cr_assert_geq(st.fused_nodes, 15, "%s: %d fused nodes", what, st.fused_nodes);
+    cr_assert_geq(st.fallback_nodes, 2, "%s: the sum and the matmul run eagerly", what);
+    em_scope_end();
+  }
+}
+
+/* The compiler's random programs (tests/random_program.h: broadcasting, views, reductions,
+ * strided layouts) compiled for the device; every fourth one's kernels also through NVRTC
+ * (EMBER_RANDOM_PROGRAMS=N for more). */
+ETEST(cuda_eager, compiled_random_programs) {
+  const char *env = getenv("EMBER_RANDOM_PROGRAMS");
+  long n = env ? atol(env) : 8; /* each new kernel is a host C++ compile on the emulator */
+  int kernels = 0;
+  for (long i = 0; i < n; i++) {
+    em_scope_begin();
+    em_tensor *in[3];
+    program p = random_program_setup(i, in);
+    char what[64];
+    snprintf(what, sizeof what, "random program %ld", i);
+    kernels += compile_on_device(random_program, &p, in, 3, i % 4 == 0, 1e-4, what).kernels;
+    em_scope_end();
+  }
+  cr_assert_geq(kernels, n, "%d kernels over %ld programs", kernels, n);
 }

@@ -420,3 +420,28 @@ ETEST(ir, random_programs_trace_print_parse_interpret_equal_eager) {
   cr_assert_gt(total_nodes, 10 * n);
   cr_assert_gt(total_rewritten, n);
 }
+
+/* Devices: a node's operands are on its device, except a CPU scalar joining device operands
+ * (one element, an expand of one, or a CPU graph input whose layout the runtime checks), as in
+ * eager mode. */
+ETEST(ir, device_placement_of_operands) {
+  static const struct {
+    const char *text;
+    bool ok;
+  } cases[] = {
+      {"graph g(%0 : f32[3]@cuda, %1 : f32[]) {\n  %2 : f32[3] = expand(%1, shape=[3])\n"
+       "  %3 : f32[3]@cuda = add(%0, %2)\n  return %3\n}", true},
+      {"graph g(%0 : f32[3]@cuda, %1 : f32[3]) {\n  %2 : f32[3]@cuda = mul(%0, %1)\n  return %2\n}", true},
+      {"graph g(%0 : f32[3]@cuda, %1 : f32[3]) {\n  %2 : f32[3] = neg(%1)\n  %3 : f32[3]@cuda = add(%0, %2)\n"
+       "  return %3\n}", false},
+      {"graph g(%0 : f32[3]@cuda) {\n  %1 : f32[3] = neg(%0)\n  return %1\n}", false},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ir_graph *g = parse_ok(cases[i].text);
+    char err[512] = "";
+    bool ok = ir_verify(g, 0, err, sizeof err);
+    cr_assert_eq(ok, cases[i].ok, "case %zu: %s", i, err);
+    if (!ok) cr_assert(strstr(err, "is on another device than the result"), "case %zu: %s", i, err);
+    ir_graph_free(g);
+  }
+}
