@@ -70,6 +70,7 @@ typedef struct fz_program {
   char *text;       /* when not NULL: the ops are appended here as they are made */
   size_t len, cap;
   int data;         /* which data set fills the inputs (0: the first call's, 1, 2: new data) */
+  bool cuda;        /* inputs, and what the program creates, on the GPU (a compiled configuration) */
 } fz_program;
 
 static void fz_log(fz_program *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -408,7 +409,7 @@ typedef struct fz_inputs {
 
 /* The program's inputs for data set `data`: shapes and layouts from the seed, values from the
  * seed and the data set. Owned by the current scope. truth: cast to f64. */
-static bool fz_make_inputs(uint64_t seed, int data, bool truth, fz_inputs *x) {
+static bool fz_make_inputs(uint64_t seed, int data, bool truth, bool cuda, fz_inputs *x) {
   fz_rng r = {seed * 104729 + 11};
   em_dtype dt = truth ? EM_F64 : fz_dtype(seed);
   x->n = 1 + fz_pick(&r, FZ_MAX_IN);
@@ -429,6 +430,7 @@ static bool fz_make_inputs(uint64_t seed, int data, bool truth, fz_inputs *x) {
     em_tensor *leaf = em_randn(EM_F32, nd, base);
     if (!leaf) return false;
     leaf = em_cast(leaf, dt); /* the same values for the f32 program and its f64 truth */
+    if (leaf && cuda) leaf = em_to(leaf, EM_CUDA); /* the same values on the device */
     bool rg = fz_pick(&r, 4) != 0; /* most inputs require grad, not all */
     if (!leaf || !em_requires_grad_(leaf, rg)) return false;
     em_tensor *v = leaf;
@@ -462,6 +464,7 @@ static em_outputs fz_model(void *ctx, em_tensor *const *in, int n_in) {
 typedef struct fz_config {
   const char *name, *backend, *partitioner;
   bool no_remat;
+  bool cuda; /* inputs on the GPU; runs only with EMBER_FUZZ_CUDA=1 and a device (or the emulator) */
 } fz_config;
 static const fz_config fz_configs[] = {
     {"eager", "eager", NULL, false},
@@ -470,8 +473,10 @@ static const fz_config fz_configs[] = {
     {"inductor", "inductor", "min_cut", false},
     {"inductor+default", "inductor", "default", false},
     {"inductor+no_remat", "inductor", "min_cut", true},
+    {"inductor@cuda", "inductor", "min_cut", false, true},
 };
 enum { FZ_CONFIGS = sizeof fz_configs / sizeof fz_configs[0] };
+static int fz_cuda_checks; /* programs checked on the device (the CUDA configuration ran) */
 
 /* What one run of a program produced: its outputs and the leaves' gradients, as f64 arrays. */
 typedef struct fz_result {
@@ -497,8 +502,9 @@ static bool fz_grab(em_tensor *t, fz_result *r, int slot) {
 static bool fz_run(fz_program *p, em_compiled *c, int data, bool backward, fz_result *res, char *err, size_t cap) {
   memset(res, 0, sizeof *res);
   em_scope_begin();
+  if (p->cuda) em_set_default_device(EM_CUDA); /* the program's own tensors too */
   fz_inputs x;
-  bool ok = fz_make_inputs(p->seed, data, p->truth, &x);
+  bool ok = fz_make_inputs(p->seed, data, p->truth, p->cuda, &x);
   em_outputs o = {0};
   if (ok) {
     em_manual_seed(p->seed + 7); /* the program's random ops draw the same numbers every run */
@@ -526,6 +532,7 @@ static bool fz_run(fz_program *p, em_compiled *c, int data, bool backward, fz_re
       for (int i = 0; ok && i < nl; i++) ok = fz_grab(gs[i], res, FZ_MAX_OUT + i);
     }
   }
+  em_set_default_device(EM_CPU);
   if (!ok) snprintf(err, cap, "%s", em_last_error() ? em_last_error() : "failed without a message");
   em_clear_error();
   em_scope_end();
@@ -579,6 +586,9 @@ static int fz_check(uint64_t seed, unsigned mask, FILE *out, bool *skipped) {
   for (int ci = 0; ci < FZ_CONFIGS; ci++) {
     if (!(mask & (1u << ci))) continue;
     const fz_config *cf = &fz_configs[ci];
+    if (cf->cuda && !(getenv("EMBER_FUZZ_CUDA") && atoi(getenv("EMBER_FUZZ_CUDA")) && em_cuda_is_available())) continue;
+    p.cuda = cf->cuda;
+    fz_cuda_checks += cf->cuda;
     if (cf->no_remat) setenv("EMBER_INDUCTOR_REMAT", "0", 1);
     em_compiled *c = em_compile(fz_model, &(em_compile_options){.backend = cf->backend, .partitioner = cf->partitioner,
                                                                .name = "fuzz", .recompile_limit = 16});
@@ -607,7 +617,7 @@ static int fz_check(uint64_t seed, unsigned mask, FILE *out, bool *skipped) {
           if (e >= 0 && !exact && !f64) { /* conditioning: judge against the f64 run */
             if (!have_truth[d]) {
               fz_program t = p;
-              t.truth = true;
+              t.truth = true, t.cuda = false;
               have_truth[d] = fz_run(&t, NULL, d, backward, &truth[d], err, sizeof err);
             }
             if (have_truth[d] && truth[d].v[s] && truth[d].numel[s] == got.numel[s])
@@ -628,7 +638,7 @@ static int fz_check(uint64_t seed, unsigned mask, FILE *out, bool *skipped) {
           fz_program t = {.seed = seed, .n_ops = p.n_ops, .cap = 1};
           em_scope_begin();
           fz_inputs x;
-          if (fz_make_inputs(seed, 0, false, &x)) fz_model(&t, x.in, x.n);
+          if (fz_make_inputs(seed, 0, false, false, &x)) fz_model(&t, x.in, x.n);
           em_clear_error();
           em_scope_end();
           fprintf(out, "program %llu, %s, call %d%s: %s%s%s\n%s", (unsigned long long)seed, cf->name, d + 1,
@@ -639,6 +649,7 @@ static int fz_check(uint64_t seed, unsigned mask, FILE *out, bool *skipped) {
       }
     }
     em_compiled_free(c);
+    p.cuda = false;
     if (cf->no_remat) unsetenv("EMBER_INDUCTOR_REMAT");
   }
   for (int d = 0; d < 3; d++) fz_result_free(&want[d]), fz_result_free(&truth[d]);

@@ -618,3 +618,26 @@ ETEST(cuda_eager, compiled_random_programs) {
   }
   cr_assert_geq(kernels, n, "%d kernels over %ld programs", kernels, n);
 }
+
+/* The differential fuzzer's programs (tests/fuzz_program.h: the whole op set, views, aliasing
+ * inputs, in-place ops, backward through AOT autograd, three calls) compiled with the inductor
+ * on the device and compared with CPU eager. Each new kernel is a host C++ compile on the
+ * emulator, so a few programs here; EMBER_FUZZ_CUDA_PROGRAMS=N for more. */
+#define rng fz_rng_unused /* random_program.h above has its own */
+#include "fuzz_program.h"
+#undef rng
+
+ETEST(cuda_eager, fuzz_programs_compiled_on_the_device) {
+  setenv("EMBER_FUZZ_CUDA", "1", 1);
+  const char *env = getenv("EMBER_FUZZ_CUDA_PROGRAMS");
+  long n = env ? atol(env) : 4;
+  int failures = 0, skipped = 0;
+  for (long i = 0; i < n; i++) {
+    bool skip = false;
+    failures += fz_check((uint64_t)(1000 + i), 1u << (FZ_CONFIGS - 1), stderr, &skip);
+    skipped += skip;
+  }
+  cr_assert_eq(failures, 0, "%d of %ld programs differ from CPU eager on the device (above)", failures, n);
+  cr_assert_lt(skipped, n, "every program was rejected by eager");
+  cr_assert_eq(fz_cuda_checks, n - skipped, "the device configuration ran %d times", fz_cuda_checks);
+}
