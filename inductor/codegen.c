@@ -743,20 +743,8 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
   /* buffers */
   for (int bi = 0; ok && bi < nb; bi++) {
     int v = bi < k->n_out ? k->out[bi] : k->in[bi - k->n_out];
-    const ir_type *t = &g->values[v].type;
     r.buf[v] = bi;
-    r.is_full_buf[bi] = kind[v] ? kind[v] == K_FULL : same_shape(t, S);
-    if (!r.is_full_buf[bi]) continue;
-    int64_t st[EM_MAX_DIMS];
-    if (bi < k->n_out) ir_contiguous_strides(S->ndim, S->sizes, st);
-    else memcpy(st, meta[v].strides, sizeof(int64_t) * (size_t)S->ndim);
-    for (int d = 0; d < k->split; d++) outer[bi][d] = st[d];
-    for (int d = S->ndim - 1; d >= k->split; d--)
-      if (S->sizes[d] != 1) {
-        r.inner[bi] = st[d];
-        break;
-      }
-    if (bi < k->n_out && k->cols > 0) r.inner[bi] = 1;
+    r.is_full_buf[bi] = ind_row_buffer(g, meta, kind, k, bi, outer[bi], &r.inner[bi]);
   }
   /* spills: FULL values a later pass reads that are neither stored nor remade for free */
   for (int i = 0; ok && i < k->n_nodes; i++) {

@@ -32,6 +32,40 @@ static void input_layout(const ir_type *t, const int64_t *cont, const prim_meta 
 /* The value's name in the kernel's text. */
 static void vname(int v, char *buf, size_t cap) { snprintf(buf, cap, "v%d", v); }
 
+/* Renders node nd as `const auto v<out> = ...;` (with its scalar expression's temporaries) at
+ * indent; the views a kernel holds (detach, broadcasts of per-row values, reshapes of them) are
+ * the operand's value. */
+static bool render_node(ir_sbuf *b, ir_sbuf *helpers, const ir_graph *g, const ir_node *nd, const char *indent,
+                        uint32_t *done, char *err, size_t cap) {
+  const int *o = ir_operands(g, nd);
+  char out[48], arg[3][48];
+  vname(nd->out, out, sizeof out);
+  if (prim_get(nd->op)->flags & P_VIEW) {
+    vname(o[0], arg[0], sizeof arg[0]);
+    ir_sb_printf(b, "%sconst auto %s = %s;\n", indent, out, arg[0]);
+    return true;
+  }
+  if (nd->n_in > 3) return ir_fail(err, cap, "%s with %d operands", prim_get(nd->op)->name, nd->n_in);
+  em_dtype args[3];
+  const char *names[3];
+  for (int a = 0; a < nd->n_in; a++) {
+    args[a] = cu_compute_dtype(g->values[o[a]].type.dtype);
+    vname(o[a], arg[a], sizeof arg[a]);
+    names[a] = arg[a];
+  }
+  prim_sexpr x;
+  em_dtype compute = args[nd->op == EM_PRIM_WHERE ? 1 : 0];
+  if (!prim_scalar_expr(nd->op, args, compute, cu_compute_dtype(g->values[nd->out].type.dtype), &x))
+    return ir_fail(err, cap, "%s has no scalar expression", prim_get(nd->op)->name);
+  cu_render_helpers(helpers, &x, done);
+  char prefix[64], r[80];
+  snprintf(prefix, sizeof prefix, "%s_", out);
+  if (!cu_render_expr(b, &x, names, prefix, indent, r, sizeof r))
+    return ir_fail(err, cap, "the CUDA renderer has no %s over %s", prim_get(nd->op)->name, em_dtype_name(compute));
+  ir_sb_printf(b, "%sconst auto %s = %s;\n", indent, out, r);
+  return true;
+}
+
 /* Renders kernel k as the parameter list and body of a kernel (after its name) into b. */
 static bool render_kernel(ir_sbuf *b, ir_sbuf *helpers, const ir_graph *g, const prim_meta *meta, const kernel *k,
                           char *err, size_t cap) {
@@ -68,7 +102,7 @@ static bool render_kernel(ir_sbuf *b, ir_sbuf *helpers, const ir_graph *g, const
       if (d > lowest) ir_sb_printf(b, "    r /= %lld;\n", (long long)t->sizes[d]);
     }
   }
-  char nm[48], arg[3][48];
+  char nm[48];
   for (int i = 0; i < k->n_in; i++) {
     int v = k->in[i];
     const prim_meta *m = &meta[v];
@@ -88,35 +122,8 @@ static bool render_kernel(ir_sbuf *b, ir_sbuf *helpers, const ir_graph *g, const
     ir_sb_printf(b, "]);\n");
   }
   uint32_t done = 0;
-  for (int e = 0; e < k->n_nodes; e++) {
-    const ir_node *nd = &g->nodes[k->nodes[e]];
-    const int *o = ir_operands(g, nd);
-    char out[48];
-    vname(nd->out, out, sizeof out);
-    if (nd->op == EM_PRIM_DETACH) {
-      vname(o[0], arg[0], sizeof arg[0]);
-      ir_sb_printf(b, "    const auto %s = %s;\n", out, arg[0]);
-      continue;
-    }
-    if (nd->n_in > 3) return ir_fail(err, cap, "%s with %d operands", prim_get(nd->op)->name, nd->n_in);
-    em_dtype args[3];
-    const char *names[3];
-    for (int a = 0; a < nd->n_in; a++) {
-      args[a] = cu_compute_dtype(g->values[o[a]].type.dtype);
-      vname(o[a], arg[a], sizeof arg[a]);
-      names[a] = arg[a];
-    }
-    prim_sexpr x;
-    em_dtype compute = args[nd->op == EM_PRIM_WHERE ? 1 : 0];
-    if (!prim_scalar_expr(nd->op, args, compute, cu_compute_dtype(g->values[nd->out].type.dtype), &x))
-      return ir_fail(err, cap, "%s has no scalar expression", prim_get(nd->op)->name);
-    cu_render_helpers(helpers, &x, &done);
-    char prefix[64], r[80];
-    snprintf(prefix, sizeof prefix, "%s_", out);
-    if (!cu_render_expr(b, &x, names, prefix, "    ", r, sizeof r))
-      return ir_fail(err, cap, "the CUDA renderer has no %s over %s", prim_get(nd->op)->name, em_dtype_name(compute));
-    ir_sb_printf(b, "    const auto %s = %s;\n", out, r);
-  }
+  for (int e = 0; e < k->n_nodes; e++)
+    if (!render_node(b, helpers, g, &g->nodes[k->nodes[e]], "    ", &done, err, cap)) return false;
   for (int i = 0; i < k->n_out; i++) {
     vname(k->out[i], nm, sizeof nm);
     ir_sb_printf(b, "    o%d[i] = %s;\n", i, nm);
@@ -125,12 +132,302 @@ static bool render_kernel(ir_sbuf *b, ir_sbuf *helpers, const ir_graph *g, const
   return true;
 }
 
+/* The block-wide reduction of a row kernel, for op ("sum", "max", "min"): every thread's partial
+ * combined, the result in every thread. Full warps combine with shuffles (a butterfly, then lane
+ * 0's value to all lanes, so every thread holds the same bits), the warps' results in a fixed
+ * order through shared memory; blocks under a warp (the emulator's) with a tree in shared
+ * memory. max and min propagate NaN, as the eager reductions do. */
+static void render_block_reduce(ir_sbuf *h, const char *op) {
+  const char *comb = !strcmp(op, "sum") ? "a + b" : !strcmp(op, "max") ? "a != a || a > b ? a : b" : "a != a || a < b ? a : b";
+  ir_sb_printf(h, "__device__ __forceinline__ float em_r%s(float a, float b) { return %s; }\n", op, comb);
+  ir_sb_printf(h,
+      "__device__ float em_block_%s(float v, float *sh) {\n"
+      "  if (blockDim.x >= 32) {\n"
+      "    for (int o = 16; o > 0; o >>= 1) v = em_r%s(v, __shfl_xor_sync(0xffffffffu, v, o));\n"
+      "    v = __shfl_sync(0xffffffffu, v, 0);\n"
+      "    const unsigned nw = blockDim.x >> 5;\n"
+      "    if (nw == 1) return v;\n"
+      "    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;\n"
+      "    __syncthreads();\n"
+      "    v = sh[0];\n"
+      "    for (unsigned w = 1; w < nw; w++) v = em_r%s(v, sh[w]);\n"
+      "    __syncthreads();\n"
+      "    return v;\n"
+      "  }\n"
+      "  sh[threadIdx.x] = v;\n"
+      "  __syncthreads();\n"
+      "  for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {\n"
+      "    if (threadIdx.x < s) sh[threadIdx.x] = em_r%s(sh[threadIdx.x], sh[threadIdx.x + s]);\n"
+      "    __syncthreads();\n"
+      "  }\n"
+      "  v = sh[0];\n"
+      "  __syncthreads();\n"
+      "  return v;\n"
+      "}\n", op, op, op, op);
+}
+
+static const char *reduce_name(em_prim op) { return op == EM_PRIM_SUM ? "sum" : op == EM_PRIM_AMAX ? "max" : "min"; }
+
+/* What rendering one row kernel needs (render_row_kernel). */
+typedef struct rowgen {
+  ir_sbuf *b, *helpers;
+  const ir_graph *g;
+  const kernel *k;
+  const signed char *kind; /* [n_values] kinds of the kernel's values, 0 outside it */
+  const int *avail;        /* [n_values] the pass from which a value can be computed */
+  const int *red_pass;     /* [n_values] the pass a reduction accumulates in, else -1 */
+  const bool *full;        /* [n_bufs] a FULL buffer (else per row) */
+  const int64_t *inner;    /* [n_bufs] a FULL buffer's stride along the row */
+  bool *need;              /* [2][passes + 1][n_values] FULL values and inputs a pass reads, persistent
+                            * (reading kept values) and not (recomputing them) */
+  const int *first;        /* [n_values] the first pass that reads it, else -1 */
+  const bool *kept;        /* [n_values] a persistent kernel keeps it in registers for a later pass */
+  int passes, ept;
+  uint32_t done;
+} rowgen;
+
+/* Loads FULL input i, or reads FULL value v from the registers that keep it. */
+static void row_input(rowgen *r, int i, int pass, bool persistent, const char *ind) {
+  const kernel *k = r->k;
+  int bi = k->n_out + i, v = k->in[i], nv = r->g->n_values;
+  if (!r->full[bi] || !r->need[((size_t)!persistent * (size_t)(r->passes + 1) + (size_t)pass) * (size_t)nv + (size_t)v]) return;
+  em_dtype ct = cu_compute_dtype(r->g->values[v].type.dtype);
+  char nm[48];
+  vname(v, nm, sizeof nm);
+  if (persistent && r->kept[v] && r->first[v] < pass) {
+    ir_sb_printf(r->b, "%sconst %s %s = k%d[t];\n", ind, cu_ctype(ct), nm, v);
+    return;
+  }
+  ir_sb_printf(r->b, "%sconst %s %s = (%s)em_ld(x%d[rb%d", ind, cu_ctype(ct), nm, cu_ctype(ct), i, bi);
+  if (r->inner[bi]) ir_sb_printf(r->b, " + (i64)j * %lld", (long long)r->inner[bi]);
+  ir_sb_printf(r->b, "]);\n");
+  if (persistent && r->kept[v]) ir_sb_printf(r->b, "%sk%d[t] = %s;\n", ind, v, nm);
+}
+
+/* One row's passes. Persistent: each thread holds ept columns of the row (j = threadIdx.x + t *
+ * blockDim.x), and the FULL values a later pass reads stay in registers (k<v>[t]); otherwise
+ * every pass recomputes them from the inputs. */
+static bool row_passes(rowgen *r, bool persistent, const char *ind) {
+  const ir_graph *g = r->g;
+  const kernel *k = r->k;
+  int nv = g->n_values;
+  char nm[48], ind2[32];
+  snprintf(ind2, sizeof ind2, "%s%s", ind, persistent ? "    " : "  ");
+  if (persistent)
+    for (int v = 0; v < nv; v++)
+      if (r->kept[v]) ir_sb_printf(r->b, "%s%s k%d[%d];\n", ind, cu_ctype(cu_compute_dtype(g->values[v].type.dtype)), v, r->ept);
+  for (int pass = 0; pass <= r->passes; pass++) {
+    for (int i = 0; i < k->n_nodes; i++) { /* per-row values ready at this pass */
+      const ir_node *n = &g->nodes[k->nodes[i]];
+      if (r->kind[n->out] == K_ROW && r->avail[n->out] == pass && r->red_pass[n->out] < 0 &&
+          !render_node(r->b, r->helpers, g, n, ind, &r->done, NULL, 0))
+        return false;
+    }
+    if (pass == r->passes) break;
+    const bool *need = r->need + ((size_t)!persistent * (size_t)(r->passes + 1) + (size_t)pass) * (size_t)nv;
+    for (int i = 0; i < k->n_nodes; i++) {
+      const ir_node *n = &g->nodes[k->nodes[i]];
+      if (r->red_pass[n->out] == pass)
+        ir_sb_printf(r->b, "%sfloat a%d = %s;\n", ind, n->out,
+                     n->op == EM_PRIM_SUM ? "0.0f" : n->op == EM_PRIM_AMAX ? "-__int_as_float(0x7f800000)" : "__int_as_float(0x7f800000)");
+    }
+    if (persistent)
+      ir_sb_printf(r->b, "%s#pragma unroll\n%sfor (int t = 0; t < %d; t++) {\n%s  const int j = threadIdx.x + t * blockDim.x;\n"
+                   "%s  if (j < %lld) {\n", ind, ind, r->ept, ind, ind, (long long)k->cols);
+    else ir_sb_printf(r->b, "%sfor (int j = threadIdx.x; j < %lld; j += blockDim.x) {\n", ind, (long long)k->cols);
+    for (int i = 0; i < k->n_in; i++) row_input(r, i, pass, persistent, ind2);
+    for (int i = 0; i < k->n_nodes; i++) {
+      const ir_node *n = &g->nodes[k->nodes[i]];
+      int v = n->out;
+      if (r->kind[v] == K_FULL && need[v]) {
+        if (persistent && r->kept[v] && r->first[v] < pass) {
+          vname(v, nm, sizeof nm);
+          ir_sb_printf(r->b, "%sconst auto %s = k%d[t];\n", ind2, nm, v);
+          continue;
+        }
+        if (!render_node(r->b, r->helpers, g, n, ind2, &r->done, NULL, 0)) return false;
+        vname(v, nm, sizeof nm);
+        if (persistent && r->kept[v]) ir_sb_printf(r->b, "%sk%d[t] = %s;\n", ind2, v, nm);
+      } else if (r->red_pass[v] == pass) {
+        vname(ir_operands(g, n)[0], nm, sizeof nm);
+        ir_sb_printf(r->b, "%sa%d = em_r%s(a%d, %s);\n", ind2, v, reduce_name(n->op), v, nm);
+      }
+    }
+    for (int o = 0; o < k->n_out; o++) {
+      int v = k->out[o];
+      if (r->kind[v] != K_FULL || r->avail[v] != pass) continue;
+      vname(v, nm, sizeof nm);
+      ir_sb_printf(r->b, "%so%d[rb%d + j] = %s;\n", ind2, o, o, nm);
+    }
+    ir_sb_printf(r->b, persistent ? "%s  }\n%s}\n" : "%s}\n", ind, ind);
+    for (int i = 0; i < k->n_nodes; i++) {
+      const ir_node *n = &g->nodes[k->nodes[i]];
+      if (r->red_pass[n->out] != pass) continue;
+      vname(n->out, nm, sizeof nm);
+      ir_sb_printf(r->b, "%sconst float %s = em_block_%s(a%d, em_sh);\n", ind, nm, reduce_name(n->op), n->out);
+    }
+  }
+  for (int o = 0; o < k->n_out; o++) {
+    if (r->kind[k->out[o]] == K_FULL) continue;
+    vname(k->out[o], nm, sizeof nm);
+    ir_sb_printf(r->b, "%sif (threadIdx.x == 0) o%d[r] = %s;\n", ind, o, nm);
+  }
+  return true;
+}
+
+/* Renders row kernel k (schedule.c: an iteration shape S whose dims [split, ndim) are reduced;
+ * FULL values over S, ROW values one per row): one block per row, rows strided over the grid, a
+ * block's threads strided over the row's columns. The kernel runs in passes, as the CPU's row
+ * kernels do: pass p accumulates the reductions whose operands are ready after p earlier
+ * reductions, then combines them across the block (render_block_reduce); per-row values are
+ * computed by every thread, stored by thread 0. When the row fits in the block's registers (at
+ * most 8 columns a thread: rows up to 2048), the kernel is persistent: it reads each input once
+ * and keeps the FULL values a later pass reads in registers (softmax, layer_norm and their
+ * backward read their row once); when the launch has fewer threads than planned (the emulator's
+ * blocks) or the row is longer, each pass recomputes those values from the inputs (the GPU's
+ * caches hold the row). FULL inputs are read at their row's offset plus j times their inner
+ * stride (the schedule admits only those whose reduced dims coalesce), per-row inputs at row r's
+ * element, outputs stored contiguous. */
+static bool render_row_kernel(ir_sbuf *b, ir_sbuf *helpers, const ir_graph *g, const prim_meta *meta,
+                              const signed char *kind_all, kernel *k, char *err, size_t cap) {
+  const ir_type *S = &k->shape;
+  int nb = k->n_out + k->n_in, nv = g->n_values;
+  k->rows = prefix_numel(S, k->split), k->cols = k->rows ? numel_of(S) / k->rows : 0;
+  /* threads a block: a power of two (the tree halves it) from 32 to 256, about 4 columns each */
+  k->block = 32;
+  while (k->block < 256 && (int64_t)k->block * 4 < k->cols) k->block *= 2;
+  k->n_elems = k->rows;
+  int64_t ept = (k->cols + k->block - 1) / k->block;
+  signed char *kind = calloc((size_t)nv + 1, 1);
+  int *avail = calloc((size_t)nv + 1, sizeof(int)), *red_pass = malloc(sizeof(int) * ((size_t)nv + 1));
+  int *first = malloc(sizeof(int) * ((size_t)nv + 1));
+  bool *full = calloc((size_t)nb + 1, sizeof(bool)), *kept = calloc((size_t)nv + 1, sizeof(bool)), *need = NULL;
+  int64_t *inner = calloc((size_t)nb + 1, sizeof(int64_t));
+  int64_t (*outer)[EM_MAX_DIMS] = calloc((size_t)nb + 1, sizeof *outer);
+  bool ok = kind && avail && red_pass && first && full && kept && inner && outer;
+  int passes = 0;
+  bool have_op[3] = {false};
+  for (int i = 0; ok && i < k->n_nodes; i++) kind[g->nodes[k->nodes[i]].out] = kind_all[g->nodes[k->nodes[i]].out];
+  for (int v = 0; ok && v < nv; v++) red_pass[v] = first[v] = -1;
+  /* passes: a reduction runs in the pass after its operands' */
+  for (int i = 0; ok && i < k->n_nodes; i++) {
+    const ir_node *n = &g->nodes[k->nodes[i]];
+    int a = 0;
+    for (int o = 0; o < n->n_in; o++) a = avail[ir_operands(g, n)[o]] > a ? avail[ir_operands(g, n)[o]] : a;
+    if (trailing_reduction(g, n) >= 0) {
+      red_pass[n->out] = a, avail[n->out] = a + 1;
+      if (a + 1 > passes) passes = a + 1;
+      have_op[n->op == EM_PRIM_SUM ? 0 : n->op == EM_PRIM_AMAX ? 1 : 2] = true;
+    } else {
+      avail[n->out] = a;
+      if (kind[n->out] == K_FULL && a + 1 > passes) passes = a + 1;
+    }
+  }
+  /* what each pass reads: its reductions' operands and the FULL outputs it stores, and the FULL
+   * values and inputs they are computed from; a value a later pass reads again is kept (in a
+   * persistent kernel: the later pass reads the registers, not what it was computed from) */
+  if (ok) ok = (need = calloc(2 * (size_t)(passes + 1) * ((size_t)nv + 1), sizeof(bool))) != NULL;
+  for (int persistent = 1; ok && persistent >= 0; persistent--) {
+    for (int pass = 0; pass < passes; pass++) {
+      bool *nd = need + ((size_t)(1 - persistent) * (size_t)(passes + 1) + (size_t)pass) * (size_t)nv;
+      for (int i = 0; i < k->n_nodes; i++) {
+        const ir_node *n = &g->nodes[k->nodes[i]];
+        if (red_pass[n->out] == pass) nd[ir_operands(g, n)[0]] = true;
+      }
+      for (int o = 0; o < k->n_out; o++) nd[k->out[o]] |= kind[k->out[o]] == K_FULL && avail[k->out[o]] == pass;
+      for (int i = k->n_nodes - 1; i >= 0; i--) {
+        const ir_node *n = &g->nodes[k->nodes[i]];
+        if (!nd[n->out] || kind[n->out] != K_FULL) continue;
+        if (persistent && first[n->out] >= 0 && first[n->out] < pass) {
+          kept[n->out] = true;
+          continue;
+        }
+        for (int o = 0; o < n->n_in; o++) nd[ir_operands(g, n)[o]] = true;
+      }
+      for (int v = 0; persistent && v < nv; v++) {
+        if (!nd[v]) continue;
+        if (first[v] < 0) first[v] = pass;
+        else if (first[v] < pass && !kind[v]) kept[v] = true; /* an input read again */
+      }
+    }
+  }
+  if (!ok) ir_fail(err, cap, "out of memory");
+  /* buffers: FULL ones at a row offset plus j * inner, per-row ones at the row's element */
+  for (int bi = 0; ok && bi < nb; bi++) {
+    int v = bi < k->n_out ? k->out[bi] : k->in[bi - k->n_out];
+    em_dtype dt = g->values[v].type.dtype;
+    if (dt != EM_F32 && dt != EM_BOOL) ok = ir_fail(err, cap, "CUDA kernel over %s values", em_dtype_name(dt));
+    full[bi] = ind_row_buffer(g, meta, kind, k, bi, outer[bi], &inner[bi]);
+  }
+  for (int i = 0; ok && i < 3; i++)
+    if (have_op[i]) render_block_reduce(helpers, i == 0 ? "sum" : i == 1 ? "max" : "min");
+  char nm[48];
+  for (int i = 0; ok && i < nb; i++) {
+    int v = i < k->n_out ? k->out[i] : k->in[i - k->n_out];
+    ir_sb_printf(b, "%s%s%s *__restrict__ %s%d", i ? ", " : "(", i < k->n_out ? "" : "const ",
+                 cu_ctype(g->values[v].type.dtype), i < k->n_out ? "o" : "x", i < k->n_out ? i : i - k->n_out);
+  }
+  if (ok) {
+    ir_sb_printf(b, ", i64 rows) {\n  __shared__ float em_sh[32];\n");
+    ir_sb_printf(b, "  for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {\n");
+    /* the row's coordinates, and each FULL buffer's offset from them */
+    int first_dim = -1;
+    for (int d = 0; d < k->split && first_dim < 0; d++)
+      if (S->sizes[d] != 1) first_dim = d;
+    if (first_dim >= 0) ir_sb_printf(b, "    i64 q = r;\n");
+    for (int d = k->split - 1; d >= 0; d--) {
+      if (S->sizes[d] == 1) continue;
+      if (d == first_dim) ir_sb_printf(b, "    const i64 c%d = q;\n", d);
+      else ir_sb_printf(b, "    const i64 c%d = q %% %lld;\n    q /= %lld;\n", d, (long long)S->sizes[d], (long long)S->sizes[d]);
+    }
+    for (int bi = 0; bi < nb; bi++) {
+      if (!full[bi]) continue;
+      ir_sb_printf(b, "    const i64 rb%d = 0", bi);
+      for (int d = 0; d < k->split; d++)
+        if (S->sizes[d] != 1 && outer[bi][d]) ir_sb_printf(b, " + c%d * %lld", d, (long long)outer[bi][d]);
+      ir_sb_printf(b, ";\n");
+    }
+    for (int i = 0; i < k->n_in; i++) { /* per-row inputs: row r is element r in row-major order */
+      int bi = k->n_out + i, v = k->in[i];
+      if (full[bi]) continue;
+      const prim_meta *m = &meta[v];
+      em_dtype ct = cu_compute_dtype(g->values[v].type.dtype);
+      vname(v, nm, sizeof nm);
+      ir_sb_printf(b, "    const %s %s = (%s)em_ld(x%d[0", cu_ctype(ct), nm, cu_ctype(ct), i);
+      int64_t div = 1;
+      for (int d = m->ndim - 1; d >= 0; d--) {
+        if (m->sizes[d] == 1) continue;
+        if (m->strides[d]) ir_sb_printf(b, " + r / %lld %% %lld * %lld", (long long)div, (long long)m->sizes[d], (long long)m->strides[d]);
+        div *= m->sizes[d];
+      }
+      ir_sb_printf(b, "]);\n");
+    }
+    rowgen r = {b, helpers, g, k, kind, avail, red_pass, full, inner, need, first, kept, passes, (int)ept, 0};
+    bool any_kept = false;
+    for (int v = 0; v < nv; v++) any_kept |= kept[v];
+    if (any_kept && ept <= 8) {
+      ir_sb_printf(b, "    if (blockDim.x * %d >= %lld) {\n", (int)ept, (long long)k->cols);
+      ok = row_passes(&r, true, "      ");
+      ir_sb_printf(b, "    } else {\n");
+      ok = ok && row_passes(&r, false, "      ");
+      ir_sb_printf(b, "    }\n");
+    } else {
+      ok = row_passes(&r, false, "    ");
+    }
+    if (!ok) ir_fail(err, cap, "a node of row kernel %s has no CUDA rendering", k->name);
+  }
+  if (ok) ir_sb_printf(b, "  }\n}\n");
+  free(kind), free(avail), free(red_pass), free(first), free(full), free(kept), free(need), free(inner), free(outer);
+  return ok;
+}
+
 bool ind_cuda_build_kernels(ind_program *p, const prim_meta *meta, char *err, size_t cap) {
   for (int ki = 0; ki < p->n_kernels; ki++) {
     kernel *k = &p->kernels[ki];
-    if (k->row || k->has_col) return ir_fail(err, cap, "a CUDA schedule with a reduction kernel");
+    if (k->has_col) return ir_fail(err, cap, "a CUDA schedule with a column reduction");
     ir_sbuf body = {0}, helpers = {0};
-    bool ok = render_kernel(&body, &helpers, p->g, meta, k, err, cap);
+    bool ok = k->row ? render_row_kernel(&body, &helpers, p->g, meta, p->kind, k, err, cap)
+                     : render_kernel(&body, &helpers, p->g, meta, k, err, cap);
     char *bt = ir_sb_finish(&body), *ht = ir_sb_finish(&helpers);
     if (ok && (!bt || !ht)) ok = ir_fail(err, cap, "out of memory");
     char *src = NULL;
@@ -145,8 +442,7 @@ bool ind_cuda_build_kernels(ind_program *p, const prim_meta *meta, char *err, si
     if (ok) {
       k->cu_fn = cu_source_kernel(src, k->name, err, cap);
       ok = k->cu_fn != NULL;
-      k->n_elems = numel_of(&k->shape);
-      k->rows = 1, k->cols = k->n_elems;
+      if (!k->row) k->n_elems = numel_of(&k->shape), k->rows = 1, k->cols = k->n_elems, k->block = 256;
       if (ok) { /* EMBER_LOGS=output_code prints the CUDA C */
         ir_sbuf all = {0};
         if (p->ir_text) ir_sb_printf(&all, "%s", p->ir_text);

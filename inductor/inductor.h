@@ -1,4 +1,5 @@
-/* inductor/inductor.h: the CPU code generator: lowering, fusion, memory planning, LLVM JIT.
+/* inductor/inductor.h: the code generator: lowering, fusion, memory planning, LLVM JIT for the
+ * CPU, CUDA C through NVRTC for the GPU.
  *
  * Lowering. Each prim node of a graph becomes part of a generated kernel or a step run by the
  * eager kernels (extern GEMM and convolutions, indexing, copies, other dtypes). Views and scalar
@@ -36,6 +37,18 @@
  * (1 ULP), in the scalar tail too (on a broadcast), so no result depends on its lane. A short pass pipeline (SROA, early CSE,
  * instcombine, LICM, GVN) and the host's target machine produce object code, loaded into ORC's
  * LLJIT. Kernels take row and column ranges, so the runtime splits them across OpenMP threads.
+ *
+ * CUDA (inductor/cuda_codegen.c). A graph whose inputs are on the GPU is scheduled by the same
+ * rules, except that column reductions run eagerly (the GPU has no cheap cross-block order), and
+ * its kernels are rendered as CUDA C from the same scalar expressions as the eager CUDA kernels:
+ * pointwise kernels as grid-stride loops, row kernels as a block per row. A row kernel makes the
+ * same passes as on the CPU; each thread accumulates its columns, the block combines them with
+ * warp shuffles (butterfly, so every lane holds the same bits) and the warps in a fixed order
+ * through shared memory, so results do not depend on timing. When the row fits in registers (up
+ * to 8 columns a thread) the kernel keeps the values a later pass reads in them and reads each
+ * input once (a persistent row kernel, as Triton's persistent reductions); otherwise each pass
+ * recomputes them from the inputs, which the L1/L2 caches hold, rather than spilling them to
+ * global memory.
  *
  * Kernel cache: in memory (the JIT's symbol table) and on disk (see inductor.c), keyed by the
  * BLAKE3 hash of a module's IR, the host CPU and the LLVM version.

@@ -49,8 +49,9 @@ typedef struct kernel {
   int n_out, *out;        /* values other steps or the graph's outputs read */
   char name[32];
   kernel_fn fn;
-  void *cu_fn;            /* a CUDA program's kernel (cu_function), launched over n_elems */
-  int64_t n_elems;
+  void *cu_fn;            /* a CUDA program's kernel (cu_function) */
+  int64_t n_elems;        /* its size parameter: elements (pointwise), rows (row kernels: a block each) */
+  unsigned block;         /* its threads a block */
   bool row;               /* a row kernel (holds reductions) */
   bool has_col;           /* a pointwise kernel with K_COL reductions: split across threads by columns only */
   ir_type shape;          /* iteration shape S */
@@ -195,6 +196,12 @@ bool ind_build_kernels(ind_program *p, const prim_meta *meta, char *err, size_t 
 /* schedule.c */
 /* Schedules p->g (steps and kernels) for values with layouts meta, then plans its memory. */
 bool ind_schedule_program(ind_program *p, const prim_meta *meta);
+/* How row kernel k reads or writes its buffer bi (outputs, then inputs): FULL, over its iteration
+ * shape S (true: at the row's offset, the sum of its coordinates times outer[d] over the row dims,
+ * plus column j times *inner; outputs contiguous), or one element per row (false). kind: the
+ * kinds of the kernel's values (0 outside it). */
+bool ind_row_buffer(const ir_graph *g, const prim_meta *meta, const signed char *kind, const kernel *k, int bi,
+                    int64_t *outer, int64_t *inner);
 /* Whether output o may be stored straight into input i (see run.c). */
 bool ind_donatable(const ind_program *p, int o, int i);
 /* p->schedule_text (EMBER_LOGS=schedule) and each kernel's bytes. */

@@ -312,7 +312,7 @@ bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **o
           int64_t n = k->n_elems;
           params[nb] = &n;
           char why[256];
-          ok = cu_launch(k->cu_fn, n, 256, params, why, sizeof why);
+          ok = cu_launch(k->cu_fn, k->row ? n * k->block : n, k->block, params, why, sizeof why);
           if (!ok) rt_error(site, "em_call", "%s: %s", k->name, why);
           kernel_runs++;
           if (prof) profile_add(EM_PRIM_COUNT, now_ms() - t0, k->bytes); /* launch time: asynchronous */

@@ -33,6 +33,25 @@ static bool inner_coalesces(int ndim, const int64_t *sizes, const int64_t *strid
   return true;
 }
 
+bool ind_row_buffer(const ir_graph *g, const prim_meta *meta, const signed char *kind, const kernel *k, int bi,
+                    int64_t *outer, int64_t *inner) {
+  const ir_type *S = &k->shape;
+  int v = bi < k->n_out ? k->out[bi] : k->in[bi - k->n_out];
+  *inner = 0;
+  if (kind[v] ? kind[v] != K_FULL : !same_shape(&g->values[v].type, S)) return false;
+  int64_t st[EM_MAX_DIMS];
+  if (bi < k->n_out) ir_contiguous_strides(S->ndim, S->sizes, st);
+  else memcpy(st, meta[v].strides, sizeof(int64_t) * (size_t)S->ndim);
+  for (int d = 0; d < k->split; d++) outer[d] = st[d];
+  for (int d = S->ndim - 1; d >= k->split; d--)
+    if (S->sizes[d] != 1) {
+      *inner = st[d];
+      break;
+    }
+  if (bi < k->n_out && numel_of(S) > 0) *inner = 1;
+  return true;
+}
+
 /* The group being built: nodes fused so far and the iteration space they share. */
 enum { G_EMPTY, G_PW, G_ROW };
 typedef struct group {
@@ -111,18 +130,8 @@ static bool try_add(builder *b, int i) {
   signed char *kind = b->p->kind;
   for (int a = 0; a < n->n_in; a++) /* a column reduction is complete only when its kernel ends */
     if (b->in_group[ir_operands(g, n)[a]] && kind[ir_operands(g, n)[a]] == K_COL) return false;
-  if (b->p->device == EM_CUDA) { /* pointwise kernels only (cuda_codegen.c): reductions run eagerly */
-    if (fusible(g, n)) {
-      if (gr->mode == G_EMPTY) {
-        gr->mode = G_PW, gr->shape = *t, gr->split = t->ndim, gr->rows = numel_of(t);
-        return add(b, i, K_FULL), true;
-      }
-      return same_shape(t, &gr->shape) ? (add(b, i, K_FULL), true) : false;
-    }
-    if (n->op == EM_PRIM_DETACH && b->in_group[ir_operands(g, n)[0]]) return add(b, i, K_FULL), true;
-    return false;
-  }
-  if (leading_reduction(g, n) >= 0 && gr->mode != G_ROW) {
+  /* column reductions accumulate across the CPU kernel's threads; on the GPU they run eagerly */
+  if (leading_reduction(g, n) >= 0 && gr->mode != G_ROW && b->p->device != EM_CUDA) {
     int u = ir_operands(g, n)[0];
     const ir_type *ut = &g->values[u].type;
     if (gr->mode == G_EMPTY) gr->mode = G_PW, gr->shape = *ut, gr->split = ut->ndim, gr->rows = numel_of(ut);

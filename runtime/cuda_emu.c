@@ -118,7 +118,9 @@ static int e_launch(cu_function f, unsigned gx, unsigned gy, unsigned gz, unsign
  * thread (grid-stride loops make that exact). Kernels with it (the reductions) run each block's
  * threads as cooperative fibers (ucontext): __syncthreads switches to the next thread, and the
  * scheduler runs every live thread up to its next barrier in turn, so each round of the loop is a
- * barrier; __shared__ arrays are static, shared by the fibers of the block running. The block
+ * barrier; __shared__ arrays are static, shared by the fibers of the block running. Warp shuffles
+ * exchange through such an array between two barriers (all of a block's threads must call them,
+ * as the generated row kernels do; a block of a warp or more). The block
  * size is capped at EMBER_CUDA_EMULATE_THREADS (default 32, a power of two: the kernels' trees
  * halve blockDim) and halved while a launch would make more than 4096 fibers, to keep the
  * emulation quick: small reductions (the tests') run cooperatively, huge grids one thread each. */
@@ -133,6 +135,10 @@ static const char emu_prelude[] =
     "static thread_local ucontext_t em_sched, *em_fibers;\n"
     "static thread_local unsigned em_cur;\n"
     "static inline void __syncthreads() { if (blockDim.x > 1) swapcontext(&em_fibers[em_cur], &em_sched); }\n"
+    "template <typename T> static inline T em_shfl(T v, unsigned from) { static thread_local T x[1024]; x[threadIdx.x] = v; __syncthreads(); T r = x[from]; __syncthreads(); return r; }\n"
+    "template <typename T> static inline T __shfl_xor_sync(unsigned, T v, int m) { return em_shfl(v, threadIdx.x ^ (unsigned)m); }\n"
+    "template <typename T> static inline T __shfl_sync(unsigned, T v, int l) { return em_shfl(v, (threadIdx.x & ~31u) | ((unsigned)l & 31u)); }\n"
+    "static inline float __int_as_float(int x) { float f; __builtin_memcpy(&f, &x, sizeof f); return f; }\n"
     "static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }\n"
     "static inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }\n"
     "template <typename T> static inline T atomicAdd(T *p, T v) { T o = *p; *p = (T)(o + v); return o; }\n"

@@ -511,6 +511,7 @@ typedef int (*build_fn)(em_tensor *const *in, em_tensor **out, void *ctx);
 
 /* Traces build on the (CUDA) inputs, compiles the graph with the inductor, runs it, and compares
  * every output with build run eagerly on the CPU copies of the inputs. */
+static bool only_constants_eager; /* compile_on_device checks the schedule has no other eager step */
 static ind_stats compile_on_device(build_fn build, void *ctx, em_tensor *const *cpu, int n_in, bool nvrtc, double tol,
                                    const char *what) {
   em_scope_begin();
@@ -542,6 +543,16 @@ static ind_stats compile_on_device(build_fn build, void *ctx, em_tensor *const *
   ind_stats st;
   ind_program *p = ind_compile(g, gin, &st, err, sizeof err);
   cr_assert_not_null(p, "%s: %s", what, err);
+  if (getenv("EMBER_TEST_SCHEDULE")) fprintf(stderr, "%s\n", ind_schedule(p));
+  if (only_constants_eager) { /* every eager step makes a scalar constant (views are free) */
+    const char *sc = ind_schedule(p), *e = sc;
+    while ((e = strstr(e, "(eager kernel)"))) {
+      const char *line = e;
+      while (line > sc && line[-1] != '\n') line--;
+      cr_assert(strstr(line, "= full (eager kernel)") == e - strlen("= full "), "%s: an eager step:\n%s", what, sc);
+      e++;
+    }
+  }
   /* the same kernels compile with NVRTC for the H100's sm_90, warning-free, on every machine */
   if (nvrtc && st.kernels) {
     cr_assert(cu_nvrtc_available(), "this build has no NVRTC: the generated kernels cannot be checked");
@@ -640,4 +651,91 @@ ETEST(cuda_eager, fuzz_programs_compiled_on_the_device) {
   cr_assert_eq(failures, 0, "%d of %ld programs differ from CPU eager on the device (above)", failures, n);
   cr_assert_lt(skipped, n, "every program was rejected by eager");
   cr_assert_eq(fz_cuda_checks, n - skipped, "the device configuration ran %d times", fz_cuda_checks);
+}
+
+/* ---- row kernels on the device: a reduction with its prologue and epilogue in one kernel ---- */
+
+/* softmax, log_softmax, layer_norm with weight and bias, an RMS norm, and the row max with its
+ * mask (amax, a comparison, bool and per-row outputs) over the last dim of in[0] (in[1], in[2]
+ * the norm's weight and bias over it). */
+static int row_ops(em_tensor *const *in, em_tensor **out, void *ctx) {
+  (void)ctx;
+  em_tensor *x = in[0];
+  int64_t last = em_ndim(x) - 1;
+  out[0] = em_softmax(x, (int)last);
+  out[1] = em_log_softmax(em_mul_scalar(x, 3), (int)last);
+  out[2] = em_layer_norm(x, 1, in[1], in[2], 1e-5);
+  em_tensor *ms = em_mean(em_mul(x, x), 1, &last, true);
+  out[3] = em_mul(em_mul(x, em_rsqrt(em_add_scalar(ms, 1e-6))), in[1]);
+  em_tensor *m = em_amax(x, 1, &last, true);
+  out[4] = em_eq(x, m);
+  out[5] = em_sub(em_neg(m), em_amin(x, 1, &last, true));
+  return 6;
+}
+
+/* The schedule fuses each of them into row kernels (no eager step at all), and the kernels agree
+ * with CPU eager: rows shorter than a warp, a few warps, the persistent limit (2048) and past it,
+ * many rows (the emulator's blocks then shrink below a warp: the shared-memory tree), a
+ * transposed input (rows strided), and with EMBER_CUDA_EMULATE_THREADS=256 whole blocks of 8
+ * warps (shuffles, then the warps combined in shared memory). Scalar constants still run as
+ * eager steps (their kernels read them from memory). */
+ETEST(cuda_eager, compiled_row_kernels) {
+  em_manual_seed(13);
+  int64_t shapes[][3] = {{3, 5, 0}, {4, 40, 0}, {2, 1000, 256}, {2, 2048, 256}, {2, 3000, 256}, {300, 64, 0}, {5, 33, 1}};
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+    em_scope_begin();
+    int64_t R = shapes[i][0], K = shapes[i][1];
+    if (shapes[i][2] > 1) {
+      char t[24];
+      snprintf(t, sizeof t, "%lld", (long long)shapes[i][2]);
+      setenv("EMBER_CUDA_EMULATE_THREADS", t, 1);
+    }
+    em_tensor *x = shapes[i][2] == 1 ? em_transpose(em_randn(F, EM_SHAPE(K, R)), 0, 1) : em_randn(F, EM_SHAPE(R, K));
+    em_tensor *in[3] = {x, em_randn(F, EM_SHAPE(K)), em_randn(F, EM_SHAPE(K))};
+    char what[64];
+    snprintf(what, sizeof what, "row ops over [%lld, %lld]%s", (long long)R, (long long)K, shapes[i][2] == 1 ? " transposed" : "");
+    only_constants_eager = true;
+    ind_stats st = compile_on_device(row_ops, NULL, in, 3, i < 2, 1e-5, what);
+    only_constants_eager = false;
+    unsetenv("EMBER_CUDA_EMULATE_THREADS");
+    cr_assert_leq(st.kernels, 6, "%s: %d kernels", what, st.kernels);
+    em_scope_end();
+  }
+}
+
+/* A layer_norm -> linear -> cross_entropy loss compiled whole (forward and backward through AOT
+ * autograd): the backward's row kernels (softmax's and layer_norm's gradients) on the device
+ * agree with CPU eager's gradients. */
+static em_outputs ln_loss(void *ctx, em_tensor *const *in, int n) {
+  (void)ctx, (void)n;
+  em_tensor *h = em_layer_norm(in[0], 1, in[1], in[2], 1e-5);
+  return EM_OUTPUTS(em_cross_entropy(em_matmul(h, in[3]), in[4], EM_CROSS_ENTROPY_DEFAULT));
+}
+
+ETEST(cuda_eager, compiled_row_kernels_backward) {
+  em_manual_seed(14);
+  int64_t B = 24, K = 48, V = 40;
+  em_tensor *cpu[5] = {em_randn(F, EM_SHAPE(B, K)), em_randn(F, EM_SHAPE(K)), em_randn(F, EM_SHAPE(K)),
+                       em_mul_scalar(em_randn(F, EM_SHAPE(K, V)), 0.2),
+                       em_cast(em_mul_scalar(em_rand(F, EM_SHAPE(B)), (double)V - 0.01), EM_I64)};
+  em_tensor *dev[5];
+  for (int i = 0; i < 5; i++) {
+    dev[i] = C(cpu[i]);
+    if (i < 4) em_requires_grad_(cpu[i], true), em_requires_grad_(dev[i], true);
+  }
+  em_outputs want = ln_loss(NULL, cpu, 5);
+  cr_assert(em_backward(want.t[0], NULL), "%s", em_last_error());
+  em_compiled *c = em_compile(ln_loss, &(em_compile_options){.name = "ln_loss"});
+  for (int call = 0; call < 2; call++) {
+    for (int i = 0; i < 4; i++) em_zero_grad(dev[i]);
+    em_outputs got = em_call_n(c, NULL, 5, dev);
+    cr_assert(got.n == 1 && got.t[0], "%s", em_last_error());
+    SAME(want.t[0], got.t[0], 1e-5);
+    cr_assert(em_backward(got.t[0], NULL), "%s", em_last_error());
+    for (int i = 0; i < 4; i++) same(em_get_grad(cpu[i]), em_get_grad(dev[i]), 1e-4, EM_CUDA, "a gradient", i);
+  }
+  em_compile_stats st = em_compiled_stats(c);
+  cr_assert_eq(st.eager_calls, 0);
+  cr_assert_geq(st.kernel_runs, 4, "%lld kernel runs", (long long)st.kernel_runs);
+  em_compiled_free(c);
 }
