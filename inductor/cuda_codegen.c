@@ -470,6 +470,9 @@ struct ind_tune {
 static _Thread_local ind_autotune_stats tune_stats;
 ind_autotune_stats ind_autotune_stats_get(void) { return tune_stats; }
 
+static unsigned long long tune_salt; /* tests: a fresh set of cache entries (ind_autotune_salt) */
+void ind_autotune_salt(unsigned long long salt) { tune_salt = salt; }
+
 static bool tune_path(const char *key, char *path, size_t cap) {
   const char *dir = ind_cache_dir();
   em_cuda_device_properties pr;
@@ -477,6 +480,7 @@ static bool tune_path(const char *key, char *path, size_t cap) {
   for (char *c = pr.name; *c; c++)
     if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9'))) *c = '_';
   snprintf(path, cap, "%s/cuda/tune-%s-%s-%s", dir, key, pr.name, cu_arch());
+  if (tune_salt) snprintf(path + strlen(path), cap - strlen(path), "-%llx", tune_salt);
   return true;
 }
 

@@ -97,6 +97,8 @@ typedef struct ind_autotune_stats {
   int64_t tuned, cached;
 } ind_autotune_stats;
 ind_autotune_stats ind_autotune_stats_get(void);
+/* Tests: a nonzero salt keys every later autotuning choice apart from earlier runs' (0: none). */
+void ind_autotune_salt(unsigned long long salt);
 /* Called with the graph's name and the reason whenever ind_compile fails (the caller then runs
  * the graph with the interpreter): the frontend logs it. */
 typedef void (*ind_failure_hook)(const char *graph, const char *why);

@@ -8,6 +8,7 @@
  * the emulator on a GPU machine. */
 #include "common.h"
 #include "../runtime/cuda.h"
+#include <time.h>
 
 static void setup(void) {
   etest_pick_cuda();
@@ -894,11 +895,14 @@ static em_outputs softmax_relu(void *ctx, em_tensor *const *in, int n) {
 
 /* The first compile times each kernel's candidates (pointwise and row) and gives eager's
  * results; a second compile of the same function (a new em_compile) takes every choice from
- * the disk cache without timing. The row length comes from the pid, so the kernels are new to
- * the cache. "max-autotune" also replays CUDA graphs, as torch.compile's does. */
+ * the disk cache without timing (a salt from the clock keys this run's entries apart from earlier
+ * runs'). "max-autotune" also replays CUDA graphs, as torch.compile's does. */
 ETEST(cuda_eager, max_autotune_times_and_caches_choices) {
   em_manual_seed(24);
-  int64_t R = 6, K = 40 + getpid() % 200;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ind_autotune_salt((unsigned long long)ts.tv_sec * 1000000007ull + (unsigned long long)ts.tv_nsec * 31 + (unsigned long long)getpid());
+  int64_t R = 6, K = 40;
   em_tensor *in[2] = {em_randn(F, EM_SHAPE(R, K)), em_randn(F, EM_SHAPE(R, K))};
   em_outputs want = softmax_relu(NULL, in, 2);
   ind_autotune_stats s0 = ind_autotune_stats_get();
@@ -931,4 +935,5 @@ ETEST(cuda_eager, max_autotune_times_and_caches_choices) {
   }
   cr_assert_eq(em_compiled_stats(c).cuda_graph_replays, 2);
   em_compiled_free(c);
+  ind_autotune_salt(0);
 }
