@@ -36,6 +36,7 @@ struct aot_compiled {
   int *diff_output;     /* [n_diff] forward output index */
   int *grad_primal;     /* [bwd outputs] primal the gradient belongs to */
   bool use_inductor;
+  ind_options ind_opts; /* the mode, for every variant */
   ind_variants ind[2]; /* forward, backward: compiled at the first run with each layout */
   /* backward variants for calls where some outputs received no gradient (bit d: output d's
    * tangent absent), made at first need */
@@ -48,7 +49,10 @@ struct aot_compiled {
   int n_zv;
 };
 
-void aot_set_inductor(aot_compiled *a, bool use_inductor) { a->use_inductor = use_inductor; }
+void aot_set_inductor(aot_compiled *a, bool use_inductor, const ind_options *opts) {
+  a->use_inductor = use_inductor;
+  a->ind[0].opts = a->ind[1].opts = a->ind_opts = opts ? *opts : (ind_options){0};
+}
 
 /* Runs g with generated kernels (variants v) when enabled and possible, else with the
  * interpreter. */
@@ -163,7 +167,7 @@ static bool backward_variant(aot_compiled *a, uint64_t absent, const ir_graph **
   while (i < a->n_zv && a->zv[i].absent != absent) i++;
   if (i == a->n_zv && i < 8) {
     ir_graph *z = zero_tangent_graph(a->split.bwd, a->split.bwd->n_inputs - a->n_diff, absent);
-    if (z) a->zv[i].absent = absent, a->zv[i].g = z, a->n_zv++;
+    if (z) a->zv[i].absent = absent, a->zv[i].g = z, a->zv[i].ind = (ind_variants){.opts = a->ind_opts}, a->n_zv++;
   }
   bool ok = i < a->n_zv;
   if (ok) *g = a->zv[i].g, *v = &a->zv[i].ind;

@@ -12,6 +12,7 @@
 
 #include "../runtime/rt.h"
 #include "../ir/graph.h"
+#include "../inductor/inductor.h"
 
 typedef struct aot_joint_info {
   int n_primals;        /* joint inputs [0, n_primals) are the forward graph's inputs */
@@ -55,7 +56,7 @@ aot_compiled *aot_compile(const ir_graph *fwd, const bool *in_rg, aot_partitione
 /* With use_inductor, the forward and backward graphs run as generated kernels (compiled at their
  * first run, for the layouts seen then; the interpreter runs them when that fails or layouts
  * differ later). */
-void aot_set_inductor(aot_compiled *a, bool use_inductor);
+void aot_set_inductor(aot_compiled *a, bool use_inductor, const ind_options *opts);
 /* Runs the forward graph; outputs get a grad_fn that runs the backward graph. */
 bool aot_run(aot_compiled *a, em_tensor *const *in, int n_in, em_tensor **out, em_site site);
 void aot_release(aot_compiled *a);

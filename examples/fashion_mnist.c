@@ -4,7 +4,7 @@
  *   fashion_mnist [--model mlp|lenet] [--epochs N] [--batch-size B] [--lr LR]
  *                 [--optimizer sgd|adamw] [--momentum M] [--weight-decay WD] [--seed S]
  *                 [--threads T] [--train-limit N] [--data DIR] [--json]
- *                 [--compile] [--backend inductor|aot_eager|eager] [--whole-step] [--loss-log FILE]
+ *                 [--compile] [--backend inductor|aot_eager|eager] [--mode MODE] [--whole-step] [--loss-log FILE]
  *                 [--device cpu|cuda]
  *
  * With --compile, the forward pass and loss of each step (and the test-set predictions) run
@@ -36,7 +36,7 @@ typedef struct {
   double lr, momentum, weight_decay;
   uint64_t seed;
   bool json, compile, whole_step;
-  const char *backend, *loss_log, *device;
+  const char *backend, *loss_log, *device, *mode;
 } options;
 
 static void usage(FILE *f) {
@@ -56,6 +56,7 @@ static void usage(FILE *f) {
           "  --json                 one JSON object per epoch instead of the progress display\n"
           "  --compile              run forward and loss through em_compile()\n"
           "  --backend NAME         em_compile backend: inductor (default), aot_eager or eager\n"
+          "  --mode MODE            em_compile mode: default, reduce-overhead (CUDA graphs), max-autotune\n"
           "  --whole-step           with --compile: compile forward, backward and update as one function\n"
           "  --loss-log FILE        write each step's loss as a hex float (bit-exact comparisons)\n"
           "  --device cpu|cuda      where the model, the data and the training run (default cpu)\n"
@@ -102,6 +103,7 @@ static bool parse(int argc, char **argv, options *o) {
     else if (!strcmp(a, "--weight-decay")) o->weight_decay = atof(v);
     else if (!strcmp(a, "--seed")) o->seed = strtoull(v, NULL, 10);
     else if (!strcmp(a, "--backend")) o->backend = v;
+    else if (!strcmp(a, "--mode")) o->mode = v;
     else if (!strcmp(a, "--loss-log")) o->loss_log = v;
     else if (!strcmp(a, "--device")) o->device = v;
     else {
@@ -255,9 +257,9 @@ int main(int argc, char **argv) {
   if (!opt) fail("creating the optimizer");
   em_compiled *step_c = NULL, *predict_c = NULL;
   if (o.compile) {
-    step_c = o.whole_step ? em_compile(step_fn, &(em_compile_options){.backend = o.backend, .name = "step_fn"})
-                          : em_compile(loss_fn, &(em_compile_options){.backend = o.backend, .name = "loss_fn"});
-    predict_c = em_compile(predict_fn, &(em_compile_options){.backend = o.backend, .name = "predict_fn"});
+    step_c = o.whole_step ? em_compile(step_fn, &(em_compile_options){.backend = o.backend, .name = "step_fn", .mode = o.mode})
+                          : em_compile(loss_fn, &(em_compile_options){.backend = o.backend, .name = "loss_fn", .mode = o.mode});
+    predict_c = em_compile(predict_fn, &(em_compile_options){.backend = o.backend, .name = "predict_fn", .mode = o.mode});
     if (!step_c || !predict_c) fail("em_compile");
   }
   step_ctx sc = {&m, opt};

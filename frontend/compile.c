@@ -122,6 +122,8 @@ struct em_compiled {
   char backend[16];
   bool aot;                 /* backend aot_eager or inductor */
   bool inductor;            /* backend inductor */
+  ind_options ind_opts;     /* the mode (inductor) */
+  char mode[32];
   aot_partitioner partitioner;
   bool fullgraph;
   int limit;
@@ -483,6 +485,7 @@ static fe_graph *backend_compile(em_compiled *c, const ir_graph *traced, const b
   fe_dump_graph(g);
   fg->no_grad = has_backward;
   fg->inductor = c->inductor;
+  fg->ind.opts = c->ind_opts;
   fg->serial = (int)c->stats.graphs_compiled - 1;
   if (c->inductor) fe_plant(g); /* EMBER_DEBUG_PLANT_BUG: tests of the accuracy checker */
   if (c->aot && any_rg && rt_grad_enabled() && !has_backward) {
@@ -498,7 +501,7 @@ static fe_graph *backend_compile(em_compiled *c, const ir_graph *traced, const b
               saved_err ? saved_err : "?");
       free(saved_err);
     } else {
-      aot_set_inductor(fg->aot, c->inductor);
+      aot_set_inductor(fg->aot, c->inductor, &c->ind_opts);
       c->stats.aot_graphs++;
       c->stats.aot_saved_bytes = aot_get_split(fg->aot)->saved_bytes;
       log_aot(c, fg->aot);
@@ -1144,8 +1147,21 @@ em_compiled *em_compile_at(em_model_fn fn, const em_compile_options *opts, em_si
   const char *part = o.partitioner ? o.partitioner : strcmp(backend, "inductor") ? "default" : "min_cut";
   if (strcmp(part, "min_cut") && strcmp(part, "default"))
     return rt_error(site, "em_compile", "unknown partitioner \"%s\" (\"min_cut\" or \"default\")", part);
+  /* torch.compile's modes; "max-autotune" also captures CUDA graphs, as torch's does */
+  const char *mode = o.mode ? o.mode : "default";
+  ind_options io = {0};
+  if (!strcmp(mode, "reduce-overhead")) io.cuda_graphs = true;
+  else if (!strcmp(mode, "max-autotune")) io.cuda_graphs = io.autotune = true;
+  else if (!strcmp(mode, "max-autotune-no-cudagraphs")) io.autotune = true;
+  else if (strcmp(mode, "default"))
+    return rt_error(site, "em_compile",
+                    "unknown mode \"%s\" (\"default\", \"reduce-overhead\", \"max-autotune\" or "
+                    "\"max-autotune-no-cudagraphs\")",
+                    mode);
   em_compiled *c = calloc(1, sizeof *c);
   if (!c) return rt_error(site, "em_compile", "out of memory");
+  c->ind_opts = io;
+  snprintf(c->mode, sizeof c->mode, "%s", mode);
   c->fn = fn;
   snprintf(c->name, sizeof c->name, "%s", o.name && *o.name ? o.name : "fn");
   for (char *p = c->name; *p; p++) /* names go into IR text and file names */
@@ -1227,12 +1243,14 @@ static bool check_due(const em_compiled *c, const entry *e) {
 
 em_outputs em_call_at(em_compiled *c, void *ctx, em_tensor *const *in, int n_in, em_site site) {
   /* this thread's counters: a call compiles and runs its kernels on the calling thread */
-  int64_t k0 = ind_kernel_runs(), f0 = ind_failures();
+  int64_t k0 = ind_kernel_runs(), f0 = ind_failures(), g0 = ind_cuda_graph_replays();
   /* one call at a time per compiled function: its entries, graph cache, lazily compiled
    * programs and counters are shared (issue 16: two threads recorded 13 entries for 12 shapes) */
   if (c) pthread_mutex_lock(&c->lock);
   em_outputs r = call(c, ctx, in, n_in, site);
-  if (c) c->stats.kernel_runs += ind_kernel_runs() - k0, c->stats.inductor_fallbacks += ind_failures() - f0;
+  if (c)
+    c->stats.kernel_runs += ind_kernel_runs() - k0, c->stats.inductor_fallbacks += ind_failures() - f0,
+        c->stats.cuda_graph_replays += ind_cuda_graph_replays() - g0;
   if (c) pthread_mutex_unlock(&c->lock);
   return r;
 }

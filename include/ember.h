@@ -1013,6 +1013,21 @@ typedef struct em_compile_options {
                         * entry's second call is traced again and compared with the entry;
                         * N > 1: that and every Nth call of an entry; < 0: never. The
                         * environment variable EMBER_COMPILE_CHECK=N overrides it (0: never). */
+  const char *mode;    /* torch.compile's modes (inductor, graphs on CUDA; NULL: "default"):
+                        * "default": heuristic launch configurations;
+                        * "reduce-overhead": after a first ordinary call, each compiled CUDA
+                        * graph is captured once into a CUDA graph and every later call launches
+                        * it (one launch instead of one a kernel). Inputs at the same address on
+                        * the first two calls (parameters, optimizer state) are read in place,
+                        * the others copied into the graph's own buffers each call; outputs are
+                        * copies, never overwritten by a later call. A graph that cannot be
+                        * captured (an op that waits for the device) runs without one and says
+                        * why on stderr. em_compile_stats.cuda_graph_replays counts launches;
+                        * "max-autotune": also times candidate launch configurations of every
+                        * generated CUDA kernel on its first run, keeps the fastest and caches
+                        * the choice on disk (with the kernel cache), then as "reduce-overhead";
+                        * "max-autotune-no-cudagraphs": the timing only. On the CPU all modes
+                        * run as "default". Errors: an unknown mode. */
 } em_compile_options;
 
 typedef struct em_compiled em_compiled;
@@ -1054,6 +1069,8 @@ typedef struct em_compile_stats {
   int64_t graphs_cached;   /* compiled graphs kept (at most 64: least recently used evicted) */
   int64_t graph_cache_evictions; /* graphs evicted from that cache */
   int64_t checks;          /* calls traced again to validate an entry instead of replaying it */
+  int64_t cuda_graph_replays; /* CUDA graph launches inside em_call (mode "reduce-overhead" or
+                               * "max-autotune"; AOT backward graphs launch in em_backward) */
   int64_t uncached_traces; /* traces not cached because replaying them would differ from running
                             * fn: fn stored a tensor it made into state outside it (ctx, a
                             * static), or an op failed while tracing (its error must be raised

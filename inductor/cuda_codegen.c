@@ -293,10 +293,7 @@ static bool render_row_kernel(ir_sbuf *b, ir_sbuf *helpers, const ir_graph *g, c
   const ir_type *S = &k->shape;
   int nb = k->n_out + k->n_in, nv = g->n_values;
   k->rows = prefix_numel(S, k->split), k->cols = k->rows ? numel_of(S) / k->rows : 0;
-  /* threads a block: a power of two (the tree halves it) from 32 to 256, about 4 columns each */
-  k->block = 32;
-  while (k->block < 256 && (int64_t)k->block * 4 < k->cols) k->block *= 2;
-  k->n_elems = k->rows;
+  k->n_elems = k->rows; /* k->block: the caller's choice */
   int64_t ept = (k->cols + k->block - 1) / k->block;
   signed char *kind = calloc((size_t)nv + 1, 1);
   int *avail = calloc((size_t)nv + 1, sizeof(int)), *red_pass = malloc(sizeof(int) * ((size_t)nv + 1));
@@ -421,38 +418,179 @@ static bool render_row_kernel(ir_sbuf *b, ir_sbuf *helpers, const ir_graph *g, c
   return ok;
 }
 
+/* Renders kernel k for its launch configuration (k->block), names it after its text, loads it
+ * into k->cu_fn and appends its source to p's output_code. */
+static bool build_kernel(ind_program *p, const prim_meta *meta, kernel *k, char *err, size_t cap) {
+  ir_sbuf body = {0}, helpers = {0};
+  bool ok = k->row ? render_row_kernel(&body, &helpers, p->g, meta, p->kind, k, err, cap)
+                   : render_kernel(&body, &helpers, p->g, meta, k, err, cap);
+  char *bt = ir_sb_finish(&body), *ht = ir_sb_finish(&helpers);
+  if (ok && (!bt || !ht)) ok = ir_fail(err, cap, "out of memory");
+  char *src = NULL;
+  if (ok) {
+    uint64_t h = fnv1a(bt, strlen(bt)) ^ (fnv1a(ht, strlen(ht)) * 31);
+    snprintf(k->name, sizeof k->name, "em_ind_%016llx", (unsigned long long)h);
+    size_t len = strlen(ht) + strlen(bt) + 64;
+    src = malloc(len);
+    if (!src) ok = ir_fail(err, cap, "out of memory");
+    else snprintf(src, len, "%sextern \"C\" __global__ void %s%s", ht, k->name, bt);
+  }
+  if (ok) {
+    k->cu_fn = cu_source_kernel(src, k->name, err, cap);
+    ok = k->cu_fn != NULL;
+    if (!k->row) k->n_elems = numel_of(&k->shape), k->rows = 1, k->cols = k->n_elems;
+    if (ok) { /* EMBER_LOGS=output_code prints the CUDA C */
+      ir_sbuf all = {0};
+      if (p->ir_text) ir_sb_printf(&all, "%s", p->ir_text);
+      ir_sb_printf(&all, "%s\n", src);
+      free(p->ir_text);
+      p->ir_text = ir_sb_finish(&all);
+    }
+  }
+  free(src), free(bt), free(ht);
+  return ok;
+}
+
+/* ---- max-autotune ----
+ * Each kernel's candidate launch configurations are timed on its first run (ind_cuda_autotune,
+ * from run.c), on the program's real inputs, writing scratch outputs, and the fastest is kept
+ * and written to the disk cache (next to the CUDA kernel cache, keyed by the default
+ * configuration's kernel, the device's name and architecture), so a later compile of the same
+ * kernel on the same device takes the choice without timing. Pointwise kernels: 128 to 1024
+ * threads a block (one compiled kernel: the grid-stride loop takes any). Row kernels: half,
+ * once and twice the heuristic block (each its own kernel: how many columns a thread keeps in
+ * registers follows from it). */
+struct ind_tune {
+  int n;
+  void *fn[4];
+  unsigned block[4];
+  char key[32];
+};
+
+static _Thread_local ind_autotune_stats tune_stats;
+ind_autotune_stats ind_autotune_stats_get(void) { return tune_stats; }
+
+static unsigned long long tune_salt; /* tests: a fresh set of cache entries (ind_autotune_salt) */
+void ind_autotune_salt(unsigned long long salt) { tune_salt = salt; }
+
+static bool tune_path(const char *key, char *path, size_t cap) {
+  const char *dir = ind_cache_dir();
+  em_cuda_device_properties pr;
+  if (!dir || !em_cuda_get_device_properties(0, &pr)) return em_clear_error(), false;
+  for (char *c = pr.name; *c; c++)
+    if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9'))) *c = '_';
+  snprintf(path, cap, "%s/cuda/tune-%s-%s-%s", dir, key, pr.name, cu_arch());
+  if (tune_salt) snprintf(path + strlen(path), cap - strlen(path), "-%llx", tune_salt);
+  return true;
+}
+
+static unsigned tune_read(const char *key) {
+  char path[1200];
+  int64_t size;
+  FILE *f = tune_path(key, path, sizeof path) ? rt_cache_open(path, &size) : NULL;
+  unsigned b = 0;
+  if (f && (fscanf(f, "block %u", &b) != 1 || b < 1 || b > 1024 || (b & (b - 1)))) b = 0;
+  if (f) fclose(f);
+  return b;
+}
+
+static void tune_write(const char *key, unsigned block) {
+  char path[1200], text[32];
+  if (!tune_path(key, path, sizeof path)) return;
+  int n = snprintf(text, sizeof text, "block %u\n", block);
+  rt_write_file_whole(path, text, (size_t)n, "", 0); /* best effort: a lost choice is timed again */
+}
+
+/* Row kernels' heuristic block: a power of two (the tree halves it) from 32 to 256, about 4
+ * columns a thread. */
+static unsigned row_block(const kernel *k) {
+  unsigned b = 32;
+  while (b < 256 && (int64_t)b * 4 < k->cols) b *= 2;
+  return b;
+}
+
 bool ind_cuda_build_kernels(ind_program *p, const prim_meta *meta, char *err, size_t cap) {
   for (int ki = 0; ki < p->n_kernels; ki++) {
     kernel *k = &p->kernels[ki];
     if (k->has_col) return ir_fail(err, cap, "a CUDA schedule with a column reduction");
-    ir_sbuf body = {0}, helpers = {0};
-    bool ok = k->row ? render_row_kernel(&body, &helpers, p->g, meta, p->kind, k, err, cap)
-                     : render_kernel(&body, &helpers, p->g, meta, k, err, cap);
-    char *bt = ir_sb_finish(&body), *ht = ir_sb_finish(&helpers);
-    if (ok && (!bt || !ht)) ok = ir_fail(err, cap, "out of memory");
-    char *src = NULL;
-    if (ok) {
-      uint64_t h = fnv1a(bt, strlen(bt)) ^ (fnv1a(ht, strlen(ht)) * 31);
-      snprintf(k->name, sizeof k->name, "em_ind_%016llx", (unsigned long long)h);
-      size_t len = strlen(ht) + strlen(bt) + 64;
-      src = malloc(len);
-      if (!src) ok = ir_fail(err, cap, "out of memory");
-      else snprintf(src, len, "%sextern \"C\" __global__ void %s%s", ht, k->name, bt);
+    if (k->row) k->rows = prefix_numel(&k->shape, k->split), k->cols = k->rows ? numel_of(&k->shape) / k->rows : 0;
+    k->block = k->row ? row_block(k) : 256;
+    if (!build_kernel(p, meta, k, err, cap)) return false;
+    if (!p->opts.autotune) continue;
+    char key[32];
+    snprintf(key, sizeof key, "%s", k->name);
+    unsigned dflt = k->block, chosen = tune_read(key);
+    if (chosen) { /* timed before, on this device */
+      tune_stats.cached++;
+      k->block = chosen;
+      if (k->row && chosen != dflt && !build_kernel(p, meta, k, err, cap)) return false;
+      continue;
     }
-    if (ok) {
-      k->cu_fn = cu_source_kernel(src, k->name, err, cap);
-      ok = k->cu_fn != NULL;
-      if (!k->row) k->n_elems = numel_of(&k->shape), k->rows = 1, k->cols = k->n_elems, k->block = 256;
-      if (ok) { /* EMBER_LOGS=output_code prints the CUDA C */
-        ir_sbuf all = {0};
-        if (p->ir_text) ir_sb_printf(&all, "%s", p->ir_text);
-        ir_sb_printf(&all, "%s\n", src);
-        free(p->ir_text);
-        p->ir_text = ir_sb_finish(&all);
-      }
+    struct ind_tune *t = calloc(1, sizeof *t);
+    if (!t) return ir_fail(err, cap, "out of memory");
+    snprintf(t->key, sizeof t->key, "%s", key);
+    void *dfn = k->cu_fn;
+    char dname[32];
+    snprintf(dname, sizeof dname, "%s", k->name);
+    static const unsigned pw[4] = {128, 256, 512, 1024};
+    for (int c = 0; c < 4 && !k->row; c++) t->fn[t->n] = dfn, t->block[t->n++] = pw[c];
+    for (int c = 0; c < 3 && k->row; c++) {
+      unsigned b = c == 0 ? dflt / 2 : c == 1 ? dflt : dflt * 2;
+      if (b < 32 || b > 1024) continue;
+      k->block = b;
+      if (b != dflt && !build_kernel(p, meta, k, err, cap)) return free(t), false;
+      t->fn[t->n] = b == dflt ? dfn : k->cu_fn, t->block[t->n++] = b;
     }
-    free(src), free(bt), free(ht);
-    if (!ok) return false;
+    k->cu_fn = dfn, k->block = dflt; /* until timed */
+    snprintf(k->name, sizeof k->name, "%s", dname);
+    k->tune = t;
   }
+  return true;
+}
+
+void ind_cuda_tune_free(kernel *k) { free(k->tune), k->tune = NULL; }
+
+bool ind_cuda_autotune(kernel *k, const ir_graph *g, char **bufs, em_site site) {
+  struct ind_tune *t = k->tune;
+  int nb = k->n_out + k->n_in;
+  em_tensor *scratch[64] = {0};
+  uint64_t ptr[131];
+  void *params[132];
+  int64_t n = k->n_elems;
+  bool ok = nb <= 130 && k->n_out <= 64;
+  for (int o = 0; ok && o < k->n_out; o++) { /* the outputs may be stored into inputs: time into scratch */
+    const ir_type *ty = &g->values[k->out[o]].type;
+    int64_t e = numel_of(ty) ? numel_of(ty) : 1;
+    ok = (scratch[o] = rt_new_device(ty->dtype, 1, &e, EM_CUDA, "em_call", site)) != NULL;
+    if (ok) ptr[o] = (uint64_t)(uintptr_t)rt_data(scratch[o]);
+  }
+  for (int q = k->n_out; ok && q < nb; q++) ptr[q] = (uint64_t)(uintptr_t)bufs[q];
+  for (int q = 0; q < nb && q < 130; q++) params[q] = &ptr[q];
+  params[nb < 130 ? nb : 130] = &n;
+  const cu_driver *d = cu_drv();
+  cu_event ev[2] = {NULL, NULL};
+  cu_enter();
+  ok = ok && !d->event_create(&ev[0], 0) && !d->event_create(&ev[1], 0);
+  float best = 0;
+  int pick = 0;
+  char why[256] = "";
+  for (int c = 0; ok && c < t->n; c++) {
+    int64_t threads = k->row ? n * t->block[c] : n;
+    ok = cu_launch(t->fn[c], threads, t->block[c], params, why, sizeof why); /* warm up */
+    ok = ok && !d->event_record(ev[0], cu_current_stream());
+    for (int r = 0; ok && r < 5; r++) ok = cu_launch(t->fn[c], threads, t->block[c], params, why, sizeof why);
+    ok = ok && !d->event_record(ev[1], cu_current_stream()) && !d->event_sync(ev[1]);
+    float ms = 0;
+    ok = ok && !d->event_elapsed(&ms, ev[0], ev[1]);
+    if (ok && (c == 0 || ms < best)) best = ms, pick = c;
+  }
+  for (int e = 0; e < 2; e++)
+    if (ev[e]) d->event_destroy(ev[e]);
+  for (int o = 0; o < k->n_out && o < 64; o++) em_release(scratch[o]);
+  if (!ok) return rt_error(site, "em_call", "autotuning kernel %s: %s", k->name, why[0] ? why : "out of memory"), false;
+  k->cu_fn = t->fn[pick], k->block = t->block[pick];
+  tune_write(t->key, k->block);
+  tune_stats.tuned++;
+  ind_cuda_tune_free(k);
   return true;
 }

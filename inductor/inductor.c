@@ -13,7 +13,9 @@ const char *ind_schedule(const ind_program *p) { return p->schedule_text; }
 void ind_free(ind_program *p) {
   if (!p) return;
   ind_profile_kernels(p);
+  ind_cgraph_free(p->cgraph);
   ind_release_kernels(p);
+  for (int k = 0; k < p->n_kernels; k++) ind_cuda_tune_free(&p->kernels[k]);
   for (int k = 0; k < p->n_kernels; k++)
     free(p->kernels[k].nodes), free(p->kernels[k].in), free(p->kernels[k].out), free(p->kernels[k].loop_ir);
   for (int s = 0; s < p->n_steps; s++) free(p->steps[s].release);
@@ -57,10 +59,17 @@ void ind_set_failure_hook(ind_failure_hook hook) { failure_hook = hook; }
 void ind_debug_fail(const char *reason) { injected_failure = reason; }
 int64_t ind_failures(void) { return failures; }
 
-static ind_program *compile(const ir_graph *graph, em_tensor *const *inputs, ind_stats *stats, char *err, size_t cap);
+static ind_program *compile(const ir_graph *graph, em_tensor *const *inputs, const ind_options *opts, ind_stats *stats,
+                            char *err, size_t cap);
 
 ind_program *ind_compile(const ir_graph *graph, em_tensor *const *inputs, ind_stats *stats, char *err, size_t cap) {
-  ind_program *p = injected_failure ? (ir_fail(err, cap, "%s", injected_failure), NULL) : compile(graph, inputs, stats, err, cap);
+  return ind_compile_opts(graph, inputs, NULL, stats, err, cap);
+}
+
+ind_program *ind_compile_opts(const ir_graph *graph, em_tensor *const *inputs, const ind_options *opts, ind_stats *stats,
+                              char *err, size_t cap) {
+  ind_program *p =
+      injected_failure ? (ir_fail(err, cap, "%s", injected_failure), NULL) : compile(graph, inputs, opts, stats, err, cap);
   if (!p) {
     failures++;
     if (failure_hook) failure_hook(graph->name, err);
@@ -76,7 +85,8 @@ static bool remat_enabled(void) {
   return !e || strcmp(e, "0") != 0;
 }
 
-static ind_program *compile(const ir_graph *graph, em_tensor *const *inputs, ind_stats *stats, char *err, size_t cap) {
+static ind_program *compile(const ir_graph *graph, em_tensor *const *inputs, const ind_options *opts, ind_stats *stats,
+                            char *err, size_t cap) {
   double t0 = now_ms();
   if (stats) memset(stats, 0, sizeof *stats);
   /* a CUDA program when an input is on the GPU; CPU inputs then hold one element, possibly
@@ -97,7 +107,7 @@ static ind_program *compile(const ir_graph *graph, em_tensor *const *inputs, ind
   for (int i = 0; i < graph->n_nodes; i++) concrete = concrete && ir_type_concrete(&graph->values[graph->nodes[i].out].type);
   if (!concrete) return ir_fail(err, cap, "symbolic sizes"), NULL;
   ind_program *p = calloc(1, sizeof *p);
-  if (p) p->device = device, p->g = ind_rewrite(graph, remat_enabled(), &p->stats);
+  if (p) p->device = device, p->opts = opts ? *opts : (ind_options){0}, p->g = ind_rewrite(graph, remat_enabled(), &p->stats);
   prim_meta *meta = p && p->g ? calloc((size_t)p->g->n_values + 1, sizeof(prim_meta)) : NULL;
   if (!meta) {
     if (p) ir_graph_free(p->g);
@@ -119,6 +129,7 @@ static ind_program *compile(const ir_graph *graph, em_tensor *const *inputs, ind
   if (ok && p->n_kernels)
     ok = device == EM_CUDA ? ind_cuda_build_kernels(p, meta, err, cap) : ind_build_kernels(p, meta, err, cap);
   if (ok) ind_describe_schedule(p);
+  if (ok && p->opts.cuda_graphs && !ind_cgraph_attach(p)) ok = ir_fail(err, cap, "out of memory");
   free(meta);
   if (!ok) {
     ind_free(p);
@@ -139,7 +150,7 @@ ind_program *ind_variant(ind_variants *v, const ir_graph *g, em_tensor *const *i
     if (ind_accepts(v->p[i], in, n_in)) return v->p[i];
   if (v->failed || v->n == IND_MAX_VARIANTS) return NULL;
   char err[256]; /* reported through the failure hook */
-  ind_program *p = ind_compile(g, in, NULL, err, sizeof err);
+  ind_program *p = ind_compile_opts(g, in, &v->opts, NULL, err, sizeof err);
   if (!p) return v->failed = true, NULL;
   return v->p[v->n++] = p;
 }

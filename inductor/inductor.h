@@ -78,9 +78,27 @@ typedef struct ind_stats {
   double compile_ms;  /* lowering, LLVM optimisation and JIT */
 } ind_stats;
 
+/* How programs run: em_compile_options.mode (all false: "default"). */
+typedef struct ind_options {
+  bool cuda_graphs; /* "reduce-overhead": a CUDA program's calls replay one CUDA graph (cudagraph.c) */
+  bool autotune;    /* "max-autotune": CUDA kernels' launch configurations timed, the fastest kept */
+} ind_options;
+
 /* Compiles g for inputs with these layouts. NULL with a reason in err when something is not
- * supported or LLVM fails (the caller falls back to the interpreter). */
+ * supported or LLVM fails (the caller falls back to the interpreter). opts may be NULL. */
 ind_program *ind_compile(const ir_graph *g, em_tensor *const *inputs, ind_stats *stats, char *err, size_t cap);
+ind_program *ind_compile_opts(const ir_graph *g, em_tensor *const *inputs, const ind_options *opts, ind_stats *stats,
+                              char *err, size_t cap);
+/* CUDA graph launches so far on the calling thread (reduce-overhead). */
+int64_t ind_cuda_graph_replays(void);
+/* max-autotune on the calling thread: kernels timed, and kernels whose choice came from the
+ * disk cache. */
+typedef struct ind_autotune_stats {
+  int64_t tuned, cached;
+} ind_autotune_stats;
+ind_autotune_stats ind_autotune_stats_get(void);
+/* Tests: a nonzero salt keys every later autotuning choice apart from earlier runs' (0: none). */
+void ind_autotune_salt(unsigned long long salt);
 /* Called with the graph's name and the reason whenever ind_compile fails (the caller then runs
  * the graph with the interpreter): the frontend logs it. */
 typedef void (*ind_failure_hook)(const char *graph, const char *why);
@@ -101,6 +119,7 @@ void ind_debug_fail(const char *reason);
  * runs op by op for new layouts. Zero-initialise. */
 enum { IND_MAX_VARIANTS = 4 };
 typedef struct ind_variants {
+  ind_options opts; /* set by the owner before the first ind_variant */
   ind_program *p[IND_MAX_VARIANTS];
   int n;
   bool failed; /* a compile failed: do not try again (the reason was reported) */

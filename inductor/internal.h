@@ -7,7 +7,9 @@
  *   jit.c       the ORC LLJIT, the kernel cache (memory and disk), building a program's module
  *   elf.c       the kernel cache's objects checked, bytes first, before LLVM reads them
  *   run.c       running a program: threads, arena, in-place updates, the profile
- *   rewrite.c   graph rewrites before scheduling: rematerialization, sums of slice scatters */
+ *   rewrite.c   graph rewrites before scheduling: rematerialization, sums of slice scatters
+ *   cuda_codegen.c  the CUDA C renderer of a schedule's kernels
+ *   cudagraph.c reduce-overhead: a CUDA program's calls replayed as one CUDA graph */
 #ifndef EMBER_INDUCTOR_INTERNAL_H
 #define EMBER_INDUCTOR_INTERNAL_H
 
@@ -52,6 +54,7 @@ typedef struct kernel {
   void *cu_fn;            /* a CUDA program's kernel (cu_function) */
   int64_t n_elems;        /* its size parameter: elements (pointwise), rows (row kernels: a block each) */
   unsigned block;         /* its threads a block */
+  struct ind_tune *tune;  /* max-autotune: candidate configurations still to time (cuda_codegen.c) */
   bool row;               /* a row kernel (holds reductions) */
   bool has_col;           /* a pointwise kernel with K_COL reductions: split across threads by columns only */
   ir_type shape;          /* iteration shape S */
@@ -93,6 +96,8 @@ struct ind_program {
   char *schedule_text;
   ind_stats stats;
   em_device device;       /* EM_CUDA: inputs on the GPU, kernels in CUDA C (cuda_codegen.c) */
+  struct ind_cgraph *cgraph; /* reduce-overhead: its calls replay a CUDA graph (cudagraph.c) */
+  ind_options opts;
   uint8_t module_key[16]; /* the JIT module holding its kernels, while has_module (jit.c) */
   bool has_module;
 };
@@ -214,8 +219,24 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
                          char *err, size_t cap);
 
 /* cuda_codegen.c */
-/* Renders every kernel of CUDA program p as CUDA C and loads it (NVRTC, or the emulator). */
+/* Renders every kernel of CUDA program p as CUDA C and loads it (NVRTC, or the emulator); with
+ * p->opts.autotune, also each kernel's candidate configurations (or the one cached on disk). */
 bool ind_cuda_build_kernels(ind_program *p, const prim_meta *meta, char *err, size_t cap);
+/* max-autotune: times k's candidates on its buffers (outputs into scratch), keeps the fastest
+ * and caches the choice; false with an error recorded. */
+bool ind_cuda_autotune(kernel *k, const ir_graph *g, char **bufs, em_site site);
+void ind_cuda_tune_free(kernel *k);
+
+/* run.c: runs p's steps (ind_run has checked the inputs' layouts). */
+bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **out, const int *donate, em_site site);
+
+/* cudagraph.c: reduce-overhead. ind_cgraph_attach gives CUDA program p a CUDA graph (not when an
+ * output aliases an input); false when out of memory. ind_cgraph_run runs p's call through it. */
+typedef struct ind_cgraph ind_cgraph;
+bool ind_cgraph_attach(ind_program *p);
+bool ind_cgraph_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **out, const int *donate,
+                    em_site site);
+void ind_cgraph_free(ind_cgraph *cg);
 
 /* run.c */
 /* EMBER_INDUCTOR_PROFILE: p's slowest kernels, printed when it is freed. */

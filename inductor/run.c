@@ -174,10 +174,15 @@ static void guard_check(const char *end, const kernel *k, const char *what) { (v
 #endif
 
 bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **out, const int *donate, em_site site) {
-  const ir_graph *g = p->g;
-  for (int i = 0; i < g->n_outputs; i++) out[i] = NULL;
+  for (int i = 0; i < p->g->n_outputs; i++) out[i] = NULL;
   if (!ind_accepts(p, in, n_in))
     return rt_error(site, "em_call", "the inputs do not have the layouts the kernels were compiled for"), false;
+  return p->cgraph ? ind_cgraph_run(p, in, n_in, out, donate, site) : ind_run_steps(p, in, n_in, out, donate, site);
+}
+
+bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **out, const int *donate, em_site site) {
+  const ir_graph *g = p->g;
+  for (int i = 0; i < g->n_outputs; i++) out[i] = NULL;
   int nv = g->n_values;
   em_tensor **vals = rt_alloc(sizeof(em_tensor *) * (size_t)(nv + 1), 16);
   if (!vals) return rt_error(site, "em_call", "out of memory"), false;
@@ -312,8 +317,9 @@ bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **o
           int64_t n = k->n_elems;
           params[nb] = &n;
           char why[256];
-          ok = cu_launch(k->cu_fn, k->row ? n * k->block : n, k->block, params, why, sizeof why);
-          if (!ok) rt_error(site, "em_call", "%s: %s", k->name, why);
+          if (k->tune && !ind_cuda_autotune((kernel *)k, g, bufs, site)) ok = false, nb = 0;
+          if (ok) ok = cu_launch(k->cu_fn, k->row ? n * k->block : n, k->block, params, why, sizeof why);
+          if (!ok && nb) rt_error(site, "em_call", "%s: %s", k->name, why);
           kernel_runs++;
           if (prof) profile_add(EM_PRIM_COUNT, now_ms() - t0, k->bytes); /* launch time: asynchronous */
         }

@@ -169,6 +169,11 @@ static bool load_real(void) {
             SYM(d->module_load, "cuModuleLoadData") && SYM(d->module_get_function, "cuModuleGetFunction") &&
             SYM(d->launch, "cuLaunchKernel") && SYM(d->ctx_sync, "cuCtxSynchronize");
   SYM(drv.cuGetErrorString, "cuGetErrorString");
+  /* CUDA graphs: optional (reduce-overhead runs without them, and says why) */
+  if (!(SYM(d->stream_begin_capture, "cuStreamBeginCapture_v2") && SYM(d->stream_end_capture, "cuStreamEndCapture") &&
+        SYM(d->graph_instantiate, "cuGraphInstantiateWithFlags") && SYM(d->graph_launch, "cuGraphLaunch") &&
+        SYM(d->graph_exec_destroy, "cuGraphExecDestroy") && SYM(d->graph_destroy, "cuGraphDestroy")))
+    d->stream_begin_capture = NULL;
 #undef SYM
   if (!ok) {
     snprintf(drv.why, sizeof drv.why, "the CUDA driver lacks a function Ember needs (%s)", dlerror());
@@ -381,10 +386,114 @@ void em_cuda_event_free(em_cuda_event *e) {
 
 /* ---- storage and copies ---- */
 
+/* ---- capture into CUDA graphs ---- */
+
+static _Thread_local struct {
+  bool on;
+  cu_stream stream, prev;  /* the capturing stream; the thread's stream before */
+  cu_allocator *pool;
+  cu_check *checks;
+  int n_checks, cap_checks;
+} capture;
+
+cu_allocator *cu_pool_new(void) {
+  ensure();
+  return drv.alloc ? cu_allocator_new((cu_backend){NULL, device_alloc, device_free}, "cuda:0 graph pool") : NULL;
+}
+
+bool cu_graphs_available(char *why, size_t cap) {
+  ensure();
+  if (!drv.alloc) return snprintf(why, cap, "no CUDA device: %s", drv.why), false;
+  if (!drv.d->stream_begin_capture) return snprintf(why, cap, "the CUDA driver has no graph API"), false;
+  return true;
+}
+
+bool cu_capture_begin(cu_allocator *pool, char *err, size_t cap) {
+  if (!cu_graphs_available(err, cap)) return false;
+  if (capture.on) return snprintf(err, cap, "already capturing"), false;
+  cu_enter();
+  int r = drv.d->stream_sync(current);
+  cu_stream s = NULL;
+  if (!r) r = drv.d->stream_create(&s, 1 /* CU_STREAM_NON_BLOCKING */);
+  if (!r) r = drv.d->stream_begin_capture(s, 2 /* CU_STREAM_CAPTURE_MODE_RELAXED */);
+  if (r) {
+    if (s) drv.d->stream_destroy(s);
+    return snprintf(err, cap, "starting a capture: %s", drv.d->error_string(r)), false;
+  }
+  capture.on = true, capture.stream = s, capture.prev = current, capture.pool = pool;
+  capture.n_checks = 0;
+  current = s;
+  return true;
+}
+
+bool cu_capturing(void) { return capture.on; }
+
+bool cu_capture_check(cu_check c) {
+  if (capture.n_checks == capture.cap_checks) {
+    int n = capture.cap_checks ? 2 * capture.cap_checks : 8;
+    cu_check *q = realloc(capture.checks, sizeof *q * (size_t)n);
+    if (!q) return false;
+    capture.checks = q, capture.cap_checks = n;
+  }
+  capture.checks[capture.n_checks++] = c;
+  return true;
+}
+
+bool cu_capture_end(bool ok, void **graph, void **exec, cu_check **checks, int *n_checks, char *err, size_t cap) {
+  *graph = *exec = NULL, *checks = NULL, *n_checks = 0;
+  if (!capture.on) return snprintf(err, cap, "not capturing"), false;
+  cu_enter();
+  void *g = NULL;
+  int r = drv.d->stream_end_capture(capture.stream, &g);
+  current = capture.prev;
+  drv.d->stream_destroy(capture.stream);
+  capture.on = false;
+  if (r && ok) ok = false, snprintf(err, cap, "capturing: %s", drv.d->error_string(r));
+  if (ok && !g) ok = false, snprintf(err, cap, "capturing made no graph");
+  if (ok && (r = drv.d->graph_instantiate(exec, g, 0)))
+    ok = false, snprintf(err, cap, "instantiating the graph: %s", drv.d->error_string(r));
+  if (!ok) {
+    if (g) drv.d->graph_destroy(g);
+    for (int i = 0; i < capture.n_checks; i++) cu_release(capture.checks[i].word->owner, capture.checks[i].word);
+    capture.n_checks = 0;
+    *exec = NULL;
+    return false;
+  }
+  *graph = g;
+  if (capture.n_checks) {
+    *checks = malloc(sizeof **checks * (size_t)capture.n_checks);
+    if (!*checks) {
+      cu_graph_free(g, *exec);
+      *graph = *exec = NULL;
+      for (int i = 0; i < capture.n_checks; i++) cu_release(capture.checks[i].word->owner, capture.checks[i].word);
+      capture.n_checks = 0;
+      return snprintf(err, cap, "out of memory"), false;
+    }
+    memcpy(*checks, capture.checks, sizeof **checks * (size_t)capture.n_checks);
+    *n_checks = capture.n_checks;
+  }
+  capture.n_checks = 0;
+  return true;
+}
+
+void cu_graph_free(void *graph, void *exec) {
+  if (!drv.d || !drv.d->stream_begin_capture) return;
+  cu_enter();
+  if (exec) drv.d->graph_exec_destroy(exec);
+  if (graph) drv.d->graph_destroy(graph);
+}
+
+bool cu_graph_launch(void *exec, char *err, size_t cap) {
+  cu_enter();
+  int r = drv.d->graph_launch(exec, current);
+  if (r) return snprintf(err, cap, "launching the graph: %s", drv.d->error_string(r)), false;
+  return true;
+}
+
 cu_block *cu_storage_alloc(size_t bytes, const char *op, em_site site) {
   if (no_device(op, site)) return NULL;
   char err[512];
-  cu_block *b = cu_alloc(drv.alloc, bytes, (uintptr_t)current, err, sizeof err);
+  cu_block *b = cu_alloc(capture.on && capture.pool ? capture.pool : drv.alloc, bytes, (uintptr_t)current, err, sizeof err);
   if (!b) return rt_error(site, op, "%s", err);
   return b;
 }

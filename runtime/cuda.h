@@ -38,6 +38,7 @@ typedef struct cu_block {
   size_t requested;       /* what the caller asked for (allocated blocks) */
   uintptr_t stream;       /* the stream it was allocated on: reused only there */
   bool allocated, small;  /* small: from the small pool (requests of at most 1 MiB) */
+  struct cu_allocator *owner; /* the allocator that handed it out (the device's, or a graph's pool) */
   struct cu_block *prev, *next;
   struct cu_block *free_prev, *free_next;
 } cu_block;
@@ -140,6 +141,16 @@ typedef struct cu_driver {
   int (*launch)(cu_function f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                 unsigned shmem, cu_stream s, void **params, void **extra);
   int (*ctx_sync)(void);
+  /* CUDA graphs (NULL when the driver lacks them): capture what is queued on a stream (mode 2:
+   * relaxed, so allocation may happen while capturing) into a graph, instantiate it, and launch
+   * the instance on a stream; a stream sync or a download while capturing invalidates the
+   * capture (CUDA_ERROR_STREAM_CAPTURE_*). */
+  int (*stream_begin_capture)(cu_stream s, int mode);
+  int (*stream_end_capture)(cu_stream s, void **graph);
+  int (*graph_instantiate)(void **exec, void *graph, unsigned long long flags);
+  int (*graph_launch)(void *exec, cu_stream s);
+  int (*graph_exec_destroy)(void *exec);
+  int (*graph_destroy)(void *graph);
   const char *(*error_string)(int r);
   /* Compiles one kernel's CUDA C for this device: an image module_load accepts (caller frees),
    * or false with a reason in *log (caller frees). */
@@ -199,6 +210,40 @@ cu_function cu_source_kernel(const char *body, const char *name, char *err, size
 void cu_kernel_cache_forget(int64_t *replaced);
 /* Launches f on the current stream over n elements (grid-stride kernels: any grid works). */
 bool cu_launch(cu_function f, int64_t n, unsigned block, void **params, char *err, size_t cap);
+/* ---- capture into CUDA graphs (cuda.c; the inductor's reduce-overhead mode) ----
+ *
+ * Between cu_capture_begin and cu_capture_end, the calling thread's device work is recorded,
+ * not run: its current stream is a fresh capturing stream, and its device allocations come from
+ * pool (a caching allocator of the graph's own, cu_pool_new), so the addresses the graph bakes in
+ * stay the graph's while it lives. Index bounds checks, which read a device word back after
+ * their kernel in eager mode, register the word instead (cu_check): the graph's owner zeroes
+ * them before each replay and reads them after. */
+typedef struct cu_check {
+  cu_block *word;  /* {flag, the first bad index}, 16 bytes */
+  em_prim op;
+  int axis;
+  int64_t limit;
+} cu_check;
+/* A pool for one graph over the device's memory; free with cu_allocator_free. NULL without a
+ * device or memory. */
+cu_allocator *cu_pool_new(void);
+/* Whether the driver has CUDA graphs; false with the reason in why. */
+bool cu_graphs_available(char *why, size_t cap);
+/* Waits for the current stream, then starts capturing the thread's work into a graph. */
+bool cu_capture_begin(cu_allocator *pool, char *err, size_t cap);
+/* Whether the calling thread is capturing. */
+bool cu_capturing(void);
+/* Records a bounds-check word (ownership passes to the capture). */
+bool cu_capture_check(cu_check c);
+/* Stops capturing (the thread's stream and allocator are restored in any case) and, when
+ * capturing went well and ok, instantiates the graph: *graph and *exec (free with
+ * cu_graph_free), the checks registered (*checks, caller frees the array and the words). False
+ * with a reason in err otherwise (what the capture made is freed, its checks' words released). */
+bool cu_capture_end(bool ok, void **graph, void **exec, cu_check **checks, int *n_checks, char *err, size_t cap);
+void cu_graph_free(void *graph, void *exec);
+/* Launches exec on the current stream. */
+bool cu_graph_launch(void *exec, char *err, size_t cap);
+
 /* Device storage for bytes on the current stream, or NULL with an error recorded. */
 cu_block *cu_storage_alloc(size_t bytes, const char *op, em_site site);
 /* Blocks until the current stream's work is done; false with an error recorded (asynchronous

@@ -136,6 +136,7 @@ cu_block *cu_alloc(cu_allocator *a, size_t bytes, uintptr_t stream, char *err, s
     }
   }
   b->allocated = true;
+  b->owner = a;
   b->requested = bytes;
   a->st.allocated_bytes += (int64_t)b->size;
   a->st.requested_bytes += (int64_t)bytes;

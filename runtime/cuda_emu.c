@@ -8,7 +8,8 @@
  * parameter array by the kernel's own signature (a variadic template) and runs the grid block
  * after block (see emu_prelude for how threads of a block run). What it cannot check: real
  * concurrency (races, atomics under contention), the GPU's math library, and the driver.
- * Work runs at launch, so streams and events are trivially ordered; events record host time.
+ * Work runs at launch, so streams and events are trivially ordered; events record host time;
+ * a capturing stream records its work into a graph instead (CUDA graphs), replayed at launch.
  * GEMM runs through the CPU BLAS (f32, f64) or a plain loop (f16, bf16: f32 accumulation). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -41,24 +42,115 @@ static int e_host_alloc(void **p, size_t bytes, unsigned flags) {
   return (*p = malloc(bytes)) ? 0 : 2;
 }
 static int e_host_free(void *p) { return free(p), 0; }
-static int e_htod(uint64_t dst, const void *src, size_t n, cu_stream s) {
-  (void)s;
-  return memcpy((void *)(uintptr_t)dst, src, n), 0;
+/* ---- streams, and capture into graphs ----
+ * A stream records what is queued on it while capturing, instead of running it; a graph is that
+ * list of operations, replayed in order at launch. As on a GPU, a sync or a download while
+ * capturing invalidates the capture (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, then _INVALIDATED at
+ * its end). */
+enum { E_UNSUPPORTED = 900, E_INVALIDATED = 901 };
+typedef struct e_fn { /* an emulated kernel: its entry, and its parameters' sizes */
+  void (*run)(void **params, unsigned grid, unsigned block);
+  void (*sizes)(size_t *sizes, int *n);
+} e_fn;
+typedef struct e_op {
+  enum { OP_LAUNCH, OP_COPY, OP_GEMM } kind;
+  const e_fn *f;
+  unsigned gx, bx;
+  void **params; /* the launch's parameters, copied */
+  uint64_t dst, src; /* OP_COPY: as memmove (device and host memory are one on the emulator) */
+  size_t n;
+  struct { bool ta, tb, acc, tf32; int m, n, k, lda, ldb, ldc, batch; em_dtype dt; uint64_t a, b, c; int64_t sa, sb, sc; } g;
+} e_op;
+typedef struct e_graph {
+  e_op *ops;
+  int n, cap;
+} e_graph;
+typedef struct e_stream {
+  bool capturing, invalid;
+  e_graph *g;
+} e_stream;
+static int capturing_streams; /* any capture makes a context-wide sync invalid */
+
+static e_stream *e_capturing(cu_stream s) { return s && ((e_stream *)s)->capturing ? s : NULL; }
+
+static int e_record(e_stream *st, e_op op) {
+  e_graph *g = st->g;
+  if (g->n == g->cap) {
+    int c = g->cap ? 2 * g->cap : 16;
+    e_op *q = realloc(g->ops, sizeof *q * (size_t)c);
+    if (!q) return st->invalid = true, 2;
+    g->ops = q, g->cap = c;
+  }
+  g->ops[g->n++] = op;
+  return 0;
 }
-static int e_dtoh(void *dst, uint64_t src, size_t n, cu_stream s) {
-  (void)s;
-  return memcpy(dst, (const void *)(uintptr_t)src, n), 0;
-}
-static int e_dtod(uint64_t dst, uint64_t src, size_t n, cu_stream s) {
-  (void)s;
+
+static int e_copy(uint64_t dst, uint64_t src, size_t n, cu_stream s) {
+  e_stream *st = e_capturing(s);
+  if (st) return e_record(st, (e_op){.kind = OP_COPY, .dst = dst, .src = src, .n = n});
   return memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n), 0;
 }
+static int e_htod(uint64_t dst, const void *src, size_t n, cu_stream s) { return e_copy(dst, (uint64_t)(uintptr_t)src, n, s); }
+static int e_dtoh(void *dst, uint64_t src, size_t n, cu_stream s) {
+  if (e_capturing(s)) return ((e_stream *)s)->invalid = true, E_UNSUPPORTED;
+  return e_copy((uint64_t)(uintptr_t)dst, src, n, s);
+}
+static int e_dtod(uint64_t dst, uint64_t src, size_t n, cu_stream s) { return e_copy(dst, src, n, s); }
 static int e_stream_create(cu_stream *s, unsigned flags) {
   (void)flags;
-  return (*s = malloc(1)) ? 0 : 2;
+  return (*s = calloc(1, sizeof(e_stream))) ? 0 : 2;
 }
 static int e_stream_destroy(cu_stream s) { return free(s), 0; }
-static int e_stream_sync(cu_stream s) { return (void)s, 0; }
+static int e_stream_sync(cu_stream s) {
+  if (e_capturing(s)) return ((e_stream *)s)->invalid = true, E_UNSUPPORTED;
+  return 0;
+}
+static int e_begin_capture(cu_stream s, int mode) {
+  (void)mode;
+  e_stream *st = s;
+  if (!st || st->capturing) return 400; /* the legacy stream cannot capture */
+  if (!(st->g = calloc(1, sizeof *st->g))) return 2;
+  st->capturing = true, st->invalid = false;
+  capturing_streams++;
+  return 0;
+}
+static int e_graph_destroy(void *graph) {
+  e_graph *g = graph;
+  if (!g) return 0;
+  for (int i = 0; i < g->n; i++)
+    if (g->ops[i].kind == OP_LAUNCH) free(g->ops[i].params);
+  free(g->ops), free(g);
+  return 0;
+}
+static int e_end_capture(cu_stream s, void **graph) {
+  e_stream *st = s;
+  *graph = NULL;
+  if (!st || !st->capturing) return 400;
+  st->capturing = false;
+  capturing_streams--;
+  if (st->invalid) return e_graph_destroy(st->g), st->g = NULL, E_INVALIDATED;
+  *graph = st->g, st->g = NULL;
+  return 0;
+}
+static int e_instantiate(void **exec, void *graph, unsigned long long flags) { return (void)flags, *exec = graph, 0; }
+static int e_exec_destroy(void *exec) { return (void)exec, 0; } /* the graph owns the operations */
+static int e_gemm(cu_stream s, bool ta, bool tb, int m, int n, int k, em_dtype dt, uint64_t a, int lda, int64_t sa,
+                  uint64_t b, int ldb, int64_t sb, uint64_t c, int ldc, int64_t sc, int batch, bool accumulate, bool tf32,
+                  char *why, size_t cap);
+static int e_graph_launch(void *exec, cu_stream s) {
+  e_graph *g = exec;
+  if (e_capturing(s)) return ((e_stream *)s)->invalid = true, E_UNSUPPORTED;
+  char why[64];
+  for (int i = 0; i < g->n; i++) {
+    const e_op *o = &g->ops[i];
+    if (o->kind == OP_LAUNCH) o->f->run(o->params, o->gx, o->bx);
+    else if (o->kind == OP_COPY) memmove((void *)(uintptr_t)o->dst, (const void *)(uintptr_t)o->src, o->n);
+    else if (e_gemm(NULL, o->g.ta, o->g.tb, o->g.m, o->g.n, o->g.k, o->g.dt, o->g.a, o->g.lda, o->g.sa, o->g.b, o->g.ldb,
+                    o->g.sb, o->g.c, o->g.ldc, o->g.sc, o->g.batch, o->g.acc, o->g.tf32, why, sizeof why))
+      return 1;
+  }
+  return 0;
+}
 static int e_wait_event(cu_stream s, cu_event e, unsigned f) { return (void)s, (void)e, (void)f, 0; }
 static int e_event_create(cu_event *e, unsigned flags) {
   (void)flags;
@@ -74,8 +166,14 @@ static int e_event_record(cu_event e, cu_stream s) {
 }
 static int e_event_sync(cu_event e) { return (void)e, 0; }
 static int e_elapsed(float *ms, cu_event a, cu_event b) { return *ms = (float)(*(double *)b - *(double *)a), 0; }
-static int e_ctx_sync(void) { return 0; }
-static const char *e_error(int r) { return r == 2 ? "out of memory (emulator)" : r == 400 ? "invalid handle (emulator)" : "error (emulator)"; }
+static int e_ctx_sync(void) { return capturing_streams ? E_UNSUPPORTED : 0; }
+static const char *e_error(int r) {
+  return r == 2     ? "out of memory (emulator)"
+         : r == 400 ? "invalid handle (emulator)"
+         : r == E_UNSUPPORTED ? "operation not permitted when stream is capturing (emulator)"
+         : r == E_INVALIDATED ? "operation failed due to a previous error during capture (emulator)"
+                              : "error (emulator)";
+}
 
 /* A module: the shared object, loaded from a memfd holding the image. */
 static int e_module_load(void **m, const void *image) {
@@ -94,24 +192,41 @@ static int e_module_load(void **m, const void *image) {
   return 0;
 }
 
-typedef void (*emu_entry)(void **params, unsigned grid, unsigned block);
-
 static int e_get_function(cu_function *f, void *m, const char *name) {
   char sym[160];
+  e_fn *fn = calloc(1, sizeof *fn); /* kept with the module, which stays loaded */
+  if (!fn) return 2;
   snprintf(sym, sizeof sym, "em_emu_%s", name);
-  void *p = dlsym(m, sym);
-  if (!p) return 500; /* CUDA_ERROR_NOT_FOUND */
-  *f = p;
+  *(void **)&fn->run = dlsym(m, sym);
+  snprintf(sym, sizeof sym, "em_emu_sizes_%s", name);
+  *(void **)&fn->sizes = dlsym(m, sym);
+  if (!fn->run || !fn->sizes) return free(fn), 500; /* CUDA_ERROR_NOT_FOUND */
+  *f = fn;
   return 0;
 }
 
 static int e_launch(cu_function f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                     unsigned shmem, cu_stream s, void **params, void **extra) {
-  (void)gy, (void)gz, (void)by, (void)bz, (void)shmem, (void)s, (void)extra;
-  emu_entry e;
-  *(void **)&e = f;
-  e(params, gx, bx);
-  return 0;
+  (void)gy, (void)gz, (void)by, (void)bz, (void)shmem, (void)extra;
+  const e_fn *fn = f;
+  e_stream *st = e_capturing(s);
+  if (!st) return fn->run(params, gx, bx), 0;
+  /* captured: the parameters' values now, as cuStreamBeginCapture's kernel nodes keep them */
+  size_t sz[256], total = 0;
+  int n = 0;
+  fn->sizes(sz, &n);
+  for (int i = 0; i < n; i++) total += (sz[i] + 15) / 16 * 16;
+  void **p = malloc(sizeof(void *) * (size_t)(n + 1) + total);
+  if (!p) return st->invalid = true, 2;
+  char *at = (char *)(p + n + 1);
+  for (int i = 0; i < n; i++) {
+    at = (char *)(((uintptr_t)at + 15) / 16 * 16);
+    memcpy(at, params[i], sz[i]);
+    p[i] = at, at += sz[i];
+  }
+  int r = e_record(st, (e_op){.kind = OP_LAUNCH, .f = fn, .gx = gx, .bx = bx, .params = p});
+  if (r) free(p);
+  return r;
 }
 
 /* The prelude of every emulated kernel. Kernels without __syncthreads run their blocks with one
@@ -145,6 +260,9 @@ static const char emu_prelude[] =
     "static inline __half atomicAdd(__half *p, __half v) { __half o = *p; *p = __float2half_rn(__half2float(o) + __half2float(v)); return o; }\n"
     "static inline __nv_bfloat16 atomicAdd(__nv_bfloat16 *p, __nv_bfloat16 v) { __nv_bfloat16 o = *p; *p = __float2bfloat16_rn(__bfloat162float(o) + __bfloat162float(v)); return o; }\n"
     "static inline unsigned long long atomicCAS(unsigned long long *p, unsigned long long c, unsigned long long v) { unsigned long long o = *p; if (o == c) *p = v; return o; }\n"
+    "template <typename... A> static void em_param_sizes(void (*)(A...), size_t *s, int *n) {\n"
+    "  const size_t z[] = {sizeof(A)..., 0}; *n = (int)sizeof...(A); for (int i = 0; i < *n; i++) s[i] = z[i];\n"
+    "}\n"
     "template <typename... A, std::size_t... I> static void em_call(void (*f)(A...), void **p, std::index_sequence<I...>) { f(*(A *)p[I]...); }\n"
     "template <typename... A> static void em_grid(void (*f)(A...), void **p, unsigned g) {\n"
     "  gridDim = {g, 1, 1}; blockDim = {1, 1, 1}; threadIdx = {0, 0, 0};\n"
@@ -201,6 +319,7 @@ static bool e_compile(const char *src, const char *name, char **image, size_t *s
       fprintf(f, "\nextern \"C\" void em_emu_%s(void **p, unsigned g, unsigned b) { em_grid_threads(%s, p, g, b); }\n", name, name);
     else
       fprintf(f, "\nextern \"C\" void em_emu_%s(void **p, unsigned g, unsigned b) { (void)b; em_grid(%s, p, g); }\n", name, name);
+    fprintf(f, "extern \"C\" void em_emu_sizes_%s(size_t *s, int *n) { em_param_sizes(%s, s, n); }\n", name, name);
     ok = fclose(f) == 0;
   }
   const char *cxx = getenv("CXX");
@@ -237,7 +356,10 @@ static float ld(const char *p, em_dtype dt) { return (float)prim_load(p, dt); }
 static int e_gemm(cu_stream s, bool ta, bool tb, int m, int n, int k, em_dtype dt, uint64_t a, int lda, int64_t sa,
                   uint64_t b, int ldb, int64_t sb, uint64_t c, int ldc, int64_t sc, int batch, bool accumulate, bool tf32,
                   char *why, size_t cap) {
-  (void)s, (void)tf32, (void)why, (void)cap;
+  (void)tf32, (void)why, (void)cap;
+  e_stream *st = e_capturing(s);
+  if (st)
+    return e_record(st, (e_op){.kind = OP_GEMM, .g = {ta, tb, accumulate, tf32, m, n, k, lda, ldb, ldc, batch, dt, a, b, c, sa, sb, sc}});
   size_t es = ir_dtype(dt)->size;
   for (int q = 0; q < batch; q++) {
     char *A = (char *)(uintptr_t)a + (size_t)(q * sa) * es, *B = (char *)(uintptr_t)b + (size_t)(q * sb) * es;
@@ -274,6 +396,8 @@ static const cu_driver emu = {
     .event_record = e_event_record, .event_sync = e_event_sync, .event_elapsed = e_elapsed,
     .module_load = e_module_load, .module_get_function = e_get_function, .launch = e_launch,
     .ctx_sync = e_ctx_sync, .error_string = e_error, .compile = e_compile, .gemm = e_gemm,
+    .stream_begin_capture = e_begin_capture, .stream_end_capture = e_end_capture, .graph_instantiate = e_instantiate,
+    .graph_launch = e_graph_launch, .graph_exec_destroy = e_exec_destroy, .graph_destroy = e_graph_destroy,
 };
 
 const cu_driver *cu_emu_driver(void) { return &emu; }

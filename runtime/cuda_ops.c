@@ -303,11 +303,17 @@ static bool indexing(em_prim op, const prim_attrs *at, em_tensor *out, em_tensor
   em_tensor *x = in[0], *idx = in[1];
   int a = x->ndim ? ir_norm_axis(at->axes[0], x->ndim) : 0;
   int64_t limit = x->ndim ? x->sizes[a] : 1;
-  cu_block *eb = cu_storage_alloc(16, "cuda", (em_site){__FILE__, __LINE__, __func__});
+  /* captured into a CUDA graph: the graph's owner zeroes the word before each replay and reads
+   * it after (a copy from this stack frame would be replayed from a dead frame); the word comes
+   * from the device's allocator, not the graph's pool, so no other value of the graph reuses it */
+  bool captured = cu_capturing();
+  char aerr[256];
+  cu_block *eb = captured ? cu_alloc(cu_device_allocator(), 16, (uintptr_t)cu_current_stream(), aerr, sizeof aerr)
+                          : cu_storage_alloc(16, "cuda", (em_site){__FILE__, __LINE__, __func__});
   if (!eb) return fail(err, cap, "out of memory");
   uint64_t errw = eb->ptr, zero[2] = {0, 0}; /* {flag, the first bad index} */
   cu_enter();
-  int r = cu_drv()->memcpy_htod(errw, zero, 16, cu_current_stream());
+  int r = captured ? 0 : cu_drv()->memcpy_htod(errw, zero, 16, cu_current_stream());
   k_layout L = {0};
   int64_t n, axis_stride;
   uint64_t o = dptr(out);
@@ -337,9 +343,14 @@ static bool indexing(em_prim op, const prim_attrs *at, em_tensor *out, em_tensor
     ok = ok && run((cu_kernel_key){CU_INDEX, op, x->dtype, out->dtype, idx->dtype, CU_STRIDED}, n, 256, p, err, cap);
   }
   uint64_t bad[2] = {0, 0};
+  if (captured) {
+    if (ok && cu_capture_check((cu_check){eb, op, a, limit})) return true;
+    cu_release(eb->owner, eb);
+    return ok ? fail(err, cap, "out of memory") : false;
+  }
   if (ok) ok = cu_copy_to_host(bad, errw, 16, prim_get(op)->name, (em_site){__FILE__, __LINE__, __func__});
   if (!ok && r) snprintf(err, cap, "device copy: %s", cu_drv()->error_string(r));
-  cu_release(cu_device_allocator(), eb);
+  cu_release(eb->owner, eb);
   if (ok && bad[0])
     return snprintf(err, cap, "index %lld is out of bounds for axis %d with size %lld", (long long)(int64_t)bad[1], a,
                     (long long)limit),

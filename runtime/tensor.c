@@ -28,7 +28,7 @@ static _Thread_local int n_scopes, cap_scopes;
 
 static void storage_release(rt_storage *s) {
   if (__atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
-    if (s->device == EM_CUDA) cu_release(cu_device_allocator(), s->block);
+    if (s->device == EM_CUDA) { if (s->block) cu_release(s->block->owner, s->block); }
     else rt_count_storage(-(int64_t)s->bytes);
     rt_free(s);
   }

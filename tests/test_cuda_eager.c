@@ -8,6 +8,7 @@
  * the emulator on a GPU machine. */
 #include "common.h"
 #include "../runtime/cuda.h"
+#include <time.h>
 
 static void setup(void) {
   etest_pick_cuda();
@@ -738,4 +739,201 @@ ETEST(cuda_eager, compiled_row_kernels_backward) {
   cr_assert_eq(st.eager_calls, 0);
   cr_assert_geq(st.kernel_runs, 4, "%lld kernel runs", (long long)st.kernel_runs);
   em_compiled_free(c);
+}
+
+/* ---- mode "reduce-overhead": compiled CUDA graphs replayed as CUDA graphs ---- */
+
+/* An MLP's loss: relu(x W1 + b1) W2 -> cross_entropy (its gather's bounds check is read back
+ * after each replay). in: x, y, W1, b1, W2. */
+static em_outputs mlp_loss(void *ctx, em_tensor *const *in, int n) {
+  (void)ctx, (void)n;
+  em_tensor *h = em_relu(em_add(em_matmul(in[0], in[2]), in[3]));
+  return EM_OUTPUTS(em_cross_entropy(em_matmul(h, in[4]), in[1], EM_CROSS_ENTROPY_DEFAULT));
+}
+
+/* Trains the MLP for `steps` SGD steps with the compiled loss (forward and backward graphs),
+ * a new batch tensor each step (about the same data: the loss falls); the losses in loss[], the final parameters in params[]. */
+static em_compile_stats train_mlp(const char *mode, int steps, double *loss, em_tensor **params) {
+  em_manual_seed(21);
+  int64_t B = 16, Din = 24, H = 32, V = 10;
+  em_tensor *w[3] = {C(em_mul_scalar(em_randn(F, EM_SHAPE(Din, H)), 0.2)), C(em_zeros(F, EM_SHAPE(H))),
+                     C(em_mul_scalar(em_randn(F, EM_SHAPE(H, V)), 0.2))};
+  for (int i = 0; i < 3; i++) em_requires_grad_(w[i], true);
+  em_tensor *x0 = em_randn(F, EM_SHAPE(B, Din)), *y0 = em_cast(em_mul_scalar(em_rand(F, EM_SHAPE(B)), (double)V - 0.01), EM_I64);
+  em_compiled *c = em_compile(mlp_loss, &(em_compile_options){.name = "mlp_loss", .mode = mode});
+  cr_assert_not_null(c, "%s", em_last_error());
+  for (int s = 0; s < steps; s++) {
+    em_scope_begin();
+    em_tensor *x = C(em_add_scalar(x0, 0.01 * s)), *y = C(y0); /* a new batch tensor each step */
+    em_outputs o = em_call(c, NULL, x, y, w[0], w[1], w[2]);
+    cr_assert(o.n == 1 && o.t[0], "%s, step %d: %s", mode, s, em_last_error());
+    loss[s] = em_item(o.t[0]);
+    cr_assert(em_backward(o.t[0], NULL), "%s", em_last_error());
+    em_no_grad_begin();
+    for (int i = 0; i < 3; i++) {
+      cr_assert(em_sub_(w[i], em_mul_scalar(em_get_grad(w[i]), 0.5)), "%s", em_last_error());
+      em_zero_grad(w[i]);
+    }
+    em_no_grad_end();
+    em_scope_end();
+  }
+  em_compile_stats st = em_compiled_stats(c);
+  em_compiled_free(c);
+  for (int i = 0; i < 3; i++) params[i] = em_to(w[i], EM_CPU);
+  return st;
+}
+
+/* The same training under "default" and "reduce-overhead" (and "max-autotune", which also
+ * captures): every loss and final parameter bit for bit the same (the graph replays the very
+ * kernels the default mode launches), the forward and backward graphs replayed as CUDA graphs
+ * from the second step on, every batch (a new tensor each step: copied into the graph's inputs)
+ * seen. */
+ETEST(cuda_eager, reduce_overhead_replays_cuda_graphs) {
+  enum { STEPS = 5 };
+  double want[STEPS], got[STEPS];
+  em_tensor *pw[3], *pg[3];
+  em_compile_stats sd = train_mlp("default", STEPS, want, pw);
+  cr_assert_eq(sd.cuda_graph_replays, 0);
+  int64_t launches = ind_cuda_graph_replays();
+  em_compile_stats sr = train_mlp("reduce-overhead", STEPS, got, pg);
+  launches = ind_cuda_graph_replays() - launches; /* forward (in em_call) and backward (in em_backward) */
+  for (int s = 0; s < STEPS; s++) cr_assert_eq(want[s], got[s], "step %d: loss %.9g against default's %.9g", s, got[s], want[s]);
+  for (int i = 0; i < 3; i++) SAME_CPU(pw[i], pg[i], 0);
+  cr_assert_eq(sr.cuda_graph_replays, STEPS - 1, "%lld forward launches", (long long)sr.cuda_graph_replays);
+  cr_assert_eq(launches, 2 * (STEPS - 1), "%lld CUDA graph launches", (long long)launches);
+  cr_assert_lt(want[STEPS - 1], want[0], "the loss went down (%g -> %g)", want[0], want[STEPS - 1]);
+}
+
+/* Outputs are the caller's: a later replay does not overwrite them. A parameter passed at a new
+ * address is read from there (the graph is captured again); a bad index inside a replayed graph
+ * is the eager error. */
+static em_outputs gather_rows(void *ctx, em_tensor *const *in, int n) {
+  (void)ctx, (void)n;
+  return EM_OUTPUTS(em_exp(em_gather(em_mul(in[0], in[1]), 0, in[2])));
+}
+
+ETEST(cuda_eager, reduce_overhead_outputs_inputs_and_errors) {
+  em_manual_seed(22);
+  em_tensor *x = em_randn(F, EM_SHAPE(6, 4)), *scale = em_randn(F, EM_SHAPE(6, 4)), *dscale = C(scale);
+  em_tensor *idx = em_cast(em_mul_scalar(em_rand(F, EM_SHAPE(3, 4)), 5.99), EM_I64);
+  em_compiled *c = em_compile(gather_rows, &(em_compile_options){.name = "gather_rows", .mode = "reduce-overhead"});
+  em_tensor *kept[4];
+  for (int call = 0; call < 4; call++) {
+    em_tensor *xi = em_add_scalar(x, call);
+    em_outputs o = em_call(c, NULL, C(xi), dscale, C(idx));
+    cr_assert(o.n == 1 && o.t[0], "call %d: %s", call, em_last_error());
+    kept[call] = o.t[0];
+    for (int k = 0; k <= call; k++) /* every earlier output still holds its own call's values */
+      SAME(gather_rows(NULL, (em_tensor *[]){em_add_scalar(x, k), scale, idx}, 3).t[0], kept[k], 1e-6);
+  }
+  cr_assert_geq(em_compiled_stats(c).cuda_graph_replays, 3);
+  em_tensor *scale2 = em_mul_scalar(scale, -1); /* the parameter at another address */
+  em_outputs o = em_call(c, NULL, C(x), C(scale2), C(idx));
+  cr_assert(o.n == 1 && o.t[0], "%s", em_last_error());
+  SAME(gather_rows(NULL, (em_tensor *[]){x, scale2, idx}, 3).t[0], o.t[0], 1e-6);
+  em_tensor *bad = em_cast(em_full(F, EM_SHAPE(3, 4), 2), EM_I64);
+  EXPECT_ERROR(em_call(c, NULL, C(x), dscale, C(em_add_scalar(bad, 7))).t[0], "index 9 is out of bounds for axis 0 with size 6");
+  int64_t before = em_compiled_stats(c).cuda_graph_replays;
+  o = em_call(c, NULL, C(x), dscale, C(idx));
+  cr_assert(o.n == 1 && o.t[0], "after the error: %s", em_last_error());
+  SAME(gather_rows(NULL, (em_tensor *[]){x, scale, idx}, 3).t[0], o.t[0], 1e-6);
+  cr_assert_gt(em_compiled_stats(c).cuda_graph_replays, before, "still replayed after the error");
+  em_compiled_free(c);
+}
+
+/* The bounds check's word of a captured gather must not share memory with the graph's other
+ * values: here the two products' blocks are free when the gather runs, and a word carved from
+ * them was overwritten by the GEMMs at the next replay (a false "index ... out of bounds" in
+ * fashion_mnist --mode reduce-overhead, found while writing this mode). */
+static em_outputs gather_after_gemms(void *ctx, em_tensor *const *in, int n) {
+  (void)ctx, (void)n;
+  em_tensor *t = em_add(em_exp(em_matmul(in[0], in[1])), em_matmul(in[0], in[2])); /* two f32[8,16]: 512 bytes */
+  return EM_OUTPUTS(em_gather(t, 0, in[3]));
+}
+
+ETEST(cuda_eager, reduce_overhead_bounds_check_word_is_its_own) {
+  em_manual_seed(23);
+  em_tensor *in[4] = {em_randn(F, EM_SHAPE(8, 4)), em_randn(F, EM_SHAPE(4, 16)), em_randn(F, EM_SHAPE(4, 16)),
+                      em_cast(em_mul_scalar(em_rand(F, EM_SHAPE(3, 16)), 7.99), EM_I64)};
+  em_compiled *c = em_compile(gather_after_gemms, &(em_compile_options){.name = "gather_after_gemms", .mode = "reduce-overhead"});
+  for (int call = 0; call < 4; call++) {
+    em_outputs o = em_call(c, NULL, C(in[0]), C(in[1]), C(in[2]), C(in[3]));
+    cr_assert(o.n == 1 && o.t[0], "call %d: %s", call, em_last_error());
+    SAME(gather_after_gemms(NULL, in, 4).t[0], o.t[0], 1e-5);
+  }
+  cr_assert_geq(em_compiled_stats(c).cuda_graph_replays, 2);
+  em_compiled_free(c);
+}
+
+/* A graph that cannot be captured (integer remainder checks its divisor on the host) runs
+ * without a CUDA graph, with the default mode's results. */
+static em_outputs int_rem(void *ctx, em_tensor *const *in, int n) {
+  (void)ctx, (void)n;
+  return EM_OUTPUTS(em_add(em_remainder(in[0], in[1]), in[0]));
+}
+
+ETEST(cuda_eager, reduce_overhead_falls_back_when_capture_fails) {
+  em_tensor *a = em_cast(em_arange(F, 0, 12, 1), EM_I64), *b = em_cast(em_full(F, EM_SHAPE(12), 5), EM_I64);
+  em_compiled *c = em_compile(int_rem, &(em_compile_options){.name = "int_rem", .mode = "reduce-overhead"});
+  for (int call = 0; call < 3; call++) {
+    em_outputs o = em_call(c, NULL, C(a), C(b));
+    cr_assert(o.n == 1 && o.t[0], "call %d: %s", call, em_last_error());
+    SAME(int_rem(NULL, (em_tensor *[]){a, b}, 2).t[0], o.t[0], 0);
+  }
+  cr_assert_eq(em_compiled_stats(c).cuda_graph_replays, 0);
+  em_compiled_free(c);
+  EXPECT_ERROR(em_compile(int_rem, &(em_compile_options){.mode = "fast"}), "unknown mode \"fast\"");
+}
+
+/* ---- mode "max-autotune": launch configurations timed, the choice cached on disk ---- */
+static em_outputs softmax_relu(void *ctx, em_tensor *const *in, int n) {
+  (void)ctx, (void)n;
+  /* a row kernel (the softmax with its prologue), then a pointwise one (the GEMM between) */
+  em_tensor *s = em_softmax(em_relu(em_add(in[0], in[1])), 1);
+  return EM_OUTPUTS(s, em_tanh(em_mul_scalar(em_matmul(s, em_transpose(in[1], 0, 1)), 0.5)));
+}
+
+/* The first compile times each kernel's candidates (pointwise and row) and gives eager's
+ * results; a second compile of the same function (a new em_compile) takes every choice from
+ * the disk cache without timing (a salt from the clock keys this run's entries apart from earlier
+ * runs'). "max-autotune" also replays CUDA graphs, as torch.compile's does. */
+ETEST(cuda_eager, max_autotune_times_and_caches_choices) {
+  em_manual_seed(24);
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ind_autotune_salt((unsigned long long)ts.tv_sec * 1000000007ull + (unsigned long long)ts.tv_nsec * 31 + (unsigned long long)getpid());
+  int64_t R = 6, K = 40;
+  em_tensor *in[2] = {em_randn(F, EM_SHAPE(R, K)), em_randn(F, EM_SHAPE(R, K))};
+  em_outputs want = softmax_relu(NULL, in, 2);
+  ind_autotune_stats s0 = ind_autotune_stats_get();
+  for (int round = 0; round < 2; round++) {
+    em_compiled *c = em_compile(softmax_relu, &(em_compile_options){.name = "softmax_relu", .mode = "max-autotune-no-cudagraphs"});
+    for (int call = 0; call < 2; call++) {
+      em_outputs o = em_call(c, NULL, C(in[0]), C(in[1]));
+      cr_assert(o.n == 2 && o.t[0] && o.t[1], "round %d call %d: %s", round, call, em_last_error());
+      SAME(want.t[0], o.t[0], 1e-5);
+      SAME(want.t[1], o.t[1], 1e-5);
+    }
+    cr_assert_eq(em_compiled_stats(c).cuda_graph_replays, 0);
+    em_compiled_free(c);
+    ind_autotune_stats s1 = ind_autotune_stats_get();
+    if (round == 0) {
+      cr_assert_geq(s1.tuned - s0.tuned, 2, "%lld kernels timed", (long long)(s1.tuned - s0.tuned));
+    } else if (ind_cache_dir()) {
+      cr_assert_eq(s1.tuned - s0.tuned, 0, "a second compile timed %lld kernels again", (long long)(s1.tuned - s0.tuned));
+      cr_assert_geq(s1.cached - s0.cached, 2, "%lld choices from the cache", (long long)(s1.cached - s0.cached));
+    } else {
+      fprintf(stderr, "[cache] NO KERNEL CACHE DIRECTORY: the cached autotuning choices are not checked\n");
+    }
+    s0 = s1;
+  }
+  em_compiled *c = em_compile(softmax_relu, &(em_compile_options){.name = "softmax_relu", .mode = "max-autotune"});
+  for (int call = 0; call < 3; call++) {
+    em_outputs o = em_call(c, NULL, C(in[0]), C(in[1]));
+    cr_assert(o.n == 2 && o.t[0] && o.t[1], "call %d: %s", call, em_last_error());
+    SAME(want.t[0], o.t[0], 1e-5);
+  }
+  cr_assert_eq(em_compiled_stats(c).cuda_graph_replays, 2);
+  em_compiled_free(c);
+  ind_autotune_salt(0);
 }
