@@ -893,6 +893,44 @@ bool em_checkpoint_load_at(const char *path, int n, em_tensor *const *params, co
                            em_optimizer *opt, em_site site);
 
 /* ------------------------------------------------------------------------------------------ */
+/* DLPack (https://dmlc.github.io/dlpack/latest/, version 1.0): zero-copy exchange of tensors
+ * with NumPy (numpy.from_dlpack), PyTorch (torch.from_dlpack), JAX, CuPy. The structures are
+ * the standard's dlpack.h ones; include <dlpack/dlpack.h> (1.0 or later) to read their fields.
+ * Ember's dtypes map to (code, bits): f32 (kDLFloat, 32), f64 (kDLFloat, 64), f16 (kDLFloat,
+ * 16), bf16 (kDLBfloat, 16), i32 (kDLInt, 32), i64 (kDLInt, 64), u8 (kDLUInt, 8), bool
+ * (kDLBool, 8); devices to kDLCPU and (kDLCUDA, 0); strides are in elements, as DLPack's. */
+struct DLManagedTensorVersioned;
+struct DLManagedTensor;
+
+/* Exports x without a copy: a new DLManagedTensorVersioned (version 1.0, flags 0: writable,
+ * not a copy) whose dl_tensor points at x's element 0 with x's shape, strides and device, and
+ * which holds a reference to x until the consumer calls its deleter (exactly once, from any
+ * thread; the deleter frees the struct). Writes on either side are seen by the other. CUDA:
+ * waits for the device's queued work first, so the consumer may read at once on any stream.
+ * Inside a function being compiled this is a graph break (the data must exist). Errors (NULL):
+ * NULL or EM_NONE x, out of memory. Matches torch.Tensor.__dlpack__(max_version=(1, 0)). */
+#define em_to_dlpack(x) em_to_dlpack_at((x), EM_HERE)
+struct DLManagedTensorVersioned *em_to_dlpack_at(em_tensor *x, em_site site);
+/* The same as the pre-1.0 DLManagedTensor, for consumers that ask for no version (the legacy
+ * "dltensor" capsule: NumPy before 2.1, PyTorch before 2.4). */
+#define em_to_dlpack_unversioned(x) em_to_dlpack_unversioned_at((x), EM_HERE)
+struct DLManagedTensor *em_to_dlpack_unversioned_at(em_tensor *x, em_site site);
+
+/* Imports m, taking ownership of it in every case (success or error), as the spec has the
+ * consumer do: a tensor owned by the current scope over m's memory, no copy, with m's dtype,
+ * shape and strides on its device (kDLCPU and kDLCUDAHost: the CPU; kDLCUDA id 0: CUDA); m's
+ * deleter runs when the tensor and all its views are gone. A tensor flagged read-only
+ * (DLPACK_FLAG_BITMASK_READ_ONLY) is copied instead, since Ember tensors are writable, and m is
+ * released at once. A major version other than 1 is refused after calling m's deleter (its
+ * other fields may have moved). Errors (NULL): NULL m, that version, a device, dtype, lanes,
+ * ndim (> 8) or negative stride Ember lacks. Matches torch.from_dlpack. */
+#define em_from_dlpack(m) em_from_dlpack_at((m), EM_HERE)
+em_tensor *em_from_dlpack_at(struct DLManagedTensorVersioned *m, em_site site);
+/* The same for a pre-1.0 DLManagedTensor (no version, no flags). */
+#define em_from_dlpack_unversioned(m) em_from_dlpack_unversioned_at((m), EM_HERE)
+em_tensor *em_from_dlpack_unversioned_at(struct DLManagedTensor *m, em_site site);
+
+/* ------------------------------------------------------------------------------------------ */
 /* Data                                                                                        */
 
 /* An IDX file (LeCun's MNIST format; gzip-compressed or raw, told apart by content) as a tensor
