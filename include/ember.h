@@ -931,6 +931,28 @@ em_tensor *em_from_dlpack_at(struct DLManagedTensorVersioned *m, em_site site);
 em_tensor *em_from_dlpack_unversioned_at(struct DLManagedTensor *m, em_site site);
 
 /* ------------------------------------------------------------------------------------------ */
+/* Profiler: a timeline in the Chrome Trace Event Format (the JSON that chrome://tracing and
+ * https://ui.perfetto.dev open; "Trace Event Format", Google, 2016): {"traceEvents": [...]},
+ * complete events ("ph": "X", "ts" and "dur" in microseconds from em_profiler_start) per
+ * thread ("tid"; thread_name metadata events), instant events ("ph": "i") for graph breaks and
+ * recompiles. Categories ("cat"): "op" (each eager op, args.detail: its operands' dtypes and
+ * shapes; also each op a compiled graph runs eagerly), "compiled" (an em_call), "kernel" (each
+ * generated CPU kernel; on CUDA the launch, as the kernels run asynchronously), "gemm" (GEMMs
+ * inside compiled graphs, with shapes), "phase" (tracing, inductor compile, LLVM codegen + JIT,
+ * NVRTC compile), "graph_break" (op, file:line, reason), "recompile" (the failed guard).
+ * Events nest by time within a thread. Off (the default), the cost is one load and branch per
+ * hook: bench/profile measures it. EMBER_PROFILE=trace.json profiles the whole process and
+ * writes the file at exit. Device-side CUDA kernel times (from events) are not recorded yet. */
+
+/* Starts recording (again: events before the call are dropped). Never fails; events that
+ * cannot be stored (out of memory) are dropped. */
+void em_profiler_start(void);
+/* Stops recording and writes everything recorded since em_profiler_start to path. Returns
+ * false with an error naming path and errno when it cannot be written. */
+#define em_profiler_stop(path) em_profiler_stop_at((path), EM_HERE)
+bool em_profiler_stop_at(const char *path, em_site site);
+
+/* ------------------------------------------------------------------------------------------ */
 /* Data                                                                                        */
 
 /* An IDX file (LeCun's MNIST format; gzip-compressed or raw, told apart by content) as a tensor

@@ -45,6 +45,19 @@ bool rt_write_file_whole(const char *path, const void *head, size_t head_size, c
  * would block forever; a directory or device is no cache entry); its size in *size. */
 FILE *rt_cache_open(const char *path, int64_t *size);
 
+/* ---- profile.c: the Chrome-trace profiler ------------------------------------------------
+ * Hooks test rt_prof_on (one load and a branch when off), take rt_prof_now() at the start and
+ * record a complete event at the end: cat is a static category ("op", "compiled", "kernel",
+ * "gemm", "phase"), name is copied, args a printf-style detail (or NULL). */
+extern int rt_prof_on;
+#define RT_PROF_ON() __builtin_expect(__atomic_load_n(&rt_prof_on, __ATOMIC_RELAXED), 0)
+uint64_t rt_prof_now(void);
+void rt_prof_complete(const char *cat, const char *name, uint64_t t0, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+void rt_prof_instant(const char *cat, const char *name, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* An eager op's event, with its operands' types as the detail. */
+void rt_prof_op(const char *name, em_tensor *const *in, int n_in, uint64_t t0);
+
 /* ---- error.c ----------------------------------------------------------------------------- */
 
 /* Records "file:line: op: message" unless an error is already recorded. Always returns NULL,

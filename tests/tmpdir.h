@@ -12,16 +12,16 @@
 #include <unistd.h>
 
 static char dir[64];
-static void make_dir(void) {
+__attribute__((unused)) static void make_dir(void) {
   strcpy(dir, "/tmp/ember-test-XXXXXX");
   cr_assert_not_null(mkdtemp(dir));
 }
-static const char *path_in(const char *name) {
+__attribute__((unused)) static const char *path_in(const char *name) {
   static char p[512];
   snprintf(p, sizeof p, "%s/%s", dir, name);
   return p;
 }
-static void remove_dir(void) {
+__attribute__((unused)) static void remove_dir(void) {
   DIR *d = opendir(dir);
   cr_assert_not_null(d);
   struct dirent *e;
@@ -30,7 +30,7 @@ static void remove_dir(void) {
   closedir(d);
   cr_assert_eq(rmdir(dir), 0);
 }
-static size_t read_file(const char *path, unsigned char *buf, size_t cap) {
+__attribute__((unused)) static size_t read_file(const char *path, unsigned char *buf, size_t cap) {
   FILE *f = fopen(path, "rb");
   cr_assert_not_null(f, "cannot open %s", path);
   size_t n = fread(buf, 1, cap, f);
@@ -40,7 +40,7 @@ static size_t read_file(const char *path, unsigned char *buf, size_t cap) {
 
 /* Calls fn with the k-th allocation failing, for k = 1, 2, ... until it succeeds: each failure
  * must be reported with an error and must leave nothing alive beyond what was alive before. */
-static void fail_each_alloc(bool (*fn)(void)) {
+__attribute__((unused)) static void fail_each_alloc(bool (*fn)(void)) {
   for (int64_t k = 1;; k++) {
     cr_assert_lt(k, 10000, "never succeeded");
     int64_t live = em_debug_live_tensors();
