@@ -376,7 +376,7 @@ static bool check_entry(em_safetensors *f, const char *path, const char *name, e
   *present = rt_safetensors_find(f, name, &fdt, &fnd, fsz);
   if (!*present)
     return required ? rt_error(site, op, "%s has no tensor named '%s' (of an Ember dtype)", path, name), false : true;
-  if (fdt != dt || fnd != ndim || memcmp(fsz, sizes, sizeof(int64_t) * (size_t)ndim))
+  if (fdt != dt || fnd != ndim || (ndim && memcmp(fsz, sizes, sizeof(int64_t) * (size_t)ndim)))
     return rt_error(site, op, "%s: tensor '%s' is %s in the file but %s here", path, name,
                     ir_fmt_type(b0, sizeof b0, fdt, fnd, fsz), ir_fmt_type(b1, sizeof b1, dt, ndim, sizes)), false;
   return true;
