@@ -938,7 +938,19 @@ static em_outputs failed_outputs(int n) {
 /* Runs fn under a new trace. With want_entry, a run also yields a new entry (*made) unless it
  * is unstable (it left new tensors in state outside fn: retraced next call); an existing entry
  * with breaks passes want_entry false. Results are caller-owned references in res. */
+static bool run_traced_impl(em_compiled *c, void *ctx, em_tensor *const *in, int n_in, run_state *rs, bool want_entry,
+                       entry **made, em_outputs *res, em_site site);
+
 static bool run_traced(em_compiled *c, void *ctx, em_tensor *const *in, int n_in, run_state *rs, bool want_entry,
+                       entry **made, em_outputs *res, em_site site) {
+  if (!RT_PROF_ON()) return run_traced_impl(c, ctx, in, n_in, rs, want_entry, made, res, site);
+  uint64_t t0_ = rt_prof_now();
+  bool r_ = run_traced_impl(c, ctx, in, n_in, rs, want_entry, made, res, site);
+  rt_prof_complete("phase", "trace", t0_, "%s at %s:%d", c->name, site.file, site.line);
+  return r_;
+}
+
+static bool run_traced_impl(em_compiled *c, void *ctx, em_tensor *const *in, int n_in, run_state *rs, bool want_entry,
                        entry **made, em_outputs *res, em_site site) {
   double t0 = now_ms();
   rt_trace tr;
@@ -1242,6 +1254,7 @@ static bool check_due(const em_compiled *c, const entry *e) {
 }
 
 em_outputs em_call_at(em_compiled *c, void *ctx, em_tensor *const *in, int n_in, em_site site) {
+  uint64_t t0 = RT_PROF_ON() ? rt_prof_now() : 0;
   /* this thread's counters: a call compiles and runs its kernels on the calling thread */
   int64_t k0 = ind_kernel_runs(), f0 = ind_failures(), g0 = ind_cuda_graph_replays();
   /* one call at a time per compiled function: its entries, graph cache, lazily compiled
@@ -1252,6 +1265,7 @@ em_outputs em_call_at(em_compiled *c, void *ctx, em_tensor *const *in, int n_in,
     c->stats.kernel_runs += ind_kernel_runs() - k0, c->stats.inductor_fallbacks += ind_failures() - f0,
         c->stats.cuda_graph_replays += ind_cuda_graph_replays() - g0;
   if (c) pthread_mutex_unlock(&c->lock);
+  if (t0) rt_prof_complete("compiled", c ? c->name : "em_call", t0, "called at %s:%d", site.file, site.line);
   return r;
 }
 
@@ -1317,6 +1331,7 @@ static em_outputs call(em_compiled *c, void *ctx, em_tensor *const *in, int n_in
   }
   if (c->stats.traces > 0) {
     c->stats.recompiles++;
+    if (RT_PROF_ON()) rt_prof_instant("recompile", c->name, "%s", why[0] ? why : "an entry was dropped");
     fe_log(FE_LOG_RECOMPILES, "Recompiling %s (compiled at %s:%d), called from %s:%d: guard failed: %s", c->name,
            c->site.file, c->site.line, site.file, site.line, why[0] ? why : "an entry was dropped");
   }

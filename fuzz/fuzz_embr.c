@@ -1,4 +1,5 @@
-/* fuzz/fuzz_embr.c: the EMBR tensor-file loader (em_load) on arbitrary bytes, loading into two
+/* fuzz/fuzz_embr.c: the checkpoint loader (em_load: safetensors, or the former EMBR format; the
+ * corpus has both) on arbitrary bytes, loading into two
  * tensors as a checkpoint restore would ("w" f32[4,3], "step" i64[]), then, from the same file,
  * a bool mask ("mask" bool[2,2]): true or a clean error, never a crash or a leak. What loads
  * must be a value Ember can compute with: a bool element is the byte 0 or 1 (the kernels take

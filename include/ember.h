@@ -810,17 +810,147 @@ double em_optimizer_get_lr(const em_optimizer *opt);
 void em_optimizer_free(em_optimizer *opt);
 
 /* ------------------------------------------------------------------------------------------ */
-/* Saving and loading tensors. The file format ("EMBR" v1, little-endian) is documented in
- * runtime/serialize.c: a count, then per tensor its name, dtype, shape and row-major data.    */
+/* Saving and loading tensors: safetensors (https://huggingface.co/docs/safetensors), the format
+ * of the `safetensors` Python package and the Hugging Face Hub. A file is an 8-byte
+ * little-endian header size N, N bytes of JSON ({"name": {"dtype", "shape", "data_offsets"}},
+ * optional "__metadata__" of strings), then the tensors' bytes, row-major, little-endian.
+ * dtypes: F32 F64 I32 I64 BOOL U8 F16 BF16 map to Ember's; files holding I8, I16, U16, U32,
+ * U64, F8_E4M3 or F8_E5M2 tensors load, but those tensors cannot be read. Ember writes files
+ * the Python package reads (tensors ordered by decreasing element size, header padded to 8
+ * bytes, so every tensor is aligned) and reads the files it writes.
+ * Malformed files are errors naming the file and the fault, found before any tensor memory is
+ * allocated: a header over 100,000,000 bytes (the reference implementation's limit) or past
+ * the end of the file, JSON that is not an object, a tensor described twice, unknown dtypes,
+ * shapes of more than 8 dims, byte ranges that do not match the shape, leave gaps, overlap, or
+ * do not cover the data exactly, metadata that is not strings, bool bytes other than 0 and 1. */
 
-/* Writes n named tensors to path. Returns false with an error (naming path and errno). */
+/* Writes n named tensors (any device, strides or views; read as em_to_buffer reads them) and
+ * metadata, a list of string pairs ended by NULL ((const char *[]){"format", "pt", NULL}) or
+ * NULL, to path. The file is written under a temporary name in the same directory and renamed
+ * over path when complete, so a failed save leaves any earlier file at path intact. Inside a
+ * compiled function this is a graph break. Returns false with an error: NULL path or names,
+ * duplicate names, the reserved name "__metadata__", a metadata key with no value, a tensor
+ * the format cannot hold, an I/O failure (naming path and errno). Matches
+ * safetensors.numpy.save_file / safetensors.torch.save_file. */
+#define em_save_safetensors(path, n, tensors, names, metadata) \
+  em_save_safetensors_at((path), (n), (tensors), (names), (metadata), EM_HERE)
+bool em_save_safetensors_at(const char *path, int n, em_tensor *const *tensors, const char *const *names,
+                            const char *const *metadata, em_site site);
+
+/* A loaded safetensors file: an opaque handle over the mapped file (mmap, MAP_PRIVATE). */
+typedef struct em_safetensors em_safetensors;
+/* Maps and validates path (see the checks above); a new handle, owned by the caller
+ * (em_safetensors_close), or NULL with an error. Matches safetensors.safe_open. */
+#define em_load_safetensors(path) em_load_safetensors_at((path), EM_HERE)
+em_safetensors *em_load_safetensors_at(const char *path, em_site site);
+/* Tensors in the file, and the name of the i-th in file order (borrowed, valid until close;
+ * NULL when i is out of range). f may be NULL (0 tensors). */
+int em_safetensors_count(const em_safetensors *f);
+const char *em_safetensors_name(const em_safetensors *f, int i);
+/* The "__metadata__" value of key (borrowed, valid until close), or NULL when absent. */
+const char *em_safetensors_metadata(const em_safetensors *f, const char *key);
+/* The tensor stored under name, contiguous, owned by the current scope, on the default device.
+ * On the CPU it is a view of the mapped file, no copy, when its bytes are aligned to its
+ * element size (always so in files from Ember or the Python package); else a copy. Writes into
+ * it change this process's pages, never the file. Each call returns the same tensor (made at
+ * the first); it and its views keep the mapping alive past em_safetensors_close. Errors:
+ * NULL f or name, no such name, a dtype Ember lacks, bool bytes other than 0/1, no device. */
+#define em_safetensors_get(f, name) em_safetensors_get_at((f), (name), EM_HERE)
+em_tensor *em_safetensors_get_at(em_safetensors *f, const char *name, em_site site);
+/* Drops the handle's references (tensors handed out stay valid). NULL-safe. */
+void em_safetensors_close(em_safetensors *f);
+
+/* em_save: em_save_safetensors without metadata. (Ember's former "EMBR" format is no longer
+ * written; em_load still reads it, see runtime/serialize.c.) */
 #define em_save(path, n, tensors, names) em_save_at((path), (n), (tensors), (names), EM_HERE)
 bool em_save_at(const char *path, int n, em_tensor *const *tensors, const char *const *names, em_site site);
-/* Reads path and copies the tensor saved under names[i] into tensors[i] in place (without
- * grad), which must have the saved shape and dtype. Returns false with an error naming the
- * first mismatch or missing name. */
+/* Reads path (safetensors, or an old EMBR file, told apart by content) and copies the tensor
+ * saved under names[i] into tensors[i] in place (without grad; any strides or device), which
+ * must have the saved shape and dtype. All or nothing: every name, shape and dtype is checked
+ * before any tensor is written. Returns false with an error naming the first mismatch or
+ * missing name. Matches load_state_dict(strict=False) for the names given. */
 #define em_load(path, n, tensors, names) em_load_at((path), (n), (tensors), (names), EM_HERE)
 bool em_load_at(const char *path, int n, em_tensor *const *tensors, const char *const *names, em_site site);
+
+/* Training checkpoints: n named parameters, the optimizer's state and the random generator, in
+ * one safetensors file, so that training resumed from it continues bit for bit. Parameters are
+ * stored under their names; the optimizer (may be NULL) under "optimizer.lr" and
+ * "optimizer.<i>.<slot>" for parameter i, slots as torch.optim names them: momentum_buffer
+ * (SGD), exp_avg, exp_avg_sq, max_exp_avg_sq and step (AdamW), only those that exist (state is
+ * made at a parameter's first step); metadata "ember.optimizer" ("sgd", "adamw") and
+ * "ember.rng" (the Philox seed and offset). Loading needs the same parameter names, shapes and
+ * dtypes and an optimizer of the same kind over as many parameters (its hyperparameters other
+ * than lr are the caller's); it replaces the optimizer's state (slots absent from the file are
+ * dropped, as for a parameter that has not stepped), sets lr, and restores the generator.
+ * All or nothing, as em_load. Returns false with an error. */
+#define em_checkpoint_save(path, n, params, names, opt) \
+  em_checkpoint_save_at((path), (n), (params), (names), (opt), EM_HERE)
+bool em_checkpoint_save_at(const char *path, int n, em_tensor *const *params, const char *const *names,
+                           em_optimizer *opt, em_site site);
+#define em_checkpoint_load(path, n, params, names, opt) \
+  em_checkpoint_load_at((path), (n), (params), (names), (opt), EM_HERE)
+bool em_checkpoint_load_at(const char *path, int n, em_tensor *const *params, const char *const *names,
+                           em_optimizer *opt, em_site site);
+
+/* ------------------------------------------------------------------------------------------ */
+/* DLPack (https://dmlc.github.io/dlpack/latest/, version 1.0): zero-copy exchange of tensors
+ * with NumPy (numpy.from_dlpack), PyTorch (torch.from_dlpack), JAX, CuPy. The structures are
+ * the standard's dlpack.h ones; include <dlpack/dlpack.h> (1.0 or later) to read their fields.
+ * Ember's dtypes map to (code, bits): f32 (kDLFloat, 32), f64 (kDLFloat, 64), f16 (kDLFloat,
+ * 16), bf16 (kDLBfloat, 16), i32 (kDLInt, 32), i64 (kDLInt, 64), u8 (kDLUInt, 8), bool
+ * (kDLBool, 8); devices to kDLCPU and (kDLCUDA, 0); strides are in elements, as DLPack's. */
+struct DLManagedTensorVersioned;
+struct DLManagedTensor;
+
+/* Exports x without a copy: a new DLManagedTensorVersioned (version 1.0, flags 0: writable,
+ * not a copy) whose dl_tensor points at x's element 0 with x's shape, strides and device, and
+ * which holds a reference to x until the consumer calls its deleter (exactly once, from any
+ * thread; the deleter frees the struct). Writes on either side are seen by the other. CUDA:
+ * waits for the device's queued work first, so the consumer may read at once on any stream.
+ * Inside a function being compiled this is a graph break (the data must exist). Errors (NULL):
+ * NULL or EM_NONE x, out of memory. Matches torch.Tensor.__dlpack__(max_version=(1, 0)). */
+#define em_to_dlpack(x) em_to_dlpack_at((x), EM_HERE)
+struct DLManagedTensorVersioned *em_to_dlpack_at(em_tensor *x, em_site site);
+/* The same as the pre-1.0 DLManagedTensor, for consumers that ask for no version (the legacy
+ * "dltensor" capsule: NumPy before 2.1, PyTorch before 2.4). */
+#define em_to_dlpack_unversioned(x) em_to_dlpack_unversioned_at((x), EM_HERE)
+struct DLManagedTensor *em_to_dlpack_unversioned_at(em_tensor *x, em_site site);
+
+/* Imports m, taking ownership of it in every case (success or error), as the spec has the
+ * consumer do: a tensor owned by the current scope over m's memory, no copy, with m's dtype,
+ * shape and strides on its device (kDLCPU and kDLCUDAHost: the CPU; kDLCUDA id 0: CUDA); m's
+ * deleter runs when the tensor and all its views are gone. A tensor flagged read-only
+ * (DLPACK_FLAG_BITMASK_READ_ONLY) is copied instead, since Ember tensors are writable, and m is
+ * released at once. A major version other than 1 is refused after calling m's deleter (its
+ * other fields may have moved). Errors (NULL): NULL m, that version, a device, dtype, lanes,
+ * ndim (> 8) or negative stride Ember lacks. Matches torch.from_dlpack. */
+#define em_from_dlpack(m) em_from_dlpack_at((m), EM_HERE)
+em_tensor *em_from_dlpack_at(struct DLManagedTensorVersioned *m, em_site site);
+/* The same for a pre-1.0 DLManagedTensor (no version, no flags). */
+#define em_from_dlpack_unversioned(m) em_from_dlpack_unversioned_at((m), EM_HERE)
+em_tensor *em_from_dlpack_unversioned_at(struct DLManagedTensor *m, em_site site);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Profiler: a timeline in the Chrome Trace Event Format (the JSON that chrome://tracing and
+ * https://ui.perfetto.dev open; "Trace Event Format", Google, 2016): {"traceEvents": [...]},
+ * complete events ("ph": "X", "ts" and "dur" in microseconds from em_profiler_start) per
+ * thread ("tid"; thread_name metadata events), instant events ("ph": "i") for graph breaks and
+ * recompiles. Categories ("cat"): "op" (each eager op, args.detail: its operands' dtypes and
+ * shapes; also each op a compiled graph runs eagerly), "compiled" (an em_call), "kernel" (each
+ * generated CPU kernel; on CUDA the launch, as the kernels run asynchronously), "gemm" (GEMMs
+ * inside compiled graphs, with shapes), "phase" (tracing, inductor compile, LLVM codegen + JIT,
+ * NVRTC compile), "graph_break" (op, file:line, reason), "recompile" (the failed guard).
+ * Events nest by time within a thread. Off (the default), the cost is one load and branch per
+ * hook: bench/profile measures it. EMBER_PROFILE=trace.json profiles the whole process and
+ * writes the file at exit. Device-side CUDA kernel times (from events) are not recorded yet. */
+
+/* Starts recording (again: events before the call are dropped). Never fails; events that
+ * cannot be stored (out of memory) are dropped. */
+void em_profiler_start(void);
+/* Stops recording and writes everything recorded since em_profiler_start to path. Returns
+ * false with an error naming path and errno when it cannot be written. */
+#define em_profiler_stop(path) em_profiler_stop_at((path), EM_HERE)
+bool em_profiler_stop_at(const char *path, em_site site);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Data                                                                                        */

@@ -66,8 +66,20 @@ ind_program *ind_compile(const ir_graph *graph, em_tensor *const *inputs, ind_st
   return ind_compile_opts(graph, inputs, NULL, stats, err, cap);
 }
 
+static ind_program *ind_compile_impl(const ir_graph *graph, em_tensor *const *inputs, const ind_options *opts,
+                                     ind_stats *stats, char *err, size_t cap);
+
 ind_program *ind_compile_opts(const ir_graph *graph, em_tensor *const *inputs, const ind_options *opts, ind_stats *stats,
                               char *err, size_t cap) {
+  if (!RT_PROF_ON()) return ind_compile_impl(graph, inputs, opts, stats, err, cap);
+  uint64_t t0_ = rt_prof_now();
+  ind_program *r_ = ind_compile_impl(graph, inputs, opts, stats, err, cap);
+  rt_prof_complete("phase", "inductor compile", t0_, "%d nodes", graph->n_nodes);
+  return r_;
+}
+
+static ind_program *ind_compile_impl(const ir_graph *graph, em_tensor *const *inputs, const ind_options *opts,
+                                     ind_stats *stats, char *err, size_t cap) {
   ind_program *p =
       injected_failure ? (ir_fail(err, cap, "%s", injected_failure), NULL) : compile(graph, inputs, opts, stats, err, cap);
   if (!p) {

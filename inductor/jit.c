@@ -500,7 +500,17 @@ static bool jit_step(void (*fn)(void *), build *b) {
  * process compiled it already, from the disk cache, or by optimising and compiling it, writing
  * the object to the disk cache. When LLVM fails (out of memory included), returns false with
  * the reason; what LLVM was building is leaked then (see the JIT's section). */
+static bool ind_build_kernels_impl(ind_program *p, const prim_meta *meta, char *err, size_t cap);
+
 bool ind_build_kernels(ind_program *p, const prim_meta *meta, char *err, size_t cap) {
+  if (!RT_PROF_ON()) return ind_build_kernels_impl(p, meta, err, cap);
+  uint64_t t0_ = rt_prof_now();
+  bool r_ = ind_build_kernels_impl(p, meta, err, cap);
+  rt_prof_complete("phase", "LLVM codegen + JIT", t0_, "%d kernels", p->n_kernels);
+  return r_;
+}
+
+static bool ind_build_kernels_impl(ind_program *p, const prim_meta *meta, char *err, size_t cap) {
   build b = {.p = p, .meta = meta, .err = err, .cap = cap};
   bool intact = ind_llvm_guard(emit_module, &b, err, cap) == IND_LLVM_OK; /* else leak ctx, module */
   bool ok = intact && b.ok;

@@ -227,6 +227,7 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
   for (int s = 0; ok && s < p->n_steps; s++) {
     const step *st = &p->steps[s];
     double t0 = prof ? now_ms() : 0;
+    uint64_t t0_ = RT_PROF_ON() ? rt_prof_now() : 0;
     if (st->node >= 0) {
       const ir_node *n = &g->nodes[st->node];
       em_tensor *small[4], **ops = n->n_in <= 4 ? small : rt_alloc(sizeof(em_tensor *) * (size_t)n->n_in, 16);
@@ -263,6 +264,13 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
       vals[n->out] = r;
       ok = r != NULL;
       if (prof) profile_add(st->tmat >= 0 ? EM_PRIM_MATMUL : n->op, now_ms() - t0, 0);
+      if (t0_ && r) {
+        char b0[96], b1[96];
+        bool gemm = st->tmat >= 0 || n->op == EM_PRIM_MATMUL;
+        rt_prof_complete(gemm ? "gemm" : "op", gemm ? "gemm" : n->opname, t0_, "%s", gemm && n->n_in == 2 ?
+                         (snprintf(b1, sizeof b1, "%s @ %s", rt_fmt(b0, sizeof b0, vals[ir_operands(g, n)[0]]),
+                                   ir_fmt_type((char[96]){0}, 96, r->dtype, r->ndim, r->sizes)), b1) : "");
+      }
     } else {
       const kernel *k = &p->kernels[st->kernel];
       char *small[32], **bufs = k->n_out + k->n_in <= 32 ? small : rt_alloc(sizeof(char *) * (size_t)(k->n_out + k->n_in), 16);
@@ -319,12 +327,14 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
           char why[256];
           if (k->tune && !ind_cuda_autotune((kernel *)k, g, bufs, site)) ok = false, nb = 0;
           if (ok) ok = cu_launch(k->cu_fn, k->row ? n * k->block : n, k->block, params, why, sizeof why);
+          if (ok && t0_) rt_prof_complete("kernel", k->name, t0_, "CUDA launch (asynchronous), %lld elements", (long long)n);
           if (!ok && nb) rt_error(site, "em_call", "%s: %s", k->name, why);
           kernel_runs++;
           if (prof) profile_add(EM_PRIM_COUNT, now_ms() - t0, k->bytes); /* launch time: asynchronous */
         }
       } else if (ok) {
         run_kernel(k, bufs, scratch);
+        if (t0_) rt_prof_complete("kernel", k->name, t0_, "%d nodes, %lld bytes", k->n_nodes, (long long)k->bytes);
         guard_check(scratch_end, k, "kernel scratch");
         guard_check(arena_end, k, "arena");
         kernel_runs++;

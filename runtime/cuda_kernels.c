@@ -20,6 +20,7 @@
 #include "cuda.h"
 #include "../ir/graph.h"
 #include "../prims/prims.h"
+#include "rt.h" /* the profiler hooks */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -442,7 +443,17 @@ bool cu_kernel_body(const cu_kernel_key *k, char **src, char *name, size_t ncap)
   return (*src = ir_sb_finish(&b)) != NULL;
 }
 
+static bool cu_nvrtc_compile_impl(const char *src, const char *name, const char *arch, char **cubin, size_t *size, char **log);
+
 bool cu_nvrtc_compile(const char *src, const char *name, const char *arch, char **cubin, size_t *size, char **log) {
+  if (!RT_PROF_ON()) return cu_nvrtc_compile_impl(src, name, arch, cubin, size, log);
+  uint64_t t0_ = rt_prof_now();
+  bool r_ = cu_nvrtc_compile_impl(src, name, arch, cubin, size, log);
+  rt_prof_complete("phase", "NVRTC compile", t0_, "%s for %s", name, arch);
+  return r_;
+}
+
+static bool cu_nvrtc_compile_impl(const char *src, const char *name, const char *arch, char **cubin, size_t *size, char **log) {
   *cubin = NULL, *size = 0, *log = NULL;
 #ifdef EMBER_HAVE_NVRTC
   nvrtcProgram prog;

@@ -82,11 +82,23 @@ static bool operands_present(const char *name, em_tensor *const *in, int n_in, e
   return true;
 }
 
+static em_tensor *dispatch_eager(const char *name, em_prim op, em_tensor *const *in, int n_in,
+                                 const prim_attrs *at, em_site site);
+
 em_tensor *rt_dispatch(const char *name, em_prim op, em_tensor *const *in, int n_in,
                        const prim_attrs *at, em_site site) {
   if (!operands_present(name, in, n_in, site)) return NULL;
   rt_trace *tr = rt_tracing();
   if (tr) return rt_trace_dispatch(tr, name, op, in, n_in, at, site);
+  if (!RT_PROF_ON()) return dispatch_eager(name, op, in, n_in, at, site);
+  uint64_t t0 = rt_prof_now();
+  em_tensor *r = dispatch_eager(name, op, in, n_in, at, site);
+  rt_prof_op(name, in, n_in, t0);
+  return r;
+}
+
+static em_tensor *dispatch_eager(const char *name, em_prim op, em_tensor *const *in, int n_in,
+                                 const prim_attrs *at, em_site site) {
   enum { MAX_IN = 64 };
   prim_meta metas_small[4], *metas = metas_small, out_meta;
   if (n_in > 4) {

@@ -11,6 +11,7 @@
 #include "rt.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- initialisation ---- */
@@ -311,5 +312,160 @@ bool em_optimizer_step_at(em_optimizer *o, em_site site) {
     em_scope_end_at(site);
   }
   em_no_grad_end();
+  return ok;
+}
+
+/* ---- checkpoints: parameters, optimizer state and the generator in one safetensors file ---- */
+
+/* torch.optim's names for the state slots, per kind; slot 3 is AdamW's step count. */
+static const char *slot_name(opt_kind kind, int k) {
+  static const char *const sgd[4] = {"momentum_buffer", NULL, NULL, NULL};
+  static const char *const adamw[4] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "step"};
+  return kind == SGD ? sgd[k] : adamw[k];
+}
+static em_tensor **slot(em_optimizer *o, int k, int i) { return k < 3 ? &o->state[k][i] : &o->steps[i]; }
+
+#define SLOT_NAME 48 /* "optimizer.<i>.max_exp_avg_sq" */
+
+bool em_checkpoint_save_at(const char *path, int n, em_tensor *const *params, const char *const *names,
+                           em_optimizer *o, em_site site) {
+  static const char op[] = "em_checkpoint_save";
+  if (n < 0 || (n && (!params || !names))) return rt_error(site, op, "bad arguments: %d parameters", n), false;
+  int cap = n + (o ? 1 + 4 * o->n : 0);
+  em_tensor **ts = rt_alloc(sizeof(em_tensor *) * (size_t)(cap ? cap : 1), 16);
+  const char **nm = rt_alloc(sizeof(char *) * (size_t)(cap ? cap : 1), 16);
+  char *buf = rt_alloc((size_t)(cap ? cap : 1) * SLOT_NAME, 16);
+  if (!ts || !nm || !buf) {
+    rt_free(ts), rt_free(nm), rt_free(buf);
+    return rt_error(site, op, "out of memory writing %s", path ? path : "(NULL)"), false;
+  }
+  int m = 0;
+  for (int i = 0; i < n; i++) ts[m] = params[i], nm[m++] = names[i];
+  char count[24] = "", rng[48];
+  uint64_t seed, offset;
+  em_rng_get_state(&seed, &offset);
+  snprintf(rng, sizeof rng, "%llu %llu", (unsigned long long)seed, (unsigned long long)offset);
+  if (o) {
+    ts[m] = o->lr, nm[m++] = "optimizer.lr";
+    for (int i = 0; i < o->n; i++)
+      for (int k = 0; k < 4; k++)
+        if (slot_name(o->kind, k) && *slot(o, k, i)) {
+          char *name = buf + (size_t)m * SLOT_NAME;
+          snprintf(name, SLOT_NAME, "optimizer.%d.%s", i, slot_name(o->kind, k));
+          ts[m] = *slot(o, k, i), nm[m++] = name;
+        }
+    snprintf(count, sizeof count, "%d", o->n);
+  }
+  const char *md[] = {"ember.rng", rng, o ? "ember.optimizer" : NULL, o && o->kind == SGD ? "sgd" : "adamw",
+                      "ember.optimizer.params", count, NULL};
+  int tok = rt_break_begin(op, "writes tensors' data to a file", site);
+  bool ok = tok >= 0 && rt_save_safetensors(path, m, ts, nm, md, op, site);
+  if (tok >= 0) rt_break_end(tok);
+  rt_free(ts), rt_free(nm), rt_free(buf);
+  return ok;
+}
+
+/* Whether the file holds name as a tensor of t's dtype and shape (dt, nd, sz: what it holds);
+ * an error when it holds something else, or when it is missing and required. */
+static bool check_entry(em_safetensors *f, const char *path, const char *name, em_dtype dt, int ndim,
+                        const int64_t *sizes, bool required, bool *present, const char *op, em_site site) {
+  em_dtype fdt;
+  int fnd;
+  int64_t fsz[EM_MAX_DIMS];
+  char b0[128], b1[128];
+  *present = rt_safetensors_find(f, name, &fdt, &fnd, fsz);
+  if (!*present)
+    return required ? rt_error(site, op, "%s has no tensor named '%s' (of an Ember dtype)", path, name), false : true;
+  if (fdt != dt || fnd != ndim || (ndim && memcmp(fsz, sizes, sizeof(int64_t) * (size_t)ndim)))
+    return rt_error(site, op, "%s: tensor '%s' is %s in the file but %s here", path, name,
+                    ir_fmt_type(b0, sizeof b0, fdt, fnd, fsz), ir_fmt_type(b1, sizeof b1, dt, ndim, sizes)), false;
+  return true;
+}
+
+/* Copies the file's tensor name into *dst, made first (on dev, dtype and shape of like) when
+ * NULL; caller-owned reference kept in *dst. */
+static bool restore_into(em_safetensors *f, const char *name, em_tensor **dst, const em_tensor *like, em_device dev,
+                         const char *op, em_site site) {
+  em_tensor *src = rt_safetensors_cpu(f, name, op, site);
+  if (!src) return false;
+  if (!*dst) *dst = rt_new_device(like->dtype, like->ndim, like->sizes, dev, op, site);
+  em_no_grad_begin();
+  bool ok = *dst && em_copy__at(*dst, src, site) != NULL;
+  em_no_grad_end();
+  em_release(src);
+  return ok;
+}
+
+bool em_checkpoint_load_at(const char *path, int n, em_tensor *const *params, const char *const *names,
+                           em_optimizer *o, em_site site) {
+  static const char op[] = "em_checkpoint_load";
+  if (n < 0 || (n && (!params || !names))) return rt_error(site, op, "bad arguments: %d parameters", n), false;
+  for (int i = 0; i < n; i++) {
+    if (!params[i]) return false;
+    if (params[i] == EM_NONE || !names[i]) return rt_error(site, op, "parameter %d or its name is missing", i), false;
+  }
+  em_safetensors *f = rt_safetensors_open(path, op, site);
+  if (!f) return false;
+  bool ok = false, present;
+  char name[SLOT_NAME];
+  unsigned long long seed = 0, offset = 0;
+  const char *rng = em_safetensors_metadata(f, "ember.rng");
+  /* Pass 1: everything checked, nothing written. */
+  if (!rng || sscanf(rng, "%llu %llu", &seed, &offset) != 2) {
+    rt_error(site, op, "%s is not an Ember checkpoint (no \"ember.rng\" metadata)", path);
+    goto out;
+  }
+  for (int i = 0; i < n; i++)
+    if (!check_entry(f, path, names[i], params[i]->dtype, params[i]->ndim, params[i]->sizes, true, &present, op, site))
+      goto out;
+  if (o) {
+    const char *kind = em_safetensors_metadata(f, "ember.optimizer"), *want = o->kind == SGD ? "sgd" : "adamw";
+    const char *count = em_safetensors_metadata(f, "ember.optimizer.params");
+    if (!kind || strcmp(kind, want) || !count || atoi(count) != o->n) {
+      rt_error(site, op, "%s holds the state of %s%s optimizer over %s parameters; this one is %s over %d", path,
+               kind ? "an " : "no", kind ? kind : "", count ? count : "no", want, o->n);
+      goto out;
+    }
+    if (!check_entry(f, path, "optimizer.lr", EM_F64, 0, NULL, true, &present, op, site)) goto out;
+    for (int i = 0; i < o->n; i++)
+      for (int k = 0; k < 4; k++) {
+        if (!slot_name(o->kind, k)) continue;
+        em_tensor *p = o->params[i];
+        snprintf(name, sizeof name, "optimizer.%d.%s", i, slot_name(o->kind, k));
+        if (k == 3 ? !check_entry(f, path, name, EM_F64, 0, NULL, false, &present, op, site)
+                   : !check_entry(f, path, name, p->dtype, p->ndim, p->sizes, false, &present, op, site))
+          goto out;
+      }
+  }
+  /* Pass 2: the copies (only allocation failure can stop them now). */
+  for (int i = 0; i < n; i++) {
+    em_tensor *dst = params[i];
+    if (!restore_into(f, names[i], &dst, params[i], params[i]->storage->device, op, site)) goto out;
+  }
+  if (o) {
+    if (!restore_into(f, "optimizer.lr", &o->lr, o->lr, EM_CPU, op, site)) goto out;
+    double lr = *(const double *)rt_data(o->lr);
+    if (o->kind == SGD) o->sgd.lr = lr;
+    else o->adamw.lr = lr;
+    for (int i = 0; i < o->n; i++)
+      for (int k = 0; k < 4; k++) {
+        if (!slot_name(o->kind, k)) continue;
+        em_tensor *p = o->params[i], *like = k == 3 ? o->lr : p, **dst = slot(o, k, i);
+        snprintf(name, sizeof name, "optimizer.%d.%s", i, slot_name(o->kind, k));
+        em_dtype dt;
+        int nd;
+        int64_t sz[EM_MAX_DIMS];
+        if (!rt_safetensors_find(f, name, &dt, &nd, sz)) {
+          em_release(*dst); /* state this parameter did not have yet */
+          *dst = NULL;
+        } else if (!restore_into(f, name, dst, like, k == 3 ? EM_CPU : p->storage->device, op, site)) {
+          goto out;
+        }
+      }
+  }
+  em_rng_set_state(seed, offset);
+  ok = true;
+out:
+  em_safetensors_close(f);
   return ok;
 }

@@ -45,6 +45,19 @@ bool rt_write_file_whole(const char *path, const void *head, size_t head_size, c
  * would block forever; a directory or device is no cache entry); its size in *size. */
 FILE *rt_cache_open(const char *path, int64_t *size);
 
+/* ---- profile.c: the Chrome-trace profiler ------------------------------------------------
+ * Hooks test rt_prof_on (one load and a branch when off), take rt_prof_now() at the start and
+ * record a complete event at the end: cat is a static category ("op", "compiled", "kernel",
+ * "gemm", "phase"), name is copied, args a printf-style detail (or NULL). */
+extern int rt_prof_on;
+#define RT_PROF_ON() __builtin_expect(__atomic_load_n(&rt_prof_on, __ATOMIC_RELAXED), 0)
+uint64_t rt_prof_now(void);
+void rt_prof_complete(const char *cat, const char *name, uint64_t t0, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+void rt_prof_instant(const char *cat, const char *name, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* An eager op's event, with its operands' types as the detail. */
+void rt_prof_op(const char *name, em_tensor *const *in, int n_in, uint64_t t0);
+
 /* ---- error.c ----------------------------------------------------------------------------- */
 
 /* Records "file:line: op: message" unless an error is already recorded. Always returns NULL,
@@ -67,6 +80,10 @@ typedef struct rt_storage {
   const char *writer;  /* the last in-place op and its site, for autograd's version error */
   em_site writer_site;
   struct cu_block *block; /* EM_CUDA: the caching allocator's block; data is its device address */
+  /* Memory Ember did not allocate (a mapped safetensors file, a DLPack producer's buffer):
+   * release(release_ctx) runs when the last reference goes; NULL for Ember's own storage. */
+  void (*release)(void *ctx);
+  void *release_ctx;
 } rt_storage;
 
 typedef struct rt_node rt_node;
@@ -103,6 +120,27 @@ struct em_tensor {
 em_tensor *rt_new(em_dtype dt, int ndim, const int64_t *sizes, const char *op, em_site site);
 /* The same on a device (EM_CPU: rt_new). A CUDA tensor's data pointer is a device address. */
 em_tensor *rt_new_device(em_dtype dt, int ndim, const int64_t *sizes, em_device dev, const char *op, em_site site);
+/* A tensor over memory Ember does not own: data (host, or a device address for EM_CUDA) holds
+ * `bytes` bytes; the tensor has the given sizes and element strides (NULL: contiguous) and
+ * offset in elements, and every element it addresses must lie inside those bytes (checked).
+ * release(ctx) runs once, when the storage's last reference goes; on failure (NULL, error
+ * recorded) it is not called and ctx stays the caller's. Caller-owned; not counted in the live
+ * storage bytes (the memory is not Ember's). */
+em_tensor *rt_new_external(em_dtype dt, int ndim, const int64_t *sizes, const int64_t *strides, int64_t offset,
+                           em_device dev, void *data, size_t bytes, void (*release)(void *), void *ctx,
+                           const char *op, em_site site);
+/* safetensors.c: the writer behind em_save and em_save_safetensors (metadata: key, value, ...,
+ * NULL, or NULL), and em_load's reader for safetensors files; op names the public function. */
+bool rt_save_safetensors(const char *path, int n, em_tensor *const *ts, const char *const *names,
+                         const char *const *metadata, const char *op, em_site site);
+bool rt_load_safetensors_into(const char *path, int n, em_tensor *const *ts, const char *const *names,
+                              const char *op, em_site site);
+/* The handle of em_load_safetensors with errors under op's name; whether name is a tensor of an
+ * Ember dtype (its type in *dt, *ndim, sizes[EM_MAX_DIMS]); its CPU tensor, caller-owned (a view
+ * of the mapping when aligned), or NULL with an error. */
+em_safetensors *rt_safetensors_open(const char *path, const char *op, em_site site);
+bool rt_safetensors_find(const em_safetensors *f, const char *name, em_dtype *dt, int *ndim, int64_t *sizes);
+em_tensor *rt_safetensors_cpu(em_safetensors *f, const char *name, const char *op, em_site site);
 /* cuda_ops.c: a copy of x on dev (a new reference to x when it is there already), caller-owned;
  * NULL with an error recorded. Not recorded by autograd or the tracer (em_to is). */
 em_tensor *rt_to_device(em_tensor *x, em_device dev, const char *name, em_site site);

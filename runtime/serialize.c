@@ -1,6 +1,8 @@
-/* runtime/serialize.c: saving and loading named tensors.
+/* runtime/serialize.c: em_save and em_load, Ember's checkpoint calls.
  *
- * The format ("EMBR" version 1), every integer little-endian whatever the host:
+ * em_save writes safetensors (runtime/safetensors.c), the format every other library reads.
+ * em_load reads safetensors, and for compatibility also Ember's former format, "EMBR" version
+ * 1, which nothing writes any more. EMBR, every integer little-endian whatever the host:
  *
  *   offset 0   4 bytes   "EMBR"
  *              u32       version = 1
@@ -14,12 +16,11 @@
  *              ndim x i64 sizes
  *              numel x dtype-size bytes: the values in row-major (C) order, little-endian
  *
- * It is deliberately plain: a reader in any language is a page long, and nothing is aligned or
- * compressed. Loading copies into existing tensors (checked for shape and dtype), so a model is
- * built first and then filled, as with PyTorch's load_state_dict. Loading runs in two passes:
- * the first reads every header and checks each requested name, shape and dtype against the file
- * (and that the file is long enough), the second copies; so a mismatch, a missing name or a
- * truncated file changes no tensor. Names in a file are unique (em_save refuses duplicates). */
+ * Loading copies into existing tensors (checked for shape and dtype), so a model is built first
+ * and then filled, as with PyTorch's load_state_dict. Loading runs in two passes: the first
+ * reads every header and checks each requested name, shape and dtype against the file (and
+ * that the file is long enough), the second copies; so a mismatch, a missing name or a
+ * truncated file changes no tensor. */
 #define _POSIX_C_SOURCE 200809L /* fseeko / ftello: files larger than 2 GiB where long is 32-bit */
 #include "rt.h"
 
@@ -31,19 +32,8 @@
 /* Names longer than this are refused on saving and taken as corruption on loading. */
 #define MAX_NAME 65535u
 
-static bool put(FILE *f, const void *p, size_t n) { return fwrite(p, 1, n, f) == n; }
 static bool get(FILE *f, void *p, size_t n) { return fread(p, 1, n, f) == n; }
 
-static bool put_u32(FILE *f, uint32_t v) {
-  unsigned char b[4];
-  for (int i = 0; i < 4; i++) b[i] = (unsigned char)(v >> (8 * i));
-  return put(f, b, 4);
-}
-static bool put_i64(FILE *f, int64_t v) {
-  unsigned char b[8];
-  for (int i = 0; i < 8; i++) b[i] = (unsigned char)((uint64_t)v >> (8 * i));
-  return put(f, b, 8);
-}
 static bool get_u32(FILE *f, uint32_t *v) {
   unsigned char b[4];
   if (!get(f, b, 4)) return false;
@@ -59,8 +49,8 @@ static bool get_i64(FILE *f, int64_t *v) {
   return true;
 }
 
-/* Element data is stored little-endian; on a big-endian host it is swapped in a staging buffer. */
-static void to_little_endian(char *p, size_t n, size_t size) {
+/* EMBR data is little-endian; on a big-endian host each element is swapped in place. */
+static void swap_to_host(char *p, size_t n, size_t size) {
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
   for (size_t i = 0; i < n; i++, p += size)
     for (size_t j = 0; j < size / 2; j++) {
@@ -73,69 +63,8 @@ static void to_little_endian(char *p, size_t n, size_t size) {
 #endif
 }
 
-static bool save(const char *path, int n, em_tensor *const *ts, const char *const *names, em_site site) {
-  static const char name[] = "em_save";
-  if (!path) return rt_error(site, name, "path is NULL"), false;
-  if (n < 0 || (n && (!ts || !names)))
-    return rt_error(site, name, "bad arguments: %d tensors, tensors %s, names %s", n, ts ? "given" : "NULL",
-                    names ? "given" : "NULL"), false;
-  for (int i = 0; i < n; i++) {
-    if (!ts[i]) return false; /* the error that made it NULL is already recorded */
-    if (!names[i]) return rt_error(site, name, "name %d is NULL", i), false;
-    if (strlen(names[i]) > MAX_NAME)
-      return rt_error(site, name, "name %d is %zu bytes long; at most %u", i, strlen(names[i]), MAX_NAME), false;
-    for (int j = 0; j < i; j++)
-      if (!strcmp(names[i], names[j]))
-        return rt_error(site, name, "name '%s' is given twice (tensors %d and %d)", names[i], j, i), false;
-  }
-  FILE *f = fopen(path, "wb");
-  if (!f) return rt_error(site, name, "cannot write %s: %s", path, strerror(errno)), false;
-  bool ok = put(f, "EMBR", 4) && put_u32(f, 1) && put_u32(f, (uint32_t)n);
-  bool reported = false; /* an error other than the write's own was recorded */
-  for (int i = 0; ok && i < n; i++) {
-    em_tensor *t = ts[i];
-    size_t esize = ir_dtype(t->dtype)->size, bytes = (size_t)t->numel * esize;
-    uint32_t len = (uint32_t)strlen(names[i]);
-    ok = put_u32(f, len) && put(f, names[i], len) && put_u32(f, (uint32_t)t->dtype) && put_u32(f, (uint32_t)t->ndim);
-    for (int d = 0; ok && d < t->ndim; d++) ok = put_i64(f, t->sizes[d]);
-    if (!ok) break;
-    /* em_to_buffer gives the row-major values whatever t's strides are. */
-    char *buf = rt_alloc(bytes ? bytes : 1, 64);
-    if (!buf) {
-      char b[128];
-      rt_error(site, name, "out of memory staging '%s' %s (%zu bytes)", names[i], rt_fmt(b, sizeof b, t), bytes);
-      ok = false, reported = true;
-      break;
-    }
-    if (!em_to_buffer_at(t, t->dtype, buf, bytes, site)) {
-      ok = false, reported = true;
-    } else {
-      to_little_endian(buf, (size_t)t->numel, esize);
-      ok = put(f, buf, bytes);
-    }
-    rt_free(buf);
-  }
-  int saved = errno;
-  if (fclose(f) != 0 && ok) ok = false, saved = errno;
-  if (!ok) {
-    if (!reported) rt_error(site, name, "writing %s failed: %s", path, strerror(saved));
-    remove(path); /* a partial file would only fail later, as "truncated" */
-  }
-  return ok;
-}
-
-bool em_load_at(const char *path, int n, em_tensor *const *ts, const char *const *names, em_site site) {
+static bool load_embr(FILE *f, const char *path, int n, em_tensor *const *ts, const char *const *names, em_site site) {
   static const char name[] = "em_load";
-  if (!path) return rt_error(site, name, "path is NULL"), false;
-  if (n < 0 || (n && (!ts || !names)))
-    return rt_error(site, name, "bad arguments: %d tensors, tensors %s, names %s", n, ts ? "given" : "NULL",
-                    names ? "given" : "NULL"), false;
-  for (int i = 0; i < n; i++) {
-    if (!ts[i]) return false;
-    if (!names[i]) return rt_error(site, name, "name %d is NULL", i), false;
-  }
-  FILE *f = fopen(path, "rb");
-  if (!f) return rt_error(site, name, "cannot open %s: %s", path, strerror(errno)), false;
   bool ok = false;
   char *tname = NULL;
   /* offset[i]: where the data of names[i] starts in the file, or -1 while not found */
@@ -205,7 +134,7 @@ bool em_load_at(const char *path, int n, em_tensor *const *ts, const char *const
       rt_error(site, name, "reading %s failed: %s", path, ferror(f) ? strerror(errno) : "file shrank while read");
       goto out;
     }
-    to_little_endian(rt_data(src), (size_t)src->numel, esize); /* the swap is its own inverse */
+    swap_to_host(rt_data(src), (size_t)src->numel, esize);
     em_no_grad_begin();
     bool copied = em_copy__at(t, src, site) != NULL;
     em_no_grad_end();
@@ -222,6 +151,29 @@ truncated:
 out:
   rt_free(tname);
   rt_free(offset);
+  return ok;
+}
+
+bool em_load_at(const char *path, int n, em_tensor *const *ts, const char *const *names, em_site site) {
+  static const char name[] = "em_load";
+  if (!path) return rt_error(site, name, "path is NULL"), false;
+  if (n < 0 || (n && (!ts || !names)))
+    return rt_error(site, name, "bad arguments: %d tensors, tensors %s, names %s", n, ts ? "given" : "NULL",
+                    names ? "given" : "NULL"), false;
+  for (int i = 0; i < n; i++) {
+    if (!ts[i]) return false;
+    if (ts[i] == EM_NONE) return rt_error(site, name, "tensor %d is EM_NONE", i), false;
+    if (!names[i]) return rt_error(site, name, "name %d is NULL", i), false;
+  }
+  FILE *f = fopen(path, "rb");
+  if (!f) return rt_error(site, name, "cannot open %s: %s", path, strerror(errno)), false;
+  char magic[4];
+  bool embr = fread(magic, 1, 4, f) == 4 && !memcmp(magic, "EMBR", 4);
+  if (!embr) {
+    fclose(f);
+    return rt_load_safetensors_into(path, n, ts, names, name, site);
+  }
+  bool ok = load_embr(f, path, n, ts, names, site);
   fclose(f);
   return ok;
 }
@@ -229,7 +181,7 @@ out:
 bool em_save_at(const char *path, int n, em_tensor *const *ts, const char *const *names, em_site site) {
   int tok = rt_break_begin("em_save", "writes tensors' data to a file", site);
   if (tok < 0) return false;
-  bool ok = save(path, n, ts, names, site);
+  bool ok = rt_save_safetensors(path, n, ts, names, NULL, "em_save", site);
   rt_break_end(tok);
   return ok;
 }

@@ -28,7 +28,8 @@ static _Thread_local int n_scopes, cap_scopes;
 
 static void storage_release(rt_storage *s) {
   if (__atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
-    if (s->device == EM_CUDA) { if (s->block) cu_release(s->block->owner, s->block); }
+    if (s->release) s->release(s->release_ctx);
+    else if (s->device == EM_CUDA) { if (s->block) cu_release(s->block->owner, s->block); }
     else rt_count_storage(-(int64_t)s->bytes);
     rt_free(s);
   }
@@ -134,6 +135,39 @@ em_tensor *rt_new_device(em_dtype dt, int ndim, const int64_t *sizes, em_device 
   if (!blk) return rt_free(s), NULL;
   *s = (rt_storage){.refcount = 1, .bytes = bytes, .device = EM_CUDA, .data = (char *)(uintptr_t)blk->ptr, .block = blk};
   return contiguous_over(s, dt, ndim, sizes, op, site);
+}
+
+em_tensor *rt_new_external(em_dtype dt, int ndim, const int64_t *sizes, const int64_t *strides, int64_t offset,
+                           em_device dev, void *data, size_t bytes, void (*release)(void *), void *ctx,
+                           const char *op, em_site site) {
+  char b[128];
+  size_t contiguous_bytes;
+  if (!checked_bytes(dt, ndim, sizes, &contiguous_bytes, op, site)) return NULL;
+  int64_t st[EM_MAX_DIMS];
+  if (strides) memcpy(st, strides, sizeof(int64_t) * (size_t)ndim);
+  else ir_contiguous_strides(ndim, sizes, st);
+  /* The lowest and highest element addressed, in elements from data, must lie in the buffer. */
+  int64_t lo = offset, hi = offset, numel = ir_numel(ndim, sizes), esize = (int64_t)ir_dtype(dt)->size;
+  bool ok = offset >= 0;
+  for (int d = 0; ok && d < ndim && numel > 0; d++) {
+    int64_t span;
+    ok = ir_mul_ok(sizes[d] - 1, st[d], &span) && (span >= 0 ? ir_add_ok(hi, span, &hi) : ir_add_ok(lo, span, &lo));
+  }
+  int64_t end;
+  if (!ok || lo < 0 || (numel > 0 && (!ir_add_ok(hi, 1, &end) || !ir_mul_ok(end, esize, &end) || (uint64_t)end > bytes)))
+    return rt_error(site, op, "%s with strides and offset %lld does not fit in a buffer of %zu bytes",
+                    ir_fmt_type(b, sizeof b, dt, ndim, sizes), (long long)offset, bytes);
+  rt_storage *s = rt_alloc(sizeof *s, 16);
+  if (!s) return rt_error(site, op, "out of memory");
+  *s = (rt_storage){.refcount = 1, .bytes = bytes, .device = dev, .data = data, .release = release, .release_ctx = ctx};
+  em_tensor *t = new_header(s, dt, ndim, sizes, op, site);
+  if (!t) {
+    rt_free(s); /* not storage_release: the caller keeps ctx on failure */
+    return NULL;
+  }
+  memcpy(t->strides, st, sizeof(int64_t) * (size_t)ndim);
+  t->offset = offset;
+  return t;
 }
 
 em_tensor *rt_new_view(em_tensor *base, int ndim, const int64_t *sizes, const int64_t *strides,

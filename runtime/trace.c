@@ -374,6 +374,7 @@ void rt_trace_materialize(rt_trace *tr, em_tensor *const *outs) {
 int rt_break_begin(const char *op, const char *reason, em_site site) {
   rt_trace *tr = rt_tracing();
   if (!tr) return 0;
+  if (RT_PROF_ON()) rt_prof_instant("graph_break", op, "%s:%d: %s", site.file, site.line, reason);
   if (!tr->on_break(tr, op, reason, site, tr->break_ctx)) return -1;
   tr->suspended++;
   return 1;
