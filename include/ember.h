@@ -942,7 +942,10 @@ em_tensor *em_from_dlpack_unversioned_at(struct DLManagedTensor *m, em_site site
  * NVRTC compile), "graph_break" (op, file:line, reason), "recompile" (the failed guard).
  * Events nest by time within a thread. Off (the default), the cost is one load and branch per
  * hook: bench/profile measures it. EMBER_PROFILE=trace.json profiles the whole process and
- * writes the file at exit. Device-side CUDA kernel times (from events) are not recorded yet. */
+ * writes the file at exit. On CUDA, each kernel (eager and generated) is also bracketed by two
+ * CUDA events on its stream, and its device time written on a track of its own ("CUDA (device
+ * time)", category "cuda"), placed on the host's clock by a reference event recorded after a
+ * sync at the first profiled launch (as PyTorch's profiler does with CUPTI, coarser). */
 
 /* Starts recording (again: events before the call are dropped). Never fails; events that
  * cannot be stored (out of memory) are dropped. */

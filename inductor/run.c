@@ -326,7 +326,7 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
           params[nb] = &n;
           char why[256];
           if (k->tune && !ind_cuda_autotune((kernel *)k, g, bufs, site)) ok = false, nb = 0;
-          if (ok) ok = cu_launch(k->cu_fn, k->row ? n * k->block : n, k->block, params, why, sizeof why);
+          if (ok) ok = cu_launch_named(k->cu_fn, k->name, k->row ? n * k->block : n, k->block, params, why, sizeof why);
           if (ok && t0_) rt_prof_complete("kernel", k->name, t0_, "CUDA launch (asynchronous), %lld elements", (long long)n);
           if (!ok && nb) rt_error(site, "em_call", "%s: %s", k->name, why);
           kernel_runs++;

@@ -785,12 +785,95 @@ cu_function cu_source_kernel(const char *body, const char *name, char *err, size
   return f;
 }
 
-bool cu_launch(cu_function f, int64_t n, unsigned block, void **params, char *err, size_t cap) {
+/* ---- the profiler's device timeline ----
+ * While profiling (rt_prof_on), each named launch is bracketed by two events on its stream; when
+ * the trace is written (cu_prof_collect) their times become complete events on a "CUDA" track.
+ * Device time is placed on the host's clock through a reference event recorded right after a
+ * sync at the first profiled launch (the stream idle: the event's time is the host's then). */
+typedef struct prof_launch {
+  cu_event start, end;
+  char name[64];
+} prof_launch;
+static struct {
+  pthread_mutex_t lock;
+  prof_launch *v;
+  int n, cap;
+  cu_event ref;
+  uint64_t ref_host;
+} prof = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, NULL, 0};
+
+static void prof_begin(const char *name, cu_event *ev) {
+  ev[0] = ev[1] = NULL;
+  if (capture.on) return; /* a captured launch runs later, in the graph */
+  pthread_mutex_lock(&prof.lock);
+  if (!prof.ref && !drv.d->event_create(&prof.ref, 0)) {
+    drv.d->stream_sync(current);
+    drv.d->event_record(prof.ref, current);
+    drv.d->event_sync(prof.ref);
+    prof.ref_host = rt_prof_now();
+  }
+  bool room = prof.n < prof.cap;
+  if (!room) {
+    int c = prof.cap ? 2 * prof.cap : 256;
+    prof_launch *q = realloc(prof.v, sizeof *q * (size_t)c);
+    if (q) prof.v = q, prof.cap = c, room = true;
+  }
+  pthread_mutex_unlock(&prof.lock);
+  if (!room || !prof.ref || drv.d->event_create(&ev[0], 0) || drv.d->event_create(&ev[1], 0) ||
+      drv.d->event_record(ev[0], current)) {
+    if (ev[0]) drv.d->event_destroy(ev[0]);
+    if (ev[1]) drv.d->event_destroy(ev[1]);
+    ev[0] = ev[1] = NULL;
+  }
+  (void)name;
+}
+
+static void prof_end(const char *name, cu_event *ev) {
+  if (!ev[0]) return;
+  if (drv.d->event_record(ev[1], current)) {
+    drv.d->event_destroy(ev[0]), drv.d->event_destroy(ev[1]);
+    return;
+  }
+  pthread_mutex_lock(&prof.lock);
+  prof_launch *l = &prof.v[prof.n++]; /* room was made in prof_begin */
+  l->start = ev[0], l->end = ev[1];
+  snprintf(l->name, sizeof l->name, "%s", name);
+  pthread_mutex_unlock(&prof.lock);
+}
+
+void cu_prof_collect(void) {
+  if (!drv.d) return;
+  pthread_mutex_lock(&prof.lock);
+  if (prof.n) cu_enter();
+  for (int i = 0; i < prof.n; i++) {
+    prof_launch *l = &prof.v[i];
+    float t0 = 0, t1 = 0;
+    if (!drv.d->event_sync(l->end) && !drv.d->event_elapsed(&t0, prof.ref, l->start) &&
+        !drv.d->event_elapsed(&t1, prof.ref, l->end))
+      rt_prof_device(l->name, prof.ref_host + (uint64_t)((double)t0 * 1e6), (uint64_t)((double)(t1 > t0 ? t1 - t0 : 0) * 1e6));
+    drv.d->event_destroy(l->start), drv.d->event_destroy(l->end);
+  }
+  prof.n = 0;
+  if (prof.ref) drv.d->event_destroy(prof.ref), prof.ref = NULL;
+  pthread_mutex_unlock(&prof.lock);
+}
+
+bool cu_launch_named(cu_function f, const char *name, int64_t n, unsigned block, void **params, char *err, size_t cap) {
   if (n <= 0) return true;
   int64_t blocks = (n + block - 1) / block;
   if (blocks > 65535 * 8) blocks = 65535 * 8; /* grid-stride loops cover the rest */
   cu_enter();
+  cu_event ev[2] = {NULL, NULL};
+  if (name && RT_PROF_ON()) prof_begin(name, ev);
   int r = drv.d->launch(f, (unsigned)blocks, 1, 1, block, 1, 1, 0, current, params, NULL);
+  if (ev[0]) {
+    if (r) drv.d->event_destroy(ev[0]), drv.d->event_destroy(ev[1]);
+    else prof_end(name, ev);
+  }
   if (r) return snprintf(err, cap, "launching a kernel: %s", drv.d->error_string(r)), false;
   return true;
+}
+
+bool cu_launch(cu_function f, int64_t n, unsigned block, void **params, char *err, size_t cap) {
+  return cu_launch_named(f, NULL, n, block, params, err, cap);
 }

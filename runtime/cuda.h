@@ -208,8 +208,14 @@ cu_function cu_source_kernel(const char *body, const char *name, char *err, size
 /* For tests: forgets the kernels looked up so far (their modules stay loaded), so the next
  * lookup reads the disk cache again; *replaced (if given): disk entries found bad and replaced. */
 void cu_kernel_cache_forget(int64_t *replaced);
-/* Launches f on the current stream over n elements (grid-stride kernels: any grid works). */
+/* Launches f on the current stream over n elements (grid-stride kernels: any grid works).
+ * cu_launch_named: while the profiler runs, the kernel's device time is recorded under name
+ * (two events around it) and written with the trace (cu_prof_collect). */
 bool cu_launch(cu_function f, int64_t n, unsigned block, void **params, char *err, size_t cap);
+bool cu_launch_named(cu_function f, const char *name, int64_t n, unsigned block, void **params, char *err, size_t cap);
+/* Waits for the profiled launches' events and hands their device times to the profiler
+ * (rt_prof_device); called when a trace is written. */
+void cu_prof_collect(void);
 /* ---- capture into CUDA graphs (cuda.c; the inductor's reduce-overhead mode) ----
  *
  * Between cu_capture_begin and cu_capture_end, the calling thread's device work is recorded,

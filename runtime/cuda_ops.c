@@ -41,7 +41,7 @@ static k_layout *fit(k_layout *L) {
 static bool run(cu_kernel_key k, int64_t n, unsigned block, void **params, char *err, size_t cap) {
   if (n <= 0) return true;
   cu_function f = cu_kernel(&k, err, cap);
-  return f && cu_launch(f, n, block, params, err, cap);
+  return f && cu_launch_named(f, prim_get(k.op)->name, n, block, params, err, cap);
 }
 
 static bool dense(const em_tensor *t) { return ir_is_contiguous(t->ndim, t->sizes, t->strides); }

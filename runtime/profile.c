@@ -9,6 +9,7 @@
  * a consistent prefix. Events are written by cJSON, one object at a time. */
 #define _POSIX_C_SOURCE 200809L
 #include "rt.h"
+#include "cuda.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -113,9 +114,26 @@ void rt_prof_op(const char *name, em_tensor *const *in, int n_in, uint64_t t0) {
   rt_prof_complete("op", name, t0, "%s", args);
 }
 
+/* The device track: kernels' device times (cu_prof_collect), appended under the lock. */
+static tbuf device_track = {.tid = 100000};
+
+void rt_prof_device(const char *name, uint64_t ts, uint64_t dur) {
+  tbuf *saved = mine;
+  mine = &device_track; /* slot() appends to mine; callers hold the lock */
+  event *e = slot();
+  if (e) {
+    e->ph = 'X', e->cat = "cuda", e->ts = ts, e->dur = dur;
+    snprintf(e->name, sizeof e->name, "%s", name);
+    e->args[0] = 0;
+    __atomic_store_n(&mine->count, mine->count + 1, __ATOMIC_RELEASE);
+  }
+  mine = saved;
+}
+
 void em_profiler_start(void) {
   pthread_mutex_lock(&lock);
   for (tbuf *b = buffers; b; b = b->next) b->start = __atomic_load_n(&b->count, __ATOMIC_ACQUIRE);
+  device_track.start = device_track.count;
   t_start = rt_prof_now();
   pthread_mutex_unlock(&lock);
   __atomic_store_n(&rt_prof_on, 1, __ATOMIC_RELEASE);
@@ -146,15 +164,20 @@ bool em_profiler_stop_at(const char *path, em_site site) {
   static const char op[] = "em_profiler_stop";
   __atomic_store_n(&rt_prof_on, 0, __ATOMIC_RELEASE);
   if (!path) return rt_error(site, op, "path is NULL"), false;
+  pthread_mutex_lock(&lock);
+  cu_prof_collect(); /* the device track (nothing when the device never started), under the lock */
+  pthread_mutex_unlock(&lock);
   FILE *f = fopen(path, "w");
   if (!f) return rt_error(site, op, "cannot write %s: %s", path, strerror(errno)), false;
   pthread_mutex_lock(&lock);
   bool ok = fputs("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[", f) >= 0, first = true;
-  for (tbuf *b = buffers; b && ok; b = b->next) {
+  for (tbuf *b = buffers ? buffers : &device_track; b && ok; b = b == &device_track ? NULL : b->next ? b->next : &device_track) {
     int64_t end = __atomic_load_n(&b->count, __ATOMIC_ACQUIRE);
     if (end == b->start) continue;
-    ok = fprintf(f, "%s{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"thread %d\"}}",
-                 first ? "\n" : ",\n", (int)getpid(), b->tid, b->tid) > 0;
+    char tname[32];
+    snprintf(tname, sizeof tname, b == &device_track ? "CUDA (device time)" : "thread %d", b->tid);
+    ok = fprintf(f, "%s{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}",
+                 first ? "\n" : ",\n", (int)getpid(), b->tid, tname) > 0;
     first = false;
     chunk *c = b->head;
     for (int64_t i = 0; c && i < end && ok; i++) {

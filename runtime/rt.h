@@ -57,6 +57,8 @@ void rt_prof_complete(const char *cat, const char *name, uint64_t t0, const char
 void rt_prof_instant(const char *cat, const char *name, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* An eager op's event, with its operands' types as the detail. */
 void rt_prof_op(const char *name, em_tensor *const *in, int n_in, uint64_t t0);
+/* A kernel's time on the device (ns on rt_prof_now's clock), for the trace's CUDA track. */
+void rt_prof_device(const char *name, uint64_t ts, uint64_t dur);
 
 /* ---- error.c ----------------------------------------------------------------------------- */
 

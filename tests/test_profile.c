@@ -98,3 +98,49 @@ ETEST(profile, trace_parses_and_events_nest) {
   EXPECT_ERROR((void *)(intptr_t)em_profiler_stop("/nonexistent/dir/t.json"), "cannot write /nonexistent/dir/t.json");
   remove_dir();
 }
+
+/* On CUDA, kernels' device times are on their own track: eager kernels under their prim's
+ * name, a compiled graph's generated kernels under theirs, each with a duration, after the
+ * host-side launch that queued it. */
+static em_outputs dev_fn(void *ctx, em_tensor *const *in, int n) {
+  (void)ctx, (void)n;
+  return EM_OUTPUTS(em_softmax(em_mul(in[0], in[0]), 1));
+}
+
+ETEST(profile, cuda_kernels_on_a_device_track) {
+  make_dir();
+  etest_pick_cuda(); /* the GPU, else the emulator (said loudly) */
+  cr_assert(em_cuda_is_available(), "no CUDA device and no emulator");
+  em_tensor *a = em_to(em_randn(EM_F32, EM_SHAPE(8, 32)), EM_CUDA);
+  em_compiled *f = em_compile(dev_fn, &(em_compile_options){.name = "dev_fn"});
+  cr_assert_not_null(em_call(f, NULL, a).t[0], "%s", em_last_error()); /* compiled before profiling */
+  em_profiler_start();
+  cr_assert_not_null(em_exp(em_add(a, a)), "%s", em_last_error());
+  for (int i = 0; i < 2; i++) cr_assert_not_null(em_call(f, NULL, a).t[0], "%s", em_last_error());
+  cr_assert(em_profiler_stop(path_in("trace.json")), "%s", em_last_error());
+  em_compiled_free(f);
+  static char text[1 << 22];
+  size_t len = read_file(path_in("trace.json"), (unsigned char *)text, sizeof text - 1);
+  text[len] = 0;
+  cJSON *root = cJSON_Parse(text);
+  cr_assert_not_null(root, "the trace is not JSON");
+  cJSON *events = cJSON_GetObjectItem(root, "traceEvents");
+  cr_assert_geq(count(events, "M", NULL, "thread_name"), 2, "a host thread and the device track");
+  cr_assert_geq(count(events, "X", "cuda", "add"), 1, "the eager add's kernel");
+  cr_assert_geq(count(events, "X", "cuda", "exp"), 1, "the eager exp's kernel");
+  cr_assert_geq(count(events, "X", "cuda", "em_ind_"), 2, "the compiled graph's generated kernel, twice");
+  double first_launch = -1, first_device = -1;
+  cJSON *e;
+  cJSON_ArrayForEach(e, events) {
+    cJSON *c = cJSON_GetObjectItem(e, "cat");
+    if (!c || strcmp(cJSON_GetObjectItem(e, "ph")->valuestring, "X")) continue;
+    double ts = cJSON_GetObjectItem(e, "ts")->valuedouble;
+    cr_assert_geq(cJSON_GetObjectItem(e, "dur")->valuedouble, 0);
+    if (!strcmp(c->valuestring, "op") && (first_launch < 0 || ts < first_launch)) first_launch = ts;
+    if (!strcmp(c->valuestring, "cuda") && (first_device < 0 || ts < first_device)) first_device = ts;
+  }
+  cr_assert_geq(first_device, first_launch - 1, "the device ran the first kernel (%g us) before it was queued (%g us)",
+                first_device, first_launch);
+  cJSON_Delete(root);
+  remove_dir();
+}
