@@ -12,6 +12,16 @@ static em_outputs with_break(void *ctx, em_tensor *const *in, int n) {
   return EM_OUTPUTS(em_add_scalar(em_exp(h), s > 0 ? 1 : 0));
 }
 
+/* The trace written to trace.json, parsed (the caller deletes it). */
+static cJSON *load_trace(void) {
+  static char text[1 << 22];
+  size_t len = read_file(path_in("trace.json"), (unsigned char *)text, sizeof text - 1);
+  text[len] = 0;
+  cJSON *root = cJSON_Parse(text);
+  cr_assert_not_null(root, "the trace is not JSON");
+  return root;
+}
+
 static int count(cJSON *events, const char *ph, const char *cat, const char *name) {
   int n = 0;
   cJSON *e;
@@ -37,12 +47,7 @@ ETEST(profile, trace_parses_and_events_nest) {
   em_compiled_free(f);
   /* nothing is recorded once stopped */
   em_add(a, a);
-  static char text[1 << 22];
-  size_t len = read_file(path_in("trace.json"), (unsigned char *)text, sizeof text - 1);
-  text[len] = 0;
-  cJSON *root = cJSON_Parse(text);
-  cr_assert_not_null(root, "the trace is not JSON");
-  cJSON *events = cJSON_GetObjectItem(root, "traceEvents");
+  cJSON *root = load_trace(), *events = cJSON_GetObjectItem(root, "traceEvents");
   cr_assert(cJSON_IsArray(events));
   cr_assert_geq(count(events, "M", NULL, "thread_name"), 1);
   cr_assert_geq(count(events, "X", "op", "em_add"), 1, "the eager add");
@@ -119,12 +124,7 @@ ETEST(profile, cuda_kernels_on_a_device_track) {
   for (int i = 0; i < 2; i++) cr_assert_not_null(em_call(f, NULL, a).t[0], "%s", em_last_error());
   cr_assert(em_profiler_stop(path_in("trace.json")), "%s", em_last_error());
   em_compiled_free(f);
-  static char text[1 << 22];
-  size_t len = read_file(path_in("trace.json"), (unsigned char *)text, sizeof text - 1);
-  text[len] = 0;
-  cJSON *root = cJSON_Parse(text);
-  cr_assert_not_null(root, "the trace is not JSON");
-  cJSON *events = cJSON_GetObjectItem(root, "traceEvents");
+  cJSON *root = load_trace(), *events = cJSON_GetObjectItem(root, "traceEvents");
   cr_assert_geq(count(events, "M", NULL, "thread_name"), 2, "a host thread and the device track");
   cr_assert_geq(count(events, "X", "cuda", "add"), 1, "the eager add's kernel");
   cr_assert_geq(count(events, "X", "cuda", "exp"), 1, "the eager exp's kernel");
