@@ -1100,7 +1100,8 @@ void em_batch_iter_free(em_batch_iter *it);
  * reason on stderr once (every time under EMBER_LOGS=schedule) and counted in
  * em_compile_stats.inductor_fallbacks. EMBER_INDUCTOR_PROFILE=1 prints where compiled graphs
  * spend their time at exit (=N: with the N slowest kernels). With inputs on CUDA (CPU tensors of
- * one element, possibly broadcast, may join them, as in eager), pointwise chains and trailing
+ * one element, possibly broadcast, may join them, as in eager), pointwise chains (f32, f64, and
+ * f16 / bf16 rounded after each op as eager rounds them: eager's bits) and trailing
  * sum / amax / amin reductions with their prologues and epilogues (softmax, layer_norm and
  * their backward: one block a row) run as generated CUDA C kernels (NVRTC, cached like the
  * eager CUDA kernels; output_code prints them), and reductions over leading dims, GEMMs and the

@@ -32,6 +32,13 @@ static void input_layout(const ir_type *t, const int64_t *cont, const prim_meta 
 /* The value's name in the kernel's text. */
 static void vname(int v, char *buf, size_t cap) { snprintf(buf, cap, "v%d", v); }
 
+/* The dtypes a generated kernel reads and writes: floating point and bool (integer arithmetic
+ * stays with the eager kernels, which refuse integer division by zero as the CPU does). f16 and
+ * bf16 compute in f32, each op's result rounded to its dtype as the eager kernels store it, so
+ * the fused chain gives eager's bits (torch.compile keeps f32 between ops instead, unless
+ * emulate_precision_casts). */
+static bool kernel_dtype(em_dtype dt) { return dt == EM_F32 || dt == EM_F64 || dt == EM_F16 || dt == EM_BF16 || dt == EM_BOOL; }
+
 /* Renders node nd as `const auto v<out> = ...;` (with its scalar expression's temporaries) at
  * indent; the views a kernel holds (detach, broadcasts of per-row values, reshapes of them) are
  * the operand's value. */
@@ -62,8 +69,31 @@ static bool render_node(ir_sbuf *b, ir_sbuf *helpers, const ir_graph *g, const i
   snprintf(prefix, sizeof prefix, "%s_", out);
   if (!cu_render_expr(b, &x, names, prefix, indent, r, sizeof r))
     return ir_fail(err, cap, "the CUDA renderer has no %s over %s", prim_get(nd->op)->name, em_dtype_name(compute));
-  ir_sb_printf(b, "%sconst auto %s = %s;\n", indent, out, r);
+  em_dtype odt = g->values[nd->out].type.dtype;
+  if (odt == EM_F16 || odt == EM_BF16) /* rounded as eager rounds each op's result, then computed on in f32 */
+    ir_sb_printf(b, "%sconst float %s = em_ld(em_to<%s>(%s));\n", indent, out, cu_ctype(odt), r);
+  else ir_sb_printf(b, "%sconst auto %s = %s;\n", indent, out, r);
   return true;
+}
+
+bool ind_cuda_renders(const ir_graph *g, const ir_node *n) {
+  if (!(prim_get(n->op)->flags & P_POINTWISE) || !ir_type_concrete(&g->values[n->out].type) || n->n_in > 3) return false;
+  const int *o = ir_operands(g, n);
+  em_dtype args[3];
+  static const char *const names[3] = {"a", "b", "c"};
+  if (!kernel_dtype(g->values[n->out].type.dtype)) return false;
+  for (int a = 0; a < n->n_in; a++) {
+    if (!kernel_dtype(g->values[o[a]].type.dtype)) return false;
+    args[a] = cu_compute_dtype(g->values[o[a]].type.dtype);
+  }
+  prim_sexpr x;
+  if (!prim_scalar_expr(n->op, args, args[n->op == EM_PRIM_WHERE ? 1 : 0], cu_compute_dtype(g->values[n->out].type.dtype), &x))
+    return false;
+  ir_sbuf b = {0};
+  char r[80];
+  bool ok = cu_render_expr(&b, &x, names, "t_", "", r, sizeof r);
+  free(ir_sb_finish(&b));
+  return ok;
 }
 
 /* Renders kernel k as the parameter list and body of a kernel (after its name) into b. */
@@ -76,7 +106,7 @@ static bool render_kernel(ir_sbuf *b, ir_sbuf *helpers, const ir_graph *g, const
   for (int i = 0; i < k->n_out + k->n_in; i++) {
     int v = i < k->n_out ? k->out[i] : k->in[i - k->n_out];
     em_dtype dt = g->values[v].type.dtype;
-    if (dt != EM_F32 && dt != EM_BOOL) return ir_fail(err, cap, "CUDA kernel over %s values", em_dtype_name(dt));
+    if (!kernel_dtype(dt)) return ir_fail(err, cap, "CUDA kernel over %s values", em_dtype_name(dt));
     const char *T = cu_ctype(dt);
     ir_sb_printf(b, "%s%s%s *__restrict__ %s%d", i ? ", " : "(", i < k->n_out ? "" : "const ", T,
                  i < k->n_out ? "o" : "x", i < k->n_out ? i : i - k->n_out);
@@ -126,7 +156,7 @@ static bool render_kernel(ir_sbuf *b, ir_sbuf *helpers, const ir_graph *g, const
     if (!render_node(b, helpers, g, &g->nodes[k->nodes[e]], "    ", &done, err, cap)) return false;
   for (int i = 0; i < k->n_out; i++) {
     vname(k->out[i], nm, sizeof nm);
-    ir_sb_printf(b, "    o%d[i] = %s;\n", i, nm);
+    ir_sb_printf(b, "    o%d[i] = em_to<%s>(%s);\n", i, cu_ctype(g->values[k->out[i]].type.dtype), nm);
   }
   ir_sb_printf(b, "  }\n}\n");
   return true;
@@ -257,7 +287,7 @@ static bool row_passes(rowgen *r, bool persistent, const char *ind) {
       int v = k->out[o];
       if (r->kind[v] != K_FULL || r->avail[v] != pass) continue;
       vname(v, nm, sizeof nm);
-      ir_sb_printf(r->b, "%so%d[rb%d + j] = %s;\n", ind2, o, o, nm);
+      ir_sb_printf(r->b, "%so%d[rb%d + j] = em_to<%s>(%s);\n", ind2, o, o, cu_ctype(g->values[v].type.dtype), nm);
     }
     ir_sb_printf(r->b, persistent ? "%s  }\n%s}\n" : "%s}\n", ind, ind);
     for (int i = 0; i < k->n_nodes; i++) {
@@ -270,7 +300,7 @@ static bool row_passes(rowgen *r, bool persistent, const char *ind) {
   for (int o = 0; o < k->n_out; o++) {
     if (r->kind[k->out[o]] == K_FULL) continue;
     vname(k->out[o], nm, sizeof nm);
-    ir_sb_printf(r->b, "%sif (threadIdx.x == 0) o%d[r] = %s;\n", ind, o, nm);
+    ir_sb_printf(r->b, "%sif (threadIdx.x == 0) o%d[r] = em_to<%s>(%s);\n", ind, o, cu_ctype(g->values[k->out[o]].type.dtype), nm);
   }
   return true;
 }
@@ -353,7 +383,7 @@ static bool render_row_kernel(ir_sbuf *b, ir_sbuf *helpers, const ir_graph *g, c
   for (int bi = 0; ok && bi < nb; bi++) {
     int v = bi < k->n_out ? k->out[bi] : k->in[bi - k->n_out];
     em_dtype dt = g->values[v].type.dtype;
-    if (dt != EM_F32 && dt != EM_BOOL) ok = ir_fail(err, cap, "CUDA kernel over %s values", em_dtype_name(dt));
+    if (!kernel_dtype(dt)) ok = ir_fail(err, cap, "CUDA kernel over %s values", em_dtype_name(dt));
     full[bi] = ind_row_buffer(g, meta, kind, k, bi, outer[bi], &inner[bi]);
   }
   for (int i = 0; ok && i < 3; i++)

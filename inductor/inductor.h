@@ -41,7 +41,10 @@
  * CUDA (inductor/cuda_codegen.c). A graph whose inputs are on the GPU is scheduled by the same
  * rules, except that column reductions run eagerly (the GPU has no cheap cross-block order), and
  * its kernels are rendered as CUDA C from the same scalar expressions as the eager CUDA kernels:
- * pointwise kernels as grid-stride loops, row kernels as a block per row. A row kernel makes the
+ * pointwise kernels as grid-stride loops, row kernels as a block per row. What fuses there is
+ * what the CUDA renderer renders (ind_cuda_renders): f32, f64, f16, bf16 and bool values (f16
+ * and bf16 computed in f32 and rounded to their dtype after each op, as eager stores them, so
+ * fused half chains give eager's bits); integer arithmetic stays with the eager kernels. A row kernel makes the
  * same passes as on the CPU; each thread accumulates its columns, the block combines them with
  * warp shuffles (butterfly, so every lane holds the same bits) and the warps in a fixed order
  * through shared memory, so results do not depend on timing. When the row fits in registers (up

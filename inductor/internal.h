@@ -113,8 +113,16 @@ ir_graph *ind_rewrite(const ir_graph *g, bool rematerialize, ind_stats *st);
  * bool). */
 bool ind_renders(const ir_graph *g, const ir_node *n);
 
-/* Pointwise nodes the code generator fuses: the ones it renders. */
+/* cuda_codegen.c: whether the CUDA renderer renders pointwise node n (floating-point and bool
+ * values, the prim table's scalar expression for their compute dtypes). */
+bool ind_cuda_renders(const ir_graph *g, const ir_node *n);
+
+/* Pointwise nodes the code generator fuses: the ones it renders (LLVM for the CPU; CUDA C for
+ * the GPU: device_fusible). */
 static inline bool fusible(const ir_graph *g, const ir_node *n) { return ind_renders(g, n); }
+static inline bool device_fusible(em_device d, const ir_graph *g, const ir_node *n) {
+  return d == EM_CUDA ? ind_cuda_renders(g, n) : ind_renders(g, n);
+}
 
 /* An f32 sum, amax or amin over the trailing dims of its operand: the first reduced dim, or -1. */
 static inline int trailing_reduction(const ir_graph *g, const ir_node *n) {

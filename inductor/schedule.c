@@ -139,7 +139,7 @@ static bool try_add(builder *b, int i) {
     gr->has_col = true;
     return add(b, i, K_COL), true;
   }
-  if (fusible(g, n)) {
+  if (device_fusible(b->p->device, g, n)) {
     if (gr->mode == G_EMPTY) {
       if (!operands_ok(b, n, K_FULL)) return false;
       gr->mode = G_PW, gr->shape = *t, gr->split = t->ndim, gr->rows = numel_of(t);

@@ -513,12 +513,14 @@ typedef int (*build_fn)(em_tensor *const *in, em_tensor **out, void *ctx);
 /* Traces build on the (CUDA) inputs, compiles the graph with the inductor, runs it, and compares
  * every output with build run eagerly on the CPU copies of the inputs. */
 static bool only_constants_eager; /* compile_on_device checks the schedule has no other eager step */
+static bool ref_on_device;        /* compile_on_device's reference is eager on the device, not the CPU */
 static ind_stats compile_on_device(build_fn build, void *ctx, em_tensor *const *cpu, int n_in, bool nvrtc, double tol,
                                    const char *what) {
   em_scope_begin();
   em_tensor *dev[8], *want[16], *outs[16], *got[16], *gin[8];
   for (int i = 0; i < n_in; i++) dev[i] = C(cpu[i]);
-  int n = build(cpu, want, ctx);
+  int n = build(ref_on_device ? dev : cpu, want, ctx);
+  for (int i = 0; ref_on_device && i < n; i++) want[i] = em_to(want[i], EM_CPU); /* the device's eager results */
   rt_trace tr;
   cr_assert(rt_trace_begin(&tr, "t", no_break, NULL, EM_HERE));
   em_scope_begin();
@@ -936,4 +938,38 @@ ETEST(cuda_eager, max_autotune_times_and_caches_choices) {
   cr_assert_eq(em_compiled_stats(c).cuda_graph_replays, 2);
   em_compiled_free(c);
   ind_autotune_salt(0);
+}
+
+/* ---- f16, bf16 and f64 chains fused on the device ---- */
+static int half_ops(em_tensor *const *in, em_tensor **out, void *ctx) {
+  (void)ctx;
+  em_tensor *x = in[0], *y = in[1];
+  em_tensor *hb = em_cast(x, EM_BF16), *yb = em_cast(y, EM_BF16);
+  em_tensor *b = em_where(em_gt(hb, yb), em_exp(em_mul(hb, yb)), em_tanh(em_sub(hb, yb)));
+  out[0] = em_add(em_mul_scalar(b, 0.5), yb);                       /* bf16 */
+  em_tensor *hf = em_cast(x, EM_F16);
+  out[1] = em_div(em_exp(em_neg(em_mul(hf, hf))), em_add_scalar(em_abs(hf), 1)); /* f16 */
+  em_tensor *d = em_cast(y, EM_F64);
+  out[2] = em_remainder(em_pow(em_abs(d), em_cast(x, EM_F64)), em_add_scalar(em_abs(d), 0.5)); /* f64: pow, remainder */
+  out[3] = em_cast(out[0], EM_F32);
+  return 4;
+}
+
+/* Half-precision chains fuse into generated kernels that compute in f32 and round each op's
+ * result to its dtype, as the eager CUDA kernels do: eager's bits exactly (the CPU has no f16 or
+ * bf16 arithmetic, so the reference is eager on the device); f64 chains compute in f64. */
+ETEST(cuda_eager, compiled_half_and_double_chains) {
+  em_manual_seed(25);
+  int64_t shapes[][2] = {{4, 9}, {33, 65}};
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+    em_scope_begin();
+    em_tensor *in[2] = {em_randn(F, EM_SHAPE(shapes[i][0], shapes[i][1])), em_randn(F, EM_SHAPE(shapes[i][0], shapes[i][1]))};
+    char what[64];
+    snprintf(what, sizeof what, "half chains over [%lld, %lld]", (long long)shapes[i][0], (long long)shapes[i][1]);
+    only_constants_eager = ref_on_device = true; /* the CPU has no f16 / bf16 arithmetic */
+    ind_stats st = compile_on_device(half_ops, NULL, in, 2, i == 0, 0, what);
+    only_constants_eager = ref_on_device = false;
+    cr_assert_geq(st.fused_nodes, 20, "%s: %d nodes fused", what, st.fused_nodes);
+    em_scope_end();
+  }
 }
