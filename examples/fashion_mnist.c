@@ -75,6 +75,18 @@ static double now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* The median of v[0..n), reordering v. */
+static double median(double *v, int64_t n) {
+  if (n == 0) return 0;
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 static bool parse(int argc, char **argv, options *o) {
   *o = (options){"mlp", "sgd", NULL, 1, 0, 2, 0, 128, 0, NAN, 0.9, NAN, 0, false, false, false, "inductor", NULL, "cpu"};
   for (int i = 1; i < argc; i++) {
@@ -294,10 +306,14 @@ int main(int argc, char **argv) {
   em_debug_reset_peak();
   if (dev == EM_CUDA) em_cuda_reset_peak_memory_stats(); /* the statistics below are the training's, not the data's */
 
+  /* per step: the whole step, and the part spent getting its batch */
+  double *step_ms = malloc(sizeof(double) * (size_t)(steps + 1)), *batch_ms = malloc(sizeof(double) * (size_t)(steps + 1));
+  if (!step_ms || !batch_ms) fail("out of memory");
   for (int epoch = 1; epoch <= o.epochs; epoch++) {
     double t0 = now(), loss_sum = 0;
     int64_t step = 0;
     for (;;) {
+      double ts = now();
       em_scope_begin();
       em_tensor *x, *y;
       if (loader) {
@@ -317,6 +333,7 @@ int main(int argc, char **argv) {
         if (dev != EM_CPU && !(idx = em_to(idx, dev))) fail("moving a batch's indices");
         x = em_index_select(train_x, 0, idx), y = em_index_select(train_y, 0, idx);
       }
+      double tb = now();
       em_tensor *loss;
       if (o.whole_step && step_c) {
         if (!(loss = em_call(step_c, &sc, x, y).t[0])) fail("training step");
@@ -328,6 +345,7 @@ int main(int argc, char **argv) {
       double l = em_item(loss);
       if (loss_log) fprintf(loss_log, "%a\n", l);
       em_scope_end();
+      batch_ms[step] = 1e3 * (tb - ts), step_ms[step] = 1e3 * (now() - ts);
       loss_sum += l;
       step++;
       double el = now() - t0, rate = step / el;
@@ -345,13 +363,16 @@ int main(int argc, char **argv) {
     double epoch_s = now() - t0;
     double acc = accuracy(&m, predict_c, test_x, test_y);
     double train_loss = loss_sum / (double)(step ? step : 1), ms = 1e3 * epoch_s / (double)(step ? step : 1);
+    double med = median(step_ms, step), batch_med = median(batch_ms, step);
     if (o.json) {
-      printf("{\"epoch\": %d, \"train_loss\": %.6f, \"test_accuracy\": %.4f, \"epoch_s\": %.3f, \"ms_per_step\": %.3f}\n",
-             epoch, train_loss, acc, epoch_s, ms);
+      printf("{\"epoch\": %d, \"train_loss\": %.6f, \"test_accuracy\": %.4f, \"epoch_s\": %.3f, \"ms_per_step\": %.3f, "
+             "\"ms_per_step_median\": %.3f, \"batch_ms_median\": %.3f}\n",
+             epoch, train_loss, acc, epoch_s, ms, med, batch_med);
     } else {
       if (tty) printf("\n");
-      printf("epoch %d: train loss %.4f, test accuracy %.2f%%, %.1f s, %.2f ms/step\n", epoch, train_loss, 100 * acc,
-             epoch_s, ms);
+      printf("epoch %d: train loss %.4f, test accuracy %.2f%%, %.1f s, %.2f ms/step (median %.2f, of which getting "
+             "the batch %.3f)\n",
+             epoch, train_loss, 100 * acc, epoch_s, ms, med, batch_med);
     }
     fflush(stdout);
   }
@@ -376,6 +397,7 @@ int main(int argc, char **argv) {
   em_compiled_free(predict_c);
   em_batch_iter_free(it);
   em_loader_free(ld);
+  free(step_ms), free(batch_ms);
   em_optimizer_free(opt);
   em_scope_end();
   em_thread_cleanup();
