@@ -170,6 +170,7 @@ static bool cuda_setup(em_loader *l, const char *name, em_site site) {
   const cu_driver *d = cu_drv();
   if (!d) return rt_error(site, name, "device EM_CUDA: no CUDA device (see em_cuda_is_available)"), false;
   cu_enter();
+  size_t rows = (size_t)(l->batch < l->n ? l->batch : l->n); /* the most a batch holds: no overflow */
   int r = d->stream_create(&l->side, 1 /* CU_STREAM_NON_BLOCKING */);
   if (!r) r = d->event_create(&l->before, 2 /* CU_EVENT_DISABLE_TIMING */);
   for (int i = 0; !r && i < l->n_slots; i++) {
@@ -177,7 +178,7 @@ static bool cuda_setup(em_loader *l, const char *name, em_site site) {
     r = d->event_create(&s->copied, 2);
     for (int j = 0; !r && j < l->n_src; j++) {
       void *p = NULL;
-      r = d->host_alloc(&p, l->row_bytes[j] * (size_t)l->batch + 1, 0);
+      r = d->host_alloc(&p, l->row_bytes[j] * rows + 1, 0);
       s->buf[j] = p;
     }
   }

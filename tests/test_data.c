@@ -755,6 +755,8 @@ ETEST(loader, cuda_batches_on_the_device) {
   for (int w = 0; w < 3; w++)
     same_as_iterator(ts, (em_loader_opts){.batch_size = 5, .shuffle = true, .seed = 3, .workers = w, .device = EM_CUDA},
                      2);
+  /* a batch size past the data set's: the pinned buffers hold the rows there are */
+  same_as_iterator(ts, (em_loader_opts){.batch_size = INT64_MAX, .workers = 1, .device = EM_CUDA}, 1);
   /* the consumer's stream waits for the side stream's copies: a kernel on a user stream reads them */
   em_cuda_stream *s = em_cuda_stream_new();
   cr_assert_not_null(s, "%s", err());
