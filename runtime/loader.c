@@ -16,8 +16,9 @@
  *     its current stream, and queues the host-to-device copies on the loader's side stream after
  *     an event from the current stream (the caching allocator may hand out a block the current
  *     stream's queued work still reads), then makes the current stream wait for the copy's
- *     event. The slot is reused only after that event completes (checked when the next batch is
- *     taken), so the host never waits for a copy in flight.
+ *     event. With workers, the next batch's copy is queued as soon as this one is handed out (when
+ *     its rows are ready), so it overlaps the step's work on the device. A slot is reused only
+ *     after its copy's event completes (checked when the batch after it is taken).
  * Epochs change on the consumer thread, under the lock, when no worker is filling a slot. */
 #include "cuda.h"
 #include "rt.h"
@@ -28,13 +29,17 @@
 #define MAX_WORKERS 64
 #define MAX_PREFETCH 1024
 
-enum slot_state { FREE, FILLING, READY, COPYING };
+/* A slot's life: FREE -> FILLING (a worker copies rows in) -> READY -> (EM_CUDA: QUEUED, its copy
+ * to the device queued ahead of its turn ->) handed out -> FREE (EM_CUDA: COPYING until its
+ * copy is known to be done). */
+enum slot_state { FREE, FILLING, READY, QUEUED, COPYING };
 
 typedef struct slot {
   enum slot_state state;
   int64_t batch; /* the batch it holds (FILLING, READY, COPYING) */
   bool failed;   /* a worker could not allocate its buffers */
   char **buf;    /* [n_src]: EM_CPU, this batch's buffers (adopted by its tensors); EM_CUDA, pinned */
+  em_tensor **dev; /* [n_src] EM_CUDA, QUEUED: the device tensors being copied into (owned) */
   cu_event copied; /* EM_CUDA: recorded on the side stream after the slot's copies */
 } slot;
 
@@ -111,11 +116,13 @@ static void *worker(void *arg) {
   return NULL;
 }
 
-/* Frees what a READY slot holds (the CPU buffers) and waits for a COPYING slot's copies; under lock. */
+/* Frees what a READY or QUEUED slot holds (CPU buffers, device tensors) and waits for a QUEUED or
+ * COPYING slot's copies; under lock. */
 static void drain(em_loader *l, slot *s) {
   if (s->state == READY && l->device == EM_CPU && !s->failed)
     for (int i = 0; i < l->n_src; i++) rt_free(s->buf[i]), s->buf[i] = NULL;
-  if (s->state == COPYING) cu_drv()->event_sync(s->copied);
+  if (s->state == COPYING || s->state == QUEUED) cu_drv()->event_sync(s->copied);
+  for (int i = 0; s->state == QUEUED && i < l->n_src; i++) em_release(s->dev[i]), s->dev[i] = NULL;
   s->state = FREE;
 }
 
@@ -147,7 +154,7 @@ void em_loader_free(em_loader *l) {
     for (int j = 0; d && s->buf && j < l->n_src; j++)
       if (s->buf[j]) d->host_free(s->buf[j]);
     if (d && s->copied) d->event_destroy(s->copied);
-    rt_free(s->buf);
+    rt_free(s->buf), rt_free(s->dev);
   }
   if (d && l->before) d->event_destroy(l->before);
   if (d && l->side) d->stream_destroy(l->side);
@@ -230,7 +237,11 @@ em_loader *em_loader_new_at(int n, em_tensor *const *tensors, const em_loader_op
   l->slots = alloc_zero(sizeof *l->slots * (size_t)l->n_slots);
   l->threads = alloc_zero(sizeof *l->threads * (size_t)l->workers);
   bool ok = l->src && l->row_bytes && l->out && l->order && l->slots && l->threads;
-  for (int i = 0; ok && i < l->n_slots; i++) ok = (l->slots[i].buf = alloc_zero(sizeof(char *) * (size_t)n)) != NULL;
+  for (int i = 0; ok && i < l->n_slots; i++) {
+    l->slots[i].buf = alloc_zero(sizeof(char *) * (size_t)n);
+    l->slots[i].dev = alloc_zero(sizeof(em_tensor *) * (size_t)n);
+    ok = l->slots[i].buf && l->slots[i].dev;
+  }
   if (!ok) {
     em_loader_free(l);
     return rt_error(site, name, "out of memory");
@@ -285,30 +296,66 @@ static bool adopt(em_loader *l, slot *s, int64_t b, const char *name, em_site si
   return ok;
 }
 
-/* Device tensors for s's pinned rows, copied on the side stream; false with an error recorded. */
-static bool upload(em_loader *l, slot *s, int64_t b, const char *name, em_site site) {
+/* Queues the copies of s's pinned rows into new device tensors (s->dev, owned) on the side
+ * stream, after the work queued so far on the caller's stream; false with an error recorded. */
+static bool queue_copy(em_loader *l, slot *s, int64_t b, const char *name, em_site site) {
   const cu_driver *d = cu_drv();
-  cu_stream cur = cu_current_stream();
-  int r = d->event_record(l->before, cur);
+  int r = d->event_record(l->before, cu_current_stream());
   if (!r) r = d->stream_wait_event(l->side, l->before, 0);
   if (r) return rt_error(site, name, "ordering the copy stream: %s", d->error_string(r)), false;
-  for (int i = 0; i < l->n_src; i++) {
+  bool ok = true;
+  for (int i = 0; ok && i < l->n_src; i++) {
     em_tensor *src = l->src[i];
     int64_t sizes[EM_MAX_DIMS];
     memcpy(sizes, src->sizes, sizeof sizes);
     sizes[0] = b;
-    em_tensor *t = rt_new_device(src->dtype, src->ndim, sizes, EM_CUDA, name, site);
-    if (!t) return false;
-    if ((r = d->memcpy_htod((uint64_t)(uintptr_t)rt_data(t), s->buf[i], l->row_bytes[i] * (size_t)b, l->side))) {
-      em_release(t);
-      return rt_error(site, name, "copying a batch to the device: %s", d->error_string(r)), false;
-    }
-    if (!(l->out[i] = rt_scope_add(t, name, site))) return false;
+    ok = (s->dev[i] = rt_new_device(src->dtype, src->ndim, sizes, EM_CUDA, name, site)) != NULL;
+    if (ok && (r = d->memcpy_htod((uint64_t)(uintptr_t)rt_data(s->dev[i]), s->buf[i], l->row_bytes[i] * (size_t)b,
+                                  l->side)))
+      ok = rt_error(site, name, "copying a batch to the device: %s", d->error_string(r)) != NULL;
   }
-  r = d->event_record(s->copied, l->side);
-  if (!r) r = d->stream_wait_event(cur, s->copied, 0);
-  if (r) return rt_error(site, name, "waiting for the copy: %s", d->error_string(r)), false;
-  return true;
+  if (ok && (r = d->event_record(s->copied, l->side)))
+    ok = rt_error(site, name, "recording the copy's event: %s", d->error_string(r)) != NULL;
+  if (!ok) {
+    d->stream_sync(l->side); /* what was queued reads the pinned rows */
+    for (int i = 0; i < l->n_src; i++) em_release(s->dev[i]), s->dev[i] = NULL;
+  }
+  return ok;
+}
+
+/* Hands s's device tensors to the current scope, the caller's stream waiting for their copy. */
+static bool hand_out(em_loader *l, slot *s, const char *name, em_site site) {
+  int r = cu_drv()->stream_wait_event(cu_current_stream(), s->copied, 0);
+  if (r) rt_error(site, name, "waiting for the copy: %s", cu_drv()->error_string(r));
+  bool ok = !r;
+  for (int i = 0; i < l->n_src; i++) {
+    if (ok) ok = (l->out[i] = rt_scope_add(s->dev[i], name, site)) != NULL;
+    else em_release(s->dev[i]);
+    s->dev[i] = NULL;
+  }
+  return ok;
+}
+
+/* Rows in batch k. */
+static int64_t batch_rows(const em_loader *l, int64_t k) {
+  return l->n - k * l->batch < l->batch ? l->n - k * l->batch : l->batch;
+}
+
+/* EM_CUDA: queues the next batch's copy now, when its rows are ready, so it overlaps this step's
+ * work on the device. A failure here is left for that batch's turn to report. */
+static void copy_ahead(em_loader *l, const char *name, em_site site) {
+  int64_t k = l->taken;
+  slot *s = &l->slots[k % l->n_slots];
+  pthread_mutex_lock(&l->lock);
+  bool ready = k < l->len && s->state == READY && s->batch == k && !s->failed;
+  pthread_mutex_unlock(&l->lock);
+  if (!ready) return; /* a READY slot changes only here and in em_loader_next: no race */
+  bool clean = em_last_error() == NULL;
+  bool queued = queue_copy(l, s, batch_rows(l, k), name, site);
+  if (!queued && clean) em_clear_error();
+  pthread_mutex_lock(&l->lock);
+  if (queued) s->state = QUEUED;
+  pthread_mutex_unlock(&l->lock);
 }
 
 em_tensor **em_loader_next_at(em_loader *l, em_site site) {
@@ -318,7 +365,7 @@ em_tensor **em_loader_next_at(em_loader *l, em_site site) {
     next_epoch(l);
     return NULL;
   }
-  int64_t k = l->taken, b = l->n - k * l->batch < l->batch ? l->n - k * l->batch : l->batch;
+  int64_t k = l->taken, b = batch_rows(l, k);
   slot *s = &l->slots[k % l->n_slots];
   if (l->device == EM_CUDA) cu_enter();
   pthread_mutex_lock(&l->lock);
@@ -331,7 +378,7 @@ em_tensor **em_loader_next_at(em_loader *l, em_site site) {
     fill(l, s, k);
     pthread_mutex_lock(&l->lock);
   } else {
-    while (!(s->state == READY && s->batch == k)) pthread_cond_wait(&l->ready, &l->lock);
+    while (!((s->state == READY || s->state == QUEUED) && s->batch == k)) pthread_cond_wait(&l->ready, &l->lock);
   }
   pthread_mutex_unlock(&l->lock);
   bool ok;
@@ -339,13 +386,15 @@ em_tensor **em_loader_next_at(em_loader *l, em_site site) {
     rt_error(site, name, "out of memory for batch %lld (%lld rows)", (long long)k, (long long)b);
     ok = false;
   } else {
-    ok = l->device == EM_CPU ? adopt(l, s, b, name, site) : upload(l, s, b, name, site);
+    ok = l->device == EM_CPU ? adopt(l, s, b, name, site)
+                             : (s->state == QUEUED || queue_copy(l, s, b, name, site)) && hand_out(l, s, name, site);
   }
   pthread_mutex_lock(&l->lock);
   s->state = l->device == EM_CUDA && !s->failed ? COPYING : FREE;
   l->taken++;
   pthread_cond_broadcast(&l->work);
   pthread_mutex_unlock(&l->lock);
+  if (ok && l->device == EM_CUDA && l->workers) copy_ahead(l, name, site);
   return ok ? l->out : NULL;
 }
 

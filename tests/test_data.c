@@ -769,6 +769,17 @@ ETEST(loader, cuda_batches_on_the_device) {
   cr_assert_eq(em_item(sum), 29 * 28 / 2);
   em_loader_free(l);
   em_cuda_stream_free(s);
+  /* a reset, and a free, with the next batch's copy queued ahead */
+  l = em_loader_new(3, ts, &((em_loader_opts){.batch_size = 4, .workers = 2, .device = EM_CUDA}));
+  for (int round = 0; round < 2; round++) {
+    for (int i = 0; i < 2000 && em_loader_ahead(l, NULL) < 4; i++) usleep(1000);
+    b = em_loader_next(l);
+    cr_assert(b && etest_at(b[1], 0) == 0 && etest_at(b[1], 3) == 3, "the first rows: %s", err());
+    if (!round) em_loader_reset(l);
+  }
+  b = em_loader_next(l);
+  cr_assert(b && etest_at(b[1], 0) == 4, "the second batch: %s", err());
+  em_loader_free(l);
 }
 
 ETEST(loader, bad_arguments) {
