@@ -24,6 +24,7 @@
 #include "rt.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <string.h>
 
 #define MAX_WORKERS 64
@@ -90,6 +91,11 @@ static void fill(em_loader *l, slot *s, int64_t k) {
 
 static void *worker(void *arg) {
   em_loader *l = arg;
+#ifdef SCHED_BATCH
+  /* A worker woken by the consumer must not preempt it where no core is idle (two cores, both
+   * computing): SCHED_BATCH threads get no wakeup preemption. Best effort. */
+  pthread_setschedparam(pthread_self(), SCHED_BATCH, &(struct sched_param){0});
+#endif
   pthread_mutex_lock(&l->lock);
   for (;;) {
     slot *s = NULL;
