@@ -5,7 +5,7 @@
  *                 [--optimizer sgd|adamw] [--momentum M] [--weight-decay WD] [--seed S]
  *                 [--threads T] [--train-limit N] [--data DIR] [--json]
  *                 [--compile] [--backend inductor|aot_eager|eager] [--mode MODE] [--whole-step] [--loss-log FILE]
- *                 [--device cpu|cuda]
+ *                 [--device cpu|cuda] [--workers N] [--prefetch P]
  *
  * With --compile, the forward pass and loss of each step (and the test-set predictions) run
  * through em_compile(), as with torch.compile applied to a model: with the default backend,
@@ -14,7 +14,11 @@
  * aot_eager adds the ahead-of-time backward). With --whole-step, the whole training step
  * (forward, backward, optimizer update) is one compiled function: one graph, the parameters
  * updated in place. --loss-log writes every step's loss as a hexadecimal float, so two runs can
- * be compared bit for bit.
+ * be compared bit for bit. Batches come from an em_loader: --workers threads gather each batch's
+ * rows ahead of the step (--prefetch batches in all), for --device cuda into pinned buffers
+ * copied to the device on a side stream; --workers 0 gathers them in the step's thread, and
+ * --workers -1 uses the index iterator and em_index_select instead (the whole data set on the
+ * device for cuda). All give the same batches, so the same losses bit for bit.
  *
  * On a terminal it draws a progress bar (step, loss, steps/s, ETA); otherwise it prints plain
  * lines. After each epoch: test accuracy, epoch time and ms per step; with --json, one JSON
@@ -31,7 +35,7 @@
 
 typedef struct {
   const char *model, *optimizer, *data;
-  int epochs, threads;
+  int epochs, threads, workers, prefetch;
   int64_t batch, train_limit;
   double lr, momentum, weight_decay;
   uint64_t seed;
@@ -60,6 +64,9 @@ static void usage(FILE *f) {
           "  --whole-step           with --compile: compile forward, backward and update as one function\n"
           "  --loss-log FILE        write each step's loss as a hex float (bit-exact comparisons)\n"
           "  --device cpu|cuda      where the model, the data and the training run (default cpu)\n"
+          "  --workers N            threads assembling batches ahead of the step (default 2); 0: in the\n"
+          "                         step's thread; -1: no loader (index iterator + em_index_select)\n"
+          "  --prefetch P           batches assembled ahead, in all (default 2 per worker)\n"
           "  --help                 this text\n");
 }
 
@@ -69,8 +76,20 @@ static double now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* The median of v[0..n), reordering v. */
+static double median(double *v, int64_t n) {
+  if (n == 0) return 0;
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 static bool parse(int argc, char **argv, options *o) {
-  *o = (options){"mlp", "sgd", NULL, 1, 0, 128, 0, NAN, 0.9, NAN, 0, false, false, false, "inductor", NULL, "cpu"};
+  *o = (options){"mlp", "sgd", NULL, 1, 0, 2, 0, 128, 0, NAN, 0.9, NAN, 0, false, false, false, "inductor", NULL, "cpu"};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--help")) {
@@ -106,6 +125,8 @@ static bool parse(int argc, char **argv, options *o) {
     else if (!strcmp(a, "--mode")) o->mode = v;
     else if (!strcmp(a, "--loss-log")) o->loss_log = v;
     else if (!strcmp(a, "--device")) o->device = v;
+    else if (!strcmp(a, "--workers")) o->workers = atoi(v);
+    else if (!strcmp(a, "--prefetch")) o->prefetch = atoi(v);
     else {
       fprintf(stderr, "fashion_mnist: unknown option %s\n", a);
       usage(stderr);
@@ -238,8 +259,11 @@ int main(int argc, char **argv) {
   em_tensor *test_y = em_cast(d.test_labels, EM_I64);
   if (!train_x || !train_y || !test_x || !test_y) fail("preparing the data");
   em_device dev = strcmp(o.device, "cuda") ? EM_CPU : EM_CUDA;
-  if (dev == EM_CUDA) { /* the whole data set lives on the device: a step moves only its indices */
-    train_x = em_to(train_x, dev), train_y = em_to(train_y, dev), test_x = em_to(test_x, dev), test_y = em_to(test_y, dev);
+  bool loader = o.workers >= 0;
+  if (dev == EM_CUDA) { /* the test set lives on the device; the training set too without a loader: a step moves
+                         * only its indices; with one, the loader copies each batch */
+    if (!loader) train_x = em_to(train_x, dev), train_y = em_to(train_y, dev);
+    test_x = em_to(test_x, dev), test_y = em_to(test_y, dev);
     if (!train_x || !train_y || !test_x || !test_y) fail("moving the data to the device");
   }
   if (o.train_limit > 0 && o.train_limit < em_size(train_x, 0)) {
@@ -268,28 +292,50 @@ int main(int argc, char **argv) {
     fprintf(stderr, "fashion_mnist: cannot write %s\n", o.loss_log);
     return 1;
   }
-  em_batch_iter *it = em_batch_iter_new(n_train, o.batch, true, o.seed, false);
-  if (!it) fail("creating the batch iterator");
-  int64_t steps = em_batch_iter_len(it);
+  em_batch_iter *it = loader ? NULL : em_batch_iter_new(n_train, o.batch, true, o.seed, false);
+  em_loader *ld = !loader ? NULL
+                          : em_loader_new(2, ((em_tensor *[]){train_x, train_y}),
+                                          &((em_loader_opts){.batch_size = o.batch, .shuffle = true, .seed = o.seed,
+                                                             .workers = o.workers, .prefetch = o.prefetch,
+                                                             .device = dev}));
+  if (!it && !ld) fail("creating the batch iterator");
+  int64_t steps = loader ? em_loader_len(ld) : em_batch_iter_len(it);
   if (!o.json)
-    printf("fashion_mnist: %s, %s lr %g, batch %lld, %lld training examples, %s, %d threads%s%s\n", o.model, o.optimizer,
+    printf("fashion_mnist: %s, %s lr %g, batch %lld, %lld training examples, %s, %d threads, %s%s%s\n", o.model, o.optimizer,
            o.lr, (long long)o.batch, (long long)n_train, o.device, em_get_num_threads(),
+           !loader ? "index iterator" : o.workers ? "loader" : "loader without workers",
            o.compile ? ", em_compile backend " : "", o.compile ? o.backend : "");
   em_debug_reset_peak();
   if (dev == EM_CUDA) em_cuda_reset_peak_memory_stats(); /* the statistics below are the training's, not the data's */
 
+  /* per step: the whole step, and the part spent getting its batch */
+  double *step_ms = malloc(sizeof(double) * (size_t)(steps + 1)), *batch_ms = malloc(sizeof(double) * (size_t)(steps + 1));
+  if (!step_ms || !batch_ms) fail("out of memory");
   for (int epoch = 1; epoch <= o.epochs; epoch++) {
     double t0 = now(), loss_sum = 0;
     int64_t step = 0;
     for (;;) {
+      double ts = now();
       em_scope_begin();
-      em_tensor *idx = em_batch_iter_next(it);
-      if (!idx) {
-        em_scope_end();
-        break;
+      em_tensor *x, *y;
+      if (loader) {
+        em_tensor **b = em_loader_next(ld);
+        if (!b && em_last_error()) fail("loading a batch");
+        if (!b) {
+          em_scope_end();
+          break;
+        }
+        x = b[0], y = b[1];
+      } else {
+        em_tensor *idx = em_batch_iter_next(it);
+        if (!idx) {
+          em_scope_end();
+          break;
+        }
+        if (dev != EM_CPU && !(idx = em_to(idx, dev))) fail("moving a batch's indices");
+        x = em_index_select(train_x, 0, idx), y = em_index_select(train_y, 0, idx);
       }
-      if (dev != EM_CPU && !(idx = em_to(idx, dev))) fail("moving a batch's indices");
-      em_tensor *x = em_index_select(train_x, 0, idx), *y = em_index_select(train_y, 0, idx);
+      double tb = now();
       em_tensor *loss;
       if (o.whole_step && step_c) {
         if (!(loss = em_call(step_c, &sc, x, y).t[0])) fail("training step");
@@ -301,6 +347,7 @@ int main(int argc, char **argv) {
       double l = em_item(loss);
       if (loss_log) fprintf(loss_log, "%a\n", l);
       em_scope_end();
+      batch_ms[step] = 1e3 * (tb - ts), step_ms[step] = 1e3 * (now() - ts);
       loss_sum += l;
       step++;
       double el = now() - t0, rate = step / el;
@@ -318,13 +365,16 @@ int main(int argc, char **argv) {
     double epoch_s = now() - t0;
     double acc = accuracy(&m, predict_c, test_x, test_y);
     double train_loss = loss_sum / (double)(step ? step : 1), ms = 1e3 * epoch_s / (double)(step ? step : 1);
+    double med = median(step_ms, step), batch_med = median(batch_ms, step);
     if (o.json) {
-      printf("{\"epoch\": %d, \"train_loss\": %.6f, \"test_accuracy\": %.4f, \"epoch_s\": %.3f, \"ms_per_step\": %.3f}\n",
-             epoch, train_loss, acc, epoch_s, ms);
+      printf("{\"epoch\": %d, \"train_loss\": %.6f, \"test_accuracy\": %.4f, \"epoch_s\": %.3f, \"ms_per_step\": %.3f, "
+             "\"ms_per_step_median\": %.3f, \"batch_ms_median\": %.3f}\n",
+             epoch, train_loss, acc, epoch_s, ms, med, batch_med);
     } else {
       if (tty) printf("\n");
-      printf("epoch %d: train loss %.4f, test accuracy %.2f%%, %.1f s, %.2f ms/step\n", epoch, train_loss, 100 * acc,
-             epoch_s, ms);
+      printf("epoch %d: train loss %.4f, test accuracy %.2f%%, %.1f s, %.2f ms/step (median %.2f, of which getting "
+             "the batch %.3f)\n",
+             epoch, train_loss, 100 * acc, epoch_s, ms, med, batch_med);
     }
     fflush(stdout);
   }
@@ -348,6 +398,8 @@ int main(int argc, char **argv) {
   em_compiled_free(step_c);
   em_compiled_free(predict_c);
   em_batch_iter_free(it);
+  em_loader_free(ld);
+  free(step_ms), free(batch_ms);
   em_optimizer_free(opt);
   em_scope_end();
   em_thread_cleanup();

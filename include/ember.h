@@ -998,6 +998,48 @@ em_tensor *em_batch_iter_next_at(em_batch_iter *it, em_site site);
 int64_t em_batch_iter_len(const em_batch_iter *it);
 void em_batch_iter_free(em_batch_iter *it);
 
+/* A data loader (torch.utils.data.DataLoader with num_workers and prefetch_factor) over
+ * in-memory tensors: n tensors sharing dim 0 (rows: examples). Each batch holds the rows of one
+ * em_batch_iter batch with the same options and seed, in the same order, so a loop over the
+ * loader computes exactly what a loop over em_batch_iter + em_index_select computes. Worker
+ * threads copy rows into batch buffers ahead of the consumer; for EM_CUDA the rows go into
+ * pinned host buffers and are copied to the device asynchronously on a side stream, which the
+ * consumer's current stream waits for (an event), so the host never waits on the copy. */
+typedef struct em_loader em_loader;
+typedef struct em_loader_opts {
+  int64_t batch_size; /* rows per batch, >= 1 */
+  bool shuffle;       /* a new Philox permutation each epoch, keyed by (seed, epoch) */
+  uint64_t seed;
+  bool drop_last;     /* drop the last short batch */
+  int workers;        /* threads assembling batches, 0..64; 0: em_loader_next assembles in the caller */
+  int prefetch;       /* batches assembled ahead of the consumer (in all), 0..1024; 0: 2 per worker */
+  em_device device;   /* where the batches are: EM_CPU (default) or EM_CUDA */
+} em_loader_opts;
+/* Returns a new loader (free with em_loader_free) holding references to the tensors (copies of
+ * the non-contiguous ones), positioned at the start of epoch 0. tensors: n >= 1 CPU tensors,
+ * each with at least one dimension, all with the same size along dim 0, any dtypes.
+ * Errors (NULL, naming the caller's line): NULL array or tensor, n < 1, a tensor on CUDA or
+ * 0-dim, sizes along dim 0 that differ, batch_size < 1, workers or prefetch out of range, a bad
+ * device, EM_CUDA with no device, out of memory, a thread that cannot start. */
+#define em_loader_new(n, tensors, opts) em_loader_new_at((n), (tensors), (opts), EM_HERE)
+em_loader *em_loader_new_at(int n, em_tensor *const *tensors, const em_loader_opts *opts, em_site site);
+/* The next batch: an array of the n tensors, tensors[i]'s rows for the batch, shape
+ * [b, tensors[i]'s other sizes...], same dtype, on opts.device, owned by the current scope
+ * (the array is the loader's, valid until the next call). NULL at the end of the epoch (then
+ * the loader moves to the next epoch, reshuffled, and its workers start on it), or NULL with an
+ * error recorded (out of memory: that batch is skipped). NULL loader: NULL. */
+#define em_loader_next(l) em_loader_next_at((l), EM_HERE)
+em_tensor **em_loader_next_at(em_loader *l, em_site site);
+/* Abandons the rest of the current epoch and starts the next one (as the end of an epoch does). */
+void em_loader_reset(em_loader *l);
+/* Batches per epoch (em_batch_iter_len). */
+int64_t em_loader_len(const em_loader *l);
+/* Batches assembled or being assembled ahead of the consumer now, and the most there have been
+ * (never more than prefetch; for tests and tuning). */
+int em_loader_ahead(const em_loader *l, int *peak);
+/* Stops the workers and frees the loader; the batches it returned stay valid. NULL-safe. */
+void em_loader_free(em_loader *l);
+
 /* ------------------------------------------------------------------------------------------ */
 /* Compilation: em_compile() captures the tensor program a model function runs                */
 /*

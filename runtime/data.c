@@ -472,18 +472,21 @@ static uint64_t bounded(uint64_t seed, uint64_t epoch, uint64_t *k, uint64_t bou
   }
 }
 
-/* Sets order to this epoch's permutation: the identity, Fisher-Yates shuffled when asked. */
-static void reorder(em_batch_iter *it) {
-  for (int64_t i = 0; i < it->n; i++) it->order[i] = i;
-  if (!it->shuffle) return;
+/* Sets order[0..n) to epoch's permutation: the identity, Fisher-Yates shuffled when asked. The
+ * iterator and the loader (loader.c) share it, so their batches are the same. */
+void rt_batch_order(int64_t *order, int64_t n, bool shuffle, uint64_t seed, uint64_t epoch) {
+  for (int64_t i = 0; i < n; i++) order[i] = i;
+  if (!shuffle) return;
   uint64_t k = 0;
-  for (int64_t i = it->n - 1; i > 0; i--) {
-    int64_t j = (int64_t)bounded(it->seed, (uint64_t)it->epoch, &k, (uint64_t)i + 1);
-    int64_t t = it->order[i];
-    it->order[i] = it->order[j];
-    it->order[j] = t;
+  for (int64_t i = n - 1; i > 0; i--) {
+    int64_t j = (int64_t)bounded(seed, epoch, &k, (uint64_t)i + 1);
+    int64_t t = order[i];
+    order[i] = order[j];
+    order[j] = t;
   }
 }
+
+static void reorder(em_batch_iter *it) { rt_batch_order(it->order, it->n, it->shuffle, it->seed, (uint64_t)it->epoch); }
 
 /* No em_site here (the public signature has none), so bad arguments are reported by the NULL
  * result alone, as allocation failure is. */

@@ -146,6 +146,9 @@ em_tensor *rt_safetensors_cpu(em_safetensors *f, const char *name, const char *o
 /* cuda_ops.c: a copy of x on dev (a new reference to x when it is there already), caller-owned;
  * NULL with an error recorded. Not recorded by autograd or the tracer (em_to is). */
 em_tensor *rt_to_device(em_tensor *x, em_device dev, const char *name, em_site site);
+/* data.c: epoch's order of n examples (the identity, or a Philox-driven Fisher-Yates shuffle
+ * keyed by seed and epoch), shared by em_batch_iter and em_loader. */
+void rt_batch_order(int64_t *order, int64_t n, bool shuffle, uint64_t seed, uint64_t epoch);
 /* creation.c: the device factories create on (em_set_default_device; thread-local). */
 em_device rt_default_device(void);
 /* A new header over t's storage with the given layout, owned by the caller. */

@@ -437,6 +437,11 @@ static em_tensor *partner_for(int op, em_dtype dt) {
   X("em_batch_iter_new", 4, FAIL,                                                                         \
     r_p(em_batch_iter_new(v == 0 ? -1 : v == 3 ? INT64_MAX : 10, v == 1 ? 0 : v == 2 ? -5 : 1, true, 1, false))) \
   X("em_batch_iter_next", 1, SILENT, r_t(em_batch_iter_next(NULL)))                                         \
+  X("em_loader_new", 7, FAIL,                                                                             \
+    r_p(em_loader_new(v == 0 ? -1 : 1, v == 1 ? NULL : ((em_tensor *[]){v == 2 ? NULL : v == 3 ? scal : m}), \
+                      v == 4 ? NULL                                                                       \
+                             : (&(em_loader_opts){.batch_size = v == 5 ? INT64_MIN : 1, .workers = v == 6 ? INT32_MAX : 1})))) \
+  X("em_loader_next", 1, SILENT, r_p(em_loader_next(NULL)))                                               \
   X("em_item", 1, FAIL, item_of_big())                                                                    \
   X("em_to_buffer", 3, FAIL, r_b(em_to_buffer(m, F, v == 0 ? NULL : buf, v == 1 ? 4 : v == 2 ? 0 : sizeof buf))) \
   X("em_to", 2, FAIL, r_t(em_to(m, v ? (em_device)-1 : (em_device)42)))                                   \

@@ -11,6 +11,7 @@
 #include "tmpdir.h"
 
 #include <stdio.h>
+#include <unistd.h>
 #include <zlib.h>
 
 static void write_file(const char *path, const void *data, size_t n, bool gz) {
@@ -606,4 +607,237 @@ ETEST(serialize, allocation_failures) {
   make_dir();
   fail_each_alloc(save_and_load);
   remove_dir();
+}
+
+/* ---- the loader ---- */
+
+/* A data set of n rows on the CPU (whatever the suite's default device): x f32 [n, 3] with
+ * x[r][c] = 10 r + c, y i64 [n] = r, z u8 [n, 2, 2] = r + c. */
+static void dataset(int64_t n, em_tensor **ts) {
+  em_device was = em_set_default_device(EM_CPU);
+  em_tensor *r = em_arange(EM_F64, 0, (double)n, 1);
+  ts[0] = em_add(em_mul_scalar(em_reshape(r, EM_SHAPE(-1, 1)), 10), em_arange(EM_F64, 0, 3, 1));
+  ts[0] = em_cast(ts[0], EM_F32);
+  ts[1] = em_cast(r, EM_I64);
+  ts[2] = em_cast(em_add(em_reshape(r, EM_SHAPE(-1, 1, 1)), em_reshape(em_arange(EM_F64, 0, 4, 1), EM_SHAPE(2, 2))),
+                  EM_U8);
+  em_set_default_device(was);
+  cr_assert(ts[0] && ts[1] && ts[2], "%s", err());
+}
+
+/* Bytes of t (any device), into a malloc'd buffer of *bytes. */
+static char *bytes_of(em_tensor *t, size_t *bytes) {
+  *bytes = (size_t)em_numel(t) * (em_dtype_of(t) == EM_F32 ? 4 : em_dtype_of(t) == EM_I64 ? 8 : 1);
+  char *p = malloc(*bytes + 1);
+  cr_assert(em_to_buffer(t, em_dtype_of(t), p, *bytes), "%s", err());
+  return p;
+}
+
+/* Runs `epochs` epochs of a loader with opts over ts and of em_batch_iter with the same options,
+ * asserting the same batches: shapes, dtypes, devices and bytes (index_select of the iterator's
+ * indices). */
+static void same_as_iterator(em_tensor **ts, em_loader_opts o, int epochs) {
+  em_loader *l = em_loader_new(3, ts, &o);
+  cr_assert_not_null(l, "%s", err());
+  em_batch_iter *it = em_batch_iter_new(em_size(ts[0], 0), o.batch_size, o.shuffle, o.seed, o.drop_last);
+  cr_assert_eq(em_loader_len(l), em_batch_iter_len(it));
+  em_device was = em_set_default_device(EM_CPU);
+  for (int e = 0; e < epochs; e++) {
+    int64_t nb = 0;
+    for (;; nb++) {
+      cr_assert(em_scope_begin());
+      em_tensor **b = em_loader_next(l), *idx = em_batch_iter_next(it);
+      cr_assert_eq(b == NULL, idx == NULL, "epoch %d batch %lld: both end together (%s)", e, (long long)nb, err());
+      if (!b) {
+        em_scope_end();
+        break;
+      }
+      for (int i = 0; i < 3; i++) {
+        em_tensor *want = em_index_select(ts[i], 0, idx);
+        cr_assert_eq(em_device_of(b[i]), o.device);
+        cr_assert_eq(em_dtype_of(b[i]), em_dtype_of(want));
+        cr_assert_eq(em_ndim(b[i]), em_ndim(want));
+        for (int d = 0; d < em_ndim(want); d++) cr_assert_eq(em_size(b[i], d), em_size(want, d));
+        size_t n1, n2;
+        char *got = bytes_of(b[i], &n1), *exp = bytes_of(want, &n2);
+        cr_assert(n1 == n2 && !memcmp(got, exp, n1), "epoch %d batch %lld tensor %d differs", e, (long long)nb, i);
+        free(got), free(exp);
+      }
+      em_scope_end();
+    }
+    cr_assert_eq(nb, em_loader_len(l));
+  }
+  em_set_default_device(was);
+  cr_assert_null(em_last_error(), "%s", err());
+  em_batch_iter_free(it);
+  em_loader_free(l);
+}
+
+ETEST(loader, batches_equal_the_iterators) {
+  em_tensor *ts[3];
+  dataset(37, ts);
+  for (int shuffle = 0; shuffle < 2; shuffle++)
+    for (int drop = 0; drop < 2; drop++)
+      for (int w = 0; w < 4; w += 1 + (w == 1)) /* workers 0, 1, 3 */
+        same_as_iterator(ts, (em_loader_opts){.batch_size = 8, .shuffle = shuffle, .seed = 5, .drop_last = drop,
+                                              .workers = w, .prefetch = w ? 2 : 0},
+                         3);
+  /* one batch bigger than the data set, a batch of 1, an empty data set */
+  same_as_iterator(ts, (em_loader_opts){.batch_size = 100, .shuffle = true, .workers = 2}, 2);
+  same_as_iterator(ts, (em_loader_opts){.batch_size = 1, .shuffle = true, .workers = 3, .prefetch = 5}, 1);
+  em_tensor *none[3];
+  dataset(0, none);
+  same_as_iterator(none, (em_loader_opts){.batch_size = 4, .workers = 1}, 2);
+}
+
+ETEST(loader, non_contiguous_sources_and_reset) {
+  em_tensor *ts[3];
+  dataset(20, ts);
+  em_device was = em_set_default_device(EM_CPU);
+  em_tensor *cols = em_transpose(em_transpose(ts[0], 0, 1), 0, 1); /* a view: same values */
+  em_tensor *odd = em_contiguous(em_slice(ts[0], 1, 1, 3, 1)); /* f32 [20, 2] */
+  em_tensor *view = em_slice(ts[0], 1, 1, 3, 1);
+  em_set_default_device(was);
+  em_loader *l = em_loader_new(2, ((em_tensor *[]){view, cols}), &((em_loader_opts){.batch_size = 6, .workers = 2}));
+  cr_assert_not_null(l, "%s", err());
+  em_tensor **b = em_loader_next(l);
+  cr_assert_not_null(b, "%s", err());
+  size_t n1, n2;
+  char *got = bytes_of(b[0], &n1), *exp = bytes_of(em_slice(odd, 0, 0, 6, 1), &n2);
+  cr_assert(n1 == n2 && !memcmp(got, exp, n1), "a strided source is read as its values");
+  free(got), free(exp);
+  /* reset: the rest of epoch 0 is dropped, epoch 1 starts at batch 0 (no shuffle: rows 0..5) */
+  em_loader_reset(l);
+  b = em_loader_next(l);
+  cr_assert(b && etest_at(b[1], 0) == 0 && etest_at(b[1], 3) == 10, "after reset: the first rows");
+  for (int i = 1; i < 4; i++) cr_assert_not_null(em_loader_next(l), "%s", err());
+  cr_assert_null(em_loader_next(l), "4 batches per epoch");
+  em_loader_free(l);
+}
+
+ETEST(loader, prefetch_depth_is_respected) {
+  em_tensor *ts[3];
+  dataset(100, ts);
+  em_loader *l = em_loader_new(3, ts, &((em_loader_opts){.batch_size = 4, .workers = 3, .prefetch = 4}));
+  cr_assert_not_null(l, "%s", err());
+  int peak = -1, ahead = 0;
+  for (int i = 0; i < 2000 && (ahead = em_loader_ahead(l, &peak)) < 4; i++) usleep(1000);
+  cr_assert_eq(ahead, 4, "the workers fill the prefetch queue and stop there");
+  usleep(20000);
+  cr_assert_eq(em_loader_ahead(l, &peak), 4);
+  cr_assert_eq(peak, 4);
+  for (int k = 0; k < 25; k++) cr_assert_not_null(em_loader_next(l), "%s", err());
+  cr_assert_null(em_loader_next(l));
+  em_loader_ahead(l, &peak);
+  cr_assert_leq(peak, 4, "never more than prefetch batches ahead");
+  /* batches the caller holds do not count: a whole epoch can be kept */
+  cr_assert(em_scope_begin());
+  em_tensor **b, *kept[25];
+  int n = 0;
+  while ((b = em_loader_next(l))) kept[n++] = b[1];
+  cr_assert_eq(n, 25);
+  cr_assert_eq(etest_at(kept[24], 3), 99);
+  em_scope_end();
+  em_loader_free(l);
+  /* freeing a loader with batches in flight, and keeping a batch past the loader */
+  l = em_loader_new(3, ts, &((em_loader_opts){.batch_size = 3, .workers = 2, .prefetch = 3}));
+  b = em_loader_next(l);
+  cr_assert_not_null(b, "%s", err());
+  em_tensor *y = b[1];
+  em_loader_free(l);
+  cr_assert_eq(etest_at(y, 2), 2, "a batch outlives its loader");
+}
+
+ETEST(loader, cuda_batches_on_the_device) {
+  etest_pick_cuda();
+  em_tensor *ts[3];
+  dataset(29, ts);
+  for (int w = 0; w < 3; w++)
+    same_as_iterator(ts, (em_loader_opts){.batch_size = 5, .shuffle = true, .seed = 3, .workers = w, .device = EM_CUDA},
+                     2);
+  /* a batch size past the data set's: the pinned buffers hold the rows there are */
+  same_as_iterator(ts, (em_loader_opts){.batch_size = INT64_MAX, .workers = 1, .device = EM_CUDA}, 1);
+  /* the consumer's stream waits for the side stream's copies: a kernel on a user stream reads them */
+  em_cuda_stream *s = em_cuda_stream_new();
+  cr_assert_not_null(s, "%s", err());
+  em_cuda_set_stream(s);
+  em_loader *l = em_loader_new(3, ts, &((em_loader_opts){.batch_size = 29, .workers = 1, .device = EM_CUDA}));
+  em_tensor **b = em_loader_next(l);
+  cr_assert_not_null(b, "%s", err());
+  em_tensor *sum = em_sum(b[1], 0, NULL, false);
+  em_cuda_set_stream(NULL);
+  cr_assert_eq(em_item(sum), 29 * 28 / 2);
+  em_loader_free(l);
+  em_cuda_stream_free(s);
+  /* a reset, and a free, with the next batch's copy queued ahead */
+  l = em_loader_new(3, ts, &((em_loader_opts){.batch_size = 4, .workers = 2, .device = EM_CUDA}));
+  for (int round = 0; round < 2; round++) {
+    for (int i = 0; i < 2000 && em_loader_ahead(l, NULL) < 4; i++) usleep(1000);
+    b = em_loader_next(l);
+    cr_assert(b && etest_at(b[1], 0) == 0 && etest_at(b[1], 3) == 3, "the first rows: %s", err());
+    if (!round) em_loader_reset(l);
+  }
+  b = em_loader_next(l);
+  cr_assert(b && etest_at(b[1], 0) == 4, "the second batch: %s", err());
+  em_loader_free(l);
+}
+
+ETEST(loader, bad_arguments) {
+  em_tensor *ts[3];
+  dataset(10, ts);
+  em_loader_opts o = {.batch_size = 4, .workers = 1};
+  em_device was = em_set_default_device(EM_CPU);
+  em_tensor *short_y = em_zeros(EM_F32, EM_SHAPE(9)), *scalar = em_scalar(EM_F32, 1);
+  em_set_default_device(was);
+#define BAD(call, msg)                                                                                      \
+  do {                                                                                                     \
+    cr_assert_null(call, "%s", #call);                                                                     \
+    cr_assert(em_last_error() && strstr(em_last_error(), "em_loader_new: ") && strstr(em_last_error(), msg), \
+              "%s: %s", #call, err());                                                                     \
+    cr_assert(strstr(err(), "test_data.c:"), "names the caller's file: %s", err());                      \
+    em_clear_error();                                                                                      \
+  } while (0)
+  BAD(em_loader_new(3, NULL, &o), "the tensors array is NULL");
+  BAD(em_loader_new(3, ts, NULL), "opts is NULL");
+  BAD(em_loader_new(0, ts, &o), "needs at least one tensor, got n = 0");
+  BAD(em_loader_new(2, ((em_tensor *[]){ts[0], NULL}), &o), "tensors[1] is NULL");
+  BAD(em_loader_new(2, ((em_tensor *[]){ts[0], short_y}), &o), "tensors[1] has 9 rows, tensors[0] has 10");
+  BAD(em_loader_new(1, &scalar, &o), "tensors[0] is 0-dim");
+  BAD(em_loader_new(3, ts, &((em_loader_opts){.batch_size = 0})), "batch_size must be >= 1, got 0");
+  BAD(em_loader_new(3, ts, &((em_loader_opts){.batch_size = 2, .workers = -1})), "workers must be in [0, 64], got -1");
+  BAD(em_loader_new(3, ts, &((em_loader_opts){.batch_size = 2, .prefetch = 5000})), "prefetch must be in [0, 1024]");
+  BAD(em_loader_new(3, ts, &((em_loader_opts){.batch_size = 2, .device = (em_device)7})), "device must be EM_CPU or");
+  if (!em_cuda_is_available()) /* the suite's CPU run: no emulator picked */
+    BAD(em_loader_new(3, ts, &((em_loader_opts){.batch_size = 2, .device = EM_CUDA})), "no CUDA device");
+#undef BAD
+  int line = __LINE__ + 1;
+  cr_assert_null(em_loader_new(3, ts, &((em_loader_opts){.batch_size = -3})));
+  char where[64];
+  snprintf(where, sizeof where, "test_data.c:%d: em_loader_new:", line);
+  cr_assert(strstr(err(), where), "%s", err());
+  em_clear_error();
+  /* NULL loaders */
+  cr_assert_null(em_loader_next(NULL));
+  cr_assert_eq(em_loader_len(NULL), 0);
+  em_loader_reset(NULL);
+  em_loader_free(NULL);
+  cr_assert_null(em_last_error());
+}
+
+static em_tensor *fault_ts[3];
+
+static em_tensor *load_two_batches(void) {
+  em_tensor **ts = fault_ts;
+  /* workers 0: the allocations happen in a fixed order (a worker's failure is reported when its
+   * batch is taken, which loader.batches_equal_the_iterators does not provoke) */
+  em_loader *l = em_loader_new(3, ts, &((em_loader_opts){.batch_size = 4, .shuffle = true}));
+  if (!l) return NULL;
+  em_tensor **a = em_loader_next(l), **b = a ? em_loader_next(l) : NULL;
+  em_loader_free(l);
+  return b ? ts[0] : NULL;
+}
+
+ETEST(loader, allocation_failures) {
+  dataset(10, fault_ts);
+  etest_fail_each_allocation("em_loader", load_two_batches, 400);
 }
