@@ -11,7 +11,11 @@
  * compile ms (the same in a new process, kernels loaded from the disk cache this run wrote),
  * peak bytes of live tensor storage during a step, compiled and eager.
  * --json: one JSON object per figure. --only NAME runs one workload (for profiling).
- * softmax and layer_norm also report memcpy of the same bytes, alternated with their runs. */
+ * softmax and layer_norm also report memcpy of the same bytes, alternated with their runs.
+ * --device cuda: everything on the GPU (each timed call ends with em_cuda_synchronize; the
+ * copy baseline is a device-to-device clone of the same bytes; peaks are the device allocator's).
+ * --mode M: em_compile's mode (default, reduce-overhead, max-autotune). On the host emulator
+ * (no GPU) the figures time the emulator, not a GPU: the output says so. */
 #define _POSIX_C_SOURCE 200809L /* setenv, mkdtemp */
 #define MODELS_FULL_SIZE
 #include "bench.h"
@@ -19,7 +23,8 @@
 
 enum { REPS = 15 };
 
-static const char *only, *self;
+static const char *only, *self, *mode;
+static bool cuda; /* --device cuda */
 static bool probe; /* --warm-probe: only time the first compiled call (a child run, disk cache warm) */
 
 static void fail(const char *what) {
@@ -40,6 +45,16 @@ static em_outputs train_step(void *ctx, em_tensor *const *in, int n) {
   em_optimizer_zero_grad(s->opt);
   if (!loss || !em_backward(loss, NULL) || !em_optimizer_step(s->opt)) return EM_OUTPUTS(NULL);
   return EM_OUTPUTS(loss);
+}
+
+/* On the device: a clone of x (bytes read and written once); returns ms. */
+static double device_copy_ms(em_tensor *x) {
+  em_scope_begin();
+  double t0 = bench_now();
+  if (!em_clone(x) || !em_cuda_synchronize()) fail("device copy");
+  double dt = bench_now() - t0;
+  em_scope_end();
+  return 1e3 * dt;
 }
 
 /* One memcpy of `bytes` between buffers kept for the process; returns ms. */
@@ -66,13 +81,14 @@ static double once(em_compiled *c, em_model_fn fn, void *ctx, em_tensor *const *
   double t0 = bench_now();
   em_tensor *r = c ? em_call_n(c, ctx, n, in).t[0] : fn(ctx, in, n).t[0];
   if (!r) fail("step");
+  if (cuda && !em_cuda_synchronize()) fail("synchronize");
   double dt = bench_now() - t0;
   em_scope_end();
   return 1e3 * dt;
 }
 
 static em_compiled *compile(em_model_fn fn, const char *name) {
-  em_compiled *c = em_compile(fn, &(em_compile_options){.backend = "inductor", .name = name});
+  em_compiled *c = em_compile(fn, &(em_compile_options){.backend = "inductor", .name = name, .mode = mode});
   if (!c) fail("em_compile");
   return c;
 }
@@ -81,7 +97,8 @@ static em_compiled *compile(em_model_fn fn, const char *name) {
  * cache this process filled: ms, or -1. */
 static double warm_in_child(const char *name) {
   char cmd[2048];
-  snprintf(cmd, sizeof cmd, "'%s' --only %s --warm-probe", self, name);
+  snprintf(cmd, sizeof cmd, "'%s' --only %s --warm-probe%s%s%s", self, name, cuda ? " --device cuda" : "", mode ? " --mode " : "",
+           mode ? mode : "");
   FILE *f = popen(cmd, "r");
   double ms = -1;
   if (f) {
@@ -105,22 +122,24 @@ static void run(const char *name, em_model_fn fn, void *ctx, em_tensor *const *i
   }
   double warm = warm_in_child(name);
   double t[3][REPS];
-  int64_t k0 = em_compiled_stats(c).kernel_runs;
+  int64_t k0 = em_compiled_stats(c).kernel_runs, g0 = em_compiled_stats(c).cuda_graph_replays;
   for (int r = -1; r < REPS; r++)
     for (int k = 0; k < 3; k++) {
       if (k == 2 && bytes_moved <= 0) continue;
-      double ms = k == 2 ? memcpy_ms((size_t)(bytes_moved / 2)) : once(k ? c : NULL, fn, ctx, in, n);
+      double ms = k == 2 ? (cuda ? device_copy_ms(in[0]) : memcpy_ms((size_t)(bytes_moved / 2))) : once(k ? c : NULL, fn, ctx, in, n);
       if (r >= 0) t[k][r] = ms;
     }
   int64_t kernels = (em_compiled_stats(c).kernel_runs - k0) / (REPS + 1);
-  em_debug_reset_peak();
-  int64_t base = em_debug_live_bytes();
-  once(c, fn, ctx, in, n);
-  int64_t peak_c = em_debug_peak_bytes() - base;
-  em_debug_reset_peak();
-  base = em_debug_live_bytes();
-  once(NULL, fn, ctx, in, n);
-  int64_t peak_e = em_debug_peak_bytes() - base;
+  int64_t graphs = (em_compiled_stats(c).cuda_graph_replays - g0) / (REPS + 1);
+  int64_t peak[2];
+  for (int k = 0; k < 2; k++) { /* compiled, then eager */
+    em_debug_reset_peak();
+    if (cuda) em_cuda_reset_peak_memory_stats();
+    int64_t base = cuda ? em_cuda_memory_stats_get().allocated_bytes : em_debug_live_bytes();
+    once(k ? NULL : c, fn, ctx, in, n);
+    peak[k] = (cuda ? em_cuda_memory_stats_get().peak_allocated_bytes : em_debug_peak_bytes()) - base;
+  }
+  int64_t peak_c = peak[0], peak_e = peak[1];
   double e = bench_median(t[0], REPS), ms = bench_median(t[1], REPS);
   snprintf(key, sizeof key, "%s_eager_ms", name);
   bench_report(key, e, "ms", "per step");
@@ -131,14 +150,20 @@ static void run(const char *name, em_model_fn fn, void *ctx, em_tensor *const *i
   if (bytes_moved > 0) {
     double mc = bench_median(t[2], REPS);
     snprintf(key, sizeof key, "%s_memcpy_GBps", name);
-    bench_report(key, bytes_moved / (mc * 1e6), "GB/s", "memcpy of the same bytes (read + write), alternated with the runs");
+    bench_report(key, bytes_moved / (mc * 1e6), "GB/s",
+                 cuda ? "device clone of the input (read + write), alternated with the runs"
+                      : "memcpy of the same bytes (read + write), alternated with the runs");
     snprintf(key, sizeof key, "%s_compiled_GBps", name);
     bench_report(key, bytes_moved / (ms * 1e6), "GB/s", "bytes read + written once / compiled time");
     snprintf(key, sizeof key, "%s_of_memcpy", name);
     bench_report(key, mc / ms, "x", "compiled bandwidth / memcpy bandwidth");
   }
   snprintf(key, sizeof key, "%s_kernels_per_step", name);
-  bench_report(key, (double)kernels, "", "generated kernels run");
+  bench_report(key, (double)kernels, "", "generated kernels launched one by one (not inside CUDA graphs)");
+  if (cuda) {
+    snprintf(key, sizeof key, "%s_cuda_graphs_per_step", name);
+    bench_report(key, (double)graphs, "", "CUDA graph launches inside em_call (--mode reduce-overhead / max-autotune)");
+  }
   snprintf(key, sizeof key, "%s_cold_first_call_ms", name);
   bench_report(key, cold, "ms", "first call, empty caches: trace, lowering, LLVM, and one run");
   snprintf(key, sizeof key, "%s_cold_compile_ms", name);
@@ -175,6 +200,14 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[i + 1];
     if (!strcmp(argv[i], "--warm-probe")) probe = true;
+    if (!strcmp(argv[i], "--mode") && i + 1 < argc) mode = argv[i + 1];
+    if (!strcmp(argv[i], "--device") && i + 1 < argc) cuda = !strcmp(argv[i + 1], "cuda");
+  }
+  if (cuda) {
+    if (!em_cuda_is_available()) fail("--device cuda: no CUDA device (EMBER_CUDA_EMULATE=1 runs the host emulator)");
+    em_cuda_device_properties pr;
+    if (em_cuda_get_device_properties(0, &pr) && !probe) fprintf(stderr, "bench compiled: device %s%s\n", pr.name, strstr(pr.name, "emulator") ? " (these figures time the host emulator, not a GPU)" : "");
+    em_set_default_device(EM_CUDA); /* the models' parameters, the inputs, everything */
   }
   if (probe) bench_json = false;
   /* cold compiles start from an empty disk cache, which this run fills for the warm probes */
