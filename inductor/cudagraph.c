@@ -13,7 +13,7 @@
  * it so its memory cannot be reused while the graph may read it, and a later call that passes a
  * tensor at another address makes that input copied from then on and the graph captured again.
  * Other inputs (a new batch each call, CPU scalars such as a learning rate) are copied before
- * each launch into placeholders of the same layout that the graph reads.
+ * each launch into buffers of their own, of the same layout, that the graph reads.
  *
  * What the caller gets. The graph writes the same output buffers every launch, so each call
  * returns copies of them: a tensor a caller keeps is never overwritten by a later call (PyTorch
@@ -35,8 +35,8 @@ struct ind_cgraph {
   int64_t calls;
   int n_in, n_out;
   uint64_t *first;   /* [n_in] each input's address at the first call */
-  bool *copied;      /* [n_in] copied into a placeholder before each launch */
-  em_tensor **in;    /* [n_in] what the graph reads: the input (retained) or its placeholder */
+  bool *copied;      /* [n_in] copied into an input buffer of the graph before each launch */
+  em_tensor **in;    /* [n_in] what the graph reads: the input (retained) or the buffer it is copied into */
   em_tensor **out;   /* [n_out] what the graph writes */
   cu_allocator *pool;
   void *graph, *exec;
@@ -78,7 +78,7 @@ void ind_cgraph_free(ind_cgraph *cgr) {
   free(cgr);
 }
 
-/* Copies input x into the placeholder the graph reads (same layout). */
+/* Copies input x into the input buffer the graph reads (same layout). */
 static bool copy_in(em_tensor *ph, em_tensor *x, em_site site) {
   size_t bytes = (size_t)extent(x) * em_dtype_size(x->dtype);
   if (!bytes) return true;

@@ -802,7 +802,7 @@ static struct {
   uint64_t ref_host;
 } prof = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, NULL, 0};
 
-static void prof_begin(const char *name, cu_event *ev) {
+static void prof_begin(cu_event *ev) {
   ev[0] = ev[1] = NULL;
   if (capture.on) return; /* a captured launch runs later, in the graph */
   pthread_mutex_lock(&prof.lock);
@@ -825,7 +825,6 @@ static void prof_begin(const char *name, cu_event *ev) {
     if (ev[1]) drv.d->event_destroy(ev[1]);
     ev[0] = ev[1] = NULL;
   }
-  (void)name;
 }
 
 static void prof_end(const char *name, cu_event *ev) {
@@ -864,7 +863,7 @@ bool cu_launch_named(cu_function f, const char *name, int64_t n, unsigned block,
   if (blocks > 65535 * 8) blocks = 65535 * 8; /* grid-stride loops cover the rest */
   cu_enter();
   cu_event ev[2] = {NULL, NULL};
-  if (name && RT_PROF_ON()) prof_begin(name, ev);
+  if (name && RT_PROF_ON()) prof_begin(ev);
   int r = drv.d->launch(f, (unsigned)blocks, 1, 1, block, 1, 1, 0, current, params, NULL);
   if (ev[0]) {
     if (r) drv.d->event_destroy(ev[0]), drv.d->event_destroy(ev[1]);
