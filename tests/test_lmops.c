@@ -572,3 +572,28 @@ ETEST(lmops, clip_grad_norm_traces_into_a_compiled_training_step) {
   }
   em_optimizer_free(ref.opt);
 }
+
+/* tril's mask is made from iotas on x's device: compiled, a creation node runs on the device
+ * the graph recorded, not the default one (it came out on the CPU under a CPU default, and the
+ * CUDA kernels read it as device memory). */
+static em_outputs masked(void *ctx, em_tensor *const *in, int n) {
+  return EM_OUTPUTS(em_sum(em_tril(in[0], 0), 0, NULL, false), em_triu(in[0], 1));
+}
+
+ETEST(lmops, compiled_creation_runs_on_the_recorded_device) {
+  etest_pick_cuda(); /* the GPU, or the emulator */
+  em_device prev = em_set_default_device(EM_CPU);
+  em_tensor *x = em_to(em_reshape(em_arange(EM_F32, 1, 10, 1), EM_SHAPE(3, 3)), EM_CUDA);
+  for (int b = 0; b < 3; b++) {
+    em_compiled *c = em_compile(masked, &(em_compile_options){.backend = BACKENDS[b]});
+    for (int call = 0; call < 3; call++) {
+      em_outputs o = em_call(c, NULL, x);
+      cr_assert_eq(o.n, 2, "%s: %s", BACKENDS[b], em_last_error() ? em_last_error() : "");
+      EXPECT(o.t[0], EM_F32, SCALAR_SHAPE, 0, 1 + 4 + 5 + 7 + 8 + 9);
+      EXPECT(o.t[1], EM_F32, SHAPE(3, 3), 0, 0, 2, 3, 0, 0, 6, 0, 0, 0);
+      cr_assert_eq(em_device_of(o.t[1]), EM_CUDA);
+    }
+    em_compiled_free(c);
+  }
+  em_set_default_device(prev);
+}
