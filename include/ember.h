@@ -623,7 +623,11 @@ void em_no_grad_end(void);
  * records the backward itself so it can be differentiated again (implies retain_graph).
  * Returns false with an error on: out not requiring grad, a grad of the wrong shape, a saved
  * tensor modified in place since it was saved (naming both ops and their source lines), or a
- * second backward through a freed graph. Matches torch.autograd.backward. */
+ * second backward through a freed graph. Matches torch.autograd.backward. create_graph through
+ * the output of a compiled function (em_call) works when the compiled backward reads only the
+ * function's inputs (the min-cut partitioner often recomputes everything else from them) and is
+ * refused with an error naming the function when it reads activations the compiled forward
+ * saved (they carry no history); PyTorch refuses double backward through torch.compile always. */
 #define em_backward(out, grad) em_backward_at((out), (grad), false, false, EM_HERE)
 #define em_backward_ex(out, grad, retain_graph, create_graph) \
   em_backward_at((out), (grad), (retain_graph), (create_graph), EM_HERE)

@@ -209,3 +209,37 @@ ETEST(parity, compiled_programs_agree_with_eager) {
     em_compiled_free(c);
   }
 }
+
+static em_outputs cube_sum(void *ctx, em_tensor *const *in, int n) {
+  (void)ctx, (void)n;
+  return EM_OUTPUTS(em_sum(em_mul(em_mul(in[0], in[0]), in[0]), 0, NULL, false));
+}
+
+/* Double backward through a compiled function: exact when its backward reads only primal inputs
+ * (they carry their history; the min-cut partitioner recomputes x * x from x here), and refused
+ * with a clear error when it reads saved activations (the default partitioner saves x * x, which
+ * has no history: the old behaviour was a silently wrong second derivative, 8 instead of 12). */
+ETEST(parity, double_backward_through_compiled_code_is_exact_or_refused) {
+  em_tensor *x = leaf(T(EM_F32, SHAPE(3), 2, -1, 0.5));
+  static const char *const partitioners[] = {"min_cut", "default"};
+  for (int p = 0; p < 2; p++) {
+    em_compiled *c = em_compile(cube_sum, &(em_compile_options){.backend = "aot_eager", .partitioner = partitioners[p]});
+    for (int call = 0; call < 2; call++) {
+      em_tensor *y = em_call(c, NULL, x).t[0], *g = NULL, *gg = NULL;
+      cr_assert_not_null(y, "%s", em_last_error() ? em_last_error() : "");
+      bool ok = em_grad(1, &y, NULL, 1, &x, &g, false, true);
+      if (p == 1) {
+        cr_assert(!ok && em_last_error() && strstr(em_last_error(), "double backward"), "%s: expected a refusal",
+                  partitioners[p]);
+        em_clear_error();
+        continue;
+      }
+      cr_assert(ok, "%s: %s", partitioners[p], em_last_error() ? em_last_error() : "");
+      EXPECT(g, EM_F32, SHAPE(3), 1e-6, 12, 3, 0.75); /* 3 x^2 */
+      em_tensor *s = em_sum(g, 0, NULL, false);
+      cr_assert(em_grad(1, &s, NULL, 1, &x, &gg, false, false), "%s", em_last_error() ? em_last_error() : "");
+      EXPECT(gg, EM_F32, SHAPE(3), 1e-6, 12, -6, 3); /* 6 x */
+    }
+    em_compiled_free(c);
+  }
+}
