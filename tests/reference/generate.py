@@ -33,6 +33,7 @@ Manifest (one case a line, in a JSON array "cases"):
   tol      {"out": [rtol, atol], "grad": [rtol, atol]}: |got - want| <= atol + rtol |want|
            (integer and bool results are compared exactly; NaN matches NaN)
   expect_error  absent, or why Ember refuses this case with an error (the test requires it)
+  expect_error_device  absent (everywhere), or the one device where Ember refuses it ("cuda")
 Files are data/<first 16 hex digits of the SHA-1 of their bytes>.npy, so equal arrays (inputs
 drawn from one spec, upstream gradients of one shape) are stored once.
 """
@@ -374,8 +375,8 @@ OPS.update({
     "cat": Op(lambda i, a: torch.cat(list(i.values()), a["axis"]), "*"),
     "gather": Op(lambda i, a: torch.gather(i["x"], a["axis"], i["index"].long()), ("x", "index")),
     "index_select": Op(lambda i, a: torch.index_select(i["x"], a["axis"], i["index"].long()), ("x", "index")),
-    "scatter_add": Op(lambda i, a: torch.scatter_add(i["x"], a["axis"], i["index"].long(), i["src"]), ("x", "index", "src"),
-                      tol="arith"),
+    "scatter_add": Op(lambda i, a: torch.scatter_add(i["x"], a["axis"], i["index"].long(), i["src"]),
+                      ("x", "index", "src"), "arith"),
     "nonzero": Op(lambda i, a: torch.nonzero(i["x"])),
     "masked_select": Op(lambda i, a: torch.masked_select(i["x"], i["mask"]), ("x", "mask")),
     # in place, on a clone of x
@@ -464,10 +465,12 @@ def clip_grad_norm(grads, max_norm, norm_type):
 CASES = []
 
 
-def case(op, tag, inputs, *, grad=True, tol=None, grad_tol=None, expect_error=None, pending=None, **args):
-    """One case: op's inputs in the order of its roles (None: an absent optional input)."""
+def case(op, tag, inputs, *, grad=True, tol=None, grad_tol=None, expect_error=None, error_device=None, pending=None,
+         **args):
+    """One case: op's inputs in the order of its roles (None: an absent optional input).
+    expect_error: why Ember refuses it; error_device: only on that device ("cuda")."""
     CASES.append(dict(op=op, tag=tag, inputs=inputs, args=args, grad=grad, tol=tol, grad_tol=grad_tol,
-                      expect_error=expect_error, pending=pending))
+                      expect_error=expect_error, error_device=error_device, pending=pending))
 
 
 # the unary functions that promote integer and bool inputs to f32
@@ -577,8 +580,8 @@ def add_pointwise():
             continue
         if name == "atan2":
             case(name, "i32", [I(3, 4, lo=-3, hi=4, dt="i32"), I(3, 4, lo=-3, hi=4, dt="i32")])
-            case(name, "f64_zeros", [V([0.0, -0.0, 0.0, -0.0, 1.0], dt="f64"), V([0.0, 0.0, -0.0, -0.0, 0.0], dt="f64")],
-                 grad=False)
+            case(name, "f64_zeros", [V([0.0, -0.0, 0.0, -0.0, 1.0], dt="f64"),
+                                     V([0.0, 0.0, -0.0, -0.0, 0.0], dt="f64")], grad=False)
             continue
         if name == "div":
             case(name, "i32", [I(3, 4, lo=-9, hi=10, dt="i32"), I(3, 4, lo=1, hi=5, dt="i32")])
@@ -932,8 +935,10 @@ def add_extern():
     case("matmul", "f32_transposed", [R(3, 4).T(), R(4, 5).T()])
     case("matmul", "f32_stepped_expanded", [R(3, 4).step(0), R(2, 4, 2).bcast(0)])
     case("matmul", "f32_k0", [R(3, 0), R(0, 2)])
-    case("matmul", "i64", [I(2, 3, lo=-3, hi=4), I(3, 2, lo=-3, hi=4)])
-    case("matmul", "i32_batched", [I(2, 2, 3, lo=-3, hi=4, dt="i32"), I(3, 2, lo=-3, hi=4, dt="i32")])
+    no_int_gemm = "integer matmul has no CUDA kernel (cuBLAS has no integer GEMM)"
+    case("matmul", "i64", [I(2, 3, lo=-3, hi=4), I(3, 2, lo=-3, hi=4)], expect_error=no_int_gemm, error_device="cuda")
+    case("matmul", "i32_batched", [I(2, 2, 3, lo=-3, hi=4, dt="i32"), I(3, 2, lo=-3, hi=4, dt="i32")],
+         expect_error=no_int_gemm, error_device="cuda")
     case("matmul", "f32_special", [S(2, 3), R(3, 2)])
     case("matmul", "f32_0dim", [R(), R(3)], expect_error="matmul of a 0-dim tensor is refused, as in torch")
     case("matmul", "f32_f64", [R(2, 3), R(3, 2, dt="f64")], expect_error="matmul needs one dtype, as in torch")
@@ -1155,7 +1160,7 @@ def run_case(c, root):
     try:
         outs = op.fn(ins, c["args"])
     except (RuntimeError, IndexError, ValueError) as e:
-        if not c["expect_error"]:
+        if not c["expect_error"] or c["error_device"]:
             raise RuntimeError("case %s: PyTorch fails: %s" % (cid, e)) from e
         outs = ()  # PyTorch refuses it too: the case checks that Ember does
     outs = outs if isinstance(outs, tuple) else (outs,)
@@ -1191,6 +1196,8 @@ def run_case(c, root):
          "outputs": out_entries, "grads": grads, "tol": {"out": tol_pair(tol, dts), "grad": tol_pair(gtol, dts)}}
     if c["expect_error"]:
         m["expect_error"] = c["expect_error"]
+    if c["error_device"]:
+        m["expect_error_device"] = c["error_device"]
     return m
 
 
