@@ -690,16 +690,16 @@ static void run_all(run_mode mode) {
   }
   clock_gettime(CLOCK_MONOTONIC, &t1);
   double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-  printf("[reference] %s%s: %d of %d cases pass (%d match PyTorch, %d refused as the manifest expects), "
-         "%d fail, %.1f s\n", mode_names[mode], etest_on_cuda() ? " on cuda" : "", pass + refused, total, pass, refused,
-         fail, secs);
+  /* on stderr: stdout carries Criterion's TAP */
+  fprintf(stderr, "[reference] %s%s: %d of %d cases pass (%d match PyTorch, %d refused as the manifest expects), "
+          "%d fail, %.1f s\n", mode_names[mode], etest_on_cuda() ? " on cuda" : "", pass + refused, total, pass,
+          refused, fail, secs);
   if (skipped)
-    printf("[reference] %s on the CUDA emulator: a sample of %d cases, each op's first and its first on a view; %d "
-           "more with EMBER_REFERENCE_ALL=1\n", mode_names[mode], total, skipped);
+    fprintf(stderr, "[reference] %s on the CUDA emulator: a sample of %d cases, each op's first and its first on a "
+            "view; %d more with EMBER_REFERENCE_ALL=1\n", mode_names[mode], total, skipped);
   if (mode != MODE_EAGER)
-    printf("[reference] %s: %d cases ran generated kernels, %lld graphs fell back to op by op, %lld graph breaks\n",
-           mode_names[mode], tally.with_kernels, (long long)tally.fallbacks, (long long)tally.breaks);
-  fflush(stdout);
+    fprintf(stderr, "[reference] %s: %d cases ran generated kernels, %lld graphs fell back to op by op, %lld graph "
+            "breaks\n", mode_names[mode], tally.with_kernels, (long long)tally.fallbacks, (long long)tally.breaks);
   manifest_free(&m);
   cr_expect_eq(fail, 0, "%s: %d of %d reference cases fail:%s", mode_names[mode], fail, total, first);
 }
