@@ -309,6 +309,29 @@ static em_outputs op_full(const rcase *c, em_tensor *const *in) {
   return one(em_full(dtype_named(arg_str(c, "dtype")), n, s, arg_num(c, "value")));
 }
 
+/* The parameter (a leaf copy of "param") after one optimizer step per row of "grads"; each step
+ * backpropagates sum(param * row), whose gradient is the row. */
+static em_outputs optimizer_steps(const rcase *c, em_tensor *const *in, bool adamw) {
+  em_tensor *p = em_requires_grad_(em_detach(em_clone(IN(c, in, "param"))), true), *grads = IN(c, in, "grads");
+  if (!p || !grads) return one(NULL);
+  em_optimizer *o =
+      adamw ? em_adamw_new(1, &p, ((em_adamw_opts){arg_num(c, "lr"), arg_num(c, "beta1"), arg_num(c, "beta2"),
+                                                  arg_num(c, "eps"), arg_num(c, "weight_decay"),
+                                                  arg_bool(c, "amsgrad")}))
+            : em_sgd_new(1, &p, ((em_sgd_opts){arg_num(c, "lr"), arg_num(c, "momentum"), arg_num(c, "dampening"),
+                                               arg_num(c, "weight_decay"), arg_bool(c, "nesterov")}));
+  bool ok = o != NULL;
+  for (int64_t t = 0; ok && t < em_size(grads, 0); t++) {
+    em_tensor *g = em_squeeze(em_slice(grads, 0, t, t + 1, 1), EM_AXES(0));
+    ok = em_backward(em_sum(em_mul(p, g), 0, NULL, false), NULL) && em_optimizer_step(o);
+    em_optimizer_zero_grad(o);
+  }
+  em_optimizer_free(o);
+  return one(ok ? em_detach(p) : NULL);
+}
+static em_outputs op_sgd(const rcase *c, em_tensor *const *in) { return optimizer_steps(c, in, false); }
+static em_outputs op_adamw(const rcase *c, em_tensor *const *in) { return optimizer_steps(c, in, true); }
+
 #define FN(f) ((void (*)(void))(f))
 #define UNARY(n) {#n, op_unary, FN(em_##n##_at)}
 #define BINARY(n) {#n, op_binary, FN(em_##n##_at)}
@@ -350,6 +373,7 @@ static const rop ops[] = {
     {"scaled_dot_product_attention", op_sdpa, NULL}, {"clamp", op_clamp, NULL}, {"one_hot", op_one_hot, NULL},
     {"masked_fill", op_masked_fill, NULL},
     {"arange", op_arange, NULL}, {"eye", op_eye, NULL}, {"full", op_full, NULL},
+    {"sgd", op_sgd, NULL}, {"adamw", op_adamw, NULL},
 };
 
 /* ---- the manifest ---- */

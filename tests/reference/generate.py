@@ -446,6 +446,13 @@ OPS.update({
     "arange": Op(lambda i, a: torch.arange(a["start"], a["end"], a["step"], dtype=DTYPES[a["dtype"]]), (), "arith"),
     "eye": Op(lambda i, a: torch.eye(a["n"], a["m"], dtype=DTYPES[a["dtype"]]), ()),
     "full": Op(lambda i, a: torch.full(a["shape"], a["value"], dtype=DTYPES[a["dtype"]]), ()),
+    # optimizers: the parameter after len(grads) steps
+    "sgd": Op(lambda i, a: optimizer_steps(i, a, lambda ps, a: torch.optim.SGD(
+        ps, lr=a["lr"], momentum=a["momentum"], dampening=a["dampening"], weight_decay=a["weight_decay"],
+        nesterov=a["nesterov"], foreach=False)), ("param", "grads"), "reduce"),
+    "adamw": Op(lambda i, a: optimizer_steps(i, a, lambda ps, a: torch.optim.AdamW(
+        ps, lr=a["lr"], betas=(a["beta1"], a["beta2"]), eps=a["eps"], weight_decay=a["weight_decay"],
+        amsgrad=a["amsgrad"], foreach=False)), ("param", "grads"), "reduce"),
     # pending (see PENDING_OPS)
     "clamp_tensor": Op(lambda i, a: torch.clamp(i["x"], i.get("lo"), i.get("hi")), ("x", "lo", "hi")),
     "add_alpha": Op(lambda i, a: torch.add(i["a"], i["b"], alpha=pyscalar(a["alpha"])), ("a", "b"), "arith"),
@@ -463,6 +470,18 @@ OPS.update({
     "multinomial": Op(lambda i, a: torch.multinomial(i["probs"], a["num_samples"], a["replacement"]), ("probs",)),
     "clip_grad_norm_": Op(lambda i, a: clip_grad_norm(list(i.values()), a["max_norm"], a["norm_type"]), "*", "reduce"),
 })
+
+
+def optimizer_steps(i, a, make):
+    """A parameter (a copy of the input) after one optimizer step per row of grads, each step
+    with that row as the parameter's gradient."""
+    p = i["param"].detach().clone().requires_grad_(True)
+    opt = make([p], a)
+    for g in i["grads"]:
+        opt.zero_grad(set_to_none=True)
+        p.grad = g.detach().clone()
+        opt.step()
+    return p.detach()
 
 
 def clip_grad_norm(grads, max_norm, norm_type):
@@ -1107,6 +1126,18 @@ def add_nn():
     case("masked_fill", "f32_views_nan", [R(3, 4).T(), B(3, 4).step(0)], value=math.nan)
     case("masked_fill", "i64", [I(3, 4), B(3, 1)], value=7.0)
     case("masked_fill", "f32_0dim_mask", [R(2, 3), V([1], [], dt="bool")], value=0.5)
+
+    # optimizers, three steps
+    sgd = dict(lr=0.1, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False)
+    case("sgd", "plain_f32", [R(3, 4), R(3, 3, 4)], grad=False, **sgd)
+    case("sgd", "momentum_dampening_f32", [R(3, 4), R(3, 3, 4)], grad=False, **dict(sgd, momentum=0.9, dampening=0.1))
+    case("sgd", "nesterov_decay_f64", [R(5, dt="f64"), R(3, 5, dt="f64")], grad=False,
+         **dict(sgd, momentum=0.8, weight_decay=0.01, nesterov=True))
+    adamw = dict(lr=0.01, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, amsgrad=False)
+    case("adamw", "default_f32", [R(3, 4), R(3, 3, 4)], grad=False, **adamw)
+    case("adamw", "amsgrad_f64", [R(5, dt="f64"), R(4, 5, dt="f64")], grad=False,
+         **dict(adamw, beta1=0.8, beta2=0.9, amsgrad=True))
+    case("adamw", "no_decay_f32_transposed", [R(3, 4).T(), R(2, 3, 4)], grad=False, **dict(adamw, weight_decay=0.0))
 
     # pending: multinomial (draws made certain), clip_grad_norm_
     case("multinomial", "one_hot_rows", [V([0.0, 1.0, 0.0, 0.0, 0.0, 2.0], [2, 3], dt="f32")], num_samples=3,
