@@ -553,32 +553,35 @@ static bool compare(const char *what, em_tensor *got, em_tensor *want, const dou
     return snprintf(msg, cap, "%s has shape [%s], PyTorch's [%s]", what, gs, ws), false;
   }
   int64_t n = em_numel(want);
-  double *g = malloc(sizeof(double) * (size_t)(n ? n : 1)), *w = malloc(sizeof(double) * (size_t)(n ? n : 1));
-  bool ok = em_to_buffer(got, EM_F64, g, sizeof(double) * (size_t)n) &&
-            em_to_buffer(want, EM_F64, w, sizeof(double) * (size_t)n);
+  bool exact = !is_float(em_dtype_of(want));
+  /* integers are read as i64, so that values past 2^53 compare exactly too */
+  em_dtype as = exact ? EM_I64 : EM_F64;
+  size_t bytes = 8 * (size_t)n;
+  void *gb = malloc(bytes ? bytes : 1), *wb = malloc(bytes ? bytes : 1);
+  bool ok = em_to_buffer(got, as, gb, bytes) && em_to_buffer(want, as, wb, bytes);
   if (!ok) {
     snprintf(msg, cap, "%s cannot be read: %s", what, em_last_error() ? em_last_error() : "");
     em_clear_error();
   }
-  bool exact = !is_float(em_dtype_of(want));
   int64_t worst = -1, bad = 0;
-  double max_err = 0;
+  double max_err = 0, gw = 0, ww = 0;
   for (int64_t i = 0; ok && i < n; i++) {
-    if ((isnan(g[i]) && isnan(w[i])) || g[i] == w[i]) continue;
-    double err = fabs(g[i] - w[i]);
-    bool fine = !exact && !isnan(err) && !isinf(w[i]) && err <= tol[1] + tol[0] * fabs(w[i]);
+    double g = exact ? (double)((int64_t *)gb)[i] : ((double *)gb)[i];
+    double w = exact ? (double)((int64_t *)wb)[i] : ((double *)wb)[i];
+    if (exact ? ((int64_t *)gb)[i] == ((int64_t *)wb)[i] : (isnan(g) && isnan(w)) || g == w) continue;
+    double err = fabs(g - w);
+    bool fine = !exact && !isnan(err) && !isinf(w) && err <= tol[1] + tol[0] * fabs(w);
     if (isnan(err)) err = INFINITY;
     if (!fine) bad++;
-    if (!fine && (worst < 0 || err > max_err)) worst = i, max_err = err;
+    if (!fine && (worst < 0 || err > max_err)) worst = i, max_err = err, gw = g, ww = w;
   }
   if (ok && bad) {
     snprintf(msg, cap, "%s: %lld of %lld elements differ, max error %.3g at element %lld: %.9g, PyTorch %.9g "
-             "(rtol %g, atol %g)", what, (long long)bad, (long long)n, max_err, (long long)worst, g[worst], w[worst],
-             tol[0], tol[1]);
+             "(rtol %g, atol %g)", what, (long long)bad, (long long)n, max_err, (long long)worst, gw, ww, tol[0], tol[1]);
     ok = false;
   }
-  free(g);
-  free(w);
+  free(gb);
+  free(wb);
   return ok;
 }
 

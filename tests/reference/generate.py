@@ -640,6 +640,12 @@ def add_pointwise():
             case(name, "f32_nan_inf", [V([math.nan, math.inf, -math.inf, 1.0, 0.0, -0.0]),
                                        V([math.nan, math.inf, math.inf, math.nan, -0.0, 0.0])])
     case("sub", "bool", [B(3), B(3)], expect_error="subtracting bool tensors is refused, as in torch")
+    # integer arithmetic wraps around, as in two's complement
+    big32 = V([2147483647, -2147483648, 65536], dt="i32")
+    case("add", "i32_wraps", [big32, V([1, -1, 65536], dt="i32")])
+    case("mul", "i32_wraps", [big32, V([2, 2, 65536], dt="i32")])
+    case("mul", "i64_wraps", [V([9223372036854775807, 4294967296], dt="i64"), V([2, 4294967296], dt="i64")])
+    case("sum", "i32_to_i64_no_wrap", [V([2147483647, 2147483647], dt="i32")], axes=[], keepdim=False)
     # maximum / minimum / amax ties split the gradient in PyTorch
     for name in ("maximum", "minimum"):
         case(name, "f32_ties", [V([1.0, 2.0, 3.0, -0.0]), V([1.0, 1.0, 3.0, 0.0])])
