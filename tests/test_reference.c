@@ -577,7 +577,8 @@ static bool compare(const char *what, em_tensor *got, em_tensor *want, const dou
   }
   if (ok && bad) {
     snprintf(msg, cap, "%s: %lld of %lld elements differ, max error %.3g at element %lld: %.9g, PyTorch %.9g "
-             "(rtol %g, atol %g)", what, (long long)bad, (long long)n, max_err, (long long)worst, gw, ww, tol[0], tol[1]);
+             "(rtol %g, atol %g)", what, (long long)bad, (long long)n, max_err, (long long)worst, gw, ww, tol[0],
+             tol[1]);
     ok = false;
   }
   free(gb);
