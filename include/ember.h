@@ -269,7 +269,9 @@ em_tensor *em_randint_at(int64_t low, int64_t high, int ndim, const int64_t *siz
 
 /* Unary, [..] -> [..]. Float functions (f32, f64; ints promote to f32): exp log log1p expm1 sqrt
  * rsqrt sin cos tanh erf reciprocal (torch.exp, ...; rsqrt = 1/sqrt). Any numeric dtype: neg
- * (not bool) abs sign floor ceil (identity on integers). logical_not: any dtype -> bool. */
+ * (not bool) abs sign floor ceil (identity on integers). logical_not: any dtype -> bool.
+ * sign, floor and ceil are piecewise constant: their gradient is zero, and their output requires
+ * grad when x does (as in PyTorch), so a backward through them gives zeros, not an error. */
 #define em_neg(x) em_neg_at((x), EM_HERE)
 em_tensor *em_neg_at(em_tensor *x, em_site site);
 #define em_abs(x) em_abs_at((x), EM_HERE)
@@ -300,6 +302,17 @@ em_tensor *em_sign_at(em_tensor *x, em_site site);
 em_tensor *em_floor_at(em_tensor *x, em_site site);
 #define em_ceil(x) em_ceil_at((x), EM_HERE)
 em_tensor *em_ceil_at(em_tensor *x, em_site site);
+/* Rounding to an integral value, same dtype (identity on integers, as torch). round: to the
+ * nearest, halves to even (torch.round; -0.4 gives -0.0); trunc: towards zero (torch.trunc);
+ * frac: x - trunc(x) with x's sign (torch.frac; f32/f64 only, integers are refused as torch
+ * does). NaN and inf pass through round and trunc; frac(inf) is NaN. Gradients are zero for
+ * round and trunc, g for frac. The result is a new tensor owned by the current scope. */
+#define em_round(x) em_round_at((x), EM_HERE)
+em_tensor *em_round_at(em_tensor *x, em_site site);
+#define em_trunc(x) em_trunc_at((x), EM_HERE)
+em_tensor *em_trunc_at(em_tensor *x, em_site site);
+#define em_frac(x) em_frac_at((x), EM_HERE)
+em_tensor *em_frac_at(em_tensor *x, em_site site);
 #define em_reciprocal(x) em_reciprocal_at((x), EM_HERE)
 em_tensor *em_reciprocal_at(em_tensor *x, em_site site);
 #define em_logical_not(x) em_logical_not_at((x), EM_HERE)
@@ -610,7 +623,11 @@ void em_no_grad_end(void);
  * records the backward itself so it can be differentiated again (implies retain_graph).
  * Returns false with an error on: out not requiring grad, a grad of the wrong shape, a saved
  * tensor modified in place since it was saved (naming both ops and their source lines), or a
- * second backward through a freed graph. Matches torch.autograd.backward. */
+ * second backward through a freed graph. Matches torch.autograd.backward. create_graph through
+ * the output of a compiled function (em_call) works when the compiled backward reads only the
+ * function's inputs (the min-cut partitioner often recomputes everything else from them) and is
+ * refused with an error naming the function when it reads activations the compiled forward
+ * saved (they carry no history); PyTorch refuses double backward through torch.compile always. */
 #define em_backward(out, grad) em_backward_at((out), (grad), false, false, EM_HERE)
 #define em_backward_ex(out, grad, retain_graph, create_graph) \
   em_backward_at((out), (grad), (retain_graph), (create_graph), EM_HERE)
@@ -649,7 +666,8 @@ em_tensor *em_sigmoid_at(em_tensor *x, em_site site);
 #define em_softplus(x, beta, threshold) em_softplus_at((x), (beta), (threshold), EM_HERE)
 em_tensor *em_softplus_at(em_tensor *x, double beta, double threshold, em_site site);
 /* Along axis, max-subtracted for stability: exp(x - max) / sum, x - logsumexp(x), and
- * log(sum(exp(x))) (keepdim as stated). F.softmax, F.log_softmax, torch.logsumexp. */
+ * log(sum(exp(x))) (keepdim as stated). F.softmax, F.log_softmax, torch.logsumexp (over a
+ * size-0 extent: -inf, as torch). */
 #define em_softmax(x, axis) em_softmax_at((x), (axis), EM_HERE)
 em_tensor *em_softmax_at(em_tensor *x, int axis, em_site site);
 #define em_log_softmax(x, axis) em_log_softmax_at((x), (axis), EM_HERE)
@@ -727,9 +745,20 @@ em_tensor *em_avg_pool2d_at(em_tensor *x, int64_t kh, int64_t kw, int64_t sh, in
   em_scaled_dot_product_attention_at((q), (k), (v), (causal), (dropout_p), (scale), EM_HERE)
 em_tensor *em_scaled_dot_product_attention_at(em_tensor *q, em_tensor *k, em_tensor *v, bool causal, double dropout_p,
                                               double scale, em_site site);
-/* min(max(x, lo), hi); use -INFINITY / INFINITY for no bound. torch.clamp. */
+/* min(max(x, lo), hi), dtype torch.result_type(x, lo, hi) (an integer x with a fractional
+ * bound gives f32); use -INFINITY / INFINITY for no bound. torch.clamp: lo > hi gives hi
+ * everywhere, a NaN in x or a bound gives NaN. Gradient as torch's clamp_backward: x gets g
+ * where lo <= x <= hi (the whole of g at a bound, not half), 0 elsewhere. */
 #define em_clamp(x, lo, hi) em_clamp_at((x), (lo), (hi), EM_HERE)
 em_tensor *em_clamp_at(em_tensor *x, double lo, double hi, em_site site);
+/* clamp with tensor bounds (torch.clamp(x, min=lo, max=hi) with tensors): lo and hi broadcast
+ * with x (either may be EM_NONE for no bound; NULL is an earlier failure and gives NULL); the
+ * result has the broadcast shape and dtype torch.result_type of the three. Gradients (torch's
+ * clamp_backward_min_max): x gets g where lo <= x <= hi; lo gets g where x < lo <= hi; hi gets
+ * g where x > hi or hi < lo; each summed back to its own shape. Errors: shapes that do not
+ * broadcast, both bounds EM_NONE. */
+#define em_clamp_tensor(x, lo, hi) em_clamp_tensor_at((x), (lo), (hi), EM_HERE)
+em_tensor *em_clamp_tensor_at(em_tensor *x, em_tensor *lo, em_tensor *hi, em_site site);
 /* indices [...] (i64/i32, in [0, n)) -> i64 [..., n] with a 1 at each index. F.one_hot. */
 #define em_one_hot(idx, n) em_one_hot_at((idx), (n), EM_HERE)
 em_tensor *em_one_hot_at(em_tensor *indices, int64_t n_classes, em_site site);

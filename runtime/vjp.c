@@ -136,9 +136,21 @@ bool rt_vjp(rt_node *n, em_tensor *g, em_tensor **grads) {
   }
   case EM_PRIM_CONVERT: grads[0] = em_cast_at(g, n->in_meta[0].dtype, s); break;
   case EM_PRIM_SUM: grads[0] = unreduce(n, g, s); break;
-  case EM_PRIM_PROD: /* prod / x: callers with zeros in x get inf/nan, as a plain formula does */
-    grads[0] = em_div_at(em_mul_at(unreduce(n, g, s), rereduce(n, x[0], s), s), x[0], s);
+  case EM_PRIM_PROD: { /* torch's prod_backward: finite with zeros in x */
+    /* Per reduced slice, with p the product of its nonzero elements: no zero gives g p / x
+     * (= g prod / x); exactly one zero gives that element g p and the others 0; two or more
+     * zeros give 0 everywhere. Selects, not branches, so the rule traces into graphs. */
+    em_tensor *z = em_eq_scalar_at(x[0], 0, s), *one = scalar(dt, 1, s), *zero = scalar(dt, 0, s);
+    em_tensor *nz = em_expand_at(em_sum_at(z, at->n_axes, at->axes, true, s), x[0]->ndim, x[0]->sizes, s);
+    em_tensor *safe = em_where_at(z, one, x[0], s);
+    em_tensor *gp = em_mul_at(unreduce(n, g, s), rereduce(n, safe, s), s);
+    em_tensor *lone = em_logical_and_at(z, em_eq_scalar_at(nz, 1, s), s);
+    grads[0] = em_where_at(em_eq_scalar_at(nz, 0, s), em_div_at(gp, safe, s), em_where_at(lone, gp, zero, s), s);
     break;
+  }
+  case EM_PRIM_SIGN: /* piecewise constant: a zero gradient, as torch (the output still requires grad) */
+  case EM_PRIM_FLOOR:
+  case EM_PRIM_CEIL: grads[0] = zeros_like_meta(&n->in_meta[0], s); break;
   case EM_PRIM_AMAX:
   case EM_PRIM_AMIN: { /* g shared evenly among the extremal elements, as torch.amax */
     em_tensor *mask = em_eq_at(x[0], rereduce(n, x[0], s), s);

@@ -200,8 +200,9 @@ static const struct { const char *name; unary_fn f; } UN[] = {
     {"em_sign", em_sign_at}, {"em_floor", em_floor_at}, {"em_ceil", em_ceil_at}, {"em_reciprocal", em_reciprocal_at},
     {"em_logical_not", em_logical_not_at}, {"em_relu", em_relu_at}, {"em_sigmoid", em_sigmoid_at}, {"em_silu", em_silu_at},
     {"em_clone", em_clone_at}, {"em_contiguous", em_contiguous_at}, {"em_nonzero", em_nonzero_at},
+    {"em_round", em_round_at}, {"em_trunc", em_trunc_at}, {"em_frac", em_frac_at},
 };
-#define N_UN 23
+#define N_UN 26
 static const struct { const char *name; binary_fn f; } BIN[] = {
     {"em_add", em_add_at}, {"em_sub", em_sub_at}, {"em_mul", em_mul_at}, {"em_div", em_div_at},
     {"em_pow", em_pow_at}, {"em_maximum", em_maximum_at}, {"em_minimum", em_minimum_at}, {"em_remainder", em_remainder_at},
