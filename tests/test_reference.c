@@ -288,6 +288,9 @@ static em_outputs op_sdpa(const rcase *c, em_tensor *const *in) {
 static em_outputs op_clamp(const rcase *c, em_tensor *const *in) {
   return one(em_clamp(in[0], arg_num(c, "lo"), arg_num(c, "hi")));
 }
+static em_outputs op_clamp_tensor(const rcase *c, em_tensor *const *in) {
+  return one(em_clamp_tensor(IN(c, in, "x"), IN(c, in, "lo"), IN(c, in, "hi")));
+}
 static em_outputs op_one_hot(const rcase *c, em_tensor *const *in) {
   return one(em_one_hot(in[0], arg_int(c, "n_classes")));
 }
@@ -341,6 +344,7 @@ static const rop ops[] = {
     UNARY(neg), UNARY(abs), UNARY(exp), UNARY(log), UNARY(log1p), UNARY(expm1), UNARY(sqrt), UNARY(rsqrt),
     UNARY(sin), UNARY(cos), UNARY(tanh), UNARY(erf), UNARY(sign), UNARY(floor), UNARY(ceil), UNARY(reciprocal),
     UNARY(logical_not), UNARY(relu), UNARY(silu), UNARY(sigmoid), UNARY(clone), UNARY(contiguous),
+    UNARY(round), UNARY(trunc), UNARY(frac),
     BINARY(add), BINARY(sub), BINARY(mul), BINARY(div), BINARY(pow), BINARY(maximum), BINARY(minimum),
     BINARY(remainder), BINARY(atan2), BINARY(eq), BINARY(ne), BINARY(lt), BINARY(le), BINARY(gt), BINARY(ge),
     BINARY(logical_and), BINARY(logical_or), BINARY(matmul),
@@ -370,7 +374,8 @@ static const rop ops[] = {
     {"linear", op_linear, NULL}, {"dropout", op_dropout, NULL}, {"cross_entropy", op_cross_entropy, NULL},
     {"nll_loss", op_nll_loss, NULL}, {"mse_loss", op_mse_loss, NULL}, {"embedding", op_embedding, NULL},
     {"max_pool2d", op_pool, FN(em_max_pool2d_at)}, {"avg_pool2d", op_pool, FN(em_avg_pool2d_at)},
-    {"scaled_dot_product_attention", op_sdpa, NULL}, {"clamp", op_clamp, NULL}, {"one_hot", op_one_hot, NULL},
+    {"scaled_dot_product_attention", op_sdpa, NULL}, {"clamp", op_clamp, NULL},
+    {"clamp_tensor", op_clamp_tensor, NULL}, {"one_hot", op_one_hot, NULL},
     {"masked_fill", op_masked_fill, NULL},
     {"arange", op_arange, NULL}, {"eye", op_eye, NULL}, {"full", op_full, NULL},
     {"sgd", op_sgd, NULL}, {"adamw", op_adamw, NULL},

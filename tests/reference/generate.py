@@ -56,8 +56,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # Features whose C side is being written on other branches. Their cases are below, ready, but
 # are not written to the manifest until the name is removed from this list (after the merge).
 # What the op table of tests/test_reference.c then needs, by manifest op name (inputs; args):
-#   round, trunc, frac (x)                     em_round (half to even), em_trunc, em_frac
-#   clamp_tensor (x, lo, hi; lo or hi may be absent: EM_NONE)     em_clamp_tensor
 #   add_alpha, sub_alpha (a, b; alpha)         a + alpha b, a - alpha b
 #   div_mode (a, b; rounding_mode "trunc" | "floor")
 #   cumsum, cumprod (x; axis)      tril, triu (x; diagonal)
@@ -70,15 +68,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 #   embedding: an optional arg "padding_idx"
 #   max_pool2d: optional args "dilation" (both dims), "ceil_mode"; avg_pool2d: "ceil_mode",
 #     "count_include_pad", "divisor_override" (absent: PyTorch's defaults)
-# and no change for the others (sign/floor/ceil gradients, 0-dim promotion, prod's gradient at
-# zeros, logsumexp over size-0 dims, negative pads, squeeze of a dim that is not 1).
+# and no change for the others (negative pads, squeeze of a dim that is not 1).
+# Enabled since: round, trunc, frac, clamp_tensor, zero gradients of sign/floor/ceil, 0-dim type
+# promotion, prod's gradient at zeros, logsumexp over size-0 dims (features of "parity", merged).
 PENDING_OPS = [
-    "round", "trunc", "frac",
-    "sign_floor_ceil_grad",            # zero gradients for sign, floor, ceil (were refused)
-    "zero_dim_promotion",              # a 0-dim tensor does not widen a dimensioned one's dtype
-    "clamp_tensor",
-    "prod_grad_zeros",                 # prod's gradient where the input has one or more zeros
-    "logsumexp_empty",                 # logsumexp over a size-0 dim is -inf
     "add_alpha",
     "div_mode",
     "pad_negative",                    # negative pad amounts crop
@@ -553,17 +546,17 @@ def add_pointwise():
     case("sign", "f32_zero_nan", [V([-3.0, -0.0, 0.0, 2.0, math.nan])], grad=False)
     for name in ("floor", "ceil"):
         case(name, "f32_halves", [V([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, -0.0])], grad=False)
-    # PyTorch's gradients of sign, floor, ceil: zero (pending on another branch)
+    # PyTorch's gradients of sign, floor, ceil: zero
     for name in ("sign", "floor", "ceil"):
-        case(name, "f32_grad", [R(3, 4)], pending="sign_floor_ceil_grad")
+        case(name, "f32_grad", [R(3, 4)])
     for name in ("round", "trunc", "frac"):
         for dt in FLOAT:
-            case(name, dt, [R(3, 4, dt=dt)], pending=name)
-        case(name, "f32_halves", [V([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, -0.0, 3.7, -3.7])], pending=name)
-        case(name, "f32_special", [S(8)], pending=name)
-        case(name, "f32_transposed", [R(3, 4).T()], pending=name)
+            case(name, dt, [R(3, 4, dt=dt)])
+        case(name, "f32_halves", [V([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, -0.0, 3.7, -3.7])])
+        case(name, "f32_special", [S(8)])
+        case(name, "f32_transposed", [R(3, 4).T()])
         if name != "frac":
-            case(name, "i64", [I(3, 4, lo=-5, hi=6)], pending=name)
+            case(name, "i64", [I(3, 4, lo=-5, hi=6)])
 
     case("gelu", "exact_f32", [R(3, 4)], tanh_approx=False)
     case("gelu", "tanh_f32", [R(3, 4)], tanh_approx=True)
@@ -635,7 +628,7 @@ def add_pointwise():
         if name != "sub":
             case(name, "bool_f32", [B(3, 4), gb(3, 4)])
             case(name, "bool_i32", [B(3, 4), I(3, 4, lo=1, hi=5, dt="i32")])
-        case(name, "i32_0dim_i64", [I(3, lo=1, hi=5, dt="i32"), I(lo=1, hi=5)], pending="zero_dim_promotion")
+        case(name, "i32_0dim_i64", [I(3, lo=1, hi=5, dt="i32"), I(lo=1, hi=5)])
         if logical:
             case(name, "f32_nan_inf", [V([math.nan, math.inf, -math.inf, 1.0, 0.0, -0.0]),
                                        V([math.nan, math.inf, math.inf, math.nan, -0.0, 0.0])])
@@ -650,11 +643,11 @@ def add_pointwise():
     for name in ("maximum", "minimum"):
         case(name, "f32_ties", [V([1.0, 2.0, 3.0, -0.0]), V([1.0, 1.0, 3.0, 0.0])])
         case(name, "f32_nan", [V([math.nan, 1.0, math.nan]), V([1.0, math.nan, math.nan])])
-    # a 0-dim tensor takes part in promotion like a scalar: f32[3] + f64[] is f32 (pending)
+    # a 0-dim tensor takes part in promotion like a scalar: f32[3] + f64[] is f32
     for name in ("add", "mul", "div", "maximum", "lt"):
-        case(name, "f32_0dim_f64", [R(3), R(dt="f64")], pending="zero_dim_promotion")
-        case(name, "i32_0dim_i64_dims", [I(3, lo=1, hi=5, dt="i32"), I(lo=1, hi=5)], pending="zero_dim_promotion")
-        case(name, "i64_0dim_f64", [I(3, lo=1, hi=5), R(dt="f64")], pending="zero_dim_promotion")
+        case(name, "f32_0dim_f64", [R(3), R(dt="f64")])
+        case(name, "i32_0dim_i64_dims", [I(3, lo=1, hi=5, dt="i32"), I(lo=1, hi=5)])
+        case(name, "i64_0dim_f64", [I(3, lo=1, hi=5), R(dt="f64")])
         case(name, "f64_0dim_f32_dims", [R(2, 3, dt="f64"), R(dt="f32")])
     for name, alpha in (("add_alpha", 2.5), ("sub_alpha", -0.5)):
         case(name, "f32", [R(3, 4), R(3, 4)], alpha=alpha, pending="add_alpha")
@@ -725,13 +718,11 @@ def add_pointwise():
     case("clamp", "f32_lo_above_hi", [R(6)], lo=1.0, hi=-1.0)
     case("clamp", "i32", [I(3, 4, lo=-5, hi=6, dt="i32")], lo=-2.0, hi=3.0)
     case("clamp", "f32_nan_bound", [R(4)], lo=math.nan, hi=1.0)
-    case("clamp_tensor", "f32", [R(3, 4), R(3, 1), P(4)], pending="clamp_tensor")
-    case("clamp_tensor", "f64_lo_only", [R(3, 4, dt="f64"), R(4, dt="f64"), None], pending="clamp_tensor")
-    case("clamp_tensor", "f32_hi_only_0dim", [R(3, 4).T(), None, R()], pending="clamp_tensor")
-    case("clamp_tensor", "f32_at_bounds", [V([-1.0, -0.5, 0.0, 0.5, 1.0]), V([-0.5] * 5), V([0.5] * 5)],
-         pending="clamp_tensor")
-    case("clamp_tensor", "i64", [I(3, 4, lo=-5, hi=6), I(4, lo=-3, hi=0), I(3, 1, lo=0, hi=3)],
-         pending="clamp_tensor")
+    case("clamp_tensor", "f32", [R(3, 4), R(3, 1), P(4)])
+    case("clamp_tensor", "f64_lo_only", [R(3, 4, dt="f64"), R(4, dt="f64"), None])
+    case("clamp_tensor", "f32_hi_only_0dim", [R(3, 4).T(), None, R()])
+    case("clamp_tensor", "f32_at_bounds", [V([-1.0, -0.5, 0.0, 0.5, 1.0]), V([-0.5] * 5), V([0.5] * 5)])
+    case("clamp_tensor", "i64", [I(3, 4, lo=-5, hi=6), I(4, lo=-3, hi=0), I(3, 1, lo=0, hi=3)])
 
 
 def add_reductions():
@@ -764,10 +755,8 @@ def add_reductions():
     case("amax", "f32_ties", [V([1.0, 3.0, 3.0, 2.0, 3.0, 0.0], [2, 3])], axes=[], keepdim=False)
     case("amin", "f32_ties_axis", [V([1.0, 1.0, 3.0, 2.0, 5.0, 2.0], [2, 3])], axes=[1], keepdim=False)
     case("amax", "f32_inf", [V([-math.inf, -math.inf, 1.0, math.inf], [2, 2])], axes=[1], keepdim=False)
-    case("prod", "f32_zeros", [V([1.0, 0.0, 3.0, 0.0, 0.0, 2.0, 4.0, 5.0, 6.0], [3, 3])], axes=[1], keepdim=False,
-         pending="prod_grad_zeros")
-    case("prod", "f64_zero_all", [V([2.0, 0.0, 3.0, -1.0], dt="f64")], axes=[], keepdim=False,
-         pending="prod_grad_zeros")
+    case("prod", "f32_zeros", [V([1.0, 0.0, 3.0, 0.0, 0.0, 2.0, 4.0, 5.0, 6.0], [3, 3])], axes=[1], keepdim=False)
+    case("prod", "f64_zero_all", [V([2.0, 0.0, 3.0, -1.0], dt="f64")], axes=[], keepdim=False)
     for name in ("argmax", "argmin"):
         case(name, "f32_axis1", [R(3, 4)], axis=1, keepdim=False)
         case(name, "f64_axis0_keep", [R(3, 4, dt="f64")], axis=0, keepdim=True)
@@ -792,13 +781,15 @@ def add_reductions():
         case(name, "f32_axis1", [R(3, 4)], axes=[1], keepdim=False)
         case(name, "f64_all_keep", [R(3, 4, dt="f64")], axes=[], keepdim=True)
         case(name, "f32_axes02", [R(2, 3, 4)], axes=[0, 2], keepdim=False)
-        case(name, "f32_large", [V([1000.0, 1000.0, -1000.0, 0.0], [2, 2])], axes=[1], keepdim=False)
+        # PyTorch's f32 gradient exp(x - lse) is 3e-5 off here (lse = 1000.69 rounds to f32's 6e-5
+        # spacing); the exact one (f64) is 0.97123706, which Ember gives: a looser tolerance
+        case(name, "f32_large", [V([1000.0, 1000.0, -1000.0, 0.0], [2, 2])], axes=[1], keepdim=False, grad_tol="gemm")
         case(name, "f32_inf", [V([-math.inf, -math.inf, math.inf, 1.0, -math.inf, 0.0], [3, 2])], axes=[1],
              keepdim=False)
         case(name, "f32_nan", [V([math.nan, 1.0, 2.0, 3.0], [2, 2])], axes=[1], keepdim=False)
         case(name, "f32_transposed", [R(3, 4).T()], axes=[-1], keepdim=True)
         case(name, "f32_empty_other", [R(0, 3)], axes=[1], keepdim=False)
-        case(name, "f32_empty_axis", [R(0, 3)], axes=[0], keepdim=False, pending="logsumexp_empty")
+        case(name, "f32_empty_axis", [R(0, 3)], axes=[0], keepdim=False)
     for name in ("softmax", "log_softmax"):
         case(name, "f32_last", [R(3, 5)], axis=-1)
         case(name, "f64_axis0", [R(3, 5, dt="f64")], axis=0)
