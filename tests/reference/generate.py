@@ -387,7 +387,10 @@ OPS.update({
     "scatter_add": Op(lambda i, a: torch.scatter_add(i["x"], a["axis"], i["index"].long(), i["src"]),
                       ("x", "index", "src"), "arith"),
     "nonzero": Op(lambda i, a: torch.nonzero(i["x"])),
-    "masked_select": Op(lambda i, a: torch.masked_select(i["x"], i["mask"]), ("x", "mask")),
+    # through a contiguous copy: PyTorch 1.13's backward scatters the gradient into a transposed x in
+    # memory order, while its forward reads x in row-major order (so the k-th gradient lands on
+    # another element than the k-th selected one; a contiguous x gets it right)
+    "masked_select": Op(lambda i, a: torch.masked_select(i["x"].contiguous(), i["mask"]), ("x", "mask")),
     # in place, on a clone of x
     "add_": Op(inplace("add_"), ("x", "b"), "arith"),
     "sub_": Op(inplace("sub_"), ("x", "b"), "arith"),
