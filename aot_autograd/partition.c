@@ -338,6 +338,16 @@ bool aot_partition(const ir_graph *j, const aot_joint_info *info, aot_partitione
       if (!td[v] && f.level[2 * v] >= 0 && f.level[2 * v + 1] < 0) save[v] = true;
   }
 
+  /* Only what the backward reads is saved. The cut marks every tangent-independent input it can
+   * reach (saving an input costs nothing) whether or not the backward reads it; an input the
+   * function mutates (a batch norm's running statistics, updated under no-grad) then failed the
+   * backward's check that its saved values are unmodified, under inductor only (issue 21: the
+   * PyTorch reference suite). The backward's closure stops at saved values, so it never needs
+   * one it does not reach. */
+  for (int o = info->n_fwd_outputs; o < j->n_outputs; o++) bwd_take[j->outputs[o]] = true;
+  close_upward(j, bwd_take, save);
+  for (int v = 0; v < nv; v++) save[v] = save[v] && bwd_take[v];
+
   /* forward graph: primals in; forward outputs and saved values out */
   out->fwd = ir_graph_new(j->name);
   out->bwd = ir_graph_new(j->name);

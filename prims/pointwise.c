@@ -103,7 +103,7 @@ UN_F(sin, sin(x))
 UN_F(cos, cos(x))
 UN_F(tanh, tanh(x))
 UN_F(erf, erf(x))
-UN_F(sign, x != x ? x : (x > 0) - (x < 0))
+UN_F(sign, (x > 0) - (x < 0)) /* NaN gives 0, as torch.sign */
 LOOP1(sign_i32, int32_t, int32_t, (x > 0) - (x < 0))
 LOOP1(sign_i64, int64_t, int64_t, (x > 0) - (x < 0))
 LOOP1(sign_u8, uint8_t, uint8_t, x > 0)

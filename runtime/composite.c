@@ -70,11 +70,13 @@ em_tensor *em_gelu_at(em_tensor *x, bool tanh_approx, em_site site) {
 em_tensor *em_sigmoid_at(em_tensor *x, em_site site) {
   if (!x || !float_arg(x, "em_sigmoid", site)) return NULL;
   BEGIN(site);
-  /* e = exp(-|x|) <= 1: x >= 0 gives 1 / (1 + e), x < 0 gives e / (1 + e). */
-  em_tensor *e = em_exp_at(em_neg_at(em_abs_at(x, site), site), site);
+  /* e = exp(-|x|) <= 1: x >= 0 gives 1 / (1 + e), x < 0 gives e / (1 + e). -|x| is written as
+   * a select, not neg(abs(x)): abs's gradient at 0 is 0 (torch's sign(0)), which made sigmoid's
+   * gradient at x = 0 zero instead of 1/4 (found by the PyTorch reference suite). */
+  em_tensor *pos = em_ge_scalar_at(x, 0, site);
+  em_tensor *e = em_exp_at(em_where_at(pos, em_neg_at(x, site), x, site), site);
   em_tensor *d = em_add_scalar_at(e, 1, site);
-  em_tensor *pos = em_reciprocal_at(d, site), *neg = em_div_at(e, d, site);
-  END(em_where_at(em_ge_scalar_at(x, 0, site), pos, neg, site), site);
+  END(em_where_at(pos, em_reciprocal_at(d, site), em_div_at(e, d, site), site), site);
 }
 
 em_tensor *em_silu_at(em_tensor *x, em_site site) {
@@ -87,9 +89,13 @@ em_tensor *em_softplus_at(em_tensor *x, double beta, double threshold, em_site s
   if (!x || !float_arg(x, "em_softplus", site)) return NULL;
   if (beta <= 0) return rt_error(site, "em_softplus", "beta must be > 0, got %g", beta);
   BEGIN(site);
-  /* log1p(exp(bx)) / b computed as max(bx, 0) + log1p(exp(-|bx|)), linear above threshold */
+  /* log1p(exp(bx)) / b computed as max(bx, 0) + log1p(exp(-|bx|)), linear above threshold.
+   * Both halves take bx >= 0's branch at 0 (selects, not relu and abs, whose gradients at 0 are
+   * 0), so the gradient there is 1 - 1/2 = sigmoid(0), as torch's (it was 0). */
   em_tensor *bx = em_mul_scalar_at(x, beta, site);
-  em_tensor *soft = em_add_at(em_relu_at(bx, site), em_log1p_at(em_exp_at(em_neg_at(em_abs_at(bx, site), site), site), site), site);
+  em_tensor *pos = em_ge_scalar_at(bx, 0, site);
+  em_tensor *lin = em_where_at(pos, bx, num(x->dtype, 0, site), site);
+  em_tensor *soft = em_add_at(lin, em_log1p_at(em_exp_at(em_where_at(pos, em_neg_at(bx, site), bx, site), site), site), site);
   em_tensor *r = em_where_at(em_gt_scalar_at(bx, threshold, site), x, em_div_scalar_at(soft, beta, site), site);
   END(r, site);
 }
@@ -177,7 +183,11 @@ em_tensor *em_var_at(em_tensor *x, int n_axes, const int64_t *axes, int64_t corr
 em_tensor *em_std_at(em_tensor *x, int n_axes, const int64_t *axes, int64_t correction, bool keepdim, em_site site) {
   if (!x || !rt_tensor_arg(x, "em_std", site) || !rt_axes_arg(x, n_axes, axes, "em_std", site)) return NULL;
   BEGIN(site);
-  END(em_sqrt_at(em_var_at(x, n_axes, axes, correction, keepdim, site), site), site);
+  /* torch's std_backward masks the gradient where the result is 0 (sqrt's derivative there is
+   * infinite, and a constant slice gave NaN): the sqrt reads 1 there, and a select makes it 0 */
+  em_tensor *v = em_var_at(x, n_axes, axes, correction, keepdim, site);
+  em_tensor *z = em_eq_scalar_at(v, 0, site);
+  END(em_where_at(z, num(v ? v->dtype : EM_F32, 0, site), em_sqrt_at(em_where_at(z, num(v ? v->dtype : EM_F32, 1, site), v, site), site), site), site);
 }
 
 static bool norm_dims(em_tensor *x, int n_norm, const char *name, em_site site, int64_t *axes) {
@@ -360,7 +370,9 @@ static em_tensor *nll_terms(em_tensor *logp, em_tensor *target, int64_t ignore, 
   em_tensor *safe = em_where_at(keep, target, num(EM_I64, 0, site), site);
   em_tensor *picked = em_squeeze_at(em_gather_at(logp, 1, em_unsqueeze_at(safe, 1, site), site), 1, (int64_t[]){1}, site);
   *valid = em_cast_at(keep, logp->dtype, site);
-  return em_mul_at(em_neg_at(picked, site), *valid, site);
+  /* a select, not a product with the mask: with every target ignored the mean divides 0 by 0,
+   * and its infinite gradient times a 0 mask gave NaN where torch gives 0 */
+  return em_where_at(keep, em_neg_at(picked, site), num(logp->dtype, 0, site), site);
 }
 
 em_tensor *em_nll_loss_at(em_tensor *logp, em_tensor *target, int64_t ignore_index, em_reduction reduction, em_site site) {
@@ -397,7 +409,9 @@ em_tensor *em_cross_entropy_at(em_tensor *logits, em_tensor *target, em_cross_en
     valid = NULL;
     l = t ? nll_terms(logp, t, o.ignore_index, &valid, name, site) : NULL;
     if (l && eps > 0) {
-      em_tensor *smooth = em_mul_at(em_neg_at(em_mean_at(logp, 1, (int64_t[]){1}, false, site), site), valid, site);
+      em_tensor *counted = valid ? em_ne_scalar_at(valid, 0, site) : NULL;
+      em_tensor *smooth = em_where_at(counted, em_neg_at(em_mean_at(logp, 1, (int64_t[]){1}, false, site), site),
+                                      num(logits->dtype, 0, site), site);
       l = em_add_at(em_mul_scalar_at(l, 1 - eps, site), em_mul_scalar_at(smooth, eps, site), site);
     }
   }

@@ -80,6 +80,29 @@ static em_tensor *cumprod_vjp(em_tensor *x, em_tensor *g, int a, em_site s) {
   return em_where_at(before, d_before, em_where_at(first, d_first, scalar(dt, 0, s), s), s);
 }
 
+/* x with its elements shifted one place along axis a, value 1 shifted in at the start. */
+static em_tensor *shift_in_one(em_tensor *x, int a, em_site s) {
+  int64_t pads[2 * EM_MAX_DIMS] = {0};
+  int np = 2 * (x->ndim - a);
+  pads[np - 2] = 1; /* the left amount of axis a (pads run last dim first) */
+  return em_slice_at(em_pad_at(x, np, pads, 1, s), a, 0, x->sizes[a], 1, s);
+}
+
+/* torch's prod_backward along one axis, g and prod already expanded to x's shape: with no zero
+ * anywhere in x, g * (prod / x); otherwise the product of all other elements of the slice as the
+ * exclusive cumulative products from both ends (prod_safe_zeros_backward), which is also what
+ * a slice holding zeros beside NaN or inf gives in torch. The "anywhere" is torch's test (over
+ * the whole tensor, not per slice), made a select so the rule never reads data back. */
+static em_tensor *prod_axis_vjp(em_tensor *x, em_tensor *g, em_tensor *prod, int a, em_site s) {
+  int64_t ax = a;
+  em_tensor *any_zero = em_gt_scalar_at(em_sum_at(em_eq_scalar_at(x, 0, s), 0, NULL, false, s), 0, s);
+  em_tensor *left = shift_in_one(em_cumprod_at(x, a, s), a, s);
+  em_tensor *xr = em_flip_at(x, 1, &ax, s);
+  em_tensor *right = em_flip_at(shift_in_one(em_cumprod_at(xr, a, s), a, s), 1, &ax, s);
+  em_tensor *safe = em_mul_at(g, em_mul_at(left, right, s), s);
+  return em_where_at(any_zero, safe, em_mul_at(g, em_div_at(prod, x, s), s), s);
+}
+
 bool rt_vjp(rt_node *n, em_tensor *g, em_tensor **grads) {
   if (n->custom) return n->custom->backward(n, g, grads); /* a compiled backward graph */
   em_site s = n->site;
@@ -97,9 +120,11 @@ bool rt_vjp(rt_node *n, em_tensor *g, em_tensor **grads) {
   case EM_PRIM_LOG1P: grads[0] = em_div_at(g, em_add_scalar_at(x[0], 1, s), s); break;
   case EM_PRIM_EXPM1: grads[0] = em_mul_at(g, em_exp_at(x[0], s), s); break;
   case EM_PRIM_SQRT: grads[0] = em_mul_at(g, em_mul_scalar_at(em_rsqrt_at(x[0], s), 0.5, s), s); break;
-  case EM_PRIM_RSQRT: /* d/dx x^-1/2 = -1/2 x^-3/2 = -1/2 rsqrt(x) / x */
-    grads[0] = em_mul_at(g, em_div_at(em_mul_scalar_at(em_rsqrt_at(x[0], s), -0.5, s), x[0], s), s);
+  case EM_PRIM_RSQRT: { /* d/dx x^-1/2 = -1/2 rsqrt(x)^3, torch's form (at x = -0: +inf, as torch) */
+    em_tensor *r = em_rsqrt_at(x[0], s);
+    grads[0] = em_mul_at(g, em_mul_scalar_at(em_mul_at(em_mul_at(r, r, s), r, s), -0.5, s), s);
     break;
+  }
   case EM_PRIM_SIN: grads[0] = em_mul_at(g, em_cos_at(x[0], s), s); break;
   case EM_PRIM_COS: grads[0] = em_mul_at(g, em_neg_at(em_sin_at(x[0], s), s), s); break;
   case EM_PRIM_TANH: {
@@ -127,8 +152,9 @@ bool rt_vjp(rt_node *n, em_tensor *g, em_tensor **grads) {
     if (need[1]) grads[1] = em_neg_at(em_div_at(em_mul_at(g, x[0], s), em_mul_at(x[1], x[1], s), s), s);
     break;
   case EM_PRIM_POW:
-    if (need[0]) /* b a^(b-1) */
-      grads[0] = em_mul_at(g, em_mul_at(x[1], em_pow_at(x[0], em_sub_scalar_at(x[1], 1, s), s), s), s);
+    if (need[0]) /* b a^(b-1), taken as 0 where b == 0 (torch's pow_backward: 0^-1 would give NaN) */
+      grads[0] = em_where_at(em_eq_scalar_at(x[1], 0, s), scalar(dt, 0, s),
+                             em_mul_at(g, em_mul_at(x[1], em_pow_at(x[0], em_sub_scalar_at(x[1], 1, s), s), s), s), s);
     if (need[1]) { /* a^b log a, taken as 0 where a == 0 and b >= 0 (as torch) */
       em_tensor *v = em_mul_at(em_pow_at(x[0], x[1], s), em_log_at(x[0], s), s);
       em_tensor *zero_base = em_logical_and_at(em_eq_scalar_at(x[0], 0, s), em_ge_scalar_at(x[1], 0, s), s);
@@ -136,12 +162,14 @@ bool rt_vjp(rt_node *n, em_tensor *g, em_tensor **grads) {
     }
     break;
   case EM_PRIM_MAXIMUM:
-  case EM_PRIM_MINIMUM: { /* the larger (smaller) input takes g; a tie splits it evenly, as torch */
-    em_tensor *win = n->op == EM_PRIM_MAXIMUM ? em_gt_at(x[0], x[1], s) : em_lt_at(x[0], x[1], s);
+  case EM_PRIM_MINIMUM: { /* torch's rule: a tie splits g evenly, the losing input gets 0, and
+                           * everything else gets all of g, so with a NaN both inputs get g */
+    em_tensor *a_loses = n->op == EM_PRIM_MAXIMUM ? em_lt_at(x[0], x[1], s) : em_gt_at(x[0], x[1], s);
+    em_tensor *b_loses = n->op == EM_PRIM_MAXIMUM ? em_gt_at(x[0], x[1], s) : em_lt_at(x[0], x[1], s);
     em_tensor *tie = em_eq_at(x[0], x[1], s);
     em_tensor *half = em_mul_scalar_at(g, 0.5, s), *zero = scalar(dt, 0, s);
-    if (need[0]) grads[0] = em_where_at(win, g, em_where_at(tie, half, zero, s), s);
-    if (need[1]) grads[1] = em_where_at(win, zero, em_where_at(tie, half, g, s), s);
+    if (need[0]) grads[0] = em_where_at(tie, half, em_where_at(a_loses, zero, g, s), s);
+    if (need[1]) grads[1] = em_where_at(tie, half, em_where_at(b_loses, zero, g, s), s);
     break;
   }
   case EM_PRIM_REMAINDER: /* a - b floor(a / b) */
@@ -163,7 +191,11 @@ bool rt_vjp(rt_node *n, em_tensor *g, em_tensor **grads) {
   case EM_PRIM_CONVERT: grads[0] = em_cast_at(g, n->in_meta[0].dtype, s); break;
   case EM_PRIM_SUM: grads[0] = unreduce(n, g, s); break;
   case EM_PRIM_PROD: { /* torch's prod_backward: finite with zeros in x */
-    /* Per reduced slice, with p the product of its nonzero elements: no zero gives g p / x
+    if (at->n_axes == 1 && x[0]->ndim > 0) {
+      grads[0] = prod_axis_vjp(x[0], unreduce(n, g, s), rereduce(n, x[0], s), ir_norm_axis(at->axes[0], x[0]->ndim), s);
+      break;
+    }
+    /* Over several axes or all of them (torch's full prod_backward): per reduced slice, with p the product of its nonzero elements: no zero gives g p / x
      * (= g prod / x); exactly one zero gives that element g p and the others 0; two or more
      * zeros give 0 everywhere. Selects, not branches, so the rule traces into graphs. */
     em_tensor *z = em_eq_scalar_at(x[0], 0, s), *one = scalar(dt, 1, s), *zero = scalar(dt, 0, s);
@@ -182,7 +214,9 @@ bool rt_vjp(rt_node *n, em_tensor *g, em_tensor **grads) {
     em_tensor *mask = em_eq_at(x[0], rereduce(n, x[0], s), s);
     em_tensor *count = em_sum_at(mask, at->n_axes, at->axes, true, s);
     em_tensor *share = em_div_at(unreduce(n, g, s), em_expand_at(em_cast_at(count, dt, s), x[0]->ndim, x[0]->sizes, s), s);
-    grads[0] = em_where_at(mask, share, scalar(dt, 0, s), s);
+    /* a product with the mask, not a select, as torch's scale_grad_by_count: a slice whose
+     * extreme is NaN has no element equal to it, and its gradient is g / 0 * 0 = NaN */
+    grads[0] = em_mul_at(share, em_cast_at(mask, dt, s), s);
     break;
   }
   case EM_PRIM_RESHAPE:
