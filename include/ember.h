@@ -1176,7 +1176,12 @@ void em_loader_free(em_loader *l);
  * sum / amax / amin reductions with their prologues and epilogues (softmax, layer_norm and
  * their backward: one block a row) run as generated CUDA C kernels (NVRTC, cached like the
  * eager CUDA kernels; output_code prints them), and reductions over leading dims, GEMMs and the
- * rest as the eager CUDA kernels and cuBLAS, in the same order.
+ * rest as the eager CUDA kernels and cuBLAS, in the same order. A GEMM (f32, f16, bf16) whose
+ * product only feeds an add of a bias over its rows, itself feeding only em_relu or
+ * em_gelu(x, true) (or nothing else), as em_linear makes it, runs as one cuBLASLt call with the
+ * BIAS, RELU_BIAS or GELU_BIAS epilogue (EMBER_LOGS=schedule: "cublasLt epilogue bias+relu"):
+ * the bias and activation applied to the f32 accumulator before its one rounding, and a NaN
+ * pre-activation may come out of the ReLU as 0.
  *
  * Logs: EMBER_LOGS is a comma-separated list of graph, guards, recompiles, graph_breaks, aot,
  * schedule (each generated program's steps and loop IR), output_code (its LLVM IR as generated,
@@ -1229,8 +1234,9 @@ typedef struct em_compile_options {
                         * captured (an op that waits for the device) runs without one and says
                         * why on stderr. em_compile_stats.cuda_graph_replays counts launches;
                         * "max-autotune": also times candidate launch configurations of every
-                        * generated CUDA kernel on its first run, keeps the fastest and caches
-                        * the choice on disk (with the kernel cache), then as "reduce-overhead";
+                        * generated CUDA kernel, and up to 8 of cuBLASLt's heuristic algorithms
+                        * for every GEMM, on its first run, keeps the fastest and caches the
+                        * choice on disk (with the kernel cache), then as "reduce-overhead";
                         * "max-autotune-no-cudagraphs": the timing only. On the CPU all modes
                         * run as "default". Errors: an unknown mode. */
 } em_compile_options;

@@ -1,0 +1,300 @@
+/* tests/test_cuda_lt.c: GEMMs through cuBLASLt in compiled CUDA graphs: bias, ReLU and tanh GELU
+ * epilogues fused into the GEMM (inductor/schedule.c finds them), what does not match falling
+ * back to the GEMM and a generated kernel, and max-autotune timing cuBLASLt's algorithms with
+ * the choice cached on disk.
+ *
+ * Without a GPU this runs on the host emulator, whose cuBLASLt (runtime/cuda_emu.c) takes the very
+ * calls runtime/cuda.c makes to the library: descriptors, attributes, the heuristic, the matmul;
+ * it refuses what the library would (and more: attributes it does not model, misaligned
+ * pointers). That the enum values and structs match the library's headers is checked at compile
+ * time (runtime/cuda_abi.c); that the library computes what the emulator does needs a GPU. */
+#include "common.h"
+#include "../runtime/cuda.h"
+#include "../inductor/inductor.h"
+
+#include <time.h>
+#include <unistd.h>
+
+void fe_log_reload(void); /* frontend/log.c: re-reads EMBER_LOGS */
+
+static void setup(void) {
+  etest_pick_cuda();
+  cr_assert(em_cuda_is_available(), "no CUDA device and no emulator");
+}
+
+TestSuite(cuda_lt, .init = setup);
+
+#define F EM_F32
+#define C(x) em_to((x), EM_CUDA)
+
+/* got (CUDA) agrees with want (CUDA) in dtype, shape and values within tol * (1 + |want|). */
+static void same(em_tensor *want, em_tensor *got, double tol, const char *what) {
+  cr_assert(want && got, "%s: %s", what, em_last_error() ? em_last_error() : "NULL");
+  cr_assert_eq(em_device_of(got), EM_CUDA, "%s: result off the device", what);
+  cr_assert_eq(em_dtype_of(want), em_dtype_of(got), "%s: dtype", what);
+  cr_assert_eq(em_ndim(want), em_ndim(got), "%s: rank", what);
+  for (int d = 0; d < em_ndim(want); d++) cr_assert_eq(em_size(want, d), em_size(got, d), "%s: size of dim %d", what, d);
+  int64_t n = em_numel(want);
+  double *a = malloc(sizeof(double) * (size_t)(n + 1)), *b = malloc(sizeof(double) * (size_t)(n + 1));
+  cr_assert(em_to_buffer(want, EM_F64, a, sizeof(double) * (size_t)n) && em_to_buffer(got, EM_F64, b, sizeof(double) * (size_t)n),
+            "%s: %s", what, em_last_error());
+  for (int64_t i = 0; i < n; i++)
+    if (!(a[i] == b[i] || fabs(a[i] - b[i]) <= tol * (1 + fabs(a[i])))) {
+      double x = a[i], y = b[i];
+      free(a), free(b);
+      cr_assert_fail("%s: element %lld: eager %.9g, compiled %.9g", what, (long long)i, x, y);
+    }
+  free(a), free(b);
+}
+
+/* ---- the emulated library refuses what cuBLASLt refuses ---- */
+
+ETEST(cuda_lt, abi_checked_against_the_toolkit_headers) {
+  cr_assert(cu_lt_abi_checked(), "runtime/cuda_abi.c was built without cublasLt.h: cuda.h's cuBLASLt values are unchecked");
+}
+
+ETEST(cuda_lt, emulated_library_checks_its_arguments) {
+  if (!cu_drv()->emulated) cr_skip_test("the emulator's own checks (a GPU runs the library)");
+  char why[256];
+  const cu_lt_api *L = cu_drv()->lt(why, sizeof why);
+  cr_assert_not_null(L, "%s", why);
+  void *desc, *la, *lb, *ld, *pref;
+  cr_assert_eq(L->desc_create(&desc, CU_COMPUTE_32F, CU_R_32F), 0);
+  int32_t t = CU_OP_T;
+  int64_t wide = 1;
+  cr_assert_eq(L->desc_set(desc, CU_LT_DESC_TRANSA, &t, sizeof t), 0);
+  cr_assert_eq(L->desc_set(desc, CU_LT_DESC_TRANSA, &wide, sizeof wide), CU_BLAS_INVALID_VALUE, "a value of the wrong size");
+  cr_assert_eq(L->desc_set(desc, 99, &t, sizeof t), CU_BLAS_INVALID_VALUE, "an attribute the emulator does not model");
+  /* D = A^T B: A stored 3x4 (k x m), B 3x5 (k x n), D 4x5 */
+  cr_assert_eq(L->layout_create(&la, CU_R_32F, 3, 4, 3), 0);
+  cr_assert_eq(L->layout_create(&lb, CU_R_32F, 3, 5, 3), 0);
+  cr_assert_eq(L->layout_create(&ld, CU_R_32F, 4, 5, 4), 0);
+  void *bad;
+  cr_assert_eq(L->layout_create(&bad, CU_R_32F, 4, 5, 3), CU_BLAS_INVALID_VALUE, "a leading dimension under the rows");
+  cr_assert_eq(L->pref_create(&pref), 0);
+  cu_lt_heuristic res[8];
+  int n = 0;
+  cr_assert_eq(L->heuristic(NULL, desc, la, lb, ld, ld, pref, 8, res, &n), 0);
+  cr_assert_eq(n, 1, "no workspace allowed: only the algorithm that needs none (got %d)", n);
+  uint64_t ws = 1 << 20;
+  cr_assert_eq(L->pref_set(pref, CU_LT_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), 0);
+  cr_assert_eq(L->heuristic(NULL, desc, la, lb, ld, ld, pref, 8, res, &n), 0);
+  cr_assert_eq(n, 3);
+  cr_assert_eq(L->heuristic(NULL, desc, lb, la, ld, ld, pref, 8, res, &n), CU_BLAS_INVALID_VALUE, "A and B swapped");
+  uint32_t epi = CU_LT_EPILOGUE_RELU_BIAS;
+  cr_assert_eq(L->desc_set(desc, CU_LT_DESC_EPILOGUE, &epi, sizeof epi), 0);
+  cr_assert_eq(L->heuristic(NULL, desc, la, lb, ld, ld, pref, 8, res, &n), CU_BLAS_INVALID_VALUE, "a bias epilogue, no bias");
+  /* a matmul on pointers less aligned than its algorithm was chosen for */
+  float *buf = aligned_alloc(256, 4096), one = 1, zero = 0;
+  memset(buf, 0, 4096);
+  epi = CU_LT_EPILOGUE_DEFAULT;
+  cr_assert_eq(L->desc_set(desc, CU_LT_DESC_EPILOGUE, &epi, sizeof epi), 0);
+  cr_assert_eq(L->heuristic(NULL, desc, la, lb, ld, ld, pref, 1, res, &n), 0);
+  cr_assert_eq(L->matmul(NULL, desc, &one, buf, la, buf + 64, lb, &zero, buf + 128, ld, buf + 128, ld, &res[0].algo, NULL, 0, NULL), 0);
+  cr_assert_eq(L->matmul(NULL, desc, &one, buf + 1, la, buf + 64, lb, &zero, buf + 128, ld, buf + 128, ld, &res[0].algo, NULL, 0,
+                         NULL),
+               CU_BLAS_INVALID_VALUE, "A 4 bytes past an algorithm's 256-byte alignment");
+  free(buf);
+  L->desc_destroy(desc), L->layout_destroy(la), L->layout_destroy(lb), L->layout_destroy(ld), L->pref_destroy(pref);
+}
+
+/* ---- epilogues in compiled graphs ---- */
+
+static int act_kind; /* 0 bias only, 1 relu, 2 tanh GELU, 3 erf GELU */
+static em_outputs linear_act(void *ctx, em_tensor *const *in, int n) {
+  (void)ctx, (void)n;
+  em_tensor *h = em_linear(in[0], in[1], in[2]);
+  return EM_OUTPUTS(act_kind == 1 ? em_relu(h) : act_kind == 2 ? em_gelu(h, true) : act_kind == 3 ? em_gelu(h, false) : h);
+}
+
+/* EMBER_LOGS=schedule into a file between log_begin and log_end, which returns it (caller frees). */
+static struct {
+  char path[32];
+  int saved;
+} logcap;
+
+static void log_begin(void) {
+  snprintf(logcap.path, sizeof logcap.path, "/tmp/ember-lt-log-XXXXXX");
+  int fd = mkstemp(logcap.path);
+  cr_assert_geq(fd, 0);
+  close(fd);
+  setenv("EMBER_LOGS", "schedule", 1);
+  fe_log_reload();
+  fflush(stderr);
+  logcap.saved = dup(2);
+  cr_assert(freopen(logcap.path, "w", stderr));
+}
+
+static char *log_end(void) {
+  fflush(stderr);
+  dup2(logcap.saved, 2);
+  close(logcap.saved);
+  unsetenv("EMBER_LOGS");
+  fe_log_reload();
+  FILE *f = fopen(logcap.path, "r");
+  cr_assert_not_null(f);
+  char *log = calloc(1 << 16, 1);
+  cr_assert_not_null(log);
+  size_t len = fread(log, 1, (1 << 16) - 1, f);
+  log[len] = 0;
+  fclose(f);
+  unlink(logcap.path);
+  return log;
+}
+
+/* Calls fn compiled (mode) twice on in; compares each output with fn run eagerly on the device;
+ * returns the schedule log (caller frees). */
+static char *compiled_matches_eager(em_outputs (*fn)(void *, em_tensor *const *, int), const char *mode, em_tensor **in,
+                                    int n_in, double tol, const char *what) {
+  log_begin();
+  em_compiled *c = em_compile(fn, &(em_compile_options){.name = "lt", .mode = mode});
+  em_outputs got[2];
+  for (int call = 0; call < 2; call++) got[call] = em_call_n(c, NULL, n_in, in);
+  char *log = log_end();
+  em_outputs want = fn(NULL, in, n_in);
+  for (int call = 0; call < 2; call++) {
+    cr_assert_eq(got[call].n, want.n, "%s: %s", what, em_last_error());
+    for (int o = 0; o < want.n; o++) same(want.t[o], got[call].t[o], tol, what);
+  }
+  em_compiled_free(c);
+  return log;
+}
+
+/* Linear layers with a bias and ReLU, tanh GELU or nothing after, in f32, f16 and bf16, over 2-D
+ * and 3-D inputs (em_linear reshapes those to 2-D around the GEMM): one cuBLASLt call with the
+ * epilogue, eager's results within rounding. */
+ETEST(cuda_lt, linear_bias_activation_is_one_cublaslt_call) {
+  em_manual_seed(31);
+  static const char *const names[] = {"bias", "bias+relu", "bias+gelu_tanh"};
+  static const int epilogues[] = {CU_LT_EPILOGUE_BIAS, CU_LT_EPILOGUE_RELU_BIAS, CU_LT_EPILOGUE_GELU_BIAS};
+  const em_dtype dts[] = {EM_F32, EM_F16, EM_BF16};
+  for (int kind = 0; kind < 3; kind++)
+    for (int di = 0; di < 3; di++)
+      for (int rank = 2; rank <= 3; rank++) {
+        if (kind == 2 && dts[di] != EM_F32) continue; /* em_gelu takes f32 and f64 */
+        em_scope_begin();
+        em_dtype dt = dts[di];
+        act_kind = kind;
+        em_tensor *x = rank == 2 ? em_randn(F, EM_SHAPE(7, 12)) : em_randn(F, EM_SHAPE(2, 5, 12));
+        em_tensor *in[3] = {C(em_cast(x, dt)), C(em_cast(em_mul_scalar(em_randn(F, EM_SHAPE(9, 12)), 0.3), dt)),
+                            C(em_cast(em_randn(F, EM_SHAPE(9)), dt))};
+        char what[96];
+        snprintf(what, sizeof what, "%s, %s, %d-D input", names[kind], em_dtype_name(dt), rank);
+        int64_t before = cu_drv()->emulated ? cu_emu_lt_stats_get().matmuls : 0;
+        char *log = compiled_matches_eager(linear_act, "default", in, 3, dt == EM_F32 ? 1e-5 : dt == EM_F16 ? 4e-3 : 3e-2, what);
+        char want[64];
+        snprintf(want, sizeof want, "(cublasLt epilogue %s,", names[kind]);
+        cr_assert(strstr(log, want), "%s: the schedule lacks '%s':\n%s", what, want, log);
+        cr_assert_null(strstr(log, "kernel over"), "%s: a generated kernel beside the epilogue:\n%s", what, log);
+        free(log);
+        if (cu_drv()->emulated) {
+          cu_emu_lt_stats st = cu_emu_lt_stats_get();
+          cr_assert_eq(st.matmuls - before, 2, "%s: %lld cuBLASLt matmuls for two calls", what, (long long)(st.matmuls - before));
+          cr_assert_eq(st.last_epilogue, epilogues[kind], "%s: epilogue %d", what, st.last_epilogue);
+        }
+        em_scope_end();
+      }
+}
+
+static int fallback_kind;
+static em_outputs not_fusable(void *ctx, em_tensor *const *in, int n) {
+  (void)ctx, (void)n;
+  em_tensor *x = in[0], *w = in[1], *b = in[2];
+  em_tensor *mm = em_matmul(x, em_transpose(w, 0, 1)), *h = em_add(mm, b);
+  switch (fallback_kind) {
+  case 0: return EM_OUTPUTS(em_relu(h), h);                             /* the pre-activation is an output too */
+  case 1: return EM_OUTPUTS(em_gelu(h, false));                         /* erf GELU: no cuBLASLt epilogue */
+  case 2: return EM_OUTPUTS(em_relu(h), em_sum(mm, 0, NULL, false));    /* the product is read elsewhere */
+  case 3: return EM_OUTPUTS(em_relu(em_add(mm, in[3])));                /* a residual [M, N], not a bias */
+  default: return EM_OUTPUTS(em_mul(em_relu(h), h));                     /* h read beside the relu */
+  }
+}
+
+/* What does not match falls back to the GEMM and a generated kernel (or to the bias epilogue
+ * alone with the activation in a kernel), with eager's results. */
+ETEST(cuda_lt, what_does_not_match_falls_back) {
+  em_manual_seed(32);
+  em_tensor *in[4] = {C(em_randn(F, EM_SHAPE(6, 10))), C(em_randn(F, EM_SHAPE(8, 10))), C(em_randn(F, EM_SHAPE(8))),
+                      C(em_randn(F, EM_SHAPE(6, 8)))};
+  static const char *const want[] = {"(cublasLt epilogue bias,", "(cublasLt epilogue bias,", NULL, NULL,
+                                     "(cublasLt epilogue bias,"};
+  static const char *const what[] = {"pre-activation returned", "erf GELU", "product read elsewhere", "residual add",
+                                     "pre-activation read twice"};
+  for (fallback_kind = 0; fallback_kind < 5; fallback_kind++) {
+    em_scope_begin();
+    char *log = compiled_matches_eager(not_fusable, "default", in, 4, 1e-5, what[fallback_kind]);
+    if (want[fallback_kind]) cr_assert(strstr(log, want[fallback_kind]), "%s:\n%s", what[fallback_kind], log);
+    else cr_assert_null(strstr(log, "cublasLt"), "%s: an epilogue matched:\n%s", what[fallback_kind], log);
+    cr_assert_null(strstr(log, "bias+"), "%s: an activation was fused:\n%s", what[fallback_kind], log);
+    cr_assert(strstr(log, "kernel over"), "%s: the activation is no generated kernel:\n%s", what[fallback_kind], log);
+    free(log);
+    em_scope_end();
+  }
+  /* f64: cuBLASLt is not asked */
+  act_kind = 1;
+  em_tensor *d[3] = {em_cast(in[0], EM_F64), em_cast(in[1], EM_F64), em_cast(in[2], EM_F64)};
+  char *log = compiled_matches_eager(linear_act, "default", d, 3, 1e-12, "f64");
+  cr_assert_null(strstr(log, "cublasLt"), "f64:\n%s", log);
+  free(log);
+}
+
+/* Training through a compiled linear + bias + ReLU / tanh GELU: the loss and every gradient are
+ * eager's. The backward needs the pre-activation, so the activation stays a kernel: with ReLU
+ * the partitioner saves the pre-activation and the forward's GEMM takes the bias epilogue; with
+ * GELU it saves the product itself (the bias add is recomputed in the backward), which leaves
+ * the GEMM plain. The backward's GEMMs are plain. */
+static em_outputs linear_loss(void *ctx, em_tensor *const *in, int n) {
+  (void)ctx, (void)n;
+  em_tensor *h = em_linear(in[0], in[1], in[2]);
+  h = act_kind == 1 ? em_relu(h) : em_gelu(h, true);
+  return EM_OUTPUTS(em_mean(em_mul(h, h), 0, NULL, false));
+}
+
+ETEST(cuda_lt, backward_through_epilogues) {
+  em_manual_seed(33);
+  for (act_kind = 1; act_kind <= 2; act_kind++) {
+    em_scope_begin();
+    em_tensor *x = em_randn(F, EM_SHAPE(2, 6, 16)), *w = em_mul_scalar(em_randn(F, EM_SHAPE(12, 16)), 0.25);
+    em_tensor *b = em_randn(F, EM_SHAPE(12));
+    em_tensor *p[2][3];
+    for (int r = 0; r < 2; r++) {
+      p[r][0] = C(x), p[r][1] = C(w), p[r][2] = C(b);
+      for (int i = 0; i < 3; i++) em_requires_grad_(p[r][i], true);
+    }
+    em_compiled *c = em_compile(linear_loss, &(em_compile_options){.name = "linear_loss"});
+    log_begin();
+    em_outputs got = em_call(c, NULL, p[0][0], p[0][1], p[0][2]);
+    bool ok = got.n == 1 && got.t[0] && em_backward(got.t[0], NULL);
+    char *log = log_end();
+    cr_assert(ok, "%s", em_last_error());
+    /* the forward's schedule is logged at the call, the backward's at em_backward */
+    const char *head = "[ember:schedule] linear_loss:", *fwd = strstr(log, head), *bwd = fwd ? strstr(fwd + 1, head) : NULL;
+    cr_assert(fwd && bwd, "two schedules:\n%s", log);
+    const char *epi = strstr(fwd, "cublasLt epilogue bias,");
+    cr_assert(act_kind == 1 ? epi && epi < bwd : !epi, "the forward's epilogue:\n%s", log);
+    cr_assert(!strstr(bwd, "cublasLt") && strstr(bwd, "matmul (library)"), "the backward's GEMMs:\n%s", log);
+    free(log);
+    em_outputs want = linear_loss(NULL, p[1], 3);
+    cr_assert(em_backward(want.t[0], NULL), "%s", em_last_error());
+    same(want.t[0], got.t[0], 1e-5, "loss");
+    for (int i = 0; i < 3; i++) same(em_get_grad(p[1][i]), em_get_grad(p[0][i]), 1e-5, i == 0 ? "x.grad" : i == 1 ? "w.grad" : "b.grad");
+    em_compiled_free(c);
+    em_scope_end();
+  }
+}
+
+/* reduce-overhead: the epilogue GEMM is captured into the CUDA graph and replayed. */
+ETEST(cuda_lt, epilogues_replay_in_cuda_graphs) {
+  em_manual_seed(34);
+  act_kind = 1;
+  em_tensor *in[3] = {C(em_randn(F, EM_SHAPE(5, 8))), C(em_randn(F, EM_SHAPE(4, 8))), C(em_randn(F, EM_SHAPE(4)))};
+  em_outputs want = linear_act(NULL, in, 3);
+  em_compiled *c = em_compile(linear_act, &(em_compile_options){.name = "lt_graph", .mode = "reduce-overhead"});
+  for (int call = 0; call < 4; call++) {
+    em_outputs o = em_call(c, NULL, in[0], in[1], in[2]);
+    cr_assert(o.n == 1 && o.t[0], "call %d: %s", call, em_last_error());
+    same(want.t[0], o.t[0], 1e-5, "replayed");
+  }
+  cr_assert_eq(em_compiled_stats(c).cuda_graph_replays, 3);
+  em_compiled_free(c);
+}
