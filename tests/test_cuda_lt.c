@@ -298,3 +298,80 @@ ETEST(cuda_lt, epilogues_replay_in_cuda_graphs) {
   cr_assert_eq(em_compiled_stats(c).cuda_graph_replays, 3);
   em_compiled_free(c);
 }
+
+/* ---- max-autotune: cuBLASLt's algorithms timed for each GEMM, the choice cached on disk ---- */
+
+#include <dirent.h>
+
+static em_outputs two_gemms(void *ctx, em_tensor *const *in, int n) {
+  (void)ctx, (void)n;
+  em_tensor *h = em_relu(em_linear(in[0], in[1], in[2])); /* a GEMM with an epilogue */
+  return EM_OUTPUTS(em_matmul(h, in[3]));                 /* and a plain one */
+}
+
+/* The autotune cache's GEMM entries of this run (their names end in the salt): how many, and
+ * with text (when not NULL) each is overwritten. */
+static int gemm_entries(unsigned long long salt, const char *text) {
+  char dir[1100], suffix[32], path[1400];
+  snprintf(dir, sizeof dir, "%s/cuda", ind_cache_dir());
+  snprintf(suffix, sizeof suffix, "-%llx", salt);
+  DIR *d = opendir(dir);
+  cr_assert_not_null(d, "no %s", dir);
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));) {
+    size_t len = strlen(e->d_name), sl = strlen(suffix);
+    if (strncmp(e->d_name, "tune-gemm_", 10) || len < sl || strcmp(e->d_name + len - sl, suffix)) continue;
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    FILE *f = fopen(path, text ? "w" : "r");
+    cr_assert_not_null(f);
+    char line[256] = "";
+    if (text) fputs(text, f);
+    else cr_assert(fgets(line, sizeof line, f) && !strncmp(line, "algo ", 5) && strstr(line, " workspace "), "%s: %s", path, line);
+    fclose(f);
+    n++;
+  }
+  closedir(d);
+  return n;
+}
+
+/* The first compile times each GEMM's candidates on its first call (the emulator's heuristic
+ * offers three: a warm-up and five timed runs each, then the chosen one) and writes the choice;
+ * a second compile takes both choices from the disk cache: no heuristic, no timing. A choice
+ * edited on disk is the one that runs. Results are eager's throughout. */
+ETEST(cuda_lt, max_autotune_times_gemm_algorithms_and_caches_them) {
+  if (!ind_cache_dir()) cr_skip_test("no kernel cache directory (EMBER_CACHE=0): nothing to cache the choices in");
+  em_manual_seed(35);
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  unsigned long long salt = (unsigned long long)ts.tv_sec * 1000000007ull + (unsigned long long)ts.tv_nsec * 31 + (unsigned long long)getpid();
+  ind_autotune_salt(salt);
+  em_tensor *in[4] = {C(em_randn(F, EM_SHAPE(6, 10))), C(em_randn(F, EM_SHAPE(8, 10))), C(em_randn(F, EM_SHAPE(8))),
+                      C(em_randn(F, EM_SHAPE(8, 5)))};
+  em_outputs want = two_gemms(NULL, in, 4);
+  bool emu = cu_drv()->emulated;
+  for (int round = 0; round < 3; round++) {
+    if (round == 2) /* every choice: the emulator's third algorithm, for pointers 4-byte aligned */
+      cr_assert_eq(gemm_entries(salt, "algo 2 200 4 4 4 4 0 0 workspace 512\n"), 2);
+    ind_autotune_stats s0 = ind_autotune_stats_get();
+    cu_emu_lt_stats e0 = emu ? cu_emu_lt_stats_get() : (cu_emu_lt_stats){0};
+    em_compiled *c = em_compile(two_gemms, &(em_compile_options){.name = "two_gemms", .mode = "max-autotune-no-cudagraphs"});
+    for (int call = 0; call < 2; call++) {
+      em_outputs o = em_call(c, NULL, in[0], in[1], in[2], in[3]);
+      cr_assert(o.n == 1 && o.t[0], "round %d, call %d: %s", round, call, em_last_error());
+      same(want.t[0], o.t[0], 1e-5, "autotuned GEMMs");
+    }
+    em_compiled_free(c);
+    ind_autotune_stats s1 = ind_autotune_stats_get();
+    int64_t tuned = s1.gemms_tuned - s0.gemms_tuned, cached = s1.gemms_cached - s0.gemms_cached;
+    cr_assert_eq(tuned, round == 0 ? 2 : 0, "round %d: %lld GEMMs timed", round, (long long)tuned);
+    cr_assert_eq(cached, round == 0 ? 0 : 2, "round %d: %lld choices from the cache", round, (long long)cached);
+    if (round == 0) cr_assert_eq(gemm_entries(salt, NULL), 2, "a cache entry per GEMM");
+    if (!emu) continue;
+    cu_emu_lt_stats e1 = cu_emu_lt_stats_get();
+    int64_t runs = e1.matmuls - e0.matmuls, heur = e1.heuristics - e0.heuristics;
+    cr_assert_eq(runs, round == 0 ? 2 * (3 * 6 + 1) + 2 : 4, "round %d: %lld cuBLASLt matmuls", round, (long long)runs);
+    cr_assert_eq(heur, round == 0 ? 2 : 0, "round %d: %lld heuristic queries", round, (long long)heur);
+    if (round == 2) cr_assert_eq(e1.last_algo.data[0], 2, "the algorithm written on disk ran");
+  }
+  ind_autotune_salt(0);
+}
