@@ -698,7 +698,7 @@ int cu_lt_matmul(const cu_lt_problem *pr, cu_lt_choice *ch, char *why, size_t ca
     r = lt_run(&c, &res[pick].algo, res[pick].workspace_size, why, cap);
     if (r) rc = r < 0 || r != CU_BLAS_NOT_SUPPORTED ? 2 : 1;
     if (r > 0) snprintf(why, cap, "cublasLtMatmul failed (status %d)", r);
-    else if (!r) ch->algo = res[pick].algo, ch->workspace = res[pick].workspace_size;
+    else if (!r) ch->algo = res[pick].algo, ch->workspace = res[pick].workspace_size, ch->timed += tune && n == 1;
   }
   lt_call_free(&c);
   return rc;

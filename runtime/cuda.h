@@ -249,7 +249,7 @@ typedef struct cu_lt_choice {
   bool tune;       /* in, when not given: time up to 8 of the heuristic's candidates and run the fastest */
   cu_lt_algo algo; /* in (given) and out: the algorithm that runs */
   size_t workspace; /* in (given) and out: the workspace bytes it needs (the heuristic says) */
-  int timed;       /* out: candidates timed */
+  int timed;       /* out: candidates compared (when tuning; 1 when the heuristic offered only one) */
 } cu_lt_choice;
 
 /* Whether cuBLASLt loads (the emulator's always does); false with the reason in why. */

@@ -238,6 +238,16 @@ ETEST(cuda_lt, what_does_not_match_falls_back) {
   free(log);
 }
 
+/* A GEMM cuBLASLt does not take (an empty inner dimension: the product is zeros) runs the
+ * epilogue's nodes eagerly at run time. */
+ETEST(cuda_lt, empty_inner_dimension_runs_the_nodes_eagerly) {
+  act_kind = 1;
+  em_tensor *in[3] = {C(em_zeros(F, EM_SHAPE(3, 0))), C(em_zeros(F, EM_SHAPE(4, 0))), C(em_randn(F, EM_SHAPE(4)))};
+  char *log = compiled_matches_eager(linear_act, "default", in, 3, 0, "k = 0");
+  cr_assert(strstr(log, "(cublasLt epilogue bias+relu,"), "%s", log);
+  free(log);
+}
+
 /* Training through a compiled linear + bias + ReLU / tanh GELU: the loss and every gradient are
  * eager's. The backward needs the pre-activation, so the activation stays a kernel: with ReLU
  * the partitioner saves the pre-activation and the forward's GEMM takes the bias epilogue; with
