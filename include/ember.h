@@ -617,6 +617,31 @@ bool em_is_grad_enabled(void);
 void em_no_grad_begin(void);
 void em_no_grad_end(void);
 
+/* ---- autocast: mixed precision (torch.autocast) ----
+ * em_autocast_begin(EM_BF16 or EM_F16) opens a region of the calling thread (regions nest, 16
+ * deep; the innermost one's dtype applies) and em_autocast_end closes the innermost (a no-op
+ * outside any). Inside, as torch.autocast(device_type, dtype):
+ *  - em_matmul, em_linear and em_conv2d cast f32 (and the other half type's) operands, bias
+ *    included, to the region's dtype and return that dtype; on CUDA the GEMMs accumulate in f32;
+ *  - em_softmax, em_log_softmax, em_layer_norm, em_cross_entropy, em_sum and em_prod cast f16 /
+ *    bf16 operands to f32 and return f32;
+ *  - f64 and integer operands are never cast; other ops run on the dtypes they are given (mixed
+ *    f16 / f32 operands promote to f32, as everywhere).
+ * The casts are ordinary em_cast ops: gradients flow through them (an f32 parameter gets an f32
+ * gradient; em_backward runs its rules outside autocast, in the dtypes the forward chose), and
+ * em_compile records them in its graphs and guards on the region's dtype (a call under another
+ * state traces again). Ember's CPU kernels do not compute in f16 / bf16: a lower-precision op on
+ * CPU tensors inside a region fails with an error saying so (the f32 ops work).
+ * em_autocast_begin errors (returns false, see em_last_error): a dtype other than f16 / bf16,
+ * regions nested too deep. em_is_autocast_enabled: whether the calling thread is inside a
+ * region; em_get_autocast_dtype: the innermost region's dtype, EM_F32 outside any.
+ * Matches torch.autocast, torch.is_autocast_enabled, torch.get_autocast_dtype. */
+#define em_autocast_begin(dtype) em_autocast_begin_at((dtype), EM_HERE)
+bool em_autocast_begin_at(em_dtype dtype, em_site site);
+void em_autocast_end(void);
+bool em_is_autocast_enabled(void);
+em_dtype em_get_autocast_dtype(void);
+
 /* Backpropagates from out: accumulates d(out)/d(leaf) . grad into the .grad of every leaf that
  * requires grad and that out depends on. grad has out's shape (NULL: out must have one
  * element; the seed is 1). retain_graph keeps saved tensors for another backward; create_graph

@@ -1,7 +1,8 @@
 /* tests/test_cuda_lt.c: GEMMs through cuBLASLt in compiled CUDA graphs: bias, ReLU and tanh GELU
  * epilogues fused into the GEMM (inductor/schedule.c finds them), what does not match falling
  * back to the GEMM and a generated kernel, and max-autotune timing cuBLASLt's algorithms with
- * the choice cached on disk.
+ * the choice cached on disk. Then mixed precision (em_autocast_begin, runtime/autocast.c): the
+ * GEMMs in f16 / bf16, torch's f32 list in f32, gradients, compiled graphs and their guard.
  *
  * Without a GPU this runs on the host emulator, whose cuBLASLt (runtime/cuda_emu.c) takes the very
  * calls runtime/cuda.c makes to the library: descriptors, attributes, the heuristic, the matmul;
@@ -384,4 +385,150 @@ ETEST(cuda_lt, max_autotune_times_gemm_algorithms_and_caches_them) {
     if (round == 2) cr_assert_eq(e1.last_algo.data[0], 2, "the algorithm written on disk ran");
   }
   ind_autotune_salt(0);
+}
+
+/* ---- autocast (torch.autocast): GEMMs in f16 / bf16, the f32 list in f32 ---- */
+
+#define EXPECT_DT(x, dt) \
+  cr_assert((x) && em_dtype_of(x) == (dt), "%s: %s", #x, (x) ? em_dtype_name(em_dtype_of(x)) : em_last_error())
+
+ETEST(cuda_lt, autocast_regions_nest_and_refuse_other_dtypes) {
+  cr_assert(!em_is_autocast_enabled());
+  cr_assert_eq(em_get_autocast_dtype(), EM_F32);
+  cr_assert(!em_autocast_begin(EM_F32));
+  cr_assert(strstr(em_last_error(), "em_autocast_begin: autocasts to f16 or bf16, got f32"), "%s", em_last_error());
+  em_clear_error();
+  cr_assert(em_autocast_begin(EM_BF16) && em_autocast_begin(EM_F16));
+  cr_assert(em_is_autocast_enabled());
+  cr_assert_eq(em_get_autocast_dtype(), EM_F16);
+  em_autocast_end();
+  cr_assert_eq(em_get_autocast_dtype(), EM_BF16);
+  em_autocast_end();
+  cr_assert(!em_is_autocast_enabled());
+  em_autocast_end(); /* outside any region: nothing */
+  cr_assert(!em_is_autocast_enabled());
+}
+
+/* Each op against the same op on explicitly cast operands, outside autocast: bit for bit. */
+ETEST(cuda_lt, autocast_follows_torchs_op_lists_on_cuda) {
+  em_manual_seed(36);
+  em_tensor *x = C(em_randn(F, EM_SHAPE(4, 8))), *w = C(em_randn(F, EM_SHAPE(6, 8))), *b = C(em_randn(F, EM_SHAPE(6)));
+  em_tensor *y = C(em_cast(em_mul_scalar(em_rand(F, EM_SHAPE(4)), 5.99), EM_I64));
+  em_tensor *img = C(em_randn(F, EM_SHAPE(2, 3, 6, 6))), *k = C(em_randn(F, EM_SHAPE(4, 3, 3, 3))), *kb = C(em_randn(F, EM_SHAPE(4)));
+  em_tensor *xd = em_cast(x, EM_F64), *wd = em_cast(w, EM_F64);
+  em_dtype low[2] = {EM_BF16, EM_F16};
+  for (int i = 0; i < 2; i++) {
+    em_dtype L = low[i];
+    em_tensor *xl = em_cast(x, L), *wl = em_cast(w, L), *bl = em_cast(b, L);
+    em_tensor *ref_lin = em_linear(xl, wl, bl), *ref_mm = em_matmul(xl, em_transpose(wl, 0, 1));
+    em_tensor *ref_conv = em_conv2d(em_cast(img, L), em_cast(k, L), em_cast(kb, L), EM_CONV2D_DEFAULT);
+    em_tensor *ref_ce = em_cross_entropy(em_cast(ref_lin, F), y, EM_CROSS_ENTROPY_DEFAULT);
+    cr_assert(em_autocast_begin(L));
+    em_tensor *lin = em_linear(x, w, b), *mm = em_matmul(x, em_transpose(w, 0, 1));
+    em_tensor *conv = em_conv2d(img, k, kb, EM_CONV2D_DEFAULT);
+    em_tensor *sm = em_softmax(lin, 1), *lsm = em_log_softmax(lin, 1), *s = em_sum(lin, 0, NULL, false);
+    em_tensor *ln = em_layer_norm(lin, 1, EM_NONE, EM_NONE, 1e-5), *ce = em_cross_entropy(lin, y, EM_CROSS_ENTROPY_DEFAULT);
+    em_tensor *mixed = em_add(lin, b), *dbl = em_matmul(xd, em_transpose(wd, 0, 1));
+    em_autocast_end();
+    em_tensor *lows[] = {lin, mm, conv}, *f32s[] = {sm, lsm, s, ln, ce, mixed};
+    for (int q = 0; q < 3; q++) EXPECT_DT(lows[q], L);
+    for (int q = 0; q < 6; q++) EXPECT_DT(f32s[q], F);
+    EXPECT_DT(dbl, EM_F64);
+    same(ref_lin, lin, 0, "linear"), same(ref_mm, mm, 0, "matmul"), same(ref_conv, conv, 0, "conv2d");
+    same(em_softmax(em_cast(ref_lin, F), 1), sm, 0, "softmax"), same(em_log_softmax(em_cast(ref_lin, F), 1), lsm, 0, "log_softmax");
+    same(em_sum(em_cast(ref_lin, F), 0, NULL, false), s, 0, "sum");
+    same(em_layer_norm(em_cast(ref_lin, F), 1, EM_NONE, EM_NONE, 1e-5), ln, 0, "layer_norm"), same(ref_ce, ce, 0, "cross_entropy");
+    same(em_linear(x, w, b), em_cast(lin, F), L == EM_BF16 ? 3e-2 : 4e-3, "the low-precision linear near the f32 one");
+  }
+}
+
+/* f32 parameters get f32 gradients through the casts, as with the casts written out. */
+static em_outputs amp_loss(void *ctx, em_tensor *const *in, int n) {
+  (void)ctx, (void)n;
+  em_tensor *logits = em_linear(em_relu(em_linear(in[0], in[1], in[2])), in[3], in[4]);
+  return EM_OUTPUTS(em_cross_entropy(logits, in[5], EM_CROSS_ENTROPY_DEFAULT), logits);
+}
+
+static em_outputs amp_loss_cast_by_hand(void *ctx, em_tensor *const *in, int n) {
+  (void)ctx, (void)n;
+  em_dtype L = *(const em_dtype *)ctx;
+  em_tensor *h = em_linear(em_cast(in[0], L), em_cast(in[1], L), em_cast(in[2], L));
+  em_tensor *logits = em_linear(em_relu(h), em_cast(in[3], L), em_cast(in[4], L));
+  return EM_OUTPUTS(em_cross_entropy(em_cast(logits, F), in[5], EM_CROSS_ENTROPY_DEFAULT), logits);
+}
+
+static em_tensor **amp_inputs(em_tensor **p, bool grad) {
+  em_manual_seed(37);
+  p[0] = C(em_randn(F, EM_SHAPE(8, 12)));
+  p[1] = C(em_mul_scalar(em_randn(F, EM_SHAPE(16, 12)), 0.3)), p[2] = C(em_randn(F, EM_SHAPE(16)));
+  p[3] = C(em_mul_scalar(em_randn(F, EM_SHAPE(5, 16)), 0.3)), p[4] = C(em_randn(F, EM_SHAPE(5)));
+  p[5] = C(em_cast(em_mul_scalar(em_rand(F, EM_SHAPE(8)), 4.99), EM_I64));
+  for (int i = 1; grad && i < 5; i++) em_requires_grad_(p[i], true);
+  return p;
+}
+
+ETEST(cuda_lt, autocast_gradients_reach_f32_parameters) {
+  em_dtype L = EM_BF16;
+  em_tensor *a[6], *h[6];
+  amp_inputs(a, true), amp_inputs(h, true);
+  cr_assert(em_autocast_begin(L));
+  em_outputs got = amp_loss(NULL, a, 6);
+  cr_assert(em_backward(got.t[0], NULL), "%s", em_last_error()); /* inside the region, as a training step does */
+  em_autocast_end();
+  em_outputs want = amp_loss_cast_by_hand(&L, h, 6);
+  cr_assert(em_backward(want.t[0], NULL), "%s", em_last_error());
+  EXPECT_DT(got.t[0], F);
+  EXPECT_DT(got.t[1], L);
+  same(want.t[0], got.t[0], 0, "loss");
+  for (int i = 1; i < 5; i++) {
+    EXPECT_DT(em_get_grad(a[i]), F);
+    same(em_get_grad(h[i]), em_get_grad(a[i]), 0, "a parameter's gradient");
+  }
+}
+
+/* em_compile records the casts (the logits come back in bf16) and guards on the region: a call
+ * outside it traces again and gives the f32 results; back inside, the first entry replays. */
+ETEST(cuda_lt, autocast_compiles_with_its_casts_and_a_guard) {
+  em_dtype L = EM_BF16;
+  em_tensor *in[6];
+  amp_inputs(in, false);
+  em_outputs want_amp = amp_loss_cast_by_hand(&L, in, 6), want_f32 = amp_loss(NULL, in, 6);
+  em_compiled *c = em_compile(amp_loss, &(em_compile_options){.name = "amp"});
+  log_begin();
+  setenv("EMBER_LOGS", "recompiles", 1);
+  fe_log_reload();
+  em_outputs o[4];
+  for (int call = 0; call < 4; call++) {
+    bool amp = call != 2;
+    if (amp) cr_assert(em_autocast_begin(L));
+    o[call] = em_call_n(c, NULL, 6, in);
+    if (amp) em_autocast_end();
+  }
+  char *log = log_end();
+  for (int call = 0; call < 4; call++) {
+    cr_assert(o[call].n == 2 && o[call].t[0] && o[call].t[1], "call %d: %s", call, em_last_error());
+    const em_outputs *want = call == 2 ? &want_f32 : &want_amp;
+    EXPECT_DT(o[call].t[1], call == 2 ? F : L);
+    same(want->t[0], o[call].t[0], call == 2 ? 1e-5 : 1e-2, "loss");
+    same(want->t[1], o[call].t[1], call == 2 ? 1e-5 : 2e-2, "logits");
+  }
+  cr_assert(strstr(log, "autocast: expected bf16, got off"), "the recompile's reason:\n%s", log);
+  free(log);
+  cr_assert_eq(em_compiled_stats(c).traces, 2, "%lld traces", (long long)em_compiled_stats(c).traces);
+  em_compiled_free(c);
+}
+
+/* On the cpu: the f32 list works; the lower-precision ops say why they cannot. */
+ETEST(cuda_lt, autocast_on_the_cpu) {
+  em_tensor *x = em_randn(F, EM_SHAPE(3, 4)), *w = em_randn(F, EM_SHAPE(2, 4)), *b = em_randn(F, EM_SHAPE(2));
+  cr_assert(em_autocast_begin(EM_BF16));
+  em_tensor *sm = em_softmax(x, 1), *s = em_sum(em_cast(x, EM_BF16), 0, NULL, false);
+  em_tensor *lin = em_linear(x, w, b);
+  em_autocast_end();
+  EXPECT_DT(sm, F);
+  EXPECT_DT(s, F);
+  cr_assert_null(lin);
+  cr_assert(strstr(em_last_error(), "em_linear: autocast to bf16: Ember's cpu kernels do not compute in bf16, and f32[3,4] is on the cpu"),
+            "%s", em_last_error());
+  em_clear_error();
 }
