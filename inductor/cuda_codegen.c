@@ -651,7 +651,8 @@ static void tune_write_algo(const char *key, const cu_lt_algo *algo, size_t work
   char path[1200], text[256];
   if (!tune_path(key, path, sizeof path)) return;
   int n = snprintf(text, sizeof text, "algo");
-  for (int i = 0; i < 8; i++) n += snprintf(text + n, sizeof text - (size_t)n, " %llx", (unsigned long long)algo->data[i]);
+  for (int i = 0; i < 8; i++)
+    n += snprintf(text + n, sizeof text - (size_t)n, " %llx", (unsigned long long)algo->data[i]);
   n += snprintf(text + n, sizeof text - (size_t)n, " workspace %llu\n", (unsigned long long)workspace);
   rt_write_file_whole(path, text, (size_t)n, "", 0); /* best effort: a lost choice is timed again */
 }

@@ -207,12 +207,16 @@ static em_tensor *epilogue_step(const ind_program *p, int s, const ind_epilogue 
     em_tensor *ops[3];
     if (n->n_in > 3) return rt_error(n->site, n->opname, "an epilogue node with %d operands", n->n_in);
     for (int k = 0; k < n->n_in; k++) ops[k] = vals[ir_operands(g, n)[k]];
-    vals[n->out] = n->op == EM_PRIM_RESHAPE ? rt_reshape(ops[0], n->attrs.shape.ndim, n->attrs.shape.sizes, n->opname, n->site)
-                                            : rt_dispatch(n->opname, n->op, ops, n->n_in, &n->attrs, n->site);
+    vals[n->out] = n->op == EM_PRIM_RESHAPE
+                       ? rt_reshape(ops[0], n->attrs.shape.ndim, n->attrs.shape.sizes, n->opname, n->site)
+                       : rt_dispatch(n->opname, n->op, ops, n->n_in, &n->attrs, n->site);
     ok = vals[n->out] != NULL;
   }
   r = ok ? em_retain(vals[last->out]) : NULL;
-  for (int i = 0; i < e->n_nodes; i++) em_release(vals[g->nodes[e->nodes[i]].out]), vals[g->nodes[e->nodes[i]].out] = NULL;
+  for (int i = 0; i < e->n_nodes; i++) {
+    int v = g->nodes[e->nodes[i]].out;
+    em_release(vals[v]), vals[v] = NULL;
+  }
   return r;
 }
 
@@ -313,7 +317,8 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
       if (t0_ && r) {
         char b0[96], b1[96];
         bool gemm = st->tmat >= 0 || n->op == EM_PRIM_MATMUL;
-        rt_prof_complete(gemm || st->epi ? "gemm" : "op", gemm ? "gemm" : st->epi ? "gemm+epilogue" : n->opname, t0_, "%s",
+        const char *what = gemm ? "gemm" : st->epi ? "gemm+epilogue" : n->opname;
+        rt_prof_complete(gemm || st->epi ? "gemm" : "op", what, t0_, "%s",
                          gemm && n->n_in == 2 ?
                          (snprintf(b1, sizeof b1, "%s @ %s", rt_fmt(b0, sizeof b0, vals[ir_operands(g, n)[0]]),
                                    ir_fmt_type((char[96]){0}, 96, r->dtype, r->ndim, r->sizes)), b1) : "");

@@ -388,7 +388,8 @@ static int pat_parse(pats *ps, const char **s) {
   if (len == 1 && *name == 'h') return p->kind = 'h', me;
   p->kind = 'o', p->op = EM_PRIM_COUNT;
   for (int i = 0; i < EM_PRIM_COUNT; i++)
-    if (strlen(prim_get((em_prim)i)->name) == len && !strncmp(prim_get((em_prim)i)->name, name, len)) p->op = (em_prim)i;
+    if (strlen(prim_get((em_prim)i)->name) == len && !strncmp(prim_get((em_prim)i)->name, name, len))
+      p->op = (em_prim)i;
   if (p->op == EM_PRIM_COUNT || *(*s)++ != '(') return -1;
   for (;;) {
     int a = pat_parse(ps, s);
@@ -418,7 +419,8 @@ static bool match_const(matcher *m, int v, double c) {
     if (d < 0) return false;
     n = &m->g->nodes[d];
   }
-  if (n->op != EM_PRIM_FULL || n->attrs.shape.ndim != 0 || (float)n->attrs.value != (float)c || m->nc > 62) return false;
+  if (n->op != EM_PRIM_FULL || n->attrs.shape.ndim != 0 || (float)n->attrs.value != (float)c || m->nc > 62)
+    return false;
   if (e >= 0) m->consts[m->nc++] = e;
   m->consts[m->nc++] = d;
   return true;
@@ -460,10 +462,12 @@ static bool bias_add(const builder *b, const int *def, const int *uses, int i, m
   const ir_graph *g = b->p->g;
   const ir_node *add = &g->nodes[i];
   const ir_type *t = &g->values[add->out].type;
-  if (add->op != EM_PRIM_ADD || (t->dtype != EM_F32 && t->dtype != EM_F16 && t->dtype != EM_BF16) || t->ndim < 1) return false;
+  if (add->op != EM_PRIM_ADD || (t->dtype != EM_F32 && t->dtype != EM_F16 && t->dtype != EM_BF16) || t->ndim < 1)
+    return false;
   for (int side = 0; side < 2; side++) {
     int x = ir_operands(g, add)[side], e = ir_operands(g, add)[1 - side], rs = -1, ex = -1;
-    if (def[x] >= 0 && g->nodes[def[x]].op == EM_PRIM_RESHAPE && uses[x] == 1) rs = def[x], x = ir_operands(g, &g->nodes[rs])[0];
+    if (def[x] >= 0 && g->nodes[def[x]].op == EM_PRIM_RESHAPE && uses[x] == 1)
+      rs = def[x], x = ir_operands(g, &g->nodes[rs])[0];
     if (def[x] < 0 || uses[x] != 1) continue;
     const ir_node *mm = &g->nodes[def[x]];
     const ir_type *mt = &g->values[x].type;
@@ -480,7 +484,8 @@ static bool bias_add(const builder *b, const int *def, const int *uses, int i, m
     if (ex >= 0 && uses[g->nodes[ex].out] == 1) m->nodes[m->n++] = ex;
     m->nodes[m->n++] = i;
     for (int k = 0; k < m->n; k++)
-      if (b->skip[m->nodes[k]] || b->tmat[m->nodes[k]] >= 0 || b->alias[m->nodes[k]] || b->epi[m->nodes[k]]) return false;
+      if (b->skip[m->nodes[k]] || b->tmat[m->nodes[k]] >= 0 || b->alias[m->nodes[k]] || b->epi[m->nodes[k]])
+        return false;
     *bias = e;
     return true;
   }
@@ -560,7 +565,8 @@ static bool find_gemm_epilogues(builder *b) {
         bool only = used_only_by(g, uses, h, m.nodes + base, m.n - base);
         for (int k = base + 1; only && k < m.n; k++) /* interior values: read inside the pattern only */
           only = used_only_by(g, uses, g->nodes[m.nodes[k]].out, m.nodes + base, m.n - base);
-        for (int k = base; only && k < m.n; k++) only = !b->skip[m.nodes[k]] && b->tmat[m.nodes[k]] < 0 && !b->alias[m.nodes[k]];
+        for (int k = base; only && k < m.n; k++)
+          only = !b->skip[m.nodes[k]] && b->tmat[m.nodes[k]] < 0 && !b->alias[m.nodes[k]];
         if (only) {
           act = activations[a].act;
           break;
@@ -809,8 +815,8 @@ void ind_describe_schedule(ind_program *p) {
       if (st->epi) {
         const ind_epilogue *e = &p->epis[st->epi - 1];
         const int *o = ir_operands(g, &g->nodes[e->mm]);
-        n = snprintf(line, sizeof line, "  step %d: %%%d = matmul(%%%d, %%%d) + %%%d%s (cublasLt epilogue %s, %d nodes)\n", s,
-                     x->out, o[0], o[1], e->bias,
+        n = snprintf(line, sizeof line, "  step %d: %%%d = matmul(%%%d, %%%d) + %%%d%s (cublasLt epilogue %s, %d nodes)\n",
+                     s, x->out, o[0], o[1], e->bias,
                      e->act == CU_EPI_BIAS_RELU ? ", relu" : e->act == CU_EPI_BIAS_GELU_TANH ? ", gelu(tanh)" : "",
                      epilogue_name(e->act), e->n_nodes);
       } else if (st->tmat >= 0)
@@ -819,10 +825,13 @@ void ind_describe_schedule(ind_program *p) {
       else if (st->alias)
         n = snprintf(line, sizeof line, "  step %d: %%%d = clone(%%%d): the same tensor (nothing else reads it)\n", s, x->out,
                      ir_operands(g, x)[0]);
-      else
+      else {
+        bool timed = x->op == EM_PRIM_MATMUL && p->device == EM_CUDA && p->opts.autotune;
+        unsigned fl = prim_get(x->op)->flags;
         n = snprintf(line, sizeof line, "  step %d: %%%d = %s (%s)\n", s, x->out, prim_get(x->op)->name,
-                     x->op == EM_PRIM_MATMUL && p->device == EM_CUDA && p->opts.autotune ? "library: cublasLt, algorithms timed"
-                     : prim_get(x->op)->flags & P_EXTERN ? "library" : prim_get(x->op)->flags & P_VIEW ? "view" : "eager kernel");
+                     timed ? "library: cublasLt, algorithms timed"
+                     : fl & P_EXTERN ? "library" : fl & P_VIEW ? "view" : "eager kernel");
+      }
     } else {
       kernel *k = &p->kernels[p->steps[s].kernel];
       int64_t bytes = 0;

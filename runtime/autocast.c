@@ -27,7 +27,8 @@ bool em_autocast_begin_at(em_dtype dt, em_site site) {
   if (dt != EM_F16 && dt != EM_BF16)
     return rt_error(site, "em_autocast_begin", "autocasts to f16 or bf16, got %s",
                     ir_dtype_valid(dt) ? em_dtype_name(dt) : "an invalid dtype"), false;
-  if (ac.depth == MAX_DEPTH) return rt_error(site, "em_autocast_begin", "regions nest at most %d deep", MAX_DEPTH), false;
+  if (ac.depth == MAX_DEPTH)
+    return rt_error(site, "em_autocast_begin", "regions nest at most %d deep", MAX_DEPTH), false;
   ac.stack[ac.depth++] = dt;
   return true;
 }
@@ -50,8 +51,10 @@ em_tensor *rt_autocast_low(em_tensor *x, const char *op, em_site site) {
   if (x->dtype == dt || (x->dtype != EM_F32 && !half(x->dtype))) return x;
   if (em_device_of(x) == EM_CPU && !ir_dtype(dt)->cpu_compute) {
     char b[128];
-    return rt_error(site, op, "autocast to %s: Ember's cpu kernels do not compute in %s, and %s is on the cpu (autocast "
-                    "cuda tensors, or end the region around this op)", em_dtype_name(dt), em_dtype_name(dt), rt_fmt(b, sizeof b, x));
+    return rt_error(site, op,
+                    "autocast to %s: Ember's cpu kernels do not compute in %s, and %s is on the cpu (autocast cuda "
+                    "tensors, or end the region around this op)",
+                    em_dtype_name(dt), em_dtype_name(dt), rt_fmt(b, sizeof b, x));
   }
   return em_cast_at(x, dt, site);
 }

@@ -112,7 +112,8 @@ static em_tensor *shifted(em_tensor *x, int n, const int64_t *axes, em_site site
 
 em_tensor *em_softmax_at(em_tensor *x, int axis, em_site site) {
   int a;
-  if (!x || !(x = rt_autocast_f32(x, site)) || !float_arg(x, "em_softmax", site) || !axis_arg(x, axis, "em_softmax", site, &a))
+  if (!x || !(x = rt_autocast_f32(x, site)) || !float_arg(x, "em_softmax", site) ||
+      !axis_arg(x, axis, "em_softmax", site, &a))
     return NULL;
   BEGIN(site);
   int64_t ax = a;
@@ -205,7 +206,8 @@ static bool affine_arg(em_tensor *t, em_tensor *x, int n_norm, const char *what,
 em_tensor *em_layer_norm_at(em_tensor *x, int n_norm, em_tensor *w, em_tensor *b, double eps, em_site site) {
   static const char name[] = "em_layer_norm";
   int64_t axes[EM_MAX_DIMS];
-  if (!x || !w || !b || !(x = rt_autocast_f32(x, site)) || !(w = rt_autocast_f32(w, site)) || !(b = rt_autocast_f32(b, site)))
+  if (!x || !w || !b || !(x = rt_autocast_f32(x, site)) || !(w = rt_autocast_f32(w, site)) ||
+      !(b = rt_autocast_f32(b, site)))
     return NULL;
   if (!float_arg(x, name, site) || !norm_dims(x, n_norm, name, site, axes) ||
       !affine_arg(w, x, n_norm, "weight", name, site) || !affine_arg(b, x, n_norm, "bias", name, site))
@@ -384,7 +386,8 @@ em_tensor *em_cross_entropy_at(em_tensor *logits, em_tensor *target, em_cross_en
   RT_ARG(logits, "em_cross_entropy", site);
   RT_ARG(target, "em_cross_entropy", site);
   static const char name[] = "em_cross_entropy";
-  if (!logits || !target || !(logits = rt_autocast_f32(logits, site)) || !(target = rt_autocast_f32(target, site))) return NULL;
+  if (!logits || !target || !(logits = rt_autocast_f32(logits, site)) || !(target = rt_autocast_f32(target, site)))
+    return NULL;
   char b0[128], b1[128];
   if (!float_arg(logits, name, site) || !reduction_arg(o.reduction, name, site)) return NULL;
   if (logits->ndim < 2) return rt_error(site, name, "logits must be [N, C, ...], got %s", rt_fmt(b0, sizeof b0, logits));

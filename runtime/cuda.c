@@ -124,7 +124,9 @@ static void blas_load(void) {
 /* cublasGemmAlgo_t's default (cublas_api.h); the other enums are cuda.h's CU_*. */
 enum { GEMM_DEFAULT = -1 };
 
-static int cuda_type(em_dtype dt) { return dt == EM_F32 ? CU_R_32F : dt == EM_F64 ? CU_R_64F : dt == EM_F16 ? CU_R_16F : CU_R_16BF; }
+static int cuda_type(em_dtype dt) {
+  return dt == EM_F32 ? CU_R_32F : dt == EM_F64 ? CU_R_64F : dt == EM_F16 ? CU_R_16F : CU_R_16BF;
+}
 static int compute_type(em_dtype dt, bool tf32) {
   return dt == EM_F64 ? CU_COMPUTE_64F : dt == EM_F32 && tf32 ? CU_COMPUTE_32F_FAST_TF32 : CU_COMPUTE_32F;
 }
@@ -532,7 +534,8 @@ static void lt_load(void) {
              LT(desc_destroy, "cublasLtMatmulDescDestroy") && LT(desc_set, "cublasLtMatmulDescSetAttribute") &&
              LT(layout_create, "cublasLtMatrixLayoutCreate") && LT(layout_destroy, "cublasLtMatrixLayoutDestroy") &&
              LT(layout_set, "cublasLtMatrixLayoutSetAttribute") && LT(pref_create, "cublasLtMatmulPreferenceCreate") &&
-             LT(pref_destroy, "cublasLtMatmulPreferenceDestroy") && LT(pref_set, "cublasLtMatmulPreferenceSetAttribute") &&
+             LT(pref_destroy, "cublasLtMatmulPreferenceDestroy") &&
+             LT(pref_set, "cublasLtMatmulPreferenceSetAttribute") &&
              LT(heuristic, "cublasLtMatmulAlgoGetHeuristic") && LT(matmul, "cublasLtMatmul") &&
              LT(version, "cublasLtGetVersion");
 #undef LT

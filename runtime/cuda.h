@@ -283,7 +283,8 @@ typedef struct cu_gemm {
   em_tensor *out;     /* caller-owned once prepared */
   em_tensor *keep[3]; /* copies the problem reads: cu_gemm_release */
 } cu_gemm;
-int cu_gemm_prepare(cu_gemm *g, em_tensor *a, em_tensor *b, em_tensor *bias, cu_epilogue epi, const char *op, em_site site);
+int cu_gemm_prepare(cu_gemm *g, em_tensor *a, em_tensor *b, em_tensor *bias, cu_epilogue epi, const char *op,
+                    em_site site);
 /* Releases the copies g reads (after cu_lt_matmul has queued its work: the stream orders reuse). */
 void cu_gemm_release(cu_gemm *g);
 

@@ -67,7 +67,8 @@ _Static_assert(sizeof(cublasStatus_t) == sizeof(int) && sizeof(cudaDataType) == 
                sizeof(cublasLtMatrixLayoutAttribute_t) == sizeof(int) &&
                sizeof(cublasLtMatmulPreferenceAttributes_t) == sizeof(int),
                "a cuBLASLt enum is not int-sized");
-_Static_assert(sizeof(cublasLtHandle_t) == sizeof(void *) && sizeof(cudaStream_t) == sizeof(void *), "handles are pointers");
+_Static_assert(sizeof(cublasLtHandle_t) == sizeof(void *) && sizeof(cudaStream_t) == sizeof(void *),
+               "handles are pointers");
 /* the attribute values' sizes cuda.c passes (cublasLt.h documents each attribute's type) */
 _Static_assert(sizeof(cublasOperation_t) == sizeof(int32_t) && sizeof(cublasLtEpilogue_t) == sizeof(uint32_t),
                "TRANSA/EPILOGUE are 32-bit");

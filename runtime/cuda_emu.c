@@ -411,7 +411,13 @@ static int e_gemm(cu_stream s, bool ta, bool tb, int m, int n, int k, em_dtype d
  * chosen for are all CUBLAS_STATUS_INVALID_VALUE. The heuristic offers three algorithms, which
  * differ only in the workspace they ask for (all run the same host code); the GEMM accumulates in
  * f32 (f64 for f64) and applies the epilogue before the one rounding to D's dtype, as cuBLASLt. */
-typedef struct e_lt_desc { int compute, scale; int32_t ta, tb; uint32_t epilogue; const void *bias; int64_t bias_stride; } e_lt_desc;
+typedef struct e_lt_desc {
+  int compute, scale;
+  int32_t ta, tb;
+  uint32_t epilogue;
+  const void *bias;
+  int64_t bias_stride;
+} e_lt_desc;
 typedef struct e_lt_layout { int type; uint64_t rows, cols; int64_t ld, stride; int32_t batch; } e_lt_layout;
 typedef struct e_lt_pref { uint64_t workspace; uint32_t align[4]; } e_lt_pref;
 static cu_emu_lt_stats lt_stats;
@@ -429,7 +435,8 @@ static int e_lt_desc_create(void **d, int compute, int scale) {
   if (!(compute == CU_COMPUTE_32F || compute == CU_COMPUTE_32F_FAST_TF32 || compute == CU_COMPUTE_64F) ||
       scale != (compute == CU_COMPUTE_64F ? CU_R_64F : CU_R_32F))
     return CU_BLAS_INVALID_VALUE;
-  return e_lt_new(d, &(e_lt_desc){.compute = compute, .scale = scale, .epilogue = CU_LT_EPILOGUE_DEFAULT}, sizeof(e_lt_desc));
+  e_lt_desc x = {.compute = compute, .scale = scale, .epilogue = CU_LT_EPILOGUE_DEFAULT};
+  return e_lt_new(d, &x, sizeof x);
 }
 static int e_lt_free(void *x) { return free(x), 0; }
 /* Copies an attribute's value of the size cuBLASLt's header gives it. */
@@ -470,7 +477,9 @@ static int e_lt_pref_set(void *p, int attr, const void *buf, size_t size) {
   return CU_BLAS_INVALID_VALUE;
 }
 
-static em_dtype e_lt_dtype(int t) { return t == CU_R_32F ? EM_F32 : t == CU_R_64F ? EM_F64 : t == CU_R_16F ? EM_F16 : EM_BF16; }
+static em_dtype e_lt_dtype(int t) {
+  return t == CU_R_32F ? EM_F32 : t == CU_R_64F ? EM_F64 : t == CU_R_16F ? EM_F16 : EM_BF16;
+}
 
 /* The product the descriptor and layouts describe, or INVALID_VALUE when they disagree. */
 static int e_lt_resolve(const e_lt_desc *x, const e_lt_layout *a, const e_lt_layout *b, const e_lt_layout *c,
@@ -482,11 +491,13 @@ static int e_lt_resolve(const e_lt_desc *x, const e_lt_layout *a, const e_lt_lay
             c->type == d->type && c->rows == m && c->cols == n && c->ld == d->ld && (ta ? a->cols : a->rows) == m &&
             (tb ? b->rows : b->cols) == n && (tb ? b->cols : b->rows) == k && a->batch == d->batch &&
             b->batch == d->batch && c->batch == d->batch && c->stride == d->stride && d->batch >= 1 &&
-            (d->batch == 1 || d->stride >= (int64_t)(d->ld * n)) && m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX &&
+            (d->batch == 1 || d->stride >= (int64_t)(d->ld * n)) && m <= INT32_MAX && n <= INT32_MAX &&
+            k <= INT32_MAX &&
             (x->compute == CU_COMPUTE_64F) == (d->type == CU_R_64F) && x->bias_stride == 0;
   uint32_t e = x->epilogue;
   ok = ok && (e == CU_LT_EPILOGUE_DEFAULT || e == CU_LT_EPILOGUE_RELU || e == CU_LT_EPILOGUE_GELU ||
-              ((e == CU_LT_EPILOGUE_BIAS || e == CU_LT_EPILOGUE_RELU_BIAS || e == CU_LT_EPILOGUE_GELU_BIAS) && x->bias));
+              ((e == CU_LT_EPILOGUE_BIAS || e == CU_LT_EPILOGUE_RELU_BIAS || e == CU_LT_EPILOGUE_GELU_BIAS) &&
+               x->bias));
   if (!ok) return CU_BLAS_INVALID_VALUE;
   *r = (e_ltmm){ta, tb, (int)m, (int)n, (int)k, d->batch, e_lt_dtype(d->type), e, 0, 0, 0,
                 (e & CU_LT_EPILOGUE_BIAS) ? (uint64_t)(uintptr_t)x->bias : 0, a->ld, b->ld, d->ld, a->stride, b->stride,
@@ -515,10 +526,12 @@ static int e_lt_heuristic(void *h, void *desc, void *a, void *b, void *c, void *
   return n ? 0 : CU_BLAS_NOT_SUPPORTED;
 }
 
-static float e_gelu_tanh(float x) { return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))); }
+static float e_gelu_tanh(float x) {
+  return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
 
 static double e_lt_act(uint32_t e, double v) {
-  if ((e & ~(uint32_t)CU_LT_EPILOGUE_BIAS) == CU_LT_EPILOGUE_RELU) return v > 0 ? v : 0; /* NaN to 0, as max(v, 0) on the GPU */
+  if ((e & ~(uint32_t)CU_LT_EPILOGUE_BIAS) == CU_LT_EPILOGUE_RELU) return v > 0 ? v : 0; /* NaN to 0, as max(v, 0) */
   if ((e & ~(uint32_t)CU_LT_EPILOGUE_BIAS) == CU_LT_EPILOGUE_GELU) return e_gelu_tanh((float)v);
   return v;
 }
@@ -526,7 +539,8 @@ static double e_lt_act(uint32_t e, double v) {
 static void e_ltmm_run(const e_ltmm *x) {
   size_t es = ir_dtype(x->dt)->size;
   for (int q = 0; q < x->batch; q++) {
-    const char *A = (const char *)(uintptr_t)x->a + (size_t)(q * x->sa) * es, *B = (const char *)(uintptr_t)x->b + (size_t)(q * x->sb) * es;
+    const char *A = (const char *)(uintptr_t)x->a + (size_t)(q * x->sa) * es;
+    const char *B = (const char *)(uintptr_t)x->b + (size_t)(q * x->sb) * es;
     char *D = (char *)(uintptr_t)x->d + (size_t)(q * x->sd) * es;
     for (int j = 0; j < x->n; j++)
       for (int i = 0; i < x->m; i++) {
@@ -542,8 +556,10 @@ static void e_ltmm_run(const e_ltmm *x) {
         double v = x->dt == EM_F64 ? x->alpha * acc64 : (double)((float)x->alpha * acc);
         if (x->beta != 0) v += x->beta * prim_load(at, x->dt);
         if (x->dt != EM_F64) v = (float)v;
-        if (x->bias) v = x->dt == EM_F64 ? v + prim_load((const char *)(uintptr_t)x->bias + (size_t)i * es, x->dt)
-                                         : (double)((float)v + ld((const char *)(uintptr_t)x->bias + (size_t)i * es, x->dt));
+        if (x->bias) {
+          const char *bias = (const char *)(uintptr_t)x->bias + (size_t)i * es;
+          v = x->dt == EM_F64 ? v + prim_load(bias, x->dt) : (double)((float)v + ld(bias, x->dt));
+        }
         prim_store(at, x->dt, e_lt_act(x->epilogue, v));
       }
   }
@@ -556,14 +572,16 @@ static int e_lt_matmul(void *h, void *desc, const void *alpha, const void *a, vo
   e_ltmm r;
   int st = e_lt_resolve(desc, adesc, bdesc, cdesc, ddesc, &r);
   if (st) return st;
-  if (!alpha || !beta || !algo || c != d || algo->data[0] > 2 || workspace_size < algo->data[1] || (algo->data[1] && !workspace))
+  if (!alpha || !beta || !algo || c != d || algo->data[0] > 2 || workspace_size < algo->data[1] ||
+      (algo->data[1] && !workspace))
     return CU_BLAS_INVALID_VALUE;
-  const uint64_t ptr[4] = {(uint64_t)(uintptr_t)a, (uint64_t)(uintptr_t)b, (uint64_t)(uintptr_t)c, (uint64_t)(uintptr_t)d};
+  const uint64_t ptr[4] = {(uintptr_t)a, (uintptr_t)b, (uintptr_t)c, (uintptr_t)d};
   for (int q = 0; q < 4; q++) /* the algorithm was chosen for pointers this aligned */
     if (!algo->data[2 + q] || ptr[q] % algo->data[2 + q]) return CU_BLAS_INVALID_VALUE;
   r.a = ptr[0], r.b = ptr[1], r.d = ptr[3];
   bool f64 = r.dt == EM_F64;
-  r.alpha = f64 ? *(const double *)alpha : *(const float *)alpha, r.beta = f64 ? *(const double *)beta : *(const float *)beta;
+  r.alpha = f64 ? *(const double *)alpha : *(const float *)alpha;
+  r.beta = f64 ? *(const double *)beta : *(const float *)beta;
   lt_stats.matmuls++, lt_stats.last_algo = *algo, lt_stats.last_epilogue = (int)r.epilogue;
   e_stream *s = e_capturing(stream);
   if (s) return e_record(s, (e_op){.kind = OP_LTMM, .lt = r});

@@ -440,7 +440,8 @@ static bool matmul(em_tensor *out, em_tensor *a, em_tensor *b, char *err, size_t
 
 /* ---- GEMMs for cuBLASLt (fused epilogues, autotuned algorithms) ---- */
 
-int cu_gemm_prepare(cu_gemm *g, em_tensor *a, em_tensor *b, em_tensor *bias, cu_epilogue epi, const char *op, em_site site) {
+int cu_gemm_prepare(cu_gemm *g, em_tensor *a, em_tensor *b, em_tensor *bias, cu_epilogue epi, const char *op,
+                    em_site site) {
   memset(g, 0, sizeof *g);
   char err[256];
   int n = a->ndim;

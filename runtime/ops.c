@@ -249,7 +249,8 @@ static em_tensor *reduce(em_prim op, const char *name, em_tensor *x, int n_axes,
     return rt_error(site, name, "invalid axis list (%d axes)", n_axes);
   prim_attrs at = {.n_axes = n_axes, .keepdim = keepdim};
   if (n_axes) memcpy(at.axes, axes, sizeof(int64_t) * (size_t)n_axes);
-  if ((op == EM_PRIM_SUM || op == EM_PRIM_PROD) && !(x = rt_autocast_f32(x, site))) return NULL; /* autocast's f32 list */
+  if ((op == EM_PRIM_SUM || op == EM_PRIM_PROD) && !(x = rt_autocast_f32(x, site)))
+    return NULL; /* autocast's f32 list */
   return SCOPED(name, rt_dispatch(name, op, &x, 1, &at, site));
 }
 

@@ -6,8 +6,8 @@
  * API), creation.c, print.c.
  *
  * Thread-local state (documented here, in one place): the scope stack (tensor.c), the last
- * error (error.c) and the open autocast regions (autocast.c). Process-wide state: the allocator and the debug counters (alloc.c), the
- * random generator (creation.c). */
+ * error (error.c) and the open autocast regions (autocast.c). Process-wide state: the allocator
+ * and the debug counters (alloc.c), the random generator (creation.c). */
 #ifndef EMBER_RT_H
 #define EMBER_RT_H
 

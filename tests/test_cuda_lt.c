@@ -34,10 +34,12 @@ static void same(em_tensor *want, em_tensor *got, double tol, const char *what) 
   cr_assert_eq(em_device_of(got), EM_CUDA, "%s: result off the device", what);
   cr_assert_eq(em_dtype_of(want), em_dtype_of(got), "%s: dtype", what);
   cr_assert_eq(em_ndim(want), em_ndim(got), "%s: rank", what);
-  for (int d = 0; d < em_ndim(want); d++) cr_assert_eq(em_size(want, d), em_size(got, d), "%s: size of dim %d", what, d);
+  for (int d = 0; d < em_ndim(want); d++)
+    cr_assert_eq(em_size(want, d), em_size(got, d), "%s: size of dim %d", what, d);
   int64_t n = em_numel(want);
   double *a = malloc(sizeof(double) * (size_t)(n + 1)), *b = malloc(sizeof(double) * (size_t)(n + 1));
-  cr_assert(em_to_buffer(want, EM_F64, a, sizeof(double) * (size_t)n) && em_to_buffer(got, EM_F64, b, sizeof(double) * (size_t)n),
+  cr_assert(em_to_buffer(want, EM_F64, a, sizeof(double) * (size_t)n) &&
+                em_to_buffer(got, EM_F64, b, sizeof(double) * (size_t)n),
             "%s: %s", what, em_last_error());
   for (int64_t i = 0; i < n; i++)
     if (!(a[i] == b[i] || fabs(a[i] - b[i]) <= tol * (1 + fabs(a[i])))) {
@@ -51,7 +53,8 @@ static void same(em_tensor *want, em_tensor *got, double tol, const char *what) 
 /* ---- the emulated library refuses what cuBLASLt refuses ---- */
 
 ETEST(cuda_lt, abi_checked_against_the_toolkit_headers) {
-  cr_assert(cu_lt_abi_checked(), "runtime/cuda_abi.c was built without cublasLt.h: cuda.h's cuBLASLt values are unchecked");
+  cr_assert(cu_lt_abi_checked(),
+            "runtime/cuda_abi.c was built without cublasLt.h: cuda.h's cuBLASLt values are unchecked");
 }
 
 ETEST(cuda_lt, emulated_library_checks_its_arguments) {
@@ -64,7 +67,8 @@ ETEST(cuda_lt, emulated_library_checks_its_arguments) {
   int32_t t = CU_OP_T;
   int64_t wide = 1;
   cr_assert_eq(L->desc_set(desc, CU_LT_DESC_TRANSA, &t, sizeof t), 0);
-  cr_assert_eq(L->desc_set(desc, CU_LT_DESC_TRANSA, &wide, sizeof wide), CU_BLAS_INVALID_VALUE, "a value of the wrong size");
+  cr_assert_eq(L->desc_set(desc, CU_LT_DESC_TRANSA, &wide, sizeof wide), CU_BLAS_INVALID_VALUE,
+               "a value of the wrong size");
   cr_assert_eq(L->desc_set(desc, 99, &t, sizeof t), CU_BLAS_INVALID_VALUE, "an attribute the emulator does not model");
   /* D = A^T B: A stored 3x4 (k x m), B 3x5 (k x n), D 4x5 */
   cr_assert_eq(L->layout_create(&la, CU_R_32F, 3, 4, 3), 0);
@@ -84,16 +88,19 @@ ETEST(cuda_lt, emulated_library_checks_its_arguments) {
   cr_assert_eq(L->heuristic(NULL, desc, lb, la, ld, ld, pref, 8, res, &n), CU_BLAS_INVALID_VALUE, "A and B swapped");
   uint32_t epi = CU_LT_EPILOGUE_RELU_BIAS;
   cr_assert_eq(L->desc_set(desc, CU_LT_DESC_EPILOGUE, &epi, sizeof epi), 0);
-  cr_assert_eq(L->heuristic(NULL, desc, la, lb, ld, ld, pref, 8, res, &n), CU_BLAS_INVALID_VALUE, "a bias epilogue, no bias");
+  cr_assert_eq(L->heuristic(NULL, desc, la, lb, ld, ld, pref, 8, res, &n), CU_BLAS_INVALID_VALUE,
+               "a bias epilogue, no bias");
   /* a matmul on pointers less aligned than its algorithm was chosen for */
   float *buf = aligned_alloc(256, 4096), one = 1, zero = 0;
   memset(buf, 0, 4096);
   epi = CU_LT_EPILOGUE_DEFAULT;
   cr_assert_eq(L->desc_set(desc, CU_LT_DESC_EPILOGUE, &epi, sizeof epi), 0);
   cr_assert_eq(L->heuristic(NULL, desc, la, lb, ld, ld, pref, 1, res, &n), 0);
-  cr_assert_eq(L->matmul(NULL, desc, &one, buf, la, buf + 64, lb, &zero, buf + 128, ld, buf + 128, ld, &res[0].algo, NULL, 0, NULL), 0);
-  cr_assert_eq(L->matmul(NULL, desc, &one, buf + 1, la, buf + 64, lb, &zero, buf + 128, ld, buf + 128, ld, &res[0].algo, NULL, 0,
-                         NULL),
+  cr_assert_eq(L->matmul(NULL, desc, &one, buf, la, buf + 64, lb, &zero, buf + 128, ld, buf + 128, ld, &res[0].algo,
+                         NULL, 0, NULL),
+               0);
+  cr_assert_eq(L->matmul(NULL, desc, &one, buf + 1, la, buf + 64, lb, &zero, buf + 128, ld, buf + 128, ld, &res[0].algo,
+                         NULL, 0, NULL),
                CU_BLAS_INVALID_VALUE, "A 4 bytes past an algorithm's 256-byte alignment");
   free(buf);
   L->desc_destroy(desc), L->layout_destroy(la), L->layout_destroy(lb), L->layout_destroy(ld), L->pref_destroy(pref);
@@ -105,7 +112,10 @@ static int act_kind; /* 0 bias only, 1 relu, 2 tanh GELU, 3 erf GELU */
 static em_outputs linear_act(void *ctx, em_tensor *const *in, int n) {
   (void)ctx, (void)n;
   em_tensor *h = em_linear(in[0], in[1], in[2]);
-  return EM_OUTPUTS(act_kind == 1 ? em_relu(h) : act_kind == 2 ? em_gelu(h, true) : act_kind == 3 ? em_gelu(h, false) : h);
+  return EM_OUTPUTS(act_kind == 1   ? em_relu(h)
+                    : act_kind == 2 ? em_gelu(h, true)
+                    : act_kind == 3 ? em_gelu(h, false)
+                                    : h);
 }
 
 /* EMBER_LOGS=schedule into a file between log_begin and log_end, which returns it (caller frees). */
@@ -182,7 +192,11 @@ ETEST(cuda_lt, linear_bias_activation_is_one_cublaslt_call) {
         char what[96];
         snprintf(what, sizeof what, "%s, %s, %d-D input", names[kind], em_dtype_name(dt), rank);
         int64_t before = cu_drv()->emulated ? cu_emu_lt_stats_get().matmuls : 0;
-        char *log = compiled_matches_eager(linear_act, "default", in, 3, dt == EM_F32 ? 1e-5 : dt == EM_F16 ? 4e-3 : 3e-2, what);
+        char *log = compiled_matches_eager(linear_act, "default", in, 3,
+                                           dt == EM_F32   ? 1e-5
+                                           : dt == EM_F16 ? 4e-3
+                                                          : 3e-2,
+                                           what);
         char want[64];
         snprintf(want, sizeof want, "(cublasLt epilogue %s,", names[kind]);
         cr_assert(strstr(log, want), "%s: the schedule lacks '%s':\n%s", what, want, log);
@@ -190,7 +204,8 @@ ETEST(cuda_lt, linear_bias_activation_is_one_cublaslt_call) {
         free(log);
         if (cu_drv()->emulated) {
           cu_emu_lt_stats st = cu_emu_lt_stats_get();
-          cr_assert_eq(st.matmuls - before, 2, "%s: %lld cuBLASLt matmuls for two calls", what, (long long)(st.matmuls - before));
+          cr_assert_eq(st.matmuls - before, 2, "%s: %lld cuBLASLt matmuls for two calls", what,
+                       (long long)(st.matmuls - before));
           cr_assert_eq(st.last_epilogue, epilogues[kind], "%s: epilogue %d", what, st.last_epilogue);
         }
         em_scope_end();
@@ -203,11 +218,16 @@ static em_outputs not_fusable(void *ctx, em_tensor *const *in, int n) {
   em_tensor *x = in[0], *w = in[1], *b = in[2];
   em_tensor *mm = em_matmul(x, em_transpose(w, 0, 1)), *h = em_add(mm, b);
   switch (fallback_kind) {
-  case 0: return EM_OUTPUTS(em_relu(h), h);                             /* the pre-activation is an output too */
-  case 1: return EM_OUTPUTS(em_gelu(h, false));                         /* erf GELU: no cuBLASLt epilogue */
-  case 2: return EM_OUTPUTS(em_relu(h), em_sum(mm, 0, NULL, false));    /* the product is read elsewhere */
-  case 3: return EM_OUTPUTS(em_relu(em_add(mm, in[3])));                /* a residual [M, N], not a bias */
-  default: return EM_OUTPUTS(em_mul(em_relu(h), h));                     /* h read beside the relu */
+  case 0:
+    return EM_OUTPUTS(em_relu(h), h); /* the pre-activation is an output too */
+  case 1:
+    return EM_OUTPUTS(em_gelu(h, false)); /* erf GELU: no cuBLASLt epilogue */
+  case 2:
+    return EM_OUTPUTS(em_relu(h), em_sum(mm, 0, NULL, false)); /* the product is read elsewhere */
+  case 3:
+    return EM_OUTPUTS(em_relu(em_add(mm, in[3]))); /* a residual [M, N], not a bias */
+  default:
+    return EM_OUTPUTS(em_mul(em_relu(h), h)); /* h read beside the relu */
   }
 }
 
@@ -224,8 +244,10 @@ ETEST(cuda_lt, what_does_not_match_falls_back) {
   for (fallback_kind = 0; fallback_kind < 5; fallback_kind++) {
     em_scope_begin();
     char *log = compiled_matches_eager(not_fusable, "default", in, 4, 1e-5, what[fallback_kind]);
-    if (want[fallback_kind]) cr_assert(strstr(log, want[fallback_kind]), "%s:\n%s", what[fallback_kind], log);
-    else cr_assert_null(strstr(log, "cublasLt"), "%s: an epilogue matched:\n%s", what[fallback_kind], log);
+    if (want[fallback_kind])
+      cr_assert(strstr(log, want[fallback_kind]), "%s:\n%s", what[fallback_kind], log);
+    else
+      cr_assert_null(strstr(log, "cublasLt"), "%s: an epilogue matched:\n%s", what[fallback_kind], log);
     cr_assert_null(strstr(log, "bias+"), "%s: an activation was fused:\n%s", what[fallback_kind], log);
     cr_assert(strstr(log, "kernel over"), "%s: the activation is no generated kernel:\n%s", what[fallback_kind], log);
     free(log);
@@ -279,7 +301,8 @@ ETEST(cuda_lt, backward_through_epilogues) {
     char *log = log_end();
     cr_assert(ok, "%s", em_last_error());
     /* the forward's schedule is logged at the call, the backward's at em_backward */
-    const char *head = "[ember:schedule] linear_loss:", *fwd = strstr(log, head), *bwd = fwd ? strstr(fwd + 1, head) : NULL;
+    const char *head = "[ember:schedule] linear_loss:", *fwd = strstr(log, head),
+               *bwd = fwd ? strstr(fwd + 1, head) : NULL;
     cr_assert(fwd && bwd, "two schedules:\n%s", log);
     const char *epi = strstr(fwd, "cublasLt epilogue bias,");
     cr_assert(act_kind == 1 ? epi && epi < bwd : !epi, "the forward's epilogue:\n%s", log);
@@ -288,7 +311,8 @@ ETEST(cuda_lt, backward_through_epilogues) {
     em_outputs want = linear_loss(NULL, p[1], 3);
     cr_assert(em_backward(want.t[0], NULL), "%s", em_last_error());
     same(want.t[0], got.t[0], 1e-5, "loss");
-    for (int i = 0; i < 3; i++) same(em_get_grad(p[1][i]), em_get_grad(p[0][i]), 1e-5, i == 0 ? "x.grad" : i == 1 ? "w.grad" : "b.grad");
+    for (int i = 0; i < 3; i++)
+      same(em_get_grad(p[1][i]), em_get_grad(p[0][i]), 1e-5, i == 0 ? "x.grad" : i == 1 ? "w.grad" : "b.grad");
     em_compiled_free(c);
     em_scope_end();
   }
@@ -317,7 +341,7 @@ ETEST(cuda_lt, epilogues_replay_in_cuda_graphs) {
 static em_outputs two_gemms(void *ctx, em_tensor *const *in, int n) {
   (void)ctx, (void)n;
   em_tensor *h = em_relu(em_linear(in[0], in[1], in[2])); /* a GEMM with an epilogue */
-  return EM_OUTPUTS(em_matmul(h, in[3]));                 /* and a plain one */
+  return EM_OUTPUTS(em_matmul(h, in[3])); /* and a plain one */
 }
 
 /* The autotune cache's GEMM entries of this run (their names end in the salt): how many, and
@@ -336,8 +360,11 @@ static int gemm_entries(unsigned long long salt, const char *text) {
     FILE *f = fopen(path, text ? "w" : "r");
     cr_assert_not_null(f);
     char line[256] = "";
-    if (text) fputs(text, f);
-    else cr_assert(fgets(line, sizeof line, f) && !strncmp(line, "algo ", 5) && strstr(line, " workspace "), "%s: %s", path, line);
+    if (text)
+      fputs(text, f);
+    else
+      cr_assert(fgets(line, sizeof line, f) && !strncmp(line, "algo ", 5) && strstr(line, " workspace "), "%s: %s",
+                path, line);
     fclose(f);
     n++;
   }
@@ -354,7 +381,8 @@ ETEST(cuda_lt, max_autotune_times_gemm_algorithms_and_caches_them) {
   em_manual_seed(35);
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
-  unsigned long long salt = (unsigned long long)ts.tv_sec * 1000000007ull + (unsigned long long)ts.tv_nsec * 31 + (unsigned long long)getpid();
+  unsigned long long salt = (unsigned long long)ts.tv_sec * 1000000007ull + (unsigned long long)ts.tv_nsec * 31 +
+                            (unsigned long long)getpid();
   ind_autotune_salt(salt);
   em_tensor *in[4] = {C(em_randn(F, EM_SHAPE(6, 10))), C(em_randn(F, EM_SHAPE(8, 10))), C(em_randn(F, EM_SHAPE(8))),
                       C(em_randn(F, EM_SHAPE(8, 5)))};
@@ -365,7 +393,8 @@ ETEST(cuda_lt, max_autotune_times_gemm_algorithms_and_caches_them) {
       cr_assert_eq(gemm_entries(salt, "algo 2 200 4 4 4 4 0 0 workspace 512\n"), 2);
     ind_autotune_stats s0 = ind_autotune_stats_get();
     cu_emu_lt_stats e0 = emu ? cu_emu_lt_stats_get() : (cu_emu_lt_stats){0};
-    em_compiled *c = em_compile(two_gemms, &(em_compile_options){.name = "two_gemms", .mode = "max-autotune-no-cudagraphs"});
+    em_compiled *c =
+        em_compile(two_gemms, &(em_compile_options){.name = "two_gemms", .mode = "max-autotune-no-cudagraphs"});
     for (int call = 0; call < 2; call++) {
       em_outputs o = em_call(c, NULL, in[0], in[1], in[2], in[3]);
       cr_assert(o.n == 1 && o.t[0], "round %d, call %d: %s", round, call, em_last_error());
@@ -389,7 +418,7 @@ ETEST(cuda_lt, max_autotune_times_gemm_algorithms_and_caches_them) {
 
 /* ---- autocast (torch.autocast): GEMMs in f16 / bf16, the f32 list in f32 ---- */
 
-#define EXPECT_DT(x, dt) \
+#define EXPECT_DT(x, dt)                                                                                               \
   cr_assert((x) && em_dtype_of(x) == (dt), "%s: %s", #x, (x) ? em_dtype_name(em_dtype_of(x)) : em_last_error())
 
 ETEST(cuda_lt, autocast_regions_nest_and_refuse_other_dtypes) {
@@ -414,7 +443,8 @@ ETEST(cuda_lt, autocast_follows_torchs_op_lists_on_cuda) {
   em_manual_seed(36);
   em_tensor *x = C(em_randn(F, EM_SHAPE(4, 8))), *w = C(em_randn(F, EM_SHAPE(6, 8))), *b = C(em_randn(F, EM_SHAPE(6)));
   em_tensor *y = C(em_cast(em_mul_scalar(em_rand(F, EM_SHAPE(4)), 5.99), EM_I64));
-  em_tensor *img = C(em_randn(F, EM_SHAPE(2, 3, 6, 6))), *k = C(em_randn(F, EM_SHAPE(4, 3, 3, 3))), *kb = C(em_randn(F, EM_SHAPE(4)));
+  em_tensor *img = C(em_randn(F, EM_SHAPE(2, 3, 6, 6))), *k = C(em_randn(F, EM_SHAPE(4, 3, 3, 3))),
+            *kb = C(em_randn(F, EM_SHAPE(4)));
   em_tensor *xd = em_cast(x, EM_F64), *wd = em_cast(w, EM_F64);
   em_dtype low[2] = {EM_BF16, EM_F16};
   for (int i = 0; i < 2; i++) {
@@ -427,7 +457,8 @@ ETEST(cuda_lt, autocast_follows_torchs_op_lists_on_cuda) {
     em_tensor *lin = em_linear(x, w, b), *mm = em_matmul(x, em_transpose(w, 0, 1));
     em_tensor *conv = em_conv2d(img, k, kb, EM_CONV2D_DEFAULT);
     em_tensor *sm = em_softmax(lin, 1), *lsm = em_log_softmax(lin, 1), *s = em_sum(lin, 0, NULL, false);
-    em_tensor *ln = em_layer_norm(lin, 1, EM_NONE, EM_NONE, 1e-5), *ce = em_cross_entropy(lin, y, EM_CROSS_ENTROPY_DEFAULT);
+    em_tensor *ln = em_layer_norm(lin, 1, EM_NONE, EM_NONE, 1e-5),
+              *ce = em_cross_entropy(lin, y, EM_CROSS_ENTROPY_DEFAULT);
     em_tensor *mixed = em_add(lin, b), *dbl = em_matmul(xd, em_transpose(wd, 0, 1));
     em_autocast_end();
     em_tensor *lows[] = {lin, mm, conv}, *f32s[] = {sm, lsm, s, ln, ce, mixed};
@@ -435,9 +466,11 @@ ETEST(cuda_lt, autocast_follows_torchs_op_lists_on_cuda) {
     for (int q = 0; q < 6; q++) EXPECT_DT(f32s[q], F);
     EXPECT_DT(dbl, EM_F64);
     same(ref_lin, lin, 0, "linear"), same(ref_mm, mm, 0, "matmul"), same(ref_conv, conv, 0, "conv2d");
-    same(em_softmax(em_cast(ref_lin, F), 1), sm, 0, "softmax"), same(em_log_softmax(em_cast(ref_lin, F), 1), lsm, 0, "log_softmax");
+    same(em_softmax(em_cast(ref_lin, F), 1), sm, 0, "softmax"),
+        same(em_log_softmax(em_cast(ref_lin, F), 1), lsm, 0, "log_softmax");
     same(em_sum(em_cast(ref_lin, F), 0, NULL, false), s, 0, "sum");
-    same(em_layer_norm(em_cast(ref_lin, F), 1, EM_NONE, EM_NONE, 1e-5), ln, 0, "layer_norm"), same(ref_ce, ce, 0, "cross_entropy");
+    same(em_layer_norm(em_cast(ref_lin, F), 1, EM_NONE, EM_NONE, 1e-5), ln, 0, "layer_norm"),
+        same(ref_ce, ce, 0, "cross_entropy");
     same(em_linear(x, w, b), em_cast(lin, F), L == EM_BF16 ? 3e-2 : 4e-3, "the low-precision linear near the f32 one");
   }
 }
@@ -528,7 +561,9 @@ ETEST(cuda_lt, autocast_on_the_cpu) {
   EXPECT_DT(sm, F);
   EXPECT_DT(s, F);
   cr_assert_null(lin);
-  cr_assert(strstr(em_last_error(), "em_linear: autocast to bf16: Ember's cpu kernels do not compute in bf16, and f32[3,4] is on the cpu"),
-            "%s", em_last_error());
+  cr_assert(
+      strstr(em_last_error(),
+             "em_linear: autocast to bf16: Ember's cpu kernels do not compute in bf16, and f32[3,4] is on the cpu"),
+      "%s", em_last_error());
   em_clear_error();
 }
