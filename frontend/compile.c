@@ -82,6 +82,7 @@ typedef struct entry {
   char dead_reason[256];
   void *ctx;
   bool grad_mode;
+  em_dtype autocast;  /* em_get_autocast_dtype() at the trace: the casts it recorded (EM_F32: none) */
   int n_in;
   tguard *in;
   int *alias;        /* alias[k]: first j with inputs[j] == inputs[k] */
@@ -274,6 +275,8 @@ static void fmt_host(char *buf, size_t cap, const unsigned char *b, size_t n) {
   }
 }
 
+static const char *autocast_name(em_dtype dt) { return dt == EM_F32 ? "off" : em_dtype_name(dt); }
+
 /* Which guard of e fails for this call, into why; false when all pass. */
 static bool entry_fails(const entry *e, void *ctx, em_tensor *const *in, int n_in, char *why, size_t cap) {
   if (e->dead) return snprintf(why, cap, "%s", e->dead_reason), true;
@@ -281,6 +284,9 @@ static bool entry_fails(const entry *e, void *ctx, em_tensor *const *in, int n_i
   if (rt_grad_enabled() != e->grad_mode)
     return snprintf(why, cap, "grad_mode: expected %s, got %s", e->grad_mode ? "enabled" : "disabled",
                     e->grad_mode ? "disabled" : "enabled"), true;
+  if (em_get_autocast_dtype() != e->autocast)
+    return snprintf(why, cap, "autocast: expected %s, got %s", autocast_name(e->autocast),
+                    autocast_name(em_get_autocast_dtype())), true;
   if (n_in != e->n_in) return snprintf(why, cap, "len(inputs): expected %d, got %d", e->n_in, n_in), true;
   for (int i = 0; i < e->n_host; i++) {
     const host_guard *h = &e->host[i];
@@ -316,7 +322,7 @@ static bool entry_fails(const entry *e, void *ctx, em_tensor *const *in, int n_i
 }
 
 static int entry_guard_lines(const entry *e, char ***lines_out) {
-  int n = 3 + e->n_in + e->n_src + e->n_host;
+  int n = 4 + e->n_in + e->n_src + e->n_host;
   char **lines = calloc((size_t)n, sizeof(char *));
   if (!lines) return 0;
   int k = 0;
@@ -324,6 +330,8 @@ static int entry_guard_lines(const entry *e, char ***lines_out) {
   snprintf(buf, sizeof buf, "ctx == %p", e->ctx);
   lines[k++] = strdup(buf);
   snprintf(buf, sizeof buf, "grad_mode == %s", e->grad_mode ? "enabled" : "disabled");
+  lines[k++] = strdup(buf);
+  snprintf(buf, sizeof buf, "autocast == %s", autocast_name(e->autocast));
   lines[k++] = strdup(buf);
   snprintf(buf, sizeof buf, "len(inputs) == %d", e->n_in);
   lines[k++] = strdup(buf);
@@ -863,6 +871,7 @@ static entry *make_entry(em_compiled *c, const rt_trace *tr, const final_info *f
   }
   e->ctx = ctx;
   e->grad_mode = rt_grad_enabled();
+  e->autocast = em_get_autocast_dtype();
   e->n_in = n_in;
   e->has_breaks = has_breaks;
   e->in = malloc(sizeof(tguard) * (size_t)(n_in ? n_in : 1));

@@ -706,6 +706,31 @@ bool em_is_grad_enabled(void);
 void em_no_grad_begin(void);
 void em_no_grad_end(void);
 
+/* ---- autocast: mixed precision (torch.autocast) ----
+ * em_autocast_begin(EM_BF16 or EM_F16) opens a region of the calling thread (regions nest, 16
+ * deep; the innermost one's dtype applies) and em_autocast_end closes the innermost (a no-op
+ * outside any). Inside, as torch.autocast(device_type, dtype):
+ *  - em_matmul, em_linear and em_conv2d cast f32 (and the other half type's) operands, bias
+ *    included, to the region's dtype and return that dtype; on CUDA the GEMMs accumulate in f32;
+ *  - em_softmax, em_log_softmax, em_layer_norm, em_cross_entropy, em_sum and em_prod cast f16 /
+ *    bf16 operands to f32 and return f32;
+ *  - f64 and integer operands are never cast; other ops run on the dtypes they are given (mixed
+ *    f16 / f32 operands promote to f32, as everywhere).
+ * The casts are ordinary em_cast ops: gradients flow through them (an f32 parameter gets an f32
+ * gradient; em_backward runs its rules outside autocast, in the dtypes the forward chose), and
+ * em_compile records them in its graphs and guards on the region's dtype (a call under another
+ * state traces again). Ember's CPU kernels do not compute in f16 / bf16: a lower-precision op on
+ * CPU tensors inside a region fails with an error saying so (the f32 ops work).
+ * em_autocast_begin errors (returns false, see em_last_error): a dtype other than f16 / bf16,
+ * regions nested too deep. em_is_autocast_enabled: whether the calling thread is inside a
+ * region; em_get_autocast_dtype: the innermost region's dtype, EM_F32 outside any.
+ * Matches torch.autocast, torch.is_autocast_enabled, torch.get_autocast_dtype. */
+#define em_autocast_begin(dtype) em_autocast_begin_at((dtype), EM_HERE)
+bool em_autocast_begin_at(em_dtype dtype, em_site site);
+void em_autocast_end(void);
+bool em_is_autocast_enabled(void);
+em_dtype em_get_autocast_dtype(void);
+
 /* Backpropagates from out: accumulates d(out)/d(leaf) . grad into the .grad of every leaf that
  * requires grad and that out depends on. grad has out's shape (NULL: out must have one
  * element; the seed is 1). retain_graph keeps saved tensors for another backward; create_graph
@@ -1265,7 +1290,12 @@ void em_loader_free(em_loader *l);
  * sum / amax / amin reductions with their prologues and epilogues (softmax, layer_norm and
  * their backward: one block a row) run as generated CUDA C kernels (NVRTC, cached like the
  * eager CUDA kernels; output_code prints them), and reductions over leading dims, GEMMs and the
- * rest as the eager CUDA kernels and cuBLAS, in the same order.
+ * rest as the eager CUDA kernels and cuBLAS, in the same order. A GEMM (f32, f16, bf16) whose
+ * product only feeds an add of a bias over its rows, itself feeding only em_relu or
+ * em_gelu(x, true) (or nothing else), as em_linear makes it, runs as one cuBLASLt call with the
+ * BIAS, RELU_BIAS or GELU_BIAS epilogue (EMBER_LOGS=schedule: "cublasLt epilogue bias+relu"):
+ * the bias and activation applied to the f32 accumulator before its one rounding, and a NaN
+ * pre-activation may come out of the ReLU as 0.
  *
  * Logs: EMBER_LOGS is a comma-separated list of graph, guards, recompiles, graph_breaks, aot,
  * schedule (each generated program's steps and loop IR), output_code (its LLVM IR as generated,
@@ -1318,8 +1348,9 @@ typedef struct em_compile_options {
                         * captured (an op that waits for the device) runs without one and says
                         * why on stderr. em_compile_stats.cuda_graph_replays counts launches;
                         * "max-autotune": also times candidate launch configurations of every
-                        * generated CUDA kernel on its first run, keeps the fastest and caches
-                        * the choice on disk (with the kernel cache), then as "reduce-overhead";
+                        * generated CUDA kernel, and up to 8 of cuBLASLt's heuristic algorithms
+                        * for every GEMM, on its first run, keeps the fastest and caches the
+                        * choice on disk (with the kernel cache), then as "reduce-overhead";
                         * "max-autotune-no-cudagraphs": the timing only. On the CPU all modes
                         * run as "default". Errors: an unknown mode. */
 } em_compile_options;

@@ -624,3 +624,73 @@ bool ind_cuda_autotune(kernel *k, const ir_graph *g, char **bufs, em_site site) 
   ind_cuda_tune_free(k);
   return true;
 }
+
+/* ---- GEMMs through cuBLASLt: fused epilogues, and under max-autotune a timed algorithm ----
+ * A GEMM step's algorithm is chosen at its first run: up to 8 of the heuristic's candidates are
+ * timed on the step's real operands (runtime/cuda.c: cu_lt_matmul) and the fastest kept, with
+ * the workspace it asks for, in the program and in the autotune cache beside the kernels'
+ * choices, keyed by a hash of the problem's description (cu_lt_describe: shape, layouts,
+ * alignments, epilogue, cuBLASLt version) and the device. A later program with the same problem
+ * on the same device finds the choice there and times nothing. */
+
+static bool tune_read_algo(const char *key, cu_lt_algo *algo, size_t *workspace) {
+  char path[1200];
+  int64_t size;
+  FILE *f = tune_path(key, path, sizeof path) ? rt_cache_open(path, &size) : NULL;
+  if (!f) return false;
+  unsigned long long w[8], ws;
+  bool ok = fscanf(f, "algo %llx %llx %llx %llx %llx %llx %llx %llx workspace %llu", &w[0], &w[1], &w[2], &w[3], &w[4],
+                   &w[5], &w[6], &w[7], &ws) == 9;
+  fclose(f);
+  for (int i = 0; ok && i < 8; i++) algo->data[i] = w[i];
+  if (ok) *workspace = (size_t)ws;
+  return ok;
+}
+
+static void tune_write_algo(const char *key, const cu_lt_algo *algo, size_t workspace) {
+  char path[1200], text[256];
+  if (!tune_path(key, path, sizeof path)) return;
+  int n = snprintf(text, sizeof text, "algo");
+  for (int i = 0; i < 8; i++)
+    n += snprintf(text + n, sizeof text - (size_t)n, " %llx", (unsigned long long)algo->data[i]);
+  n += snprintf(text + n, sizeof text - (size_t)n, " workspace %llu\n", (unsigned long long)workspace);
+  rt_write_file_whole(path, text, (size_t)n, "", 0); /* best effort: a lost choice is timed again */
+}
+
+em_tensor *ind_cuda_gemm(const ind_program *p, int s, em_tensor *a, em_tensor *b, em_tensor *bias, int epi,
+                         bool *fallback, em_site site) {
+  *fallback = false;
+  cu_gemm G;
+  int r = cu_gemm_prepare(&G, a, b, bias, (cu_epilogue)epi, "em_call", site);
+  if (r) return *fallback = r == 1, NULL;
+  ind_gemm_choice *c = &p->gemm[s];
+  cu_lt_choice ch = {0};
+  char desc[512], key[40], why[256] = "";
+  if (p->opts.autotune) {
+    cu_lt_describe(&G.pr, desc, sizeof desc);
+    snprintf(key, sizeof key, "gemm_%016llx", (unsigned long long)fnv1a(desc, strlen(desc)));
+    if (strcmp(key, c->key)) { /* a problem met first now: cached on disk, or to be timed */
+      snprintf(c->key, sizeof c->key, "%s", key);
+      c->held = tune_read_algo(key, &c->algo, &c->workspace);
+      if (c->held) tune_stats.gemms_cached++;
+    }
+    ch.given = c->held, ch.algo = c->algo, ch.workspace = c->workspace, ch.tune = !c->held;
+  }
+  r = cu_lt_matmul(&G.pr, &ch, why, sizeof why);
+  if (r && ch.given) { /* a choice from another run that this library no longer takes: choose again */
+    c->held = ch.given = false, ch.tune = true;
+    r = cu_lt_matmul(&G.pr, &ch, why, sizeof why);
+  }
+  cu_gemm_release(&G);
+  if (r) {
+    em_release(G.out);
+    if (r == 1) return *fallback = true, NULL;
+    return rt_error(site, "em_call", "%s", why);
+  }
+  if (p->opts.autotune && !c->held && ch.timed) { /* timed now (not while capturing a CUDA graph) */
+    c->held = true, c->algo = ch.algo, c->workspace = ch.workspace;
+    tune_write_algo(key, &ch.algo, ch.workspace);
+    tune_stats.gemms_tuned++;
+  }
+  return G.out;
+}

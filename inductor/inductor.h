@@ -78,13 +78,15 @@ typedef struct ind_stats {
   int recomputed_nodes; /* nodes emitted again where a later kernel reads their value (rewrite.c) */
   int scatter_sums;     /* sums of slice scatters made one cat (rewrite.c) */
   int window_reductions; /* amax / amin over a small non-trailing window made pointwise (rewrite.c) */
+  int gemm_epilogues;    /* GEMMs whose bias and activation cuBLASLt applies (CUDA) */
   double compile_ms;  /* lowering, LLVM optimisation and JIT */
 } ind_stats;
 
 /* How programs run: em_compile_options.mode (all false: "default"). */
 typedef struct ind_options {
   bool cuda_graphs; /* "reduce-overhead": a CUDA program's calls replay one CUDA graph (cudagraph.c) */
-  bool autotune;    /* "max-autotune": CUDA kernels' launch configurations timed, the fastest kept */
+  bool autotune;    /* "max-autotune": CUDA kernels' launch configurations and GEMMs' cuBLASLt algorithms
+                     * timed, the fastest kept */
 } ind_options;
 
 /* Compiles g for inputs with these layouts. NULL with a reason in err when something is not
@@ -98,6 +100,7 @@ int64_t ind_cuda_graph_replays(void);
  * disk cache. */
 typedef struct ind_autotune_stats {
   int64_t tuned, cached;
+  int64_t gemms_tuned, gemms_cached; /* GEMMs whose cuBLASLt algorithm was timed, or found on disk */
 } ind_autotune_stats;
 ind_autotune_stats ind_autotune_stats_get(void);
 /* Tests: a nonzero salt keys every later autotuning choice apart from earlier runs' (0: none). */

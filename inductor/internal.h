@@ -14,6 +14,7 @@
 #define EMBER_INDUCTOR_INTERNAL_H
 
 #include "inductor.h"
+#include "../runtime/cuda.h"
 
 #include <llvm-c/Core.h>
 #include <math.h>
@@ -67,12 +68,32 @@ typedef struct kernel {
   int64_t prof_runs;
 } kernel;
 
+/* A GEMM whose epilogue cuBLASLt fuses (schedule.c finds them in CUDA programs): the value
+ * act(matmul(a, b) [reshaped] + bias), act a cu_epilogue (runtime/cuda.h). */
+typedef struct ind_epilogue {
+  int mm;              /* the matmul node */
+  int bias;            /* the bias value: N elements, N the product's last dim */
+  int act;             /* CU_EPI_BIAS, CU_EPI_BIAS_RELU or CU_EPI_BIAS_GELU_TANH */
+  int n_nodes, *nodes; /* the nodes it stands for, in graph order, the last one its result: run eagerly
+                        * when cuBLASLt cannot take the GEMM at run time */
+  int n_reads, *reads; /* the values those nodes read from outside them */
+} ind_epilogue;
+
+/* A GEMM step's cuBLASLt algorithm under max-autotune (cuda_codegen.c). */
+typedef struct ind_gemm_choice {
+  char key[40];        /* the autotune cache's key of the problem it was chosen for ("": none yet) */
+  bool held;
+  cu_lt_algo algo;
+  size_t workspace;
+} ind_gemm_choice;
+
 typedef struct step {
   int node;   /* >= 0: run this node with the eager kernels */
   int kernel; /* >= 0: run this kernel */
   int tmat;   /* >= 0: node is clone(transpose(matmul(a, b))), run as matmul(b^T, a^T): this matmul */
   bool alias; /* node is a clone of a value nothing else reads: the same tensor when contiguous */
   int n_release, *release; /* values whose last reader is this step */
+  int epi;    /* > 0: node is the result of p->epis[epi - 1], run as one cuBLASLt GEMM */
 } step;
 
 struct ind_program {
@@ -83,6 +104,9 @@ struct ind_program {
   int n_steps;
   kernel *kernels;
   int n_kernels;
+  ind_epilogue *epis;      /* GEMMs with cuBLASLt epilogues (CUDA) */
+  int n_epis;
+  ind_gemm_choice *gemm;   /* [n_steps] CUDA programs: each GEMM step's algorithm (max-autotune) */
   signed char *kind;  /* [n_values] K_FULL / K_ROW for values computed inside kernels */
   /* memory planning */
   int64_t *arena_off;      /* [n_values] byte offset in the arena of a kernel output, or -1 */
@@ -234,6 +258,13 @@ bool ind_cuda_build_kernels(ind_program *p, const prim_meta *meta, char *err, si
  * and caches the choice; false with an error recorded. */
 bool ind_cuda_autotune(kernel *k, const ir_graph *g, char **bufs, em_site site);
 void ind_cuda_tune_free(kernel *k);
+
+/* A GEMM step of CUDA program p (step s): act(a @ b + bias) through cuBLASLt (bias NULL and epi
+ * CU_EPI_NONE for a plain product), under max-autotune with the algorithm timed at its first run
+ * or found in the autotune cache. Returns a new reference; NULL with *fallback set when cuBLASLt
+ * cannot take it (the caller computes it another way), NULL with an error recorded otherwise. */
+em_tensor *ind_cuda_gemm(const ind_program *p, int s, em_tensor *a, em_tensor *b, em_tensor *bias, int epi,
+                         bool *fallback, em_site site);
 
 /* run.c: runs p's steps (ind_run has checked the inputs' layouts). */
 bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **out, const int *donate, em_site site);

@@ -173,6 +173,53 @@ static void guard_set(char *end) { (void)end; }
 static void guard_check(const char *end, const kernel *k, const char *what) { (void)end, (void)k, (void)what; }
 #endif
 
+/* A matmul step's product: on the device under max-autotune, through cuBLASLt with a timed
+ * algorithm; else (or when cuBLASLt cannot take it) the eager matmul. */
+static em_tensor *matmul_step(const ind_program *p, int s, const ir_node *m, em_tensor *a, em_tensor *b) {
+  if (p->device == EM_CUDA && p->opts.autotune) {
+    bool fallback;
+    em_tensor *r = ind_cuda_gemm(p, s, a, b, NULL, CU_EPI_NONE, &fallback, m->site);
+    if (r || !fallback) return r;
+  }
+  return rt_dispatch(m->opname, EM_PRIM_MATMUL, (em_tensor *[]){a, b}, 2, &m->attrs, m->site);
+}
+
+/* A GEMM epilogue step (schedule.c): one cuBLASLt call, its result reshaped as the chain's last
+ * node's; when cuBLASLt cannot take it, the chain's nodes run eagerly, their intermediates
+ * dropped after. */
+static em_tensor *epilogue_step(const ind_program *p, int s, const ind_epilogue *e, em_tensor **vals) {
+  const ir_graph *g = p->g;
+  const ir_node *mm = &g->nodes[e->mm], *last = &g->nodes[e->nodes[e->n_nodes - 1]];
+  const ir_type *t = &g->values[last->out].type;
+  bool fallback;
+  em_tensor *r = ind_cuda_gemm(p, s, vals[ir_operands(g, mm)[0]], vals[ir_operands(g, mm)[1]], vals[e->bias], e->act,
+                               &fallback, last->site);
+  if (r) {
+    em_tensor *v = r->ndim == t->ndim && !memcmp(r->sizes, t->sizes, sizeof(int64_t) * (size_t)t->ndim)
+                       ? em_retain(r) : rt_reshape(r, t->ndim, t->sizes, last->opname, last->site);
+    em_release(r);
+    return v;
+  }
+  if (!fallback) return NULL;
+  bool ok = true;
+  for (int i = 0; ok && i < e->n_nodes; i++) {
+    const ir_node *n = &g->nodes[e->nodes[i]];
+    em_tensor *ops[3];
+    if (n->n_in > 3) return rt_error(n->site, n->opname, "an epilogue node with %d operands", n->n_in);
+    for (int k = 0; k < n->n_in; k++) ops[k] = vals[ir_operands(g, n)[k]];
+    vals[n->out] = n->op == EM_PRIM_RESHAPE
+                       ? rt_reshape(ops[0], n->attrs.shape.ndim, n->attrs.shape.sizes, n->opname, n->site)
+                       : rt_dispatch(n->opname, n->op, ops, n->n_in, &n->attrs, n->site);
+    ok = vals[n->out] != NULL;
+  }
+  r = ok ? em_retain(vals[last->out]) : NULL;
+  for (int i = 0; i < e->n_nodes; i++) {
+    int v = g->nodes[e->nodes[i]].out;
+    em_release(vals[v]), vals[v] = NULL;
+  }
+  return r;
+}
+
 bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **out, const int *donate, em_site site) {
   for (int i = 0; i < p->g->n_outputs; i++) out[i] = NULL;
   if (!ind_accepts(p, in, n_in))
@@ -240,7 +287,9 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
       if (prim_get(n->op)->flags & P_RANDOM)
         rt_rng_reserve(prim_philox_calls(n->op, at.dtype, ir_numel(at.shape.ndim, at.shape.sizes)), &at.seed, &at.offset);
       em_tensor *r;
-      if (st->tmat >= 0) { /* (a b)^T as b^T a^T */
+      if (st->epi) {
+        r = epilogue_step(p, s, &p->epis[st->epi - 1], vals);
+      } else if (st->tmat >= 0) { /* (a b)^T as b^T a^T */
         const ir_node *m = &g->nodes[st->tmat];
         em_tensor *ab[2];
         for (int q = 0; q < 2; q++) {
@@ -250,7 +299,7 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
           pa.axes[x->ndim - 1] = x->ndim - 2, pa.axes[x->ndim - 2] = x->ndim - 1;
           ab[1 - q] = rt_dispatch(m->opname, EM_PRIM_PERMUTE, &x, 1, &pa, m->site);
         }
-        r = ab[0] && ab[1] ? rt_dispatch(m->opname, EM_PRIM_MATMUL, ab, 2, &m->attrs, m->site) : NULL;
+        r = ab[0] && ab[1] ? matmul_step(p, s, m, ab[0], ab[1]) : NULL;
         if (prof && r) profile_gemm_add(ab[0], ab[1], now_ms() - t0);
         em_release(ab[0]), em_release(ab[1]);
       } else if (st->alias && ir_is_contiguous(ops[0]->ndim, ops[0]->sizes, ops[0]->strides)) {
@@ -259,18 +308,21 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
         /* a creation node is made on the device the graph recorded (see rt_interpret) */
         em_device prev = n->n_in ? EM_CPU : em_set_default_device(g->values[n->out].type.device);
         r = n->op == EM_PRIM_RESHAPE ? rt_reshape(ops[0], at.shape.ndim, at.shape.sizes, n->opname, n->site)
-                                     : rt_dispatch(n->opname, n->op, ops, n->n_in, &at, n->site);
+            : n->op == EM_PRIM_MATMUL ? matmul_step(p, s, n, ops[0], ops[1])
+                                      : rt_dispatch(n->opname, n->op, ops, n->n_in, &at, n->site);
         if (!n->n_in) em_set_default_device(prev);
         if (prof && r && n->op == EM_PRIM_MATMUL) profile_gemm_add(ops[0], ops[1], now_ms() - t0);
       }
       if (ops != small) rt_free(ops);
       vals[n->out] = r;
       ok = r != NULL;
-      if (prof) profile_add(st->tmat >= 0 ? EM_PRIM_MATMUL : n->op, now_ms() - t0, 0);
+      if (prof) profile_add(st->tmat >= 0 || st->epi ? EM_PRIM_MATMUL : n->op, now_ms() - t0, 0);
       if (t0_ && r) {
         char b0[96], b1[96];
         bool gemm = st->tmat >= 0 || n->op == EM_PRIM_MATMUL;
-        rt_prof_complete(gemm ? "gemm" : "op", gemm ? "gemm" : n->opname, t0_, "%s", gemm && n->n_in == 2 ?
+        const char *what = gemm ? "gemm" : st->epi ? "gemm+epilogue" : n->opname;
+        rt_prof_complete(gemm || st->epi ? "gemm" : "op", what, t0_, "%s",
+                         gemm && n->n_in == 2 ?
                          (snprintf(b1, sizeof b1, "%s @ %s", rt_fmt(b0, sizeof b0, vals[ir_operands(g, n)[0]]),
                                    ir_fmt_type((char[96]){0}, 96, r->dtype, r->ndim, r->sizes)), b1) : "");
       }

@@ -2,6 +2,7 @@
  * memory planning (liveness, the arena, in-place updates), and the printed schedule. See
  * inductor.h for the rules. */
 #include "internal.h"
+#include "../runtime/cuda.h"
 
 #include <stdio.h>
 
@@ -69,7 +70,8 @@ typedef struct builder {
   bool *in_group;
   int *tmat;  /* [n_nodes] see step.tmat */
   bool *alias; /* [n_nodes] see step.alias */
-  bool *skip; /* [n_nodes] a matmul or transpose folded into a later node's tmat */
+  bool *skip; /* [n_nodes] a matmul or transpose folded into a later node's tmat, or into a GEMM epilogue */
+  int *epi;   /* [n_nodes] > 0: the node is the result of GEMM epilogue p->epis[epi - 1] */
   group gr;
   int cap_steps, cap_kernels;
 } builder;
@@ -327,6 +329,258 @@ static void find_transposed_products(builder *b) {
   free(uses), free(def);
 }
 
+/* ---- GEMM epilogues through cuBLASLt (CUDA) ----
+ *
+ * matmul -> add(bias broadcast over the rows) [-> relu | tanh GELU] becomes one cublasLtMatmul
+ * with the BIAS, RELU_BIAS or GELU_BIAS epilogue when nothing else reads the product or the sums
+ * the epilogue swallows (a reshape of the product, as em_linear makes for a 3-D input, may sit
+ * between). The activation is matched on the graph the composite traces, as a pattern below.
+ * Otherwise the GEMM runs alone and a generated kernel is its epilogue, as before.
+ * Numerics: cuBLASLt applies the bias and the activation to the f32 accumulator and rounds once
+ * (eager rounds an f16/bf16 product before adding); its ReLU is max(x, 0), which takes a NaN to
+ * 0 where eager's where(x <= 0, 0, x) keeps it. */
+
+/* The activations cuBLASLt applies after the bias, as patterns over the pre-activation h: what
+ * em_relu and em_gelu(x, tanh_approx=true) trace (runtime/composite.c). add and mul match either
+ * way round; a number matches a scalar constant (a 0-dim full, or an expand of one) that rounds
+ * to the same f32. cuBLASLt's GELU is the tanh form only: erf GELU is no match. */
+static const struct {
+  int act;
+  const char *name, *pattern;
+} activations[] = {
+    {CU_EPI_BIAS_RELU, "bias+relu", "where(le(h, 0), 0, h)"},
+    {CU_EPI_BIAS_GELU_TANH, "bias+gelu_tanh",
+     "mul(mul(h, 0.5), add(tanh(mul(add(h, mul(mul(mul(h, h), h), 0.044715)), 0.7978845608028654)), 1))"},
+};
+
+static const char *epilogue_name(int act) {
+  for (size_t i = 0; i < sizeof activations / sizeof activations[0]; i++)
+    if (activations[i].act == act) return activations[i].name;
+  return "bias";
+}
+
+/* A parsed pattern: kind 'h' (the pre-activation), 'c' (a constant) or 'o' (prim op of n args). */
+typedef struct pat {
+  char kind;
+  em_prim op;
+  double value;
+  int n, arg[3];
+} pat;
+typedef struct pats {
+  pat p[32];
+  int n;
+} pats;
+
+static int pat_parse(pats *ps, const char **s) {
+  while (**s == ' ') (*s)++;
+  if (ps->n == 32) return -1;
+  int me = ps->n++;
+  pat *p = &ps->p[me];
+  memset(p, 0, sizeof *p);
+  if (**s >= '0' && **s <= '9') {
+    char *end;
+    p->kind = 'c', p->value = strtod(*s, &end), *s = end;
+    return me;
+  }
+  const char *name = *s;
+  while ((**s >= 'a' && **s <= 'z') || **s == '_') (*s)++;
+  size_t len = (size_t)(*s - name);
+  if (len == 1 && *name == 'h') return p->kind = 'h', me;
+  p->kind = 'o', p->op = EM_PRIM_COUNT;
+  for (int i = 0; i < EM_PRIM_COUNT; i++)
+    if (strlen(prim_get((em_prim)i)->name) == len && !strncmp(prim_get((em_prim)i)->name, name, len))
+      p->op = (em_prim)i;
+  if (p->op == EM_PRIM_COUNT || *(*s)++ != '(') return -1;
+  for (;;) {
+    int a = pat_parse(ps, s);
+    if (a < 0 || ps->p[me].n == 3) return -1;
+    ps->p[me].arg[ps->p[me].n++] = a;
+    while (**s == ' ') (*s)++;
+    if (**s == ')') return (*s)++, me;
+    if (*(*s)++ != ',') return -1;
+  }
+}
+
+typedef struct matcher {
+  const ir_graph *g;
+  const int *def; /* value -> its node, -1 for inputs */
+  int h;
+  int nodes[64], n; /* matched op nodes */
+  int consts[64], nc; /* matched constant nodes (full, expand) */
+} matcher;
+
+static bool match_const(matcher *m, int v, double c) {
+  int d = m->def[v];
+  if (d < 0) return false;
+  const ir_node *n = &m->g->nodes[d];
+  int e = -1;
+  if (n->op == EM_PRIM_EXPAND) {
+    e = d, d = m->def[ir_operands(m->g, n)[0]];
+    if (d < 0) return false;
+    n = &m->g->nodes[d];
+  }
+  if (n->op != EM_PRIM_FULL || n->attrs.shape.ndim != 0 || (float)n->attrs.value != (float)c || m->nc > 62)
+    return false;
+  if (e >= 0) m->consts[m->nc++] = e;
+  m->consts[m->nc++] = d;
+  return true;
+}
+
+static bool match(matcher *m, const pats *ps, int pi, int v) {
+  const pat *p = &ps->p[pi];
+  if (p->kind == 'h') return v == m->h;
+  if (p->kind == 'c') return match_const(m, v, p->value);
+  int d = m->def[v];
+  if (d < 0 || m->n == 64) return false;
+  const ir_node *n = &m->g->nodes[d];
+  if (n->op != p->op || n->n_in != p->n) return false;
+  int mark = m->n, cmark = m->nc;
+  m->nodes[m->n++] = d;
+  const int *o = ir_operands(m->g, n);
+  bool ok = true;
+  for (int a = 0; a < p->n && ok; a++) ok = match(m, ps, p->arg[a], o[a]);
+  if (!ok && p->n == 2 && (p->op == EM_PRIM_ADD || p->op == EM_PRIM_MUL)) { /* the other way round */
+    m->n = mark + 1, m->nc = cmark;
+    ok = match(m, ps, p->arg[0], o[1]) && match(m, ps, p->arg[1], o[0]);
+  }
+  if (!ok) m->n = mark, m->nc = cmark;
+  return ok;
+}
+
+/* Whether every use of value v is an operand of one of nodes[0..n) (counted with repeats). */
+static bool used_only_by(const ir_graph *g, const int *uses, int v, const int *nodes, int n) {
+  int k = 0;
+  for (int i = 0; i < n; i++)
+    for (int a = 0; a < g->nodes[nodes[i]].n_in; a++) k += ir_operands(g, &g->nodes[nodes[i]])[a] == v;
+  return uses[v] == k;
+}
+
+/* The product, reshape and bias feeding add node i: the chain's first nodes (matmul, reshape,
+ * the bias's expand) into m->nodes and the bias value into *bias; false when i is no bias add of
+ * a GEMM this schedule may fuse. */
+static bool bias_add(const builder *b, const int *def, const int *uses, int i, matcher *m, int *bias) {
+  const ir_graph *g = b->p->g;
+  const ir_node *add = &g->nodes[i];
+  const ir_type *t = &g->values[add->out].type;
+  if (add->op != EM_PRIM_ADD || (t->dtype != EM_F32 && t->dtype != EM_F16 && t->dtype != EM_BF16) || t->ndim < 1)
+    return false;
+  for (int side = 0; side < 2; side++) {
+    int x = ir_operands(g, add)[side], e = ir_operands(g, add)[1 - side], rs = -1, ex = -1;
+    if (def[x] >= 0 && g->nodes[def[x]].op == EM_PRIM_RESHAPE && uses[x] == 1)
+      rs = def[x], x = ir_operands(g, &g->nodes[rs])[0];
+    if (def[x] < 0 || uses[x] != 1) continue;
+    const ir_node *mm = &g->nodes[def[x]];
+    const ir_type *mt = &g->values[x].type;
+    if (mm->op != EM_PRIM_MATMUL || mt->dtype != t->dtype || mt->sizes[mt->ndim - 1] != t->sizes[t->ndim - 1]) continue;
+    int64_t N = t->sizes[t->ndim - 1];
+    if (def[e] >= 0 && g->nodes[def[e]].op == EM_PRIM_EXPAND) ex = def[e], e = ir_operands(g, &g->nodes[ex])[0];
+    const ir_type *bt = &g->values[e].type;
+    bool row = bt->device == EM_CUDA && bt->dtype == t->dtype && bt->ndim >= 1 && bt->sizes[bt->ndim - 1] == N;
+    for (int d = 0; row && d < bt->ndim - 1; d++) row = bt->sizes[d] == 1;
+    if (!row) continue;
+    m->n = 0;
+    m->nodes[m->n++] = def[x];
+    if (rs >= 0) m->nodes[m->n++] = rs;
+    if (ex >= 0 && uses[g->nodes[ex].out] == 1) m->nodes[m->n++] = ex;
+    m->nodes[m->n++] = i;
+    for (int k = 0; k < m->n; k++)
+      if (b->skip[m->nodes[k]] || b->tmat[m->nodes[k]] >= 0 || b->alias[m->nodes[k]] || b->epi[m->nodes[k]])
+        return false;
+    *bias = e;
+    return true;
+  }
+  return false;
+}
+
+static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
+
+/* Records the epilogue of the chain in m (its nodes, and the constants only it reads) and marks
+ * its nodes skipped but for the last, which runs it. */
+static bool add_epilogue(builder *b, const int *uses, matcher *m, int bias, int act) {
+  ind_program *p = b->p;
+  const ir_graph *g = p->g;
+  int all[128], n = 0;
+  for (int k = 0; k < m->n; k++)
+    if (!contains(all, n, m->nodes[k])) all[n++] = m->nodes[k];
+  for (int k = 0; k < m->nc; k++) /* constants (expands first) that nothing outside the chain reads */
+    if (!contains(all, n, m->consts[k]) && g->nodes[m->consts[k]].op == EM_PRIM_EXPAND &&
+        used_only_by(g, uses, g->nodes[m->consts[k]].out, all, n))
+      all[n++] = m->consts[k];
+  for (int k = 0; k < m->nc; k++)
+    if (!contains(all, n, m->consts[k]) && g->nodes[m->consts[k]].op == EM_PRIM_FULL &&
+        used_only_by(g, uses, g->nodes[m->consts[k]].out, all, n))
+      all[n++] = m->consts[k];
+  qsort(all, (size_t)n, sizeof all[0], cmp_int);
+  int reads[128], nr = 0;
+  for (int k = 0; k < n; k++) {
+    const ir_node *x = &g->nodes[all[k]];
+    for (int a = 0; a < x->n_in; a++) {
+      int v = ir_operands(g, x)[a];
+      bool inside = false;
+      for (int q = 0; q < k && !inside; q++) inside = g->nodes[all[q]].out == v;
+      if (!inside && !contains(reads, nr, v) && nr < 128) reads[nr++] = v;
+    }
+  }
+  ind_epilogue *ne = realloc(p->epis, sizeof *ne * (size_t)(p->n_epis + 1));
+  if (!ne) return false;
+  p->epis = ne;
+  ind_epilogue *e = &p->epis[p->n_epis];
+  *e = (ind_epilogue){.mm = m->nodes[0], .bias = bias, .act = act, .n_nodes = n, .n_reads = nr};
+  e->nodes = malloc(sizeof(int) * (size_t)n), e->reads = malloc(sizeof(int) * (size_t)(nr + 1));
+  if (!e->nodes || !e->reads) return free(e->nodes), free(e->reads), false;
+  memcpy(e->nodes, all, sizeof(int) * (size_t)n), memcpy(e->reads, reads, sizeof(int) * (size_t)nr);
+  p->n_epis++;
+  for (int k = 0; k < n - 1; k++) b->skip[all[k]] = true;
+  b->epi[all[n - 1]] = p->n_epis;
+  return true;
+}
+
+static bool find_gemm_epilogues(builder *b) {
+  const ir_graph *g = b->p->g;
+  char why[256];
+  bool available = false, asked = false;
+  int *uses = malloc(sizeof(int) * (size_t)(g->n_values + 1)), *def = malloc(sizeof(int) * (size_t)(g->n_values + 1));
+  bool ok = uses && def;
+  if (ok) ir_count_uses(g, uses);
+  for (int v = 0; ok && v < g->n_values; v++) def[v] = -1;
+  for (int i = 0; ok && i < g->n_nodes; i++) def[g->nodes[i].out] = i;
+  for (int i = 0; ok && i < g->n_nodes; i++) {
+    matcher m = {.g = g, .def = def};
+    int bias;
+    if (!bias_add(b, def, uses, i, &m, &bias)) continue;
+    if (!asked) asked = true, available = cu_lt_available(why, sizeof why);
+    if (!available) break;
+    int h = g->nodes[i].out, act = CU_EPI_BIAS, base = m.n;
+    bool free_h = true; /* no graph output is h, nor (below) any other reader than the activation */
+    for (int o = 0; o < g->n_outputs; o++) free_h = free_h && g->outputs[o] != h;
+    for (size_t a = 0; free_h && a < sizeof activations / sizeof activations[0]; a++) {
+      /* the activation's root: a reader of h, the last node of its pattern */
+      pats ps = {.n = 0};
+      const char *src = activations[a].pattern;
+      int top = pat_parse(&ps, &src);
+      EM_ASSERT(top == 0 && !*src);
+      for (int r = i + 1; r < g->n_nodes; r++) {
+        m.h = h, m.n = base, m.nc = 0;
+        if (!match(&m, &ps, 0, g->nodes[r].out)) continue;
+        bool only = used_only_by(g, uses, h, m.nodes + base, m.n - base);
+        for (int k = base + 1; only && k < m.n; k++) /* interior values: read inside the pattern only */
+          only = used_only_by(g, uses, g->nodes[m.nodes[k]].out, m.nodes + base, m.n - base);
+        for (int k = base; only && k < m.n; k++)
+          only = !b->skip[m.nodes[k]] && b->tmat[m.nodes[k]] < 0 && !b->alias[m.nodes[k]];
+        if (only) {
+          act = activations[a].act;
+          break;
+        }
+      }
+      if (act != CU_EPI_BIAS) break;
+    }
+    if (act == CU_EPI_BIAS) m.n = base, m.nc = 0;
+    ok = add_epilogue(b, uses, &m, bias, act);
+  }
+  free(uses), free(def);
+  return ok;
+}
+
 static bool schedule(builder *b) {
   const ir_graph *g = b->p->g;
   b->gr.nodes = malloc(sizeof(int) * (size_t)(g->n_nodes + 1));
@@ -334,22 +588,25 @@ static bool schedule(builder *b) {
   b->tmat = malloc(sizeof(int) * (size_t)(g->n_nodes + 1));
   b->skip = calloc((size_t)g->n_nodes + 1, 1);
   b->alias = calloc((size_t)g->n_nodes + 1, 1);
-  bool ok = b->gr.nodes && b->in_group && b->tmat && b->skip && b->alias;
+  b->epi = calloc((size_t)g->n_nodes + 1, sizeof(int));
+  bool ok = b->gr.nodes && b->in_group && b->tmat && b->skip && b->alias && b->epi;
   for (int i = 0; ok && i < g->n_nodes; i++) b->tmat[i] = -1;
   if (ok) find_transposed_products(b);
+  if (ok && b->p->device == EM_CUDA) ok = find_gemm_epilogues(b);
   for (int i = 0; ok && i < g->n_nodes; i++) {
     const ir_node *x = &g->nodes[i];
     if (b->skip[i]) continue;
-    if (b->tmat[i] < 0 && !b->alias[i] && try_add(b, i)) continue;
-    if (b->gr.n && hoistable(g, x, b->in_group)) {
-      ok = push_step(b, (step){i, -1, b->tmat[i], b->alias[i], 0, NULL});
+    bool plain = b->tmat[i] < 0 && !b->alias[i] && !b->epi[i];
+    if (plain && try_add(b, i)) continue;
+    step st = {i, -1, b->tmat[i], b->alias[i], 0, NULL, b->epi[i]};
+    if (b->gr.n && !b->epi[i] && hoistable(g, x, b->in_group)) {
+      ok = push_step(b, st);
       continue;
     }
-    ok = close_group(b) &&
-         ((b->tmat[i] < 0 && !b->alias[i] && try_add(b, i)) || push_step(b, (step){i, -1, b->tmat[i], b->alias[i], 0, NULL}));
+    ok = close_group(b) && ((plain && try_add(b, i)) || push_step(b, st));
   }
   ok = ok && close_group(b);
-  free(b->gr.nodes), free(b->in_group), free(b->tmat), free(b->skip), free(b->alias);
+  free(b->gr.nodes), free(b->in_group), free(b->tmat), free(b->skip), free(b->alias), free(b->epi);
   return ok;
 }
 
@@ -381,7 +638,8 @@ static bool plan_memory(ind_program *p) {
     if (st->node >= 0) {
       const ir_node *n = &g->nodes[st->node];
       const ir_node *r = st->tmat >= 0 ? &g->nodes[st->tmat] : n; /* a lowered clone reads the product's operands */
-      for (int a = 0; a < r->n_in; a++) last[ir_operands(g, r)[a]] = s;
+      const ind_epilogue *e = st->epi ? &p->epis[st->epi - 1] : NULL; /* an epilogue reads what its nodes read */
+      for (int a = 0; a < (e ? e->n_reads : r->n_in); a++) last[e ? e->reads[a] : ir_operands(g, r)[a]] = s;
       prod[n->out] = s;
       if (((prim_get(n->op)->flags & P_VIEW) || st->alias) && st->tmat < 0) root[n->out] = root[ir_operands(g, n)[0]];
     } else {
@@ -488,6 +746,7 @@ static void check_plan(const ind_program *p) {
     if (st->node >= 0) {
       const ir_node *n = &g->nodes[st->tmat >= 0 ? st->tmat : st->node];
       rd = ir_operands(g, n), n_rd = n->n_in, wr = &g->nodes[st->node].out, n_wr = 1;
+      if (st->epi) rd = p->epis[st->epi - 1].reads, n_rd = p->epis[st->epi - 1].n_reads;
       const ir_node *m = &g->nodes[st->node];
       if (((prim_get(m->op)->flags & P_VIEW) || st->alias) && st->tmat < 0) base[m->out] = base[ir_operands(g, m)[0]];
     } else {
@@ -553,15 +812,26 @@ void ind_describe_schedule(ind_program *p) {
     if (p->steps[s].node >= 0) {
       const ir_node *x = &g->nodes[p->steps[s].node];
       const step *st = &p->steps[s];
-      if (st->tmat >= 0)
+      if (st->epi) {
+        const ind_epilogue *e = &p->epis[st->epi - 1];
+        const int *o = ir_operands(g, &g->nodes[e->mm]);
+        n = snprintf(line, sizeof line, "  step %d: %%%d = matmul(%%%d, %%%d) + %%%d%s (cublasLt epilogue %s, %d nodes)\n",
+                     s, x->out, o[0], o[1], e->bias,
+                     e->act == CU_EPI_BIAS_RELU ? ", relu" : e->act == CU_EPI_BIAS_GELU_TANH ? ", gelu(tanh)" : "",
+                     epilogue_name(e->act), e->n_nodes);
+      } else if (st->tmat >= 0)
         n = snprintf(line, sizeof line, "  step %d: %%%d = matmul(%%%d^T, %%%d^T) (GEMM library; the clone of a transposed product)\n", s,
                      x->out, ir_operands(g, &g->nodes[st->tmat])[1], ir_operands(g, &g->nodes[st->tmat])[0]);
       else if (st->alias)
         n = snprintf(line, sizeof line, "  step %d: %%%d = clone(%%%d): the same tensor (nothing else reads it)\n", s, x->out,
                      ir_operands(g, x)[0]);
-      else
+      else {
+        bool timed = x->op == EM_PRIM_MATMUL && p->device == EM_CUDA && p->opts.autotune;
+        unsigned fl = prim_get(x->op)->flags;
         n = snprintf(line, sizeof line, "  step %d: %%%d = %s (%s)\n", s, x->out, prim_get(x->op)->name,
-                     prim_get(x->op)->flags & P_EXTERN ? "library" : prim_get(x->op)->flags & P_VIEW ? "view" : "eager kernel");
+                     timed ? "library: cublasLt, algorithms timed"
+                     : fl & P_EXTERN ? "library" : fl & P_VIEW ? "view" : "eager kernel");
+      }
     } else {
       kernel *k = &p->kernels[p->steps[s].kernel];
       int64_t bytes = 0;
@@ -614,6 +884,8 @@ void ind_describe_schedule(ind_program *p) {
 bool ind_schedule_program(ind_program *p, const prim_meta *meta) {
   builder b = {p, meta};
   if (!schedule(&b) || !plan_memory(p)) return false;
+  p->stats.gemm_epilogues = p->n_epis;
+  if (p->device == EM_CUDA && !(p->gemm = calloc((size_t)p->n_steps + 1, sizeof *p->gemm))) return false;
 #ifndef NDEBUG
   check_plan(p);
 #endif

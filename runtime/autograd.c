@@ -326,8 +326,10 @@ static bool run_backward(const char *name, int n_roots, em_tensor *const *roots,
   rt_trace *tr = rt_tracing();
   if (tr) tr->has_backward = true;
   bool prev_mode = em_set_grad_enabled(create);
+  rt_autocast_suspend(); /* the rules compute in the dtypes the forward chose */
   if (!em_scope_begin_at(site)) {
     em_set_grad_enabled(prev_mode);
+    rt_autocast_resume();
     return false;
   }
   node_list all = {0}, ready = {0};
@@ -439,6 +441,7 @@ out:
   rt_free(all.items), rt_free(ready.items), rt_free(stack.items);
   em_scope_end_at(site);
   em_set_grad_enabled(prev_mode);
+  rt_autocast_resume();
   return ok;
 }
 

@@ -118,7 +118,9 @@ static em_tensor *shifted(em_tensor *x, int n, const int64_t *axes, em_site site
 
 em_tensor *em_softmax_at(em_tensor *x, int axis, em_site site) {
   int a;
-  if (!x || !float_arg(x, "em_softmax", site) || !axis_arg(x, axis, "em_softmax", site, &a)) return NULL;
+  if (!x || !(x = rt_autocast_f32(x, site)) || !float_arg(x, "em_softmax", site) ||
+      !axis_arg(x, axis, "em_softmax", site, &a))
+    return NULL;
   BEGIN(site);
   int64_t ax = a;
   em_tensor *e = em_exp_at(shifted(x, 1, &ax, site), site);
@@ -155,7 +157,9 @@ em_tensor *em_logsumexp_at(em_tensor *x, int n_axes, const int64_t *axes, bool k
 
 em_tensor *em_log_softmax_at(em_tensor *x, int axis, em_site site) {
   int a;
-  if (!x || !float_arg(x, "em_log_softmax", site) || !axis_arg(x, axis, "em_log_softmax", site, &a)) return NULL;
+  if (!x || !(x = rt_autocast_f32(x, site)) || !float_arg(x, "em_log_softmax", site) ||
+      !axis_arg(x, axis, "em_log_softmax", site, &a))
+    return NULL;
   BEGIN(site);
   int64_t ax = a;
   em_tensor *z = shifted(x, 1, &ax, site);
@@ -212,7 +216,9 @@ static bool affine_arg(em_tensor *t, em_tensor *x, int n_norm, const char *what,
 em_tensor *em_layer_norm_at(em_tensor *x, int n_norm, em_tensor *w, em_tensor *b, double eps, em_site site) {
   static const char name[] = "em_layer_norm";
   int64_t axes[EM_MAX_DIMS];
-  if (!x || !w || !b) return NULL;
+  if (!x || !w || !b || !(x = rt_autocast_f32(x, site)) || !(w = rt_autocast_f32(w, site)) ||
+      !(b = rt_autocast_f32(b, site)))
+    return NULL;
   if (!float_arg(x, name, site) || !norm_dims(x, n_norm, name, site, axes) ||
       !affine_arg(w, x, n_norm, "weight", name, site) || !affine_arg(b, x, n_norm, "bias", name, site))
     return NULL;
@@ -307,6 +313,10 @@ em_tensor *em_linear_at(em_tensor *x, em_tensor *w, em_tensor *b, em_site site) 
                     rt_fmt(s1, sizeof s1, w));
   if (b != EM_NONE && (b->ndim != 1 || b->sizes[0] != w->sizes[0]))
     return rt_error(site, "em_linear", "bias %s does not match weight %s", rt_fmt(s0, sizeof s0, b), rt_fmt(s1, sizeof s1, w));
+  /* autocast: the bias too, so the sum stays in the low dtype (F.linear is one op in torch's list) */
+  if (!(x = rt_autocast_low(x, "em_linear", site)) || !(w = rt_autocast_low(w, "em_linear", site)) ||
+      !(b = rt_autocast_low(b, "em_linear", site)))
+    return NULL;
   BEGIN(site);
   em_tensor *y = em_matmul_at(x, em_transpose_at(w, 0, 1, site), site);
   if (b != EM_NONE) y = em_add_at(y, b, site);
@@ -388,7 +398,8 @@ em_tensor *em_cross_entropy_at(em_tensor *logits, em_tensor *target, em_cross_en
   RT_ARG(logits, "em_cross_entropy", site);
   RT_ARG(target, "em_cross_entropy", site);
   static const char name[] = "em_cross_entropy";
-  if (!logits || !target) return NULL;
+  if (!logits || !target || !(logits = rt_autocast_f32(logits, site)) || !(target = rt_autocast_f32(target, site)))
+    return NULL;
   char b0[128], b1[128];
   if (!float_arg(logits, name, site) || !reduction_arg(o.reduction, name, site)) return NULL;
   if (logits->ndim < 2) return rt_error(site, name, "logits must be [N, C, ...], got %s", rt_fmt(b0, sizeof b0, logits));

@@ -85,21 +85,29 @@ static struct {
   pthread_mutex_t lock;
 } blas = {.once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER};
 
-static void blas_load(void) {
-  /* the loader's path first, then the toolkit's own directories */
-  const char *names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so", "/usr/local/cuda/lib64/libcublas.so.13",
-                         "/usr/local/cuda/lib64/libcublas.so.12", "/usr/local/cuda/lib/libcublas.so.13"};
-  for (int i = 0; i < 6 && !blas.lib; i++) blas.lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+/* Loads libcublas or libcublasLt (base): the loader's path first, then the toolkit's own
+ * directories and $CUDA_PATH's; NULL with dlerror's reason in why. */
+static void *open_cuda_lib(const char *base, char *why, size_t cap) {
+  const char *dirs[] = {"", "", "", "/usr/local/cuda/lib64/", "/usr/local/cuda/lib64/", "/usr/local/cuda/lib/"};
+  const char *sfx[] = {".so.13", ".so.12", ".so", ".so.13", ".so.12", ".so.13"};
+  void *lib = NULL;
+  char p[600];
+  for (int i = 0; i < 6 && !lib; i++) {
+    snprintf(p, sizeof p, "%s%s%s", dirs[i], base, sfx[i]);
+    lib = dlopen(p, RTLD_NOW | RTLD_LOCAL);
+  }
   const char *cuda_path = getenv("CUDA_PATH");
-  for (int i = 0; i < 2 && !blas.lib && cuda_path; i++) {
-    char p[512];
-    snprintf(p, sizeof p, "%s/%s/libcublas.so.13", cuda_path, i ? "lib" : "lib64");
-    blas.lib = dlopen(p, RTLD_NOW | RTLD_LOCAL);
+  for (int i = 0; i < 2 && !lib && cuda_path; i++) {
+    snprintf(p, sizeof p, "%s/%s/%s.so.13", cuda_path, i ? "lib" : "lib64", base);
+    lib = dlopen(p, RTLD_NOW | RTLD_LOCAL);
   }
-  if (!blas.lib) {
-    snprintf(blas.why, sizeof blas.why, "cuBLAS did not load (%s)", dlerror());
-    return;
-  }
+  if (!lib) snprintf(why, cap, "%s did not load (%s)", base, dlerror());
+  return lib;
+}
+
+static void blas_load(void) {
+  blas.lib = open_cuda_lib("libcublas", blas.why, sizeof blas.why);
+  if (!blas.lib) return;
   *(void **)&blas.create = dlsym(blas.lib, "cublasCreate_v2");
   *(void **)&blas.set_stream = dlsym(blas.lib, "cublasSetStream_v2");
   *(void **)&blas.set_math_mode = dlsym(blas.lib, "cublasSetMathMode");
@@ -113,17 +121,22 @@ static void blas_load(void) {
   if (r) snprintf(blas.why, sizeof blas.why, "cublasCreate failed (status %d)", r), blas.handle = NULL;
 }
 
-/* cuBLAS's enums (cublas_api.h, library_types.h). */
-enum { CUDA_R_16F = 2, CUDA_R_32F = 0, CUDA_R_64F = 1, CUDA_R_16BF = 14 };
-enum { COMPUTE_32F = 68, COMPUTE_32F_FAST_TF32 = 77, COMPUTE_64F = 70, GEMM_DEFAULT = -1 };
+/* cublasGemmAlgo_t's default (cublas_api.h); the other enums are cuda.h's CU_*. */
+enum { GEMM_DEFAULT = -1 };
+
+static int cuda_type(em_dtype dt) {
+  return dt == EM_F32 ? CU_R_32F : dt == EM_F64 ? CU_R_64F : dt == EM_F16 ? CU_R_16F : CU_R_16BF;
+}
+static int compute_type(em_dtype dt, bool tf32) {
+  return dt == EM_F64 ? CU_COMPUTE_64F : dt == EM_F32 && tf32 ? CU_COMPUTE_32F_FAST_TF32 : CU_COMPUTE_32F;
+}
 
 static int real_gemm(cu_stream s, bool ta, bool tb, int m, int n, int k, em_dtype dt, uint64_t a, int lda, int64_t sa,
                      uint64_t b, int ldb, int64_t sb, uint64_t c, int ldc, int64_t sc, int batch, bool accumulate,
                      bool tf32, char *why, size_t cap) {
   pthread_once(&blas.once, blas_load);
   if (!blas.handle) return snprintf(why, cap, "%s", blas.why), 1;
-  int type = dt == EM_F32 ? CUDA_R_32F : dt == EM_F64 ? CUDA_R_64F : dt == EM_F16 ? CUDA_R_16F : CUDA_R_16BF;
-  int compute = dt == EM_F64 ? COMPUTE_64F : dt == EM_F32 && tf32 ? COMPUTE_32F_FAST_TF32 : COMPUTE_32F;
+  int type = cuda_type(dt), compute = compute_type(dt, tf32);
   double one64 = 1, beta64 = accumulate;
   float one32 = 1, beta32 = (float)accumulate;
   const void *alpha = dt == EM_F64 ? (const void *)&one64 : (const void *)&one32;
@@ -138,6 +151,8 @@ static int real_gemm(cu_stream s, bool ta, bool tb, int m, int n, int k, em_dtyp
   if (r) snprintf(why, cap, "cublasGemmStridedBatchedEx failed (status %d)", r);
   return r;
 }
+
+static const cu_lt_api *real_lt(char *why, size_t cap); /* cuBLASLt, below */
 
 static bool real_compile(const char *src, const char *name, char **image, size_t *size, char **log) {
   return cu_nvrtc_compile(src, name, cu_arch(), image, size, log);
@@ -184,6 +199,7 @@ static bool load_real(void) {
   d->error_string = real_error;
   d->compile = real_compile;
   d->gemm = real_gemm;
+  d->lt = real_lt;
   CUresult r = drv.cuInit(0);
   if (r == CUDA_SUCCESS) r = drv.cuDeviceGetCount(&drv.count);
   if (r != CUDA_SUCCESS) {
@@ -496,6 +512,199 @@ cu_block *cu_storage_alloc(size_t bytes, const char *op, em_site site) {
   cu_block *b = cu_alloc(capture.on && capture.pool ? capture.pool : drv.alloc, bytes, (uintptr_t)current, err, sizeof err);
   if (!b) return rt_error(site, op, "%s", err);
   return b;
+}
+
+/* ---- cuBLASLt (dlopen'ed beside cuBLAS, at the first fused epilogue or autotuned GEMM) ---- */
+
+static struct {
+  pthread_once_t once;
+  pthread_mutex_t lock;
+  void *lib, *handle;
+  char why[256];
+  cu_lt_api api;
+  bool ok;
+} ltlib = {.once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void lt_load(void) {
+  ltlib.lib = open_cuda_lib("libcublasLt", ltlib.why, sizeof ltlib.why);
+  if (!ltlib.lib) return;
+  cu_lt_api *a = &ltlib.api;
+#define LT(field, name) (*(void **)&a->field = dlsym(ltlib.lib, name))
+  ltlib.ok = LT(create, "cublasLtCreate") && LT(desc_create, "cublasLtMatmulDescCreate") &&
+             LT(desc_destroy, "cublasLtMatmulDescDestroy") && LT(desc_set, "cublasLtMatmulDescSetAttribute") &&
+             LT(layout_create, "cublasLtMatrixLayoutCreate") && LT(layout_destroy, "cublasLtMatrixLayoutDestroy") &&
+             LT(layout_set, "cublasLtMatrixLayoutSetAttribute") && LT(pref_create, "cublasLtMatmulPreferenceCreate") &&
+             LT(pref_destroy, "cublasLtMatmulPreferenceDestroy") &&
+             LT(pref_set, "cublasLtMatmulPreferenceSetAttribute") &&
+             LT(heuristic, "cublasLtMatmulAlgoGetHeuristic") && LT(matmul, "cublasLtMatmul") &&
+             LT(version, "cublasLtGetVersion");
+#undef LT
+  if (!ltlib.ok) snprintf(ltlib.why, sizeof ltlib.why, "libcublasLt lacks a function Ember needs (%s)", dlerror());
+}
+
+static const cu_lt_api *real_lt(char *why, size_t cap) {
+  pthread_once(&ltlib.once, lt_load);
+  if (!ltlib.ok) return snprintf(why, cap, "%s", ltlib.why), NULL;
+  return &ltlib.api;
+}
+
+static const cu_lt_api *lt_api(char *why, size_t cap) {
+  ensure();
+  if (!drv.alloc) return snprintf(why, cap, "no CUDA device: %s", drv.why), NULL;
+  return drv.d->lt(why, cap);
+}
+
+bool cu_lt_available(char *why, size_t cap) { return lt_api(why, cap) != NULL; }
+
+/* The largest power of two up to 256 that divides address p (cuBLASLt's alignment preferences). */
+static uint32_t alignment(uint64_t p) {
+  uint32_t a = 256;
+  while (a > 1 && p % a) a /= 2;
+  return a;
+}
+
+void cu_lt_describe(const cu_lt_problem *pr, char *buf, size_t cap) {
+  char why[256];
+  const cu_lt_api *L = lt_api(why, sizeof why);
+  snprintf(buf, cap, "lt%zu %s %c%c%s m%d n%d k%d ld%d,%d,%d batch%d stride%lld,%lld,%lld epi%d align%u,%u,%u,%u",
+           L ? L->version() : (size_t)0, em_dtype_name(pr->dt), pr->ta ? 'T' : 'N', pr->tb ? 'T' : 'N',
+           pr->tf32 ? " tf32" : "", pr->m, pr->n, pr->k, pr->lda, pr->ldb, pr->ldd, pr->batch, (long long)pr->sa,
+           (long long)pr->sb, (long long)pr->sd, (int)pr->epi, alignment(pr->a), alignment(pr->b), alignment(pr->d),
+           pr->bias ? alignment(pr->bias) : 0);
+}
+
+/* One problem's descriptors. */
+typedef struct lt_call {
+  const cu_lt_api *L;
+  void *handle, *desc, *la, *lb, *ld;
+  const cu_lt_problem *pr;
+} lt_call;
+
+static void lt_call_free(lt_call *c) {
+  if (c->desc) c->L->desc_destroy(c->desc);
+  if (c->la) c->L->layout_destroy(c->la);
+  if (c->lb) c->L->layout_destroy(c->lb);
+  if (c->ld) c->L->layout_destroy(c->ld);
+}
+
+/* A stored matrix (rows x cols, column-major, leading dimension ld) of batch copies stride apart. */
+static int lt_layout(lt_call *c, void **l, uint64_t rows, uint64_t cols, int ld, int64_t stride) {
+  int r = c->L->layout_create(l, cuda_type(c->pr->dt), rows, cols, ld);
+  int32_t batch = c->pr->batch;
+  if (!r && batch > 1) r = c->L->layout_set(*l, CU_LT_LAYOUT_BATCH_COUNT, &batch, sizeof batch);
+  if (!r && batch > 1) r = c->L->layout_set(*l, CU_LT_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride);
+  return r;
+}
+
+static int lt_describe_call(lt_call *c) {
+  const cu_lt_problem *pr = c->pr;
+  static const uint32_t epilogue[] = {[CU_EPI_NONE] = CU_LT_EPILOGUE_DEFAULT, [CU_EPI_BIAS] = CU_LT_EPILOGUE_BIAS,
+                                      [CU_EPI_BIAS_RELU] = CU_LT_EPILOGUE_RELU_BIAS,
+                                      [CU_EPI_BIAS_GELU_TANH] = CU_LT_EPILOGUE_GELU_BIAS};
+  int32_t ta = pr->ta ? CU_OP_T : CU_OP_N, tb = pr->tb ? CU_OP_T : CU_OP_N;
+  uint32_t epi = epilogue[pr->epi];
+  const void *bias = (const void *)(uintptr_t)pr->bias;
+  int r = c->L->desc_create(&c->desc, compute_type(pr->dt, pr->tf32), pr->dt == EM_F64 ? CU_R_64F : CU_R_32F);
+  if (!r) r = c->L->desc_set(c->desc, CU_LT_DESC_TRANSA, &ta, sizeof ta);
+  if (!r) r = c->L->desc_set(c->desc, CU_LT_DESC_TRANSB, &tb, sizeof tb);
+  if (!r) r = c->L->desc_set(c->desc, CU_LT_DESC_EPILOGUE, &epi, sizeof epi);
+  if (!r && pr->epi != CU_EPI_NONE) r = c->L->desc_set(c->desc, CU_LT_DESC_BIAS_POINTER, &bias, sizeof bias);
+  if (!r) r = lt_layout(c, &c->la, pr->ta ? pr->k : pr->m, pr->ta ? pr->m : pr->k, pr->lda, pr->sa);
+  if (!r) r = lt_layout(c, &c->lb, pr->tb ? pr->n : pr->k, pr->tb ? pr->k : pr->n, pr->ldb, pr->sb);
+  if (!r) r = lt_layout(c, &c->ld, pr->m, pr->n, pr->ldd, pr->sd);
+  return r;
+}
+
+/* Up to `want` candidates from the heuristic, for the problem's pointers' alignments. */
+static int lt_candidates(lt_call *c, int want, cu_lt_heuristic *res, int *n) {
+  const cu_lt_problem *pr = c->pr;
+  void *pref = NULL;
+  uint64_t ws = (uint64_t)32 << 20;
+  uint32_t al[4] = {alignment(pr->a), alignment(pr->b), alignment(pr->d), alignment(pr->d)};
+  int r = c->L->pref_create(&pref);
+  if (!r) r = c->L->pref_set(pref, CU_LT_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  for (int i = 0; i < 4 && !r; i++) r = c->L->pref_set(pref, CU_LT_PREF_MIN_ALIGNMENT_A + i, &al[i], sizeof al[i]);
+  *n = 0;
+  if (!r) r = c->L->heuristic(c->handle, c->desc, c->la, c->lb, c->ld, c->ld, pref, want, res, n);
+  if (pref) c->L->pref_destroy(pref);
+  return r;
+}
+
+/* Queues one matmul with algo, its workspace from the caching allocator (stream-ordered: it is
+ * free for the stream's next work once queued). */
+static int lt_run(lt_call *c, const cu_lt_algo *algo, size_t ws, char *why, size_t cap) {
+  const cu_lt_problem *pr = c->pr;
+  cu_block *w = NULL;
+  if (ws && !(w = cu_alloc(capture.on && capture.pool ? capture.pool : drv.alloc, ws, (uintptr_t)current, why, cap)))
+    return -1;
+  float one = 1, zero = 0;
+  double one64 = 1, zero64 = 0;
+  const void *alpha = pr->dt == EM_F64 ? (const void *)&one64 : (const void *)&one;
+  const void *beta = pr->dt == EM_F64 ? (const void *)&zero64 : (const void *)&zero;
+  void *d = (void *)(uintptr_t)pr->d;
+  int r = c->L->matmul(c->handle, c->desc, alpha, (const void *)(uintptr_t)pr->a, c->la, (const void *)(uintptr_t)pr->b,
+                       c->lb, beta, d, c->ld, d, c->ld, algo, w ? (void *)(uintptr_t)w->ptr : NULL, ws, current);
+  if (w) cu_release(w->owner, w);
+  return r;
+}
+
+int cu_lt_matmul(const cu_lt_problem *pr, cu_lt_choice *ch, char *why, size_t cap) {
+  lt_call c = {.pr = pr};
+  if (!(c.L = lt_api(why, cap))) return 1;
+  cu_enter();
+  pthread_mutex_lock(&ltlib.lock);
+  if (!ltlib.handle) {
+    int r = c.L->create(&ltlib.handle);
+    if (r) ltlib.handle = NULL, snprintf(why, cap, "cublasLtCreate failed (status %d)", r);
+  }
+  c.handle = ltlib.handle;
+  pthread_mutex_unlock(&ltlib.lock);
+  if (!c.handle) return 2;
+  ch->timed = 0;
+  int r = lt_describe_call(&c), n = 0, rc = 0;
+  cu_lt_heuristic res[8];
+  bool tune = ch->tune && !ch->given && !capture.on; /* timing waits for the device: not while capturing */
+  if (r) {
+    rc = 2, snprintf(why, cap, "describing the GEMM to cuBLASLt failed (status %d)", r);
+  } else if (ch->given) {
+    res[0] = (cu_lt_heuristic){.algo = ch->algo, .workspace_size = ch->workspace}, n = 1;
+  } else if ((r = lt_candidates(&c, tune ? 8 : 1, res, &n)) || n == 0) {
+    rc = r && r != CU_BLAS_NOT_SUPPORTED ? 2 : 1;
+    snprintf(why, cap, "cuBLASLt has no algorithm for this GEMM (status %d)", r);
+  }
+  int pick = 0;
+  if (!rc && tune && n > 1) { /* each candidate: a warm-up, then five runs between two events */
+    const cu_driver *d = drv.d;
+    cu_event ev[2] = {NULL, NULL};
+    float best = 0;
+    pick = -1;
+    if (d->event_create(&ev[0], 0) || d->event_create(&ev[1], 0)) rc = 2, snprintf(why, cap, "cuEventCreate failed");
+    for (int i = 0; !rc && i < n; i++) {
+      if (res[i].state || (r = lt_run(&c, &res[i].algo, res[i].workspace_size, why, cap))) {
+        if (r < 0) rc = 2;
+        continue; /* a candidate that does not run is no choice */
+      }
+      r = d->event_record(ev[0], current);
+      for (int k = 0; k < 5 && !r; k++) r = lt_run(&c, &res[i].algo, res[i].workspace_size, why, cap);
+      float ms = 0;
+      if (!r) r = d->event_record(ev[1], current);
+      if (!r) r = d->event_sync(ev[1]);
+      if (!r) r = d->event_elapsed(&ms, ev[0], ev[1]);
+      if (r) rc = 2, snprintf(why, cap, "timing cuBLASLt's algorithm %d failed (%d)", i, r);
+      else if (ch->timed++, pick < 0 || ms < best) best = ms, pick = i;
+    }
+    for (int e = 0; e < 2; e++)
+      if (ev[e]) d->event_destroy(ev[e]);
+    if (!rc && pick < 0) rc = 1, snprintf(why, cap, "none of cuBLASLt's %d algorithms ran", n);
+  }
+  if (!rc) { /* the chosen one runs last, so the result is what later calls with it give */
+    r = lt_run(&c, &res[pick].algo, res[pick].workspace_size, why, cap);
+    if (r) rc = r < 0 || r != CU_BLAS_NOT_SUPPORTED ? 2 : 1;
+    if (r > 0) snprintf(why, cap, "cublasLtMatmul failed (status %d)", r);
+    else if (!r) ch->algo = res[pick].algo, ch->workspace = res[pick].workspace_size, ch->timed += tune && n == 1;
+  }
+  lt_call_free(&c);
+  return rc;
 }
 
 /* Pinned staging: two buffers of STAGE bytes, each guarded by an event recorded after the copy

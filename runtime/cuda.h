@@ -103,6 +103,65 @@ bool cu_kernel_body(const cu_kernel_key *k, char **src, char *name, size_t ncap)
 bool cu_nvrtc_compile(const char *src, const char *name, const char *arch, char **cubin, size_t *size, char **log);
 bool cu_nvrtc_available(void);
 
+/* ---- cuBLASLt's ABI, as Ember calls it ----
+ *
+ * cuBLASLt (libcublasLt, dlopen'ed beside cuBLAS) runs GEMMs with fused epilogues (bias, ReLU,
+ * GELU) and lets a caller pick among its algorithms. Its entry points are spelled here with plain
+ * C types (handles and descriptors as opaque pointers, enums as int, which is how the ABI passes
+ * them), and the enum values Ember uses are copied from cublasLt.h, cublas_api.h and
+ * library_types.h; runtime/cuda_abi.c checks every value and struct layout below against those
+ * headers at compile time when the toolkit is present (cu_lt_abi_checked says whether it was). */
+enum {
+  CU_R_32F = 0, CU_R_64F = 1, CU_R_16F = 2, CU_R_16BF = 14,               /* cudaDataType_t */
+  CU_COMPUTE_32F = 68, CU_COMPUTE_32F_FAST_TF32 = 77, CU_COMPUTE_64F = 70, /* cublasComputeType_t */
+  CU_OP_N = 0, CU_OP_T = 1,                                                /* cublasOperation_t */
+  CU_BLAS_SUCCESS = 0, CU_BLAS_INVALID_VALUE = 7, CU_BLAS_NOT_SUPPORTED = 15, /* cublasStatus_t */
+  /* cublasLtMatmulDescAttributes_t: TRANSA/TRANSB int32, EPILOGUE uint32, BIAS_POINTER a pointer,
+   * BIAS_BATCH_STRIDE int64, BIAS_DATA_TYPE int32 */
+  CU_LT_DESC_TRANSA = 3, CU_LT_DESC_TRANSB = 4, CU_LT_DESC_EPILOGUE = 7, CU_LT_DESC_BIAS_POINTER = 8,
+  CU_LT_DESC_BIAS_BATCH_STRIDE = 10, CU_LT_DESC_BIAS_DATA_TYPE = 26,
+  /* cublasLtMatrixLayoutAttribute_t: BATCH_COUNT int32, STRIDED_BATCH_OFFSET int64 */
+  CU_LT_LAYOUT_BATCH_COUNT = 5, CU_LT_LAYOUT_STRIDED_BATCH_OFFSET = 6,
+  /* cublasLtMatmulPreferenceAttributes_t: MAX_WORKSPACE_BYTES uint64, MIN_ALIGNMENT_* uint32 */
+  CU_LT_PREF_MAX_WORKSPACE_BYTES = 1, CU_LT_PREF_MIN_ALIGNMENT_A = 5, CU_LT_PREF_MIN_ALIGNMENT_B = 6,
+  CU_LT_PREF_MIN_ALIGNMENT_C = 7, CU_LT_PREF_MIN_ALIGNMENT_D = 8,
+  /* cublasLtEpilogue_t. GELU is the tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+  CU_LT_EPILOGUE_DEFAULT = 1, CU_LT_EPILOGUE_RELU = 2, CU_LT_EPILOGUE_BIAS = 4, CU_LT_EPILOGUE_RELU_BIAS = 6,
+  CU_LT_EPILOGUE_GELU = 32, CU_LT_EPILOGUE_GELU_BIAS = 36,
+};
+/* cublasLtMatmulAlgo_t: semi-opaque; "can be trivially serialized and later restored for use
+ * with the same version of cuBLAS" (cublasLt.h), which the autotuner's disk cache relies on. */
+typedef struct cu_lt_algo { uint64_t data[8]; } cu_lt_algo;
+/* cublasLtMatmulHeuristicResult_t */
+typedef struct cu_lt_heuristic {
+  cu_lt_algo algo;
+  size_t workspace_size;
+  int state;   /* cublasStatus_t: the other fields are valid when 0 */
+  float waves;
+  int reserved[4];
+} cu_lt_heuristic;
+/* The entry points, in cuBLASLt's argument order (handle, descriptors and layouts opaque). */
+typedef struct cu_lt_api {
+  int (*create)(void **handle);
+  int (*desc_create)(void **desc, int compute_type, int scale_type);
+  int (*desc_destroy)(void *desc);
+  int (*desc_set)(void *desc, int attr, const void *buf, size_t size);
+  int (*layout_create)(void **layout, int type, uint64_t rows, uint64_t cols, int64_t ld);
+  int (*layout_destroy)(void *layout);
+  int (*layout_set)(void *layout, int attr, const void *buf, size_t size);
+  int (*pref_create)(void **pref);
+  int (*pref_destroy)(void *pref);
+  int (*pref_set)(void *pref, int attr, const void *buf, size_t size);
+  int (*heuristic)(void *handle, void *desc, void *a, void *b, void *c, void *d, void *pref, int requested,
+                   cu_lt_heuristic *results, int *returned);
+  int (*matmul)(void *handle, void *desc, const void *alpha, const void *a, void *adesc, const void *b, void *bdesc,
+                const void *beta, const void *c, void *cdesc, void *d, void *ddesc, const cu_lt_algo *algo,
+                void *workspace, size_t workspace_size, void *stream);
+  size_t (*version)(void);
+} cu_lt_api;
+/* runtime/cuda_abi.c: whether the values above were checked against the toolkit's headers. */
+bool cu_lt_abi_checked(void);
+
 /* ---- the driver (cuda.c) and its emulator (cuda_emu.c) ----
  *
  * Everything the runtime asks of a device goes through this table: the CUDA driver API's
@@ -161,7 +220,73 @@ typedef struct cu_driver {
   int (*gemm)(cu_stream s, bool ta, bool tb, int m, int n, int k, em_dtype dt, uint64_t a, int lda, int64_t sa,
               uint64_t b, int ldb, int64_t sb, uint64_t c, int ldc, int64_t sc, int batch, bool accumulate, bool tf32,
               char *why, size_t cap);
+  /* cuBLASLt's entry points (loaded at the first call), or NULL with the reason in why. */
+  const cu_lt_api *(*lt)(char *why, size_t cap);
 } cu_driver;
+
+/* ---- GEMMs through cuBLASLt: fused epilogues, a choice of algorithm (cuda.c, cuda_ops.c) ----
+ *
+ * The compiled CUDA schedule runs matmul -> add(bias over rows) [-> relu | tanh GELU] as one
+ * cublasLtMatmul with an epilogue, and under max-autotune times cuBLASLt's algorithms for each
+ * GEMM (inductor/schedule.c, run.c, cuda_codegen.c). */
+typedef enum cu_epilogue { CU_EPI_NONE, CU_EPI_BIAS, CU_EPI_BIAS_RELU, CU_EPI_BIAS_GELU_TANH } cu_epilogue;
+
+/* One GEMM as cuBLASLt sees it (column-major): D[i] = act(op(A[i]) op(B[i]) + bias) for i <
+ * batch, bias of m elements added to every column. For a row-major out = a @ b this is
+ * out^T = b^T a^T: A is b, B is a, m = N, n = M (cu_gemm_prepare). */
+typedef struct cu_lt_problem {
+  em_dtype dt;       /* of A, B, D and the bias: f32, f16 or bf16 (f32 accumulation), or f64 */
+  bool ta, tb, tf32; /* tf32: f32 GEMMs may use TF32 tensor cores (em_cuda_set_allow_tf32) */
+  int m, n, k, lda, ldb, ldd, batch;
+  int64_t sa, sb, sd; /* batch strides in elements */
+  uint64_t a, b, d, bias; /* device addresses; bias 0 with CU_EPI_NONE */
+  cu_epilogue epi;
+} cu_lt_problem;
+
+/* How cu_lt_matmul picks its algorithm. */
+typedef struct cu_lt_choice {
+  bool given;      /* in: run algo, a choice made before for this very problem (cu_lt_describe) */
+  bool tune;       /* in, when not given: time up to 8 of the heuristic's candidates and run the fastest */
+  cu_lt_algo algo; /* in (given) and out: the algorithm that runs */
+  size_t workspace; /* in (given) and out: the workspace bytes it needs (the heuristic says) */
+  int timed;       /* out: candidates compared (when tuning; 1 when the heuristic offered only one) */
+} cu_lt_choice;
+
+/* Whether cuBLASLt loads (the emulator's always does); false with the reason in why. */
+bool cu_lt_available(char *why, size_t cap);
+/* Runs pr on the current stream: 0 on success; 1 when cuBLASLt has no algorithm for it (the
+ * caller runs it another way); 2 on an error. why says what happened for 1 and 2. A workspace
+ * (at most 32 MiB) comes from the caching allocator; tuning waits for the device, so it is
+ * refused while capturing a CUDA graph (the heuristic's first choice runs instead). */
+int cu_lt_matmul(const cu_lt_problem *pr, cu_lt_choice *choice, char *why, size_t cap);
+/* The text that identifies pr for an algorithm choice: sizes, transposes, leading dimensions,
+ * batch strides, dtype, epilogue, the pointers' alignments (the heuristic's candidates depend on
+ * them) and the cuBLASLt version (an algorithm is valid for the version that chose it). */
+void cu_lt_describe(const cu_lt_problem *pr, char *buf, size_t cap);
+/* The emulator's record of its cuBLASLt calls, for tests: matmuls run, candidates the heuristic
+ * returned, and the algorithm of the last matmul (its data[0] numbers it among the candidates). */
+typedef struct cu_emu_lt_stats {
+  int64_t matmuls, heuristics;
+  cu_lt_algo last_algo;
+  int last_epilogue;
+} cu_emu_lt_stats;
+cu_emu_lt_stats cu_emu_lt_stats_get(void);
+
+/* cuda_ops.c: out = act(a @ b + bias) as a cuBLASLt problem. a: [..., M, K], b: [..., K, N]
+ * (the matmul prim's operands, batch dims alike), bias: N elements (any shape, or NULL with
+ * CU_EPI_NONE), all on the device and of one dtype. Allocates out ([..., M, N], contiguous);
+ * operands cuBLASLt cannot read in place are copied into keep. Returns 0 when g is ready, 1 when
+ * the GEMM is not for cuBLASLt (a size is 0, or exceeds 32 bits: the caller computes it another
+ * way; nothing is held), 2 with an error recorded. */
+typedef struct cu_gemm {
+  cu_lt_problem pr;
+  em_tensor *out;     /* caller-owned once prepared */
+  em_tensor *keep[3]; /* copies the problem reads: cu_gemm_release */
+} cu_gemm;
+int cu_gemm_prepare(cu_gemm *g, em_tensor *a, em_tensor *b, em_tensor *bias, cu_epilogue epi, const char *op,
+                    em_site site);
+/* Releases the copies g reads (after cu_lt_matmul has queued its work: the stream orders reuse). */
+void cu_gemm_release(cu_gemm *g);
 
 /* cuda_ops.c: runs prim op into out (allocated on the device by the dispatcher, or an in-place
  * destination) from in (all on the device); false with a reason in err. */

@@ -18,6 +18,7 @@
 #include "rt.h"
 
 #include <dlfcn.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,8 +53,21 @@ typedef struct e_fn { /* an emulated kernel: its entry, and its parameters' size
   void (*run)(void **params, unsigned grid, unsigned block);
   void (*sizes)(size_t *sizes, int *n);
 } e_fn;
+/* A cublasLtMatmul with its descriptors resolved (column-major, as cuBLASLt): D = act(alpha
+ * op(A) op(B) + beta C + bias), C = D. */
+typedef struct e_ltmm {
+  bool ta, tb;
+  int m, n, k, batch;
+  em_dtype dt;
+  uint32_t epilogue;
+  uint64_t a, b, d, bias;
+  int64_t lda, ldb, ldd, sa, sb, sd;
+  double alpha, beta;
+} e_ltmm;
+static void e_ltmm_run(const e_ltmm *x);
 typedef struct e_op {
-  enum { OP_LAUNCH, OP_COPY, OP_GEMM } kind;
+  enum { OP_LAUNCH, OP_COPY, OP_GEMM, OP_LTMM } kind;
+  e_ltmm lt;
   const e_fn *f;
   unsigned gx, bx;
   void **params; /* the launch's parameters, copied */
@@ -145,6 +159,7 @@ static int e_graph_launch(void *exec, cu_stream s) {
     const e_op *o = &g->ops[i];
     if (o->kind == OP_LAUNCH) o->f->run(o->params, o->gx, o->bx);
     else if (o->kind == OP_COPY) memmove((void *)(uintptr_t)o->dst, (const void *)(uintptr_t)o->src, o->n);
+    else if (o->kind == OP_LTMM) e_ltmm_run(&o->lt);
     else if (e_gemm(NULL, o->g.ta, o->g.tb, o->g.m, o->g.n, o->g.k, o->g.dt, o->g.a, o->g.lda, o->g.sa, o->g.b, o->g.ldb,
                     o->g.sb, o->g.c, o->g.ldc, o->g.sc, o->g.batch, o->g.acc, o->g.tf32, why, sizeof why))
       return 1;
@@ -387,6 +402,202 @@ static int e_gemm(cu_stream s, bool ta, bool tb, int m, int n, int k, em_dtype d
   return 0;
 }
 
+/* ---- cuBLASLt on the host ----
+ * The entry points Ember calls, with cuBLASLt's argument conventions and enum values (cuda.h's
+ * CU_LT_*, checked against cublasLt.h by runtime/cuda_abi.c), so the code that drives the real
+ * library (runtime/cuda.c) runs unchanged in the tests. Stricter than the library where that
+ * finds mistakes: an attribute it does not model, a value of the wrong size, layouts that do not
+ * make a product of the descriptor's shape, or pointers less aligned than the algorithm was
+ * chosen for are all CUBLAS_STATUS_INVALID_VALUE. The heuristic offers three algorithms, which
+ * differ only in the workspace they ask for (all run the same host code); the GEMM accumulates in
+ * f32 (f64 for f64) and applies the epilogue before the one rounding to D's dtype, as cuBLASLt. */
+typedef struct e_lt_desc {
+  int compute, scale;
+  int32_t ta, tb;
+  uint32_t epilogue;
+  const void *bias;
+  int64_t bias_stride;
+} e_lt_desc;
+typedef struct e_lt_layout { int type; uint64_t rows, cols; int64_t ld, stride; int32_t batch; } e_lt_layout;
+typedef struct e_lt_pref { uint64_t workspace; uint32_t align[4]; } e_lt_pref;
+static cu_emu_lt_stats lt_stats;
+cu_emu_lt_stats cu_emu_lt_stats_get(void) { return lt_stats; }
+
+static int e_lt_create(void **h) { return *h = (void *)&lt_stats, 0; }
+static bool e_lt_type(int t) { return t == CU_R_32F || t == CU_R_64F || t == CU_R_16F || t == CU_R_16BF; }
+/* A descriptor: a copy of init, or CUBLAS_STATUS_ALLOC_FAILED. */
+static int e_lt_new(void **out, const void *init, size_t size) {
+  void *x = malloc(size);
+  if (!x) return 3;
+  return memcpy(x, init, size), *out = x, 0;
+}
+static int e_lt_desc_create(void **d, int compute, int scale) {
+  if (!(compute == CU_COMPUTE_32F || compute == CU_COMPUTE_32F_FAST_TF32 || compute == CU_COMPUTE_64F) ||
+      scale != (compute == CU_COMPUTE_64F ? CU_R_64F : CU_R_32F))
+    return CU_BLAS_INVALID_VALUE;
+  e_lt_desc x = {.compute = compute, .scale = scale, .epilogue = CU_LT_EPILOGUE_DEFAULT};
+  return e_lt_new(d, &x, sizeof x);
+}
+static int e_lt_free(void *x) { return free(x), 0; }
+/* Copies an attribute's value of the size cuBLASLt's header gives it. */
+static int e_lt_put(void *to, size_t want, const void *buf, size_t size) {
+  if (!buf || size != want) return CU_BLAS_INVALID_VALUE;
+  return memcpy(to, buf, size), 0;
+}
+static int e_lt_desc_set(void *d, int attr, const void *buf, size_t size) {
+  e_lt_desc *x = d;
+  switch (attr) {
+  case CU_LT_DESC_TRANSA: return e_lt_put(&x->ta, sizeof x->ta, buf, size);
+  case CU_LT_DESC_TRANSB: return e_lt_put(&x->tb, sizeof x->tb, buf, size);
+  case CU_LT_DESC_EPILOGUE: return e_lt_put(&x->epilogue, sizeof x->epilogue, buf, size);
+  case CU_LT_DESC_BIAS_POINTER: return e_lt_put((void *)&x->bias, sizeof x->bias, buf, size);
+  case CU_LT_DESC_BIAS_BATCH_STRIDE: return e_lt_put(&x->bias_stride, sizeof x->bias_stride, buf, size);
+  default: return CU_BLAS_INVALID_VALUE;
+  }
+}
+static int e_lt_layout_create(void **l, int type, uint64_t rows, uint64_t cols, int64_t ld) {
+  if (!e_lt_type(type) || (rows && ld < (int64_t)rows) || ld < 1) return CU_BLAS_INVALID_VALUE;
+  return e_lt_new(l, &(e_lt_layout){type, rows, cols, ld, 0, 1}, sizeof(e_lt_layout));
+}
+static int e_lt_layout_set(void *l, int attr, const void *buf, size_t size) {
+  e_lt_layout *x = l;
+  if (attr == CU_LT_LAYOUT_BATCH_COUNT) return e_lt_put(&x->batch, sizeof x->batch, buf, size);
+  if (attr == CU_LT_LAYOUT_STRIDED_BATCH_OFFSET) return e_lt_put(&x->stride, sizeof x->stride, buf, size);
+  return CU_BLAS_INVALID_VALUE;
+}
+static int e_lt_pref_create(void **p) {
+  /* the header's defaults: no workspace, 256-byte alignment */
+  return e_lt_new(p, &(e_lt_pref){0, {256, 256, 256, 256}}, sizeof(e_lt_pref));
+}
+static int e_lt_pref_set(void *p, int attr, const void *buf, size_t size) {
+  e_lt_pref *x = p;
+  if (attr == CU_LT_PREF_MAX_WORKSPACE_BYTES) return e_lt_put(&x->workspace, sizeof x->workspace, buf, size);
+  if (attr >= CU_LT_PREF_MIN_ALIGNMENT_A && attr <= CU_LT_PREF_MIN_ALIGNMENT_D)
+    return e_lt_put(&x->align[attr - CU_LT_PREF_MIN_ALIGNMENT_A], sizeof x->align[0], buf, size);
+  return CU_BLAS_INVALID_VALUE;
+}
+
+static em_dtype e_lt_dtype(int t) {
+  return t == CU_R_32F ? EM_F32 : t == CU_R_64F ? EM_F64 : t == CU_R_16F ? EM_F16 : EM_BF16;
+}
+
+/* The product the descriptor and layouts describe, or INVALID_VALUE when they disagree. */
+static int e_lt_resolve(const e_lt_desc *x, const e_lt_layout *a, const e_lt_layout *b, const e_lt_layout *c,
+                        const e_lt_layout *d, e_ltmm *r) {
+  if (!x || !a || !b || !c || !d) return CU_BLAS_INVALID_VALUE;
+  bool ta = x->ta == CU_OP_T, tb = x->tb == CU_OP_T;
+  uint64_t m = d->rows, n = d->cols, k = ta ? a->rows : a->cols;
+  bool ok = (x->ta == CU_OP_N || ta) && (x->tb == CU_OP_N || tb) && a->type == b->type && a->type == d->type &&
+            c->type == d->type && c->rows == m && c->cols == n && c->ld == d->ld && (ta ? a->cols : a->rows) == m &&
+            (tb ? b->rows : b->cols) == n && (tb ? b->cols : b->rows) == k && a->batch == d->batch &&
+            b->batch == d->batch && c->batch == d->batch && c->stride == d->stride && d->batch >= 1 &&
+            (d->batch == 1 || d->stride >= (int64_t)(d->ld * n)) && m <= INT32_MAX && n <= INT32_MAX &&
+            k <= INT32_MAX &&
+            (x->compute == CU_COMPUTE_64F) == (d->type == CU_R_64F) && x->bias_stride == 0;
+  uint32_t e = x->epilogue;
+  ok = ok && (e == CU_LT_EPILOGUE_DEFAULT || e == CU_LT_EPILOGUE_RELU || e == CU_LT_EPILOGUE_GELU ||
+              ((e == CU_LT_EPILOGUE_BIAS || e == CU_LT_EPILOGUE_RELU_BIAS || e == CU_LT_EPILOGUE_GELU_BIAS) &&
+               x->bias));
+  if (!ok) return CU_BLAS_INVALID_VALUE;
+  *r = (e_ltmm){ta, tb, (int)m, (int)n, (int)k, d->batch, e_lt_dtype(d->type), e, 0, 0, 0,
+                (e & CU_LT_EPILOGUE_BIAS) ? (uint64_t)(uintptr_t)x->bias : 0, a->ld, b->ld, d->ld, a->stride, b->stride,
+                d->stride, 1, 0};
+  return 0;
+}
+
+static int e_lt_heuristic(void *h, void *desc, void *a, void *b, void *c, void *d, void *pref, int requested,
+                          cu_lt_heuristic *res, int *returned) {
+  (void)h;
+  e_ltmm r;
+  int st = e_lt_resolve(desc, a, b, c, d, &r);
+  if (st || !pref || requested < 1 || !res || !returned) return st ? st : CU_BLAS_INVALID_VALUE;
+  const e_lt_pref *p = pref;
+  lt_stats.heuristics++;
+  int n = 0;
+  for (int i = 0; i < 3 && n < requested; i++) {
+    uint64_t ws = 256 * (uint64_t)i;
+    if (ws > p->workspace) continue;
+    res[n] = (cu_lt_heuristic){.workspace_size = ws, .waves = 1};
+    res[n].algo.data[0] = (uint64_t)i, res[n].algo.data[1] = ws;
+    for (int q = 0; q < 4; q++) res[n].algo.data[2 + q] = p->align[q];
+    n++;
+  }
+  *returned = n;
+  return n ? 0 : CU_BLAS_NOT_SUPPORTED;
+}
+
+static float e_gelu_tanh(float x) {
+  return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+
+static double e_lt_act(uint32_t e, double v) {
+  if ((e & ~(uint32_t)CU_LT_EPILOGUE_BIAS) == CU_LT_EPILOGUE_RELU) return v > 0 ? v : 0; /* NaN to 0, as max(v, 0) */
+  if ((e & ~(uint32_t)CU_LT_EPILOGUE_BIAS) == CU_LT_EPILOGUE_GELU) return e_gelu_tanh((float)v);
+  return v;
+}
+
+static void e_ltmm_run(const e_ltmm *x) {
+  size_t es = ir_dtype(x->dt)->size;
+  for (int q = 0; q < x->batch; q++) {
+    const char *A = (const char *)(uintptr_t)x->a + (size_t)(q * x->sa) * es;
+    const char *B = (const char *)(uintptr_t)x->b + (size_t)(q * x->sb) * es;
+    char *D = (char *)(uintptr_t)x->d + (size_t)(q * x->sd) * es;
+    for (int j = 0; j < x->n; j++)
+      for (int i = 0; i < x->m; i++) {
+        double acc64 = 0;
+        float acc = 0;
+        for (int p = 0; p < x->k; p++) {
+          int64_t ia = x->ta ? p + (int64_t)i * x->lda : i + (int64_t)p * x->lda;
+          int64_t ib = x->tb ? j + (int64_t)p * x->ldb : p + (int64_t)j * x->ldb;
+          if (x->dt == EM_F64) acc64 += prim_load(A + (size_t)ia * es, x->dt) * prim_load(B + (size_t)ib * es, x->dt);
+          else acc += ld(A + (size_t)ia * es, x->dt) * ld(B + (size_t)ib * es, x->dt);
+        }
+        char *at = D + (size_t)(i + (int64_t)j * x->ldd) * es;
+        double v = x->dt == EM_F64 ? x->alpha * acc64 : (double)((float)x->alpha * acc);
+        if (x->beta != 0) v += x->beta * prim_load(at, x->dt);
+        if (x->dt != EM_F64) v = (float)v;
+        if (x->bias) {
+          const char *bias = (const char *)(uintptr_t)x->bias + (size_t)i * es;
+          v = x->dt == EM_F64 ? v + prim_load(bias, x->dt) : (double)((float)v + ld(bias, x->dt));
+        }
+        prim_store(at, x->dt, e_lt_act(x->epilogue, v));
+      }
+  }
+}
+
+static int e_lt_matmul(void *h, void *desc, const void *alpha, const void *a, void *adesc, const void *b, void *bdesc,
+                       const void *beta, const void *c, void *cdesc, void *d, void *ddesc, const cu_lt_algo *algo,
+                       void *workspace, size_t workspace_size, void *stream) {
+  (void)h;
+  e_ltmm r;
+  int st = e_lt_resolve(desc, adesc, bdesc, cdesc, ddesc, &r);
+  if (st) return st;
+  if (!alpha || !beta || !algo || c != d || algo->data[0] > 2 || workspace_size < algo->data[1] ||
+      (algo->data[1] && !workspace))
+    return CU_BLAS_INVALID_VALUE;
+  const uint64_t ptr[4] = {(uintptr_t)a, (uintptr_t)b, (uintptr_t)c, (uintptr_t)d};
+  for (int q = 0; q < 4; q++) /* the algorithm was chosen for pointers this aligned */
+    if (!algo->data[2 + q] || ptr[q] % algo->data[2 + q]) return CU_BLAS_INVALID_VALUE;
+  r.a = ptr[0], r.b = ptr[1], r.d = ptr[3];
+  bool f64 = r.dt == EM_F64;
+  r.alpha = f64 ? *(const double *)alpha : *(const float *)alpha;
+  r.beta = f64 ? *(const double *)beta : *(const float *)beta;
+  lt_stats.matmuls++, lt_stats.last_algo = *algo, lt_stats.last_epilogue = (int)r.epilogue;
+  e_stream *s = e_capturing(stream);
+  if (s) return e_record(s, (e_op){.kind = OP_LTMM, .lt = r});
+  return e_ltmm_run(&r), 0;
+}
+
+static size_t e_lt_version(void) { return 0; }
+
+static const cu_lt_api emu_lt = {
+    .create = e_lt_create, .desc_create = e_lt_desc_create, .desc_destroy = e_lt_free, .desc_set = e_lt_desc_set,
+    .layout_create = e_lt_layout_create, .layout_destroy = e_lt_free, .layout_set = e_lt_layout_set,
+    .pref_create = e_lt_pref_create, .pref_destroy = e_lt_free, .pref_set = e_lt_pref_set,
+    .heuristic = e_lt_heuristic, .matmul = e_lt_matmul, .version = e_lt_version,
+};
+static const cu_lt_api *e_lt(char *why, size_t cap) { return (void)why, (void)cap, &emu_lt; }
+
 static const cu_driver emu = {
     .name = "CUDA emulator (host)", .emulated = true, .cache_salt = emu_prelude,
     .mem_alloc = e_mem_alloc, .mem_free = e_mem_free, .host_alloc = e_host_alloc, .host_free = e_host_free,
@@ -395,7 +606,7 @@ static const cu_driver emu = {
     .stream_wait_event = e_wait_event, .event_create = e_event_create, .event_destroy = e_event_destroy,
     .event_record = e_event_record, .event_sync = e_event_sync, .event_elapsed = e_elapsed,
     .module_load = e_module_load, .module_get_function = e_get_function, .launch = e_launch,
-    .ctx_sync = e_ctx_sync, .error_string = e_error, .compile = e_compile, .gemm = e_gemm,
+    .ctx_sync = e_ctx_sync, .error_string = e_error, .compile = e_compile, .gemm = e_gemm, .lt = e_lt,
     .stream_begin_capture = e_begin_capture, .stream_end_capture = e_end_capture, .graph_instantiate = e_instantiate,
     .graph_launch = e_graph_launch, .graph_exec_destroy = e_exec_destroy, .graph_destroy = e_graph_destroy,
 };

@@ -503,6 +503,56 @@ static bool matmul(em_tensor *out, em_tensor *a, em_tensor *b, char *err, size_t
   return gemm_rowmajor(out, a, b, batch, false, err, cap);
 }
 
+/* ---- GEMMs for cuBLASLt (fused epilogues, autotuned algorithms) ---- */
+
+int cu_gemm_prepare(cu_gemm *g, em_tensor *a, em_tensor *b, em_tensor *bias, cu_epilogue epi, const char *op,
+                    em_site site) {
+  memset(g, 0, sizeof *g);
+  char err[256];
+  int n = a->ndim;
+  int64_t M = a->sizes[n - 2], K = a->sizes[n - 1], N = b->sizes[n - 1], batch = 1;
+  for (int d = 0; d < n - 2; d++) batch *= a->sizes[d];
+  em_dtype dt = a->dtype;
+  if (b->dtype != dt || (bias && (bias->dtype != dt || bias->numel != N)) || (epi != CU_EPI_NONE) != (bias != NULL))
+    return rt_error(site, op, "a cuBLASLt GEMM over mismatched operands"), 2;
+  /* f64 stays with cuBLAS; cuBLASLt takes 32-bit sizes; an empty product is no GEMM */
+  if ((dt != EM_F32 && dt != EM_F16 && dt != EM_BF16) || !M || !N || !K || !batch || M > INT32_MAX || N > INT32_MAX ||
+      K > INT32_MAX || batch > INT32_MAX)
+    return 1;
+  gemm_operand ga, gb;
+  int nk = 0;
+  if (!as_operand(a, &ga)) {
+    if (!(a = g->keep[nk++] = contiguous_copy(a, err, sizeof err))) goto fail;
+    as_operand(a, &ga);
+  }
+  if (!as_operand(b, &gb)) {
+    if (!(b = g->keep[nk++] = contiguous_copy(b, err, sizeof err))) goto fail;
+    as_operand(b, &gb);
+  }
+  if (bias) { /* N elements one after another, 16-byte aligned (cuBLASLt reads the vector in wide loads) */
+    bool dense = true;
+    for (int d = 0; d < bias->ndim; d++) dense &= bias->sizes[d] == 1 || bias->strides[d] == 1;
+    if ((!dense || dptr(bias) % 16) && !(bias = g->keep[nk++] = contiguous_copy(bias, err, sizeof err))) goto fail;
+  }
+  int64_t sizes[EM_MAX_DIMS];
+  memcpy(sizes, a->sizes, sizeof(int64_t) * (size_t)n);
+  sizes[n - 1] = N;
+  if (!(g->out = rt_new_device(dt, n, sizes, EM_CUDA, op, site))) return cu_gemm_release(g), 2;
+  /* out^T = b^T a^T, column-major: cuBLASLt's A is b, its B is a */
+  g->pr = (cu_lt_problem){.dt = dt, .ta = gb.trans, .tb = ga.trans, .tf32 = allow_tf32, .m = (int)N, .n = (int)M,
+                          .k = (int)K, .lda = gb.ld, .ldb = ga.ld, .ldd = (int)N, .batch = (int)batch,
+                          .sa = gb.batch_stride, .sb = ga.batch_stride, .sd = M * N, .a = dptr(b), .b = dptr(a),
+                          .d = dptr(g->out), .bias = bias ? dptr(bias) : 0, .epi = epi};
+  return 0;
+fail:
+  cu_gemm_release(g);
+  return rt_error(site, op, "%s", err), 2;
+}
+
+void cu_gemm_release(cu_gemm *g) {
+  for (int i = 0; i < 3; i++) em_release(g->keep[i]), g->keep[i] = NULL;
+}
+
 /* A 3-D view [g, r, c] of contiguous memory at ptr's tensor t (offset in elements). */
 static em_tensor *mat3(em_tensor *t, int64_t g, int64_t r, int64_t c, bool transposed) {
   int64_t sizes[3] = {g, transposed ? c : r, transposed ? r : c};

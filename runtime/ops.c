@@ -249,6 +249,8 @@ static em_tensor *reduce(em_prim op, const char *name, em_tensor *x, int n_axes,
     return rt_error(site, name, "invalid axis list (%d axes)", n_axes);
   prim_attrs at = {.n_axes = n_axes, .keepdim = keepdim};
   if (n_axes) memcpy(at.axes, axes, sizeof(int64_t) * (size_t)n_axes);
+  if ((op == EM_PRIM_SUM || op == EM_PRIM_PROD) && !(x = rt_autocast_f32(x, site)))
+    return NULL; /* autocast's f32 list */
   return SCOPED(name, rt_dispatch(name, op, &x, 1, &at, site));
 }
 
@@ -487,6 +489,7 @@ em_tensor *em_matmul_at(em_tensor *a, em_tensor *b, em_site site) {
   RT_ARG(b, "em_matmul", site);
   static const char name[] = "em_matmul";
   if (!a || !b) return NULL;
+  if (!(a = rt_autocast_low(a, name, site)) || !(b = rt_autocast_low(b, name, site))) return NULL;
   char s0[128], s1[128];
   if (a->ndim == 0 || b->ndim == 0)
     return rt_error(site, name, "both operands need at least 1 dim: a is %s, b is %s", rt_fmt(s0, 128, a), rt_fmt(s1, 128, b));
@@ -574,6 +577,9 @@ static em_tensor *conv(em_prim op, const char *name, em_tensor *a, em_tensor *b,
 
 em_tensor *em_conv2d_at(em_tensor *x, em_tensor *w, em_tensor *bias, em_conv2d_params p, em_site site) {
   if (!bias) return NULL;
+  if (!x || !w || !(x = rt_autocast_low(x, "em_conv2d", site)) || !(w = rt_autocast_low(w, "em_conv2d", site)) ||
+      !(bias = rt_autocast_low(bias, "em_conv2d", site)))
+    return NULL;
   return SCOPED("em_conv2d", conv(EM_PRIM_CONV2D, "em_conv2d", x, w, bias == EM_NONE ? NULL : bias, NULL, p, site));
 }
 

@@ -5,9 +5,9 @@
  * files: alloc.c, error.c, tensor.c (tensors, storage, scopes), dispatch.c, ops.c (public op
  * API), creation.c, print.c.
  *
- * Thread-local state (documented here, in one place): the scope stack (tensor.c) and the last
- * error (error.c). Process-wide state: the allocator and the debug counters (alloc.c), the
- * random generator (creation.c). */
+ * Thread-local state (documented here, in one place): the scope stack (tensor.c), the last
+ * error (error.c) and the open autocast regions (autocast.c). Process-wide state: the allocator
+ * and the debug counters (alloc.c), the random generator (creation.c). */
 #ifndef EMBER_RT_H
 #define EMBER_RT_H
 
@@ -412,5 +412,18 @@ em_tensor *rt_trace_new_input(rt_trace *tr, const struct ir_type *t, em_site sit
 
 /* Reserves `calls` Philox counters: returns the seed and the first offset to use. */
 void rt_rng_reserve(uint64_t calls, uint64_t *seed, uint64_t *offset);
+
+/* ---- autocast.c: mixed precision (em_autocast_begin) ---------------------------------------- */
+
+/* An operand of a lower-precision op (matmul, linear, conv2d) inside an autocast region: cast to
+ * the region's dtype when it is f32 or the other half type; x itself otherwise (and outside a
+ * region); NULL with an error naming op for a cpu tensor (no cpu kernels compute in f16 / bf16). */
+em_tensor *rt_autocast_low(em_tensor *x, const char *op, em_site site);
+/* An operand of an f32-list op (softmax, log_softmax, layer_norm, cross_entropy, sum, prod):
+ * f16 / bf16 cast to f32 inside a region, else x itself. */
+em_tensor *rt_autocast_f32(em_tensor *x, em_site site);
+/* The autograd engine's backward runs its rules outside autocast; suspensions nest. */
+void rt_autocast_suspend(void);
+void rt_autocast_resume(void);
 
 #endif /* EMBER_RT_H */
