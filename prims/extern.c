@@ -8,15 +8,17 @@
  * to OpenBLAS (oneDNN has no f64 GEMM), and integer GEMM and f64 convolutions to the reference
  * loops (f64 serves gradient checks, not speed). Operands arrive with any strides: GEMM takes a
  * transposed view as it is (transa/transb) and copies only matrices that neither layout fits;
- * convolutions copy non-contiguous operands. OpenMP is Ember's one threading runtime and oneDNN
- * here is built on it; OpenBLAS (a pthreads build) is held to one thread and Ember splits its
- * work across OpenMP threads itself, so two thread pools never compete for the cores. Without
+ * convolutions copy non-contiguous operands. GEMMs run as tiles on Ember's thread pool, each
+ * tile a single-threaded library call (the section on tiles says why); convolutions are threaded
+ * by oneDNN itself, on OpenMP (Debian's libdnnl is built on libgomp). Without
  * oneDNN or OpenBLAS (meson options onednn, blas) the reference loops run instead, so the
  * library always builds. */
 #include "prims.h"
 
 #include <limits.h>
 #include <omp.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,26 +95,32 @@ static bool compact(const prim_buf *src, int keep_from, prim_buf *dst, void **ow
 
 /* ---- GEMM reference ------------------------------------------------------------------------ */
 
-void prim_matmul_ref(const prim_buf *out, const prim_buf *a, const prim_buf *b) {
+typedef struct {
+  const prim_buf *out, *a, *b;
+  int64_t m, n, k;
+} matmul_ref_job;
+
+/* Output rows [r0, r1) of all batches' rows. Each output element is one dot product in a fixed
+ * order, so threads change no result. */
+static void matmul_ref_rows(void *ctx, int64_t r0, int64_t r1) {
+  const matmul_ref_job *j = ctx;
+  const prim_buf *out = j->out, *a = j->a, *b = j->b;
   int nd = out->ndim;
-  int64_t m = out->sizes[nd - 2], n = out->sizes[nd - 1], k = a->sizes[nd - 1];
-  int64_t rows = batch_count(out) * m;
-  if (rows == 0 || n == 0) return;
+  int64_t m = j->m, n = j->n, k = j->k;
   int64_t as0 = a->strides[nd - 2], as1 = a->strides[nd - 1], bs0 = b->strides[nd - 2], bs1 = b->strides[nd - 1];
   int64_t os0 = out->strides[nd - 2], os1 = out->strides[nd - 1];
   em_dtype dt = out->dtype;
   int64_t es = (int64_t)esize(dt);
-  /* Each output element is one dot product in a fixed order, so threads change no result. */
-  PRIM_PARALLEL_FOR(rows > 1 && rows * n * k >= PAR_WORK, r, rows, {
+  for (int64_t r = r0; r < r1; r++) {
     int64_t bi = r / m, i = r % m;
     const char *pa = a->data + (batch_offset(a, bi) + i * as0) * es;
     const char *pb = b->data + batch_offset(b, bi) * es;
     char *po = out->data + (batch_offset(out, bi) + i * os0) * es;
-    for (int64_t j = 0; j < n; j++) {
+    for (int64_t jj = 0; jj < n; jj++) {
       double accf = 0;
       uint64_t acci = 0; /* unsigned: integer GEMM wraps, as torch's does, without UB */
       for (int64_t p = 0; p < k; p++) {
-        const char *x = pa + p * as1 * es, *y = pb + (p * bs0 + j * bs1) * es;
+        const char *x = pa + p * as1 * es, *y = pb + (p * bs0 + jj * bs1) * es;
         switch (dt) {
         case EM_F32: accf += (double)*(const float *)x * *(const float *)y; break;
         case EM_F64: accf += *(const double *)x * *(const double *)y; break;
@@ -120,13 +128,21 @@ void prim_matmul_ref(const prim_buf *out, const prim_buf *a, const prim_buf *b) 
         default: acci += (uint64_t)*(const int64_t *)x * (uint64_t)*(const int64_t *)y; break;
         }
       }
-      char *o = po + j * os1 * es;
+      char *o = po + jj * os1 * es;
       if (dt == EM_F32) *(float *)o = (float)accf;
       else if (dt == EM_F64) *(double *)o = accf;
       else if (dt == EM_I32) *(int32_t *)o = (int32_t)(uint32_t)acci;
       else *(int64_t *)o = (int64_t)acci;
     }
-  });
+  }
+}
+
+void prim_matmul_ref(const prim_buf *out, const prim_buf *a, const prim_buf *b) {
+  int nd = out->ndim;
+  matmul_ref_job j = {out, a, b, out->sizes[nd - 2], out->sizes[nd - 1], a->sizes[nd - 1]};
+  int64_t rows = batch_count(out) * j.m;
+  if (rows == 0 || j.n == 0) return;
+  prim_parallel_for(rows > 1 && rows * j.n * j.k >= PAR_WORK, rows, matmul_ref_rows, &j);
 }
 
 /* ---- convolution reference ----------------------------------------------------------------- */
@@ -154,21 +170,25 @@ static double at4(const prim_buf *b, int64_t i0, int64_t i1, int64_t i2, int64_t
   return b->dtype == EM_F32 ? ((const float *)b->data)[off] : ((const double *)b->data)[off];
 }
 
+typedef struct {
+  em_prim op;
+  const em_conv2d_params *p;
+  conv_problem c;
+  const prim_buf *out, *a, *b;
+} conv_ref_job;
+
 /* Each result element is computed on its own, as a sum over the forward loop nest restricted
  * to the terms that touch it (a gather), so the loop parallelises without atomics and gives
- * the same bits whatever the thread count. */
-void prim_conv2d_ref(em_prim op, const prim_attrs *at, const prim_buf *out, const prim_buf *a, const prim_buf *b) {
-  const em_conv2d_params *p = &at->conv;
-  conv_problem c = conv_of(op, out, a, b);
-  const int64_t *x = c.x, *w = c.w, *y = c.y;
-  int64_t cg = w[1], og = w[0] / p->groups;
-  int64_t total = ir_numel(4, out->sizes);
-  int64_t per = op == EM_PRIM_CONV2D ? cg * w[2] * w[3]
-              : op == EM_PRIM_CONV2D_BWD_INPUT ? og * w[2] * w[3]
-                                                : y[0] * y[2] * y[3];
-  const int64_t sh = p->stride[0], sw = p->stride[1], ph = p->padding[0], pw = p->padding[1];
-  const int64_t dh = p->dilation[0], dw = p->dilation[1];
-  PRIM_PARALLEL_FOR(total > 1 && total * per >= PAR_WORK, e, total, {
+ * the same bits whatever the thread count. Elements [e0, e1) of the result, flat. */
+static void conv_ref_elems(void *ctx, int64_t e0, int64_t e1) {
+  const conv_ref_job *jb = ctx;
+  const prim_buf *out = jb->out, *a = jb->a, *b = jb->b;
+  em_prim op = jb->op;
+  const int64_t *x = jb->c.x, *w = jb->c.w, *y = jb->c.y;
+  int64_t cg = w[1], og = w[0] / jb->p->groups;
+  const int64_t sh = jb->p->stride[0], sw = jb->p->stride[1], ph = jb->p->padding[0], pw = jb->p->padding[1];
+  const int64_t dh = jb->p->dilation[0], dw = jb->p->dilation[1];
+  for (int64_t e = e0; e < e1; e++) {
     int64_t i3 = e % out->sizes[3], i2 = e / out->sizes[3] % out->sizes[2];
     int64_t i1 = e / (out->sizes[3] * out->sizes[2]) % out->sizes[1];
     int64_t i0 = e / (out->sizes[3] * out->sizes[2] * out->sizes[1]);
@@ -210,7 +230,17 @@ void prim_conv2d_ref(em_prim op, const prim_attrs *at, const prim_buf *out, cons
     int64_t off = i0 * out->strides[0] + i1 * out->strides[1] + i2 * out->strides[2] + i3 * out->strides[3];
     if (out->dtype == EM_F32) ((float *)out->data)[off] = (float)acc;
     else ((double *)out->data)[off] = acc;
-  });
+  }
+}
+
+void prim_conv2d_ref(em_prim op, const prim_attrs *at, const prim_buf *out, const prim_buf *a, const prim_buf *b) {
+  conv_ref_job j = {op, &at->conv, conv_of(op, out, a, b), out, a, b};
+  const int64_t *w = j.c.w, *y = j.c.y;
+  int64_t total = ir_numel(4, out->sizes);
+  int64_t per = op == EM_PRIM_CONV2D ? w[1] * w[2] * w[3]
+              : op == EM_PRIM_CONV2D_BWD_INPUT ? w[0] / at->conv.groups * w[2] * w[3]
+                                                : y[0] * y[2] * y[3];
+  prim_parallel_for(total > 1 && total * per >= PAR_WORK, total, conv_ref_elems, &j);
 }
 
 /* ---- GEMM through the libraries ------------------------------------------------------------ */
@@ -238,9 +268,49 @@ typedef struct {
   const prim_buf *out;
 } gemm_job;
 
-/* Products of at most this many multiply-adds run one per thread when there are several;
- * larger ones are spread over every thread inside the library call. */
-#define SMALL_GEMM ((int64_t)1 << 18)
+/* Tiles. Every product is cut into tiles (batch, block of rows, block of columns) and the tiles
+ * run on Ember's pool, each one a single-threaded library call. The cut depends only on the
+ * shapes, so a result has the same bits whatever the thread count (a library threading one call
+ * itself may split the sum over k differently for another count), and no library thread pool
+ * ever runs beside Ember's: oneDNN here is built on OpenMP, whose idle threads spin at
+ * barriers and starve a busy machine (prims/pool.c), and OpenBLAS is a pthreads build that would
+ * oversubscribe the cores when called from several threads. A tile is worth about TILE_WORK
+ * multiply-adds, at least TILE_ROWS x TILE_COLS of the result, and a product is cut into at
+ * most MAX_TILES: fine enough to feed 16 threads on a large product, coarse enough that a
+ * tile's call overhead and its repacking of operand panels stay small (measured: see issue 23
+ * in README.md). */
+#define TILE_WORK ((double)(1 << 21))
+enum { TILE_ROWS = 32, TILE_COLS = 64, MAX_TILES = 64 };
+
+typedef struct {
+  const gemm_job *g;
+  int64_t mb, nb;           /* row and column blocks per product */
+  _Atomic int bad;          /* the first failed library status, 0 when none */
+} gemm_tiles;
+
+static void plan_tiles(const gemm_job *g, gemm_tiles *t) {
+  double want = (double)g->m * (double)g->n * (double)g->k / TILE_WORK;
+  int64_t tiles = want >= MAX_TILES ? MAX_TILES : want >= 1 ? (int64_t)want : 1;
+  int64_t rmax = g->m / TILE_ROWS > 1 ? g->m / TILE_ROWS : 1, cmax = g->n / TILE_COLS > 1 ? g->n / TILE_COLS : 1;
+  t->mb = tiles < rmax ? tiles : rmax;
+  t->nb = tiles / t->mb < cmax ? tiles / t->mb : cmax;
+  if (t->nb < 1) t->nb = 1;
+}
+
+/* Tile q: its product, its rows [r0, r1) and columns [c0, c1), and the operands' first elements
+ * there (a row block of op(a) starts r0 rows down ('N') or r0 columns across ('T'); a column
+ * block of op(b) starts c0 columns across ('N') or c0 rows down ('T')). */
+typedef struct {
+  int64_t rows, cols, aoff, boff, coff;
+} tile;
+
+static tile tile_of(const gemm_tiles *t, int64_t q) {
+  const gemm_job *g = t->g;
+  int64_t per = t->mb * t->nb, i = q / per, rb = q % per / t->nb, cb = q % t->nb;
+  int64_t r0 = g->m * rb / t->mb, r1 = g->m * (rb + 1) / t->mb, c0 = g->n * cb / t->nb, c1 = g->n * (cb + 1) / t->nb;
+  return (tile){r1 - r0, c1 - c0, batch_offset(&g->a, i) + (g->ta == 'N' ? r0 * g->lda : r0),
+                batch_offset(&g->b, i) + (g->tb == 'N' ? c0 : c0 * g->ldb), i * g->m * g->n + r0 * g->n + c0};
+}
 
 #ifdef EMBER_HAVE_DNNL
 /* A failed oneDNN status as Ember's error: out of memory in the words every allocation failure
@@ -251,82 +321,65 @@ static bool dnnl_fail(char *err, size_t cap, const char *what, dnnl_status_t st)
   return false;
 }
 
-static dnnl_status_t sgemm_one(const gemm_job *g, int64_t i) {
-  const float *pa = (const float *)g->a.data + batch_offset(&g->a, i);
-  const float *pb = (const float *)g->b.data + batch_offset(&g->b, i);
-  return prim_dnnl_sgemm(g->ta, g->tb, g->m, g->n, g->k, 1.0f, pa, g->lda, pb, g->ldb, 0.0f,
-                    (float *)g->out->data + i * g->m * g->n, g->n);
-}
-
-static bool sgemm_dnnl(const gemm_job *g, char *err, size_t cap) {
-  int nt = omp_get_level() > 0 ? 1 : omp_get_max_threads();
-  /* A batch per thread when the products are small, or large but numerous enough (or evenly
-   * divisible) to keep every thread busy: oneDNN sees it is inside a parallel region and runs
-   * each call on its caller's thread, so the two levels never nest. Otherwise one product at
-   * a time, threaded by oneDNN. */
-  bool per_thread =
-      g->batches > 1 && (g->m * g->n * g->k <= SMALL_GEMM || g->batches % nt == 0 || g->batches >= 4 * nt);
-  dnnl_status_t bad = dnnl_success;
-  /* Not `omp parallel for if (per_thread)`: a region with a false if-clause still opens a
-   * nesting level without being active, so omp_in_parallel() says false, oneDNN opens its own
-   * team inside it, and libgomp starts (and ends) fresh threads for that nested team on every
-   * call. With spinning waits on two cores that made the MLP training step 5x slower (28 ms
-   * against 5). */
-  if (per_thread) {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < g->batches; i++) {
-      dnnl_status_t st = sgemm_one(g, i);
-      if (st != dnnl_success) {
-#pragma omp atomic write
-        bad = st;
-      }
-    }
-  } else {
-    for (int64_t i = 0; i < g->batches && bad == dnnl_success; i++) bad = sgemm_one(g, i);
-  }
-  if (bad != dnnl_success) return dnnl_fail(err, cap, "sgemm", bad);
-  return true;
+/* oneDNN's OpenMP build threads a call over omp_get_max_threads() of the calling thread unless
+ * it runs inside an active parallel region. Ember's threads are no OpenMP threads, so the tile
+ * sets the calling thread's OpenMP thread count to 1 for the call (a per-thread setting, put
+ * back after; OMP_NUM_THREADS and the user's other threads are untouched), and oneDNN runs the
+ * call on it without opening a parallel region. */
+static void sgemm_tile(void *ctx, int64_t q) {
+  gemm_tiles *t = ctx;
+  const gemm_job *g = t->g;
+  tile x = tile_of(t, q);
+  int nt = omp_get_max_threads();
+  if (nt != 1) omp_set_num_threads(1);
+  dnnl_status_t st = prim_dnnl_sgemm(g->ta, g->tb, x.rows, x.cols, g->k, 1.0f, (const float *)g->a.data + x.aoff,
+                                     g->lda, (const float *)g->b.data + x.boff, g->ldb, 0.0f,
+                                     (float *)g->out->data + x.coff, g->n);
+  if (nt != 1) omp_set_num_threads(nt);
+  int none = dnnl_success;
+  if (st != dnnl_success) atomic_compare_exchange_strong(&t->bad, &none, (int)st);
 }
 #endif
 
 #ifdef EMBER_HAVE_BLAS
-/* OpenBLAS is a pthreads build: left to itself it would start its own pool beside OpenMP's and
- * oversubscribe the cores whenever it is called from a parallel region, so it runs on the
- * calling thread and dgemm_blas splits the work over OpenMP threads. */
-static void blas_single_thread(void) {
-  static bool done;
-#pragma omp critical(ember_blas_init)
-  if (!done) {
-    openblas_set_num_threads(1);
-    done = true;
-  }
-}
+/* OpenBLAS runs every call on its calling thread (see Tiles). */
+static void blas_init(void) { openblas_set_num_threads(1); }
 
-static void dgemm_blas(const gemm_job *g) {
-  if (g->m > INT_MAX || g->n > INT_MAX || g->k > INT_MAX || g->lda > INT_MAX || g->ldb > INT_MAX) {
-    prim_matmul_ref(g->out, &g->a, &g->b); /* beyond a 32-bit BLAS interface */
-    return;
-  }
-  blas_single_thread();
-  int nt = omp_get_level() > 0 ? 1 : omp_get_max_threads();
-  int64_t work = g->batches * g->m * g->n * g->k, blocks = 1;
-  /* Tiles of (batch, block of rows), so that a single large product also uses every thread;
-   * a row block of op(a) starts r0 rows down ('N') or r0 columns across ('T'). */
-  if (g->batches < nt && work >= SMALL_GEMM) {
-    blocks = (nt + g->batches - 1) / g->batches;
-    if (blocks > (g->m + 15) / 16) blocks = (g->m + 15) / 16;
-  }
-  int64_t tiles = g->batches * blocks;
-  PRIM_PARALLEL_FOR(tiles > 1 && work >= PAR_WORK, t, tiles, {
-    int64_t i = t / blocks, r0 = g->m * (t % blocks) / blocks, r1 = g->m * (t % blocks + 1) / blocks;
-    const double *pa = (const double *)g->a.data + batch_offset(&g->a, i) + (g->ta == 'N' ? r0 * g->lda : r0);
-    cblas_dgemm(CblasRowMajor, g->ta == 'T' ? CblasTrans : CblasNoTrans, g->tb == 'T' ? CblasTrans : CblasNoTrans,
-                (int)(r1 - r0), (int)g->n, (int)g->k, 1.0, pa, (int)g->lda,
-                (const double *)g->b.data + batch_offset(&g->b, i), (int)g->ldb, 0.0,
-                (double *)g->out->data + i * g->m * g->n + r0 * g->n, (int)g->n);
-  });
+static void dgemm_tile(void *ctx, int64_t q) {
+  gemm_tiles *t = ctx;
+  const gemm_job *g = t->g;
+  tile x = tile_of(t, q);
+  cblas_dgemm(CblasRowMajor, g->ta == 'T' ? CblasTrans : CblasNoTrans, g->tb == 'T' ? CblasTrans : CblasNoTrans,
+              (int)x.rows, (int)x.cols, (int)g->k, 1.0, (const double *)g->a.data + x.aoff, (int)g->lda,
+              (const double *)g->b.data + x.boff, (int)g->ldb, 0.0, (double *)g->out->data + x.coff, (int)g->n);
 }
 #endif
+
+/* The product through the library for its dtype, tile by tile. */
+static bool gemm_lib(const gemm_job *g, char *err, size_t cap) {
+  gemm_tiles t = {.g = g};
+  plan_tiles(g, &t);
+  atomic_init(&t.bad, 0);
+  int64_t n = g->batches * t.mb * t.nb;
+#ifdef EMBER_HAVE_DNNL
+  if (g->out->dtype == EM_F32) {
+    prim_parallel(n, sgemm_tile, &t);
+    int bad = atomic_load(&t.bad);
+    return bad == dnnl_success || dnnl_fail(err, cap, "sgemm", (dnnl_status_t)bad);
+  }
+#endif
+#ifdef EMBER_HAVE_BLAS
+  if (g->m > INT_MAX || g->n > INT_MAX || g->k > INT_MAX || g->lda > INT_MAX || g->ldb > INT_MAX) {
+    prim_matmul_ref(g->out, &g->a, &g->b); /* beyond a 32-bit BLAS interface */
+    return true;
+  }
+  static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+  pthread_once(&blas_once, blas_init);
+  prim_parallel(n, dgemm_tile, &t);
+#endif
+  (void)err, (void)cap, (void)n;
+  return true;
+}
 
 static bool gemm(const prim_buf *out, const prim_buf *a_in, const prim_buf *b_in, char *err, size_t cap) {
   int nd = out->ndim;
@@ -353,13 +406,7 @@ static bool gemm(const prim_buf *out, const prim_buf *a_in, const prim_buf *b_in
     if (!compact(b_in, nd - 2, &g.b, &cb, err, cap)) return free(ca), false;
     g.tb = 'N', g.ldb = g.n;
   }
-  bool ok = true;
-#ifdef EMBER_HAVE_DNNL
-  if (out->dtype == EM_F32) ok = sgemm_dnnl(&g, err, cap);
-#endif
-#ifdef EMBER_HAVE_BLAS
-  if (out->dtype == EM_F64) dgemm_blas(&g);
-#endif
+  bool ok = gemm_lib(&g, err, cap);
   free(ca);
   free(cb);
   return ok;
@@ -427,6 +474,7 @@ enum { CONV_CACHE = 64 };
 static dnnl_engine_t engine;
 static conv_entry conv_cache[CONV_CACHE];
 static int conv_cached;
+static pthread_mutex_t conv_lock = PTHREAD_MUTEX_INITIALIZER; /* the engine, the table, busy */
 
 /* The argument a prim writes: y, x or w. */
 static int result_arg(em_prim op) { return op == EM_PRIM_CONV2D ? 2 : op == EM_PRIM_CONV2D_BWD_INPUT ? 0 : 1; }
@@ -546,32 +594,31 @@ static dnnl_status_t conv_acquire(const conv_entry *key, conv_lease *l) {
   dnnl_status_t st = dnnl_success;
   conv_entry *e = NULL;
   *l = (conv_lease){0};
-#pragma omp critical(ember_dnnl_conv)
-  {
-    if (!engine) st = prim_dnnl_engine_create(&engine, dnnl_cpu, 0);
-    for (int i = 0; st == dnnl_success && i < conv_cached && !e; i++)
-      if (same_problem(&conv_cache[i], key)) e = &conv_cache[i];
-    if (st == dnnl_success && !e) {
-      bool table = conv_cached < CONV_CACHE;
-      if (!(e = table ? &conv_cache[conv_cached] : malloc(sizeof *e))) {
-        st = dnnl_out_of_memory;
+  pthread_mutex_lock(&conv_lock);
+  if (!engine) st = prim_dnnl_engine_create(&engine, dnnl_cpu, 0);
+  for (int i = 0; st == dnnl_success && i < conv_cached && !e; i++)
+    if (same_problem(&conv_cache[i], key)) e = &conv_cache[i];
+  if (st == dnnl_success && !e) {
+    bool table = conv_cached < CONV_CACHE;
+    if (!(e = table ? &conv_cache[conv_cached] : malloc(sizeof *e))) {
+      st = dnnl_out_of_memory;
+    } else {
+      *e = *key;
+      if ((st = make_conv(e)) != dnnl_success) {
+        if (!table) free(e);
+      } else if (table) {
+        conv_cached++;
       } else {
-        *e = *key;
-        if ((st = make_conv(e)) != dnnl_success) {
-          if (!table) free(e);
-        } else if (table) {
-          conv_cached++;
-        } else {
-          l->own = true;
-        }
+        l->own = true;
       }
     }
-    if (st == dnnl_success && !l->own && !e->busy && e->scratch_bytes &&
-        (e->scratch || (e->scratch = scratch_alloc(e->scratch_bytes)))) {
-      e->busy = l->borrowed = true;
-      l->scratch = e->scratch;
-    }
   }
+  if (st == dnnl_success && !l->own && !e->busy && e->scratch_bytes &&
+      (e->scratch || (e->scratch = scratch_alloc(e->scratch_bytes)))) {
+    e->busy = l->borrowed = true;
+    l->scratch = e->scratch;
+  }
+  pthread_mutex_unlock(&conv_lock);
   if (st != dnnl_success) return st;
   l->e = e;
   /* No scratch yet: the entry's is in use by a concurrent call, or the entry is the call's. */
@@ -581,8 +628,9 @@ static dnnl_status_t conv_acquire(const conv_entry *key, conv_lease *l) {
 
 static void conv_release(const conv_lease *l) {
   if (l->borrowed) {
-#pragma omp critical(ember_dnnl_conv)
+    pthread_mutex_lock(&conv_lock);
     l->e->busy = false;
+    pthread_mutex_unlock(&conv_lock);
   } else {
     free(l->scratch);
   }

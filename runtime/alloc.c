@@ -141,12 +141,15 @@ void em_debug_reset_peak(void) {
 
 static int default_threads;
 
+/* Ember's pool (prims/pool.c) runs Ember's loops and GEMM tiles; oneDNN's convolutions thread
+ * over the calling thread's OpenMP count, which follows for them. */
 void em_set_num_threads(int n) {
   if (!default_threads) default_threads = omp_get_max_threads();
+  prim_set_threads(n);
   omp_set_num_threads(n > 0 ? n : default_threads);
 }
 
-int em_get_num_threads(void) { return omp_get_max_threads(); }
+int em_get_num_threads(void) { return prim_max_threads(); }
 
 _Noreturn void rt_assert_fail(const char *what, const char *file, int line) {
   fprintf(stderr, "%s:%d: ember internal error: assertion failed: %s\n", file, line, what);
