@@ -321,23 +321,37 @@ static bool dnnl_fail(char *err, size_t cap, const char *what, dnnl_status_t st)
   return false;
 }
 
-/* oneDNN's OpenMP build threads a call over omp_get_max_threads() of the calling thread unless
- * it runs inside an active parallel region. Ember's threads are no OpenMP threads, so the tile
- * sets the calling thread's OpenMP thread count to 1 for the call (a per-thread setting, put
- * back after; OMP_NUM_THREADS and the user's other threads are untouched), and oneDNN runs the
- * call on it without opening a parallel region. */
+/* oneDNN's OpenMP build threads a call (and sizes a primitive when it makes one) over
+ * omp_get_max_threads() of the calling thread, unless that thread is inside an active parallel
+ * region. Ember's threads are no OpenMP threads, so every oneDNN call is bracketed by these two:
+ * the calling thread's OpenMP thread count is 1 during the call (a per-thread setting, put back
+ * after; OMP_NUM_THREADS and the user's other threads are untouched), and oneDNN runs the call on
+ * that thread without opening a parallel region, so libgomp starts no threads at all. */
+static int dnnl_one_thread(void) {
+  int nt = omp_get_max_threads();
+  if (nt != 1) omp_set_num_threads(1);
+  return nt;
+}
+static void dnnl_threads_back(int nt) {
+  if (nt != 1) omp_set_num_threads(nt);
+}
+
+/* Records the first failed status of a job's tasks. */
+static void note_failure(_Atomic int *bad, dnnl_status_t st) {
+  int none = dnnl_success;
+  if (st != dnnl_success) atomic_compare_exchange_strong(bad, &none, (int)st);
+}
+
 static void sgemm_tile(void *ctx, int64_t q) {
   gemm_tiles *t = ctx;
   const gemm_job *g = t->g;
   tile x = tile_of(t, q);
-  int nt = omp_get_max_threads();
-  if (nt != 1) omp_set_num_threads(1);
+  int nt = dnnl_one_thread();
   dnnl_status_t st = prim_dnnl_sgemm(g->ta, g->tb, x.rows, x.cols, g->k, 1.0f, (const float *)g->a.data + x.aoff,
                                      g->lda, (const float *)g->b.data + x.boff, g->ldb, 0.0f,
                                      (float *)g->out->data + x.coff, g->n);
-  if (nt != 1) omp_set_num_threads(nt);
-  int none = dnnl_success;
-  if (st != dnnl_success) atomic_compare_exchange_strong(&t->bad, &none, (int)st);
+  dnnl_threads_back(nt);
+  note_failure(&t->bad, st);
 }
 #endif
 
@@ -426,9 +440,16 @@ static bool gemm(const prim_buf *out, const prim_buf *a_in, const prim_buf *b_in
  * plain. The choice depends only on the problem, never on a timing, so results are
  * reproducible from run to run.
  *
- * Caching. One CPU engine and the primitives made on it, keyed by problem and by the OpenMP
- * thread count (a primitive sizes its work split and scratchpad for the threads it was made
- * with, and em_set_num_threads can change that). Making a primitive (choosing and
+ * Threads. A convolution runs on Ember's pool as chunks of the batch, each chunk one
+ * single-threaded oneDNN call (dnnl_one_thread; the GEMM tiles' section says why no OpenMP
+ * thread runs). The chunks depend only on the problem (about CONV_WORK multiply-adds each, at
+ * most MAX_CONV_CHUNKS), so results have the same bits for any thread count: the forward and
+ * the input gradient compute each image on its own, and the weight gradient, a sum over the
+ * batch, sums each chunk's partial gradient into the result in chunk order. (oneDNN threading
+ * one call itself splits that sum by its thread count, so its bits changed with it.)
+ *
+ * Caching. One CPU engine and the primitives made on it, keyed by problem (a chunk's batch, at
+ * most two sizes per convolution). Making a primitive (choosing and
  * JIT-compiling a kernel) costs far more than running a small convolution, and training runs
  * the same few problems every step. Entries live as long as the process, so none is destroyed
  * under a thread still running it; they stay reachable from these statics, so leak checkers
@@ -440,8 +461,11 @@ static bool gemm(const prim_buf *out, const prim_buf *a_in, const prim_buf *b_in
  * made it, and concurrent calls crash there, while with scratch per call one primitive can run
  * on any thread, from several at once. One buffer per call holds the convolution's
  * scratchpad, the reordered copies of its arguments and the reorders' scratchpads; an entry
- * keeps one such buffer for whichever call finds it free, and a concurrent call allocates its
- * own. */
+ * keeps SCRATCH_SLOTS such buffers, each lent to one call at a time (the chunks of a
+ * convolution run on several threads at once), and a call that finds them all lent allocates
+ * its own. */
+#define CONV_WORK ((double)(1 << 22))
+enum { MAX_CONV_CHUNKS = 64, SCRATCH_SLOTS = 8 };
 
 /* A piece of the call's scratch buffer: its layout and byte offset (size 0: not used). */
 typedef struct {
@@ -461,13 +485,12 @@ typedef struct {
   em_prim op;
   int64_t x[4], w[4], y[4];
   em_conv2d_params p;
-  int threads;
   dnnl_primitive_t prim;
   conv_arg arg[3]; /* x, w, y */
   region scratch_pad;
   size_t scratch_bytes;
-  void *scratch; /* allocated on first use; lent to one call at a time (busy) */
-  bool busy;
+  void *scratch[SCRATCH_SLOTS]; /* each allocated on first use; lent to one call at a time (busy) */
+  bool busy[SCRATCH_SLOTS];
 } conv_entry;
 
 enum { CONV_CACHE = 64 };
@@ -569,7 +592,7 @@ static dnnl_status_t make_conv(conv_entry *e) {
 }
 
 static bool same_problem(const conv_entry *e, const conv_entry *k) {
-  return e->op == k->op && e->threads == k->threads && !memcmp(e->x, k->x, sizeof e->x) &&
+  return e->op == k->op && !memcmp(e->x, k->x, sizeof e->x) &&
          !memcmp(e->w, k->w, sizeof e->w) && !memcmp(e->y, k->y, sizeof e->y) &&
          !memcmp(e->p.stride, k->p.stride, sizeof e->p.stride) &&
          !memcmp(e->p.padding, k->p.padding, sizeof e->p.padding) &&
@@ -582,7 +605,8 @@ static bool same_problem(const conv_entry *e, const conv_entry *k) {
 typedef struct {
   conv_entry *e;
   void *scratch;
-  bool own, borrowed;
+  int slot; /* the entry's scratch buffer borrowed, or -1 */
+  bool own;
 } conv_lease;
 
 static void *scratch_alloc(size_t bytes) { return aligned_alloc(64, bytes); /* a multiple of 64 */ }
@@ -593,7 +617,7 @@ static void *scratch_alloc(size_t bytes) { return aligned_alloc(64, bytes); /* a
 static dnnl_status_t conv_acquire(const conv_entry *key, conv_lease *l) {
   dnnl_status_t st = dnnl_success;
   conv_entry *e = NULL;
-  *l = (conv_lease){0};
+  *l = (conv_lease){.slot = -1};
   pthread_mutex_lock(&conv_lock);
   if (!engine) st = prim_dnnl_engine_create(&engine, dnnl_cpu, 0);
   for (int i = 0; st == dnnl_success && i < conv_cached && !e; i++)
@@ -613,23 +637,24 @@ static dnnl_status_t conv_acquire(const conv_entry *key, conv_lease *l) {
       }
     }
   }
-  if (st == dnnl_success && !l->own && !e->busy && e->scratch_bytes &&
-      (e->scratch || (e->scratch = scratch_alloc(e->scratch_bytes)))) {
-    e->busy = l->borrowed = true;
-    l->scratch = e->scratch;
-  }
+  for (int i = 0; st == dnnl_success && !l->own && e->scratch_bytes && l->slot < 0 && i < SCRATCH_SLOTS; i++)
+    if (!e->busy[i] && (e->scratch[i] || (e->scratch[i] = scratch_alloc(e->scratch_bytes)))) {
+      e->busy[i] = true;
+      l->slot = i;
+      l->scratch = e->scratch[i];
+    }
   pthread_mutex_unlock(&conv_lock);
   if (st != dnnl_success) return st;
   l->e = e;
-  /* No scratch yet: the entry's is in use by a concurrent call, or the entry is the call's. */
+  /* No scratch yet: the entry's are in use by concurrent calls, or the entry is the call's. */
   if (e->scratch_bytes && !l->scratch && !(l->scratch = scratch_alloc(e->scratch_bytes))) return dnnl_out_of_memory;
   return dnnl_success;
 }
 
 static void conv_release(const conv_lease *l) {
-  if (l->borrowed) {
+  if (l->slot >= 0) {
     pthread_mutex_lock(&conv_lock);
-    l->e->busy = false;
+    l->e->busy[l->slot] = false;
     pthread_mutex_unlock(&conv_lock);
   } else {
     free(l->scratch);
@@ -692,6 +717,48 @@ static dnnl_status_t run_conv(const conv_entry *e, char *scratch, char *data[3])
   return st;
 }
 
+/* One convolution cut into batch chunks (see Threads): the chunk key, the operands and the
+ * result (data[0..2]: x, w, y as in conv_problem), the weight gradient's running sum. */
+typedef struct {
+  conv_entry key;      /* the whole problem; each chunk sets its batch */
+  char *data[3];
+  int64_t per_image[3]; /* floats of one image of x, w (0: not batched), y */
+  int64_t chunk, n;    /* images per chunk (the last may have fewer), images in all */
+  float *wsum;         /* BWD_WEIGHT: the result, summed into in chunk order */
+  int64_t wnumel;
+  _Atomic int64_t turn;
+  _Atomic int bad;
+} conv_job;
+
+static void conv_chunk(void *ctx, int64_t q) {
+  conv_job *j = ctx;
+  int64_t n0 = q * j->chunk, n1 = n0 + j->chunk < j->n ? n0 + j->chunk : j->n;
+  conv_entry key = j->key;
+  key.x[0] = key.y[0] = n1 - n0;
+  char *data[3];
+  for (int i = 0; i < 3; i++) data[i] = j->data[i] + n0 * j->per_image[i] * (int64_t)sizeof(float);
+  bool wgrad = key.op == EM_PRIM_CONV2D_BWD_WEIGHT;
+  /* the weight gradient: the first chunk writes the result, the others a partial sum */
+  float *part = NULL;
+  dnnl_status_t st = dnnl_success;
+  if (wgrad && q > 0 && !(part = scratch_alloc((size_t)(j->wnumel * 4 + 63) / 64 * 64))) st = dnnl_out_of_memory;
+  if (part) data[1] = (char *)part;
+  conv_lease l = {.slot = -1};
+  int nt = dnnl_one_thread();
+  if (st == dnnl_success) st = conv_acquire(&key, &l);
+  if (st == dnnl_success) st = run_conv(l.e, l.scratch, data);
+  dnnl_threads_back(nt);
+  if (l.e) conv_release(&l);
+  note_failure(&j->bad, st);
+  if (wgrad) { /* every chunk takes its turn, a failed one too, or the later ones would wait for ever */
+    prim_turn_wait(&j->turn, q);
+    if (part && st == dnnl_success)
+      for (int64_t i = 0; i < j->wnumel; i++) j->wsum[i] += part[i];
+    prim_turn_pass(&j->turn, q);
+  }
+  free(part);
+}
+
 static bool conv_dnnl(em_prim op, const prim_attrs *at, const prim_buf *out, const prim_buf *a_in,
                       const prim_buf *b_in, char *err, size_t cap) {
   prim_buf a, b;
@@ -699,26 +766,33 @@ static bool conv_dnnl(em_prim op, const prim_attrs *at, const prim_buf *out, con
   if (!compact(a_in, 0, &a, &ca, err, cap)) return false;
   if (!compact(b_in, 0, &b, &cb, err, cap)) return free(ca), false;
   conv_problem c = conv_of(op, out, &a, &b);
-  conv_entry key = {.op = op, .p = at->conv, .threads = omp_get_max_threads()};
+  conv_job j = {.key = {.op = op, .p = at->conv}, .data = {c.bx->data, c.bw->data, c.by->data}};
   /* A stride or dilation that makes no difference is made small: oneDNN refuses a stride of
    * INT64_MAX even where the output has one position (issue 17). With one output position any
    * stride above the padded extent left by the kernel gives the same window; a 1-wide kernel
    * has no taps to dilate. */
   for (int d = 0; d < 2; d++) {
-    if (c.w[2 + d] == 1) key.p.dilation[d] = 1;
-    int64_t span = (c.w[2 + d] - 1) * key.p.dilation[d] + 1, room = c.x[2 + d] + 2 * key.p.padding[d] - span;
-    if (c.y[2 + d] == 1 && room >= 0 && key.p.stride[d] > room + 1) key.p.stride[d] = room + 1;
+    if (c.w[2 + d] == 1) j.key.p.dilation[d] = 1;
+    int64_t span = (c.w[2 + d] - 1) * j.key.p.dilation[d] + 1, room = c.x[2 + d] + 2 * j.key.p.padding[d] - span;
+    if (c.y[2 + d] == 1 && room >= 0 && j.key.p.stride[d] > room + 1) j.key.p.stride[d] = room + 1;
   }
-  memcpy(key.x, c.x, sizeof key.x), memcpy(key.w, c.w, sizeof key.w), memcpy(key.y, c.y, sizeof key.y);
-  conv_lease l;
-  dnnl_status_t st = conv_acquire(&key, &l);
-  char *data[3] = {c.bx->data, c.bw->data, c.by->data};
-  if (st == dnnl_success) st = run_conv(l.e, l.scratch, data);
-  if (l.e) conv_release(&l);
+  memcpy(j.key.x, c.x, sizeof j.key.x), memcpy(j.key.w, c.w, sizeof j.key.w), memcpy(j.key.y, c.y, sizeof j.key.y);
+  j.per_image[0] = c.x[1] * c.x[2] * c.x[3], j.per_image[2] = c.y[1] * c.y[2] * c.y[3];
+  j.n = c.x[0];
+  double work = (double)ir_numel(4, c.y) * (double)(c.w[1] * c.w[2] * c.w[3]);
+  int64_t chunks = work >= CONV_WORK * MAX_CONV_CHUNKS ? MAX_CONV_CHUNKS : work >= CONV_WORK ? (int64_t)(work / CONV_WORK) : 1;
+  if (chunks > j.n) chunks = j.n;
+  j.chunk = (j.n + chunks - 1) / chunks;
+  chunks = (j.n + j.chunk - 1) / j.chunk;
+  j.wsum = (float *)c.bw->data;
+  j.wnumel = ir_numel(4, c.w);
+  atomic_init(&j.turn, 0);
+  atomic_init(&j.bad, dnnl_success);
+  prim_parallel(chunks, conv_chunk, &j);
   free(ca);
   free(cb);
-  if (st != dnnl_success) return dnnl_fail(err, cap, "convolution", st);
-  return true;
+  int bad = atomic_load(&j.bad);
+  return bad == dnnl_success || dnnl_fail(err, cap, "convolution", (dnnl_status_t)bad);
 }
 #endif
 

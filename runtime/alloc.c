@@ -5,7 +5,6 @@
  * what lets a test fail the n-th allocation and prove each error path releases what it took. */
 #include "rt.h"
 
-#include <omp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -139,15 +138,8 @@ void em_debug_reset_peak(void) {
   __atomic_store_n(&peak_bytes, __atomic_load_n(&live_bytes, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
 }
 
-static int default_threads;
-
-/* Ember's pool (prims/pool.c) runs Ember's loops and GEMM tiles; oneDNN's convolutions thread
- * over the calling thread's OpenMP count, which follows for them. */
-void em_set_num_threads(int n) {
-  if (!default_threads) default_threads = omp_get_max_threads();
-  prim_set_threads(n);
-  omp_set_num_threads(n > 0 ? n : default_threads);
-}
+/* Ember's pool (prims/pool.c) runs every parallel loop, GEMM tile and convolution chunk. */
+void em_set_num_threads(int n) { prim_set_threads(n); }
 
 int em_get_num_threads(void) { return prim_max_threads(); }
 
