@@ -2,8 +2,9 @@
  * (issue 23, "threads that survive a busy machine").
  *
  * Workloads: the compiled MLP training step of bench/compiled.c (784-512-512-10, batch 128,
- * cross entropy, SGD with momentum 0.9; forward, backward and update compiled as one function)
- * and an eager softmax over [4096, 1024] rows. Each runs alone, then beside 1 and then 2 busy
+ * cross entropy, SGD with momentum 0.9; forward, backward and update compiled as one function),
+ * an eager softmax over [4096, 1024] rows, and the compiled LeNet-5 training step of
+ * bench/compiled.c (batch 128, the same SGD), whose convolutions go to oneDNN. Each runs alone, then beside 1 and then 2 busy
  * processes: children this program forks that spin on the CPU until it kills them. A thread
  * runtime whose idle threads spin at barriers loses badly here, since the thread it waits for
  * may sit behind a busy process for a whole scheduler time slice.
@@ -55,31 +56,57 @@ static void stop_busy(pid_t pid) {
 /* ---- workloads ------------------------------------------------------------------------------ */
 
 typedef struct {
+  em_model_fn loss_fn;
   net *m;
   em_optimizer *opt;
 } step_ctx;
 
 static em_outputs train_step(void *ctx, em_tensor *const *in, int n) {
   step_ctx *s = ctx;
-  em_tensor *loss = mlp_fn(s->m, in, n).t[0];
+  em_tensor *loss = s->loss_fn(s->m, in, n).t[0];
   em_optimizer_zero_grad(s->opt);
   if (!loss || !em_backward(loss, NULL) || !em_optimizer_step(s->opt)) return EM_OUTPUTS(NULL);
   return EM_OUTPUTS(loss);
 }
 
+/* A model's compiled training step and what it runs on. */
 typedef struct {
   em_compiled *c;
   step_ctx s;
-  em_tensor *in[2], *x;
+  em_tensor *in[2];
+} model;
+
+typedef struct {
+  model mlp, lenet;
+  em_tensor *x;
 } workloads;
 
-static double mlp_once(workloads *w) {
+static double step_once(model *m) {
   em_scope_begin();
   double t0 = bench_now();
-  if (!em_call_n(w->c, &w->s, 2, w->in).t[0]) fail("compiled MLP step");
+  if (!em_call_n(m->c, &m->s, 2, m->in).t[0]) fail("compiled training step");
   double dt = bench_now() - t0;
   em_scope_end();
   return 1e3 * dt;
+}
+
+static double mlp_once(workloads *w) { return step_once(&w->mlp); }
+static double lenet_once(workloads *w) { return step_once(&w->lenet); }
+
+/* Parameters in m's net, SGD, the step compiled and run once (optimizer state exists, as in
+ * every step but the first). */
+static void model_init(model *m, const char *name, em_model_fn loss_fn, net *params, em_tensor *x, em_tensor *y) {
+  m->s = (step_ctx){loss_fn, params, em_sgd_new(params->n_params, params->params, ((em_sgd_opts){0.01, 0.9, 0, 0, false}))};
+  m->in[0] = x, m->in[1] = y;
+  if (!m->s.opt || !x || !y) fail("setup");
+  m->c = em_compile(train_step, &(em_compile_options){.backend = "inductor", .name = name});
+  if (!m->c) fail("em_compile");
+  train_step(&m->s, m->in, 2);
+}
+
+static void model_free(model *m) {
+  em_compiled_free(m->c);
+  em_optimizer_free(m->s.opt);
 }
 
 static double softmax_once(workloads *w) {
@@ -97,12 +124,18 @@ static double softmax_once(workloads *w) {
 
 static bool have_torch(void) { return system("python3 -c 'import torch' >/dev/null 2>&1") == 0; }
 
+/* The torch script: beside this program's source, else under the current directory (a copy of
+ * the tree run elsewhere). */
+static const char *torch_script(void) {
+  static const char *in_source = BENCH_SOURCE_DIR "/contention_torch.py";
+  return access(in_source, R_OK) == 0 ? in_source : "bench/contention_torch.py";
+}
+
 /* Runs the torch script for `steps` timed steps (in the condition the caller set up): every
  * step's ms into t, or false. */
 static bool torch_steps(int steps, double *t) {
   char cmd[2048];
-  snprintf(cmd, sizeof cmd, "python3 '%s/contention_torch.py' --steps %d --threads %d", BENCH_SOURCE_DIR, steps,
-           em_get_num_threads());
+  snprintf(cmd, sizeof cmd, "python3 '%s' --steps %d --threads %d", torch_script(), steps, em_get_num_threads());
   FILE *f = popen(cmd, "r");
   if (!f) return false;
   int got = 0;
@@ -161,18 +194,19 @@ int main(int argc, char **argv) {
 
   em_scope_begin();
   em_manual_seed(0);
-  net m = {0};
-  models_mlp(&m, 784, 512, 512, 10);
-  workloads w = {.s = {&m, em_sgd_new(m.n_params, m.params, ((em_sgd_opts){0.01, 0.9, 0, 0, false}))},
-                 .in = {em_rand(EM_F32, EM_SHAPE(128, 784)), em_randint(0, 10, EM_SHAPE(128))},
-                 .x = em_randn(EM_F32, EM_SHAPE(4096, 1024))};
-  if (!w.s.opt || !w.in[0] || !w.in[1] || !w.x) fail("setup");
-  w.c = em_compile(train_step, &(em_compile_options){.backend = "inductor", .name = "mlp"});
-  if (!w.c) fail("em_compile");
-  train_step(&w.s, w.in, 2); /* optimizer state exists, as in every step but the first */
+  net mlp = {0}, lenet = {0};
+  models_mlp(&mlp, 784, 512, 512, 10);
+  if (!models_lenet(&lenet)) fail("lenet");
+  workloads w = {.x = em_randn(EM_F32, EM_SHAPE(4096, 1024))};
+  if (!w.x) fail("setup");
+  model_init(&w.mlp, "mlp", mlp_fn, &mlp, em_rand(EM_F32, EM_SHAPE(128, 784)), em_randint(0, 10, EM_SHAPE(128)));
+  model_init(&w.lenet, "lenet", lenet_fn, &lenet, em_rand(EM_F32, EM_SHAPE(128, 1, 28, 28)), em_randint(0, 10, EM_SHAPE(128)));
 
-  static series s[3] = {{"mlp_compiled", mlp_once, false}, {"softmax_eager", softmax_once, false}, {"mlp_torch_eager", NULL, true}};
-  int n_series = torch ? 3 : 2;
+  static series s[4] = {{"mlp_compiled", mlp_once, false},
+                        {"softmax_eager", softmax_once, false},
+                        {"lenet_compiled", lenet_once, false},
+                        {"mlp_torch_eager", NULL, true}};
+  int n_series = torch ? 4 : 3;
   for (int r = 0; r < rounds; r++)
     for (int k = 0; k < CONDITIONS; k++) {
       int c = (r + k) % CONDITIONS;
@@ -193,8 +227,8 @@ int main(int argc, char **argv) {
       for (int b = 0; b < c; b++) stop_busy(busy[b]);
     }
   for (int q = 0; q < n_series; q++) report(&s[q], rounds, steps);
-  em_compiled_free(w.c);
-  em_optimizer_free(w.s.opt);
+  model_free(&w.mlp);
+  model_free(&w.lenet);
   em_scope_end();
   em_thread_cleanup();
   return 0;

@@ -51,7 +51,10 @@
  * compiled step, so a step keeps its workers awake on a quiet machine, and short enough that a
  * worker gives its core back quickly when other processes want it. (bench/contention measures
  * both; see issue 23's figures in README.md.) */
-#define SPIN_NS 50000
+#ifndef POOL_SPIN_NS /* a build option only for measuring other values */
+#define POOL_SPIN_NS 50000
+#endif
+#define SPIN_NS POOL_SPIN_NS
 
 enum { MAX_WORKERS = 255 };
 enum { IDLE, POSTED, TAKEN }; /* a worker's slot: nothing for it, a job handed to it, a job it is running */
