@@ -17,7 +17,8 @@
  *
  * When `python3 -c 'import torch'` works, PyTorch eager's MLP step (bench/contention_torch.py,
  * the same math, torch.set_num_threads(em_get_num_threads())) runs in each condition of each
- * round too; otherwise the output says it was left out. --json: one JSON object per figure. */
+ * round too (unless --no-torch); otherwise the output says it was left out. --json: one JSON
+ * object per figure. */
 #define _POSIX_C_SOURCE 200809L /* kill */
 #include "bench.h"
 #include "models.h"
@@ -187,10 +188,13 @@ int main(int argc, char **argv) {
     fprintf(stderr, "bench contention: --rounds 1..%d, --steps 1..%d\n", MAX_ROUNDS, MAX_STEPS);
     return 2;
   }
-  bool torch = have_torch();
+  bool torch = true;
+  for (int i = 1; i < argc; i++)
+    if (!strcmp(argv[i], "--no-torch")) torch = false;
+  torch = torch && have_torch();
   if (!bench_json)
     printf("threads %d; %s\n", em_get_num_threads(),
-           torch ? "PyTorch eager's MLP step runs beside Ember's" : "PyTorch not installed (python3 -c 'import torch' failed): its row is left out");
+           torch ? "PyTorch eager's MLP step runs beside Ember's" : "PyTorch left out (--no-torch, or python3 -c 'import torch' failed)");
 
   em_scope_begin();
   em_manual_seed(0);
