@@ -270,17 +270,22 @@ typedef struct {
 
 /* Tiles. Every product is cut into tiles (batch, block of rows, block of columns) and the tiles
  * run on Ember's pool, each one a single-threaded library call. The cut depends only on the
- * shapes, so a result has the same bits whatever the thread count (a library threading one call
- * itself may split the sum over k differently for another count), and no library thread pool
- * ever runs beside Ember's: oneDNN here is built on OpenMP, whose idle threads spin at
- * barriers and starve a busy machine (prims/pool.c), and OpenBLAS is a pthreads build that would
- * oversubscribe the cores when called from several threads. A tile is worth about TILE_WORK
- * multiply-adds, at least TILE_ROWS x TILE_COLS of the result, and a product is cut into at
- * most MAX_TILES: fine enough to feed 16 threads on a large product, coarse enough that a
- * tile's call overhead and its repacking of operand panels stay small (measured: see issue 23
- * in README.md). */
-#define TILE_WORK ((double)(1 << 21))
-enum { TILE_ROWS = 32, TILE_COLS = 64, MAX_TILES = 64 };
+ * shapes, so a result has the same bits whatever the thread count; a library that threads one
+ * call itself changes them with the count (oneDNN's sgemm gives other bits for other column
+ * widths of the same product: measured for 128x512x784 with b transposed). And no library thread
+ * pool runs beside Ember's: oneDNN here is built on OpenMP, whose idle threads spin at barriers
+ * and starve a busy machine (prims/pool.c), and OpenBLAS is a pthreads build that would
+ * oversubscribe the cores when called from several threads.
+ *
+ * Sizes, measured one thread against one uncut call (oneDNN, this machine): cutting rows costs
+ * 0-10% while blocks keep 64 rows, cutting columns 0-3% in blocks of 256 but up to 30% in
+ * blocks of 64 or of widths off a multiple of 16 (with b transposed: the forward of
+ * em_linear), and cutting 128x512x784 into 24 small tiles took twice as long. So a tile has
+ * about TILE_WORK multiply-adds (about 50 us on one core), rows are cut first, in blocks of
+ * at least TILE_ROWS (multiples of 16), then columns in blocks of at least TILE_COLS
+ * (multiples of 64), into at most MAX_TILES per product. */
+#define TILE_WORK ((double)(1 << 22))
+enum { TILE_ROWS = 64, TILE_COLS = 256, MAX_TILES = 64 };
 
 typedef struct {
   const gemm_job *g;
@@ -294,7 +299,12 @@ static void plan_tiles(const gemm_job *g, gemm_tiles *t) {
   int64_t rmax = g->m / TILE_ROWS > 1 ? g->m / TILE_ROWS : 1, cmax = g->n / TILE_COLS > 1 ? g->n / TILE_COLS : 1;
   t->mb = tiles < rmax ? tiles : rmax;
   t->nb = tiles / t->mb < cmax ? tiles / t->mb : cmax;
-  if (t->nb < 1) t->nb = 1;
+}
+
+/* Where block j of nb starts along a dim of n, in units of unit (the last block ends at n). */
+static int64_t block_start(int64_t n, int64_t j, int64_t nb, int64_t unit) {
+  int64_t b = (n + unit - 1) / unit * j / nb * unit;
+  return b < n ? b : n;
 }
 
 /* Tile q: its product, its rows [r0, r1) and columns [c0, c1), and the operands' first elements
@@ -307,7 +317,8 @@ typedef struct {
 static tile tile_of(const gemm_tiles *t, int64_t q) {
   const gemm_job *g = t->g;
   int64_t per = t->mb * t->nb, i = q / per, rb = q % per / t->nb, cb = q % t->nb;
-  int64_t r0 = g->m * rb / t->mb, r1 = g->m * (rb + 1) / t->mb, c0 = g->n * cb / t->nb, c1 = g->n * (cb + 1) / t->nb;
+  int64_t r0 = block_start(g->m, rb, t->mb, 16), r1 = block_start(g->m, rb + 1, t->mb, 16);
+  int64_t c0 = block_start(g->n, cb, t->nb, 64), c1 = block_start(g->n, cb + 1, t->nb, 64);
   return (tile){r1 - r0, c1 - c0, batch_offset(&g->a, i) + (g->ta == 'N' ? r0 * g->lda : r0),
                 batch_offset(&g->b, i) + (g->tb == 'N' ? c0 : c0 * g->ldb), i * g->m * g->n + r0 * g->n + c0};
 }
@@ -346,6 +357,7 @@ static void sgemm_tile(void *ctx, int64_t q) {
   gemm_tiles *t = ctx;
   const gemm_job *g = t->g;
   tile x = tile_of(t, q);
+  if (!x.rows || !x.cols) return;
   int nt = dnnl_one_thread();
   dnnl_status_t st = prim_dnnl_sgemm(g->ta, g->tb, x.rows, x.cols, g->k, 1.0f, (const float *)g->a.data + x.aoff,
                                      g->lda, (const float *)g->b.data + x.boff, g->ldb, 0.0f,
@@ -363,6 +375,7 @@ static void dgemm_tile(void *ctx, int64_t q) {
   gemm_tiles *t = ctx;
   const gemm_job *g = t->g;
   tile x = tile_of(t, q);
+  if (!x.rows || !x.cols) return;
   cblas_dgemm(CblasRowMajor, g->ta == 'T' ? CblasTrans : CblasNoTrans, g->tb == 'T' ? CblasTrans : CblasNoTrans,
               (int)x.rows, (int)x.cols, (int)g->k, 1.0, (const double *)g->a.data + x.aoff, (int)g->lda,
               (const double *)g->b.data + x.boff, (int)g->ldb, 0.0, (double *)g->out->data + x.coff, (int)g->n);
