@@ -4,8 +4,9 @@
  * Workloads: the compiled MLP training step of bench/compiled.c (784-512-512-10, batch 128,
  * cross entropy, SGD with momentum 0.9; forward, backward and update compiled as one function),
  * an eager softmax over [4096, 1024] rows, and the compiled LeNet-5 training step of
- * bench/compiled.c (batch 128, the same SGD), whose convolutions go to oneDNN. Each runs alone, then beside 1 and then 2 busy
- * processes: children this program forks that spin on the CPU until it kills them. A thread
+ * bench/compiled.c (batch 128, the same SGD), whose convolutions go to oneDNN. Each runs alone,
+ * then beside 1 and then 2 busy processes: children this program forks that spin on the CPU
+ * until it kills them. A thread
  * runtime whose idle threads spin at barriers loses badly here, since the thread it waits for
  * may sit behind a busy process for a whole scheduler time slice.
  *
@@ -97,7 +98,8 @@ static double lenet_once(workloads *w) { return step_once(&w->lenet); }
 /* Parameters in m's net, SGD, the step compiled and run once (optimizer state exists, as in
  * every step but the first). */
 static void model_init(model *m, const char *name, em_model_fn loss_fn, net *params, em_tensor *x, em_tensor *y) {
-  m->s = (step_ctx){loss_fn, params, em_sgd_new(params->n_params, params->params, ((em_sgd_opts){0.01, 0.9, 0, 0, false}))};
+  em_sgd_opts sgd = {0.01, 0.9, 0, 0, false};
+  m->s = (step_ctx){loss_fn, params, em_sgd_new(params->n_params, params->params, sgd)};
   m->in[0] = x, m->in[1] = y;
   if (!m->s.opt || !x || !y) fail("setup");
   m->c = em_compile(train_step, &(em_compile_options){.backend = "inductor", .name = name});
@@ -194,7 +196,8 @@ int main(int argc, char **argv) {
   torch = torch && have_torch();
   if (!bench_json)
     printf("threads %d; %s\n", em_get_num_threads(),
-           torch ? "PyTorch eager's MLP step runs beside Ember's" : "PyTorch left out (--no-torch, or python3 -c 'import torch' failed)");
+           torch ? "PyTorch eager's MLP step runs beside Ember's"
+                 : "PyTorch left out (--no-torch, or python3 -c 'import torch' failed)");
 
   em_scope_begin();
   em_manual_seed(0);
@@ -204,7 +207,8 @@ int main(int argc, char **argv) {
   workloads w = {.x = em_randn(EM_F32, EM_SHAPE(4096, 1024))};
   if (!w.x) fail("setup");
   model_init(&w.mlp, "mlp", mlp_fn, &mlp, em_rand(EM_F32, EM_SHAPE(128, 784)), em_randint(0, 10, EM_SHAPE(128)));
-  model_init(&w.lenet, "lenet", lenet_fn, &lenet, em_rand(EM_F32, EM_SHAPE(128, 1, 28, 28)), em_randint(0, 10, EM_SHAPE(128)));
+  model_init(&w.lenet, "lenet", lenet_fn, &lenet, em_rand(EM_F32, EM_SHAPE(128, 1, 28, 28)),
+             em_randint(0, 10, EM_SHAPE(128)));
 
   static series s[4] = {{"mlp_compiled", mlp_once, false},
                         {"softmax_eager", softmax_once, false},

@@ -793,7 +793,9 @@ static bool conv_dnnl(em_prim op, const prim_attrs *at, const prim_buf *out, con
   j.per_image[0] = c.x[1] * c.x[2] * c.x[3], j.per_image[2] = c.y[1] * c.y[2] * c.y[3];
   j.n = c.x[0];
   double work = (double)ir_numel(4, c.y) * (double)(c.w[1] * c.w[2] * c.w[3]);
-  int64_t chunks = work >= CONV_WORK * MAX_CONV_CHUNKS ? MAX_CONV_CHUNKS : work >= CONV_WORK ? (int64_t)(work / CONV_WORK) : 1;
+  int64_t chunks = work >= CONV_WORK * MAX_CONV_CHUNKS ? MAX_CONV_CHUNKS
+                   : work >= CONV_WORK                ? (int64_t)(work / CONV_WORK)
+                                                      : 1;
   if (chunks > j.n) chunks = j.n;
   j.chunk = (j.n + chunks - 1) / chunks;
   chunks = (j.n + j.chunk - 1) / j.chunk;

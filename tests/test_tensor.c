@@ -309,7 +309,8 @@ static int same_bits_results(em_tensor **r) {
   em_tensor *rows = em_randint(0, 1000, EM_SHAPE(512));
   KEEP(em_index_select(em_reshape(em_slice(v, 0, 0, 256000, 1), EM_SHAPE(1000, 256)), 0, rows));
   em_tensor *into = em_randint(0, 512, EM_SHAPE(1024, 256));
-  KEEP(em_scatter_add(em_zeros(EM_F32, EM_SHAPE(512, 256)), 0, into, em_reshape(em_slice(v, 0, 0, 262144, 1), EM_SHAPE(1024, 256))));
+  em_tensor *src = em_reshape(em_slice(v, 0, 0, 262144, 1), EM_SHAPE(1024, 256));
+  KEEP(em_scatter_add(em_zeros(EM_F32, EM_SHAPE(512, 256)), 0, into, src));
 
   net m = {0};
   models_mlp(&m, 784, 512, 512, 10);
@@ -340,8 +341,8 @@ ETEST(threads, same_bits_for_any_thread_count) {
     if (!c) n = k;
     for (int i = 0; c && i < n; i++) {
       size_t bytes = (size_t)em_numel(ref[i]) * em_dtype_size(em_dtype_of(ref[i]));
-      cr_assert(!memcmp(em_data_ptr(ref[i]), em_data_ptr(got[i]), bytes), "result %d differs between 1 and %d threads", i,
-                counts[c]);
+      cr_assert(!memcmp(em_data_ptr(ref[i]), em_data_ptr(got[i]), bytes), "result %d differs between 1 and %d threads",
+                i, counts[c]);
     }
     em_scope_end(); /* what the round kept (em_keep) lives on in the test's scope */
   }
