@@ -511,6 +511,95 @@ em_tensor *em_scatter_add_at(em_tensor *x, int axis, em_tensor *index, em_tensor
                              em_site site);
 
 /* ------------------------------------------------------------------------------------------ */
+/* Language-model ops: scans, sorting, sampling, splitting, triangular masks and gradient
+ * clipping. axis counts from the end when negative; a 0-dim x takes axis 0 or -1 (as torch).
+ * Results are owned by the current scope; dtypes as stated; errors (NULL, or -1 for the
+ * counting functions, with a message naming the op and the shapes): NULL or EM_NONE input, axis
+ * out of range, and the op's own below. Everything runs on the CPU and CUDA, traces into
+ * compiled graphs and, where torch has a gradient, differentiates.                            */
+
+/* Cumulative sum and product along axis: out[..., i, ...] = x[..., 0, ...] + ... + x[..., i, ...]
+ * (product likewise). Same shape; floats keep their dtype (accumulated in f64 on both devices,
+ * each partial rounded once, as torch's CPU kernel), integers and bool give i64 (wrapping).
+ * Differentiable; cumprod's gradient is exact where x has zeros (torch's cumprod_backward).
+ * Match torch.cumsum, torch.cumprod. */
+#define em_cumsum(x, axis) em_cumsum_at((x), (axis), EM_HERE)
+em_tensor *em_cumsum_at(em_tensor *x, int axis, em_site site);
+#define em_cumprod(x, axis) em_cumprod_at((x), (axis), EM_HERE)
+em_tensor *em_cumprod_at(em_tensor *x, int axis, em_site site);
+/* The i64 indices that sort x along axis (ascending, or descending), x's shape. Stable: equal
+ * elements keep their order (a valid result of torch's default unstable sort too). NaN is
+ * larger than every number (last ascending, first descending); -0.0 equals 0.0. Any dtype but
+ * f16/bf16 on the CPU. Not differentiable. Matches torch.argsort(x, dim, descending, stable=True). */
+#define em_argsort(x, axis, descending) em_argsort_at((x), (axis), (descending), EM_HERE)
+em_tensor *em_argsort_at(em_tensor *x, int axis, bool descending, em_site site);
+/* Sorted values of x along axis (x's shape and dtype), ordered as em_argsort; *indices (if not
+ * NULL) receives the i64 indices, owned by the current scope (NULL on error). The values are
+ * differentiable (their gradient is scattered back to the sorted positions); the indices are
+ * not. Matches torch.sort(x, dim, descending, stable=True) -> (values, indices). */
+#define em_sort(x, axis, descending, indices) em_sort_at((x), (axis), (descending), (indices), EM_HERE)
+em_tensor *em_sort_at(em_tensor *x, int axis, bool descending, em_tensor **indices, em_site site);
+/* The k largest (or smallest) elements of x along axis, x's shape with axis of size k, always in
+ * sorted order (largest first, or smallest first; among equal elements the first comes first)
+ * whatever `sorted` says, an order torch.topk(sorted=False) may also give. *indices (if not
+ * NULL) receives their i64 indices, owned by the current scope. Values differentiable, as
+ * em_sort. Errors: k < 0 or k > x.size(axis). Matches torch.topk(x, k, dim, largest, sorted). */
+#define em_topk(x, k, axis, largest, sorted, indices) em_topk_at((x), (k), (axis), (largest), (sorted), (indices), EM_HERE)
+em_tensor *em_topk_at(em_tensor *x, int64_t k, int axis, bool largest, bool sorted, em_tensor **indices, em_site site);
+/* num_samples category indices (i64) drawn from each row of probs [C] or [N, C] -> [num_samples]
+ * or [N, num_samples]. probs are non-negative weights (f32 or f64; f16/bf16 on CUDA), not
+ * necessarily summing to 1. With replacement each draw is independent (inverse CDF); without,
+ * a category is drawn at most once per row (the exponential-race method torch uses: the
+ * num_samples largest of p / E with E ~ Exp(1)). Draws come from Ember's Philox generator, so
+ * em_manual_seed makes them reproducible, compiled or not (the values differ from PyTorch's).
+ * The probabilities are checked as torch checks them, which reads a count back from the device
+ * (a sync; inside a compiled function, a graph break). Errors: probs not 1-D or 2-D, not
+ * floating, no categories, num_samples < 1, num_samples > C without replacement, an element
+ * negative, infinite or NaN, a row summing to 0, or without replacement fewer than num_samples
+ * non-zero categories in a row. Matches torch.multinomial(probs, num_samples, replacement). */
+#define em_multinomial(probs, num_samples, replacement) em_multinomial_at((probs), (num_samples), (replacement), EM_HERE)
+em_tensor *em_multinomial_at(em_tensor *probs, int64_t num_samples, bool replacement, em_site site);
+
+/* Split x along axis into views: pieces of split_size (the last one shorter when split_size does
+ * not divide the size; one empty piece when the size is 0), or of the n_sizes given sizes (>= 0,
+ * summing to the size), or into at most `chunks` pieces of ceil(size / chunks) (fewer when
+ * they run out; `chunks` empty pieces when the size is 0). The pieces are written to out[0..count)
+ * and the count is returned; each piece is a view of x (it shares x's storage, and gradients
+ * flow back to x) owned by the current scope like any op result, so the caller releases
+ * nothing. With out NULL and max_out 0, em_split and em_chunk only return the count. Errors
+ * (-1, out's entries NULL): x 0-dim, split_size < 1 (0 only for a size-0 axis), chunks < 1,
+ * sizes that are negative or do not add up, more pieces than max_out. Match torch.split(x,
+ * split_size, dim), torch.split(x, sizes, dim), torch.chunk(x, chunks, dim). */
+#define em_split(x, split_size, axis, out, max_out) em_split_at((x), (split_size), (axis), (out), (max_out), EM_HERE)
+int em_split_at(em_tensor *x, int64_t split_size, int axis, em_tensor **out, int max_out, em_site site);
+#define em_split_sizes(x, n_sizes, sizes, axis, out) em_split_sizes_at((x), (n_sizes), (sizes), (axis), (out), EM_HERE)
+int em_split_sizes_at(em_tensor *x, int n_sizes, const int64_t *sizes, int axis, em_tensor **out, em_site site);
+#define em_chunk(x, chunks, axis, out, max_out) em_chunk_at((x), (chunks), (axis), (out), (max_out), EM_HERE)
+int em_chunk_at(em_tensor *x, int chunks, int axis, em_tensor **out, int max_out, em_site site);
+
+/* x [..., m, n] with the elements above (tril) or below (triu) the given diagonal set to zero:
+ * tril keeps x[..., i, j] where j - i <= diagonal, triu where j - i >= diagonal (0: the main
+ * diagonal, > 0 above it, < 0 below). Leading dims are a batch. Any dtype; differentiable (the
+ * gradient is masked the same way). Errors: fewer than 2 dims. Match torch.tril, torch.triu. */
+#define em_tril(x, diagonal) em_tril_at((x), (diagonal), EM_HERE)
+em_tensor *em_tril_at(em_tensor *x, int64_t diagonal, em_site site);
+#define em_triu(x, diagonal) em_triu_at((x), (diagonal), EM_HERE)
+em_tensor *em_triu_at(em_tensor *x, int64_t diagonal, em_site site);
+
+/* Clips the gradients of n parameters (borrowed for the call) by their total norm: with
+ * total = the norm_type-norm of all their .grad together (2: Euclidean, INFINITY: largest
+ * magnitude, any p > 0: (sum |g|^p)^(1/p)), every .grad is scaled in place, without grad, by
+ * min(1, max_norm / (total + 1e-6)). Parameters without a .grad are skipped. Returns total as a
+ * 0-dim tensor (f64 if any gradient is f64, else f32; an f32 0 when no parameter has a grad),
+ * owned by the current scope. Nothing is read back to the host, so inside a compiled training
+ * step it traces into the graph. Errors: n < 0, params NULL, max_norm negative or NaN,
+ * norm_type not > 0 (NaN included). Matches torch.nn.utils.clip_grad_norm_(params, max_norm,
+ * norm_type) (foreach=False, error_if_nonfinite=False). */
+#define em_clip_grad_norm_(n, params, max_norm, norm_type) \
+  em_clip_grad_norm__at((n), (params), (max_norm), (norm_type), EM_HERE)
+em_tensor *em_clip_grad_norm__at(int n, em_tensor *const *params, double max_norm, double norm_type, em_site site);
+
+/* ------------------------------------------------------------------------------------------ */
 /* Extern kernels: GEMM and convolution through oneDNN (f32) and OpenBLAS (f64).               */
 
 /* Matrix product with torch.matmul's rules: a [..., m, k] @ b [..., k, n] -> [..., m, n], batch

@@ -278,7 +278,7 @@ enum { SAME_BITS_MAX = 48 };
  * iota fills, strided pointwise ops, contiguous copies, reductions split by outputs and within
  * one output (row and column mode), GEMM tiles (f32 oneDNN, f64 OpenBLAS, integer reference),
  * batched and transposed products, convolutions and their gradients (oneDNN f32, reference
- * f64), row gathers, scatter_add, softmax, and a compiled MLP training step (the inductor's
+ * f64), row gathers, scatter_add, softmax, cumsum and argsort, and a compiled MLP training step (the inductor's
  * kernels) after an eager one. Returns the results, kept. */
 static int same_bits_results(em_tensor **r) {
   int n = 0;
@@ -294,6 +294,7 @@ static int same_bits_results(em_tensor **r) {
   em_tensor *tall = em_reshape(v, EM_SHAPE(16384, 64)), *wide = em_reshape(v, EM_SHAPE(128, 8192));
   KEEP(em_sum(tall, 1, (int64_t[]){0}, false)), KEEP(em_sum(wide, 1, (int64_t[]){0}, false));
   KEEP(em_argmax(tall, 0, false)), KEEP(em_softmax(x, 1));
+  KEEP(em_cumsum(x, 1)), KEEP(em_argsort(x, 1, false));
   KEEP(em_matmul(x, y)), KEEP(em_matmul(em_transpose(y, 0, 1), em_transpose(x, 0, 1)));
   KEEP(em_matmul(em_reshape(x, EM_SHAPE(8, 64, 384)), em_reshape(y, EM_SHAPE(8, 384, 64))));
   KEEP(em_matmul(xd, xd));
