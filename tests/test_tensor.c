@@ -278,8 +278,8 @@ enum { SAME_BITS_MAX = 48 };
  * iota fills, strided pointwise ops, contiguous copies, reductions split by outputs and within
  * one output (row and column mode), GEMM tiles (f32 oneDNN, f64 OpenBLAS, integer reference),
  * batched and transposed products, convolutions and their gradients (oneDNN f32, reference
- * f64), row gathers, scatter_add, softmax, cumsum and argsort, and a compiled MLP training step (the inductor's
- * kernels) after an eager one. Returns the results, kept. */
+ * f64), row gathers, scatter_add, softmax, cumsum and argsort, and a compiled MLP training
+ * step (the inductor's kernels) after an eager one. Returns the results, kept. */
 static int same_bits_results(em_tensor **r) {
   int n = 0;
 #define KEEP(t) (r[n++] = em_keep(em_contiguous(t)))
