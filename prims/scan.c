@@ -117,16 +117,20 @@ static void scan(bool sum, const prim_attrs *at, const prim_buf *out, const prim
 
 /* ---- argsort -------------------------------------------------------------------------------- */
 
+/* Bytes of a line's two key arrays, rounded up so the index arrays after them are aligned. */
+static size_t keys_bytes(int64_t n, size_t es) { return ((size_t)n * 2 * es + 7) / 8 * 8; }
+
 /* Whether key a comes strictly before key b (ascending: a < b with NaN largest). */
 #define LESS_FLOAT(a, b) (!isnan(a) && (isnan(b) || (a) < (b)))
 #define LESS_PLAIN(a, b) ((a) < (b))
 
 /* Sorts one line: keys copied into k (then scratch kt), indices into ix (scratch it); the
- * sorted indices are written to o with stride os. Bottom-up merges of runs of width w. */
+ * sorted indices are written to o with stride os. Bottom-up merges of runs of width w. The
+ * indices start at the first multiple of 8 bytes after the keys (sort_scratch). */
 #define SORT_LINE(NAME, T, LESS)                                                                       \
   static void NAME(const char *x, int64_t xs, int64_t *o, int64_t os, int64_t n, bool desc, void *scratch) {   \
     T *k = scratch, *kt = k + n;                                                                       \
-    int64_t *ix = (int64_t *)(kt + n), *it = ix + n;                                                   \
+    int64_t *ix = (int64_t *)((char *)scratch + keys_bytes(n, sizeof(T))), *it = ix + n;               \
     for (int64_t i = 0; i < n; i++) k[i] = ((const T *)x)[i * xs], ix[i] = i;                        \
     for (int64_t w = 1; w < n; w *= 2) {                                                               \
       for (int64_t s = 0; s < n; s += 2 * w) {                                                         \
@@ -186,7 +190,7 @@ static bool argsort(const prim_attrs *at, const prim_buf *out, const prim_buf *x
   }
   sort_job j = {fn, L, out, x, (int64_t)ir_dtype(x->dtype)->size, axis_stride(x, a), axis_stride(out, a), 1,
                 at->descending};
-  j.per_line = (size_t)L.n * (2 * (size_t)j.es + 2 * sizeof(int64_t));
+  j.per_line = keys_bytes(L.n, (size_t)j.es) + (size_t)L.n * 2 * sizeof(int64_t); /* a multiple of 8 */
   /* one scratch block per part, not per line (a line of a vocabulary's length needs about a
    * megabyte; every line at once would need several times the operand); a part per thread */
   int nt = prim_threads();
