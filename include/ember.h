@@ -173,8 +173,10 @@ int64_t em_debug_live_bytes(void);
 int64_t em_debug_peak_bytes(void);
 void em_debug_reset_peak(void);
 
-/* Threads used by Ember's own parallel loops and by oneDNN (OpenMP). n <= 0 restores the
- * default (OMP_NUM_THREADS or the number of cores). */
+/* Threads used by Ember's parallel loops, GEMMs and convolutions, process-wide (as
+ * torch.set_num_threads): Ember's own thread pool, whose idle threads spin briefly and then
+ * sleep, so a busy machine costs little. n <= 0 restores the default (OMP_NUM_THREADS, else the
+ * CPUs the process may run on). Results are the same bits for any count. */
 void em_set_num_threads(int n);
 int em_get_num_threads(void);
 

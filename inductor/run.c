@@ -1,10 +1,9 @@
 /* inductor/run.c: running a program: eager steps and kernels in order, kernels split across
- * OpenMP threads, intermediates in the planned arena, in-place updates where the plan allows,
+ * the pool's threads, intermediates in the planned arena, in-place updates where the plan allows,
  * releases at last use; and EMBER_INDUCTOR_PROFILE. */
 #include "internal.h"
 #include "../runtime/cuda.h"
 
-#include <omp.h>
 #include <pthread.h>
 #include <stdio.h>
 
@@ -14,35 +13,51 @@ static int profile_on = -1; /* EMBER_INDUCTOR_PROFILE, read at the first run */
 
 static _Thread_local int64_t kernel_runs;
 
-/* Runs k over its whole iteration space, split across the OpenMP threads when it is large
+typedef struct {
+  const kernel *k;
+  char **bufs;
+  float *scratch;
+  int64_t per, block; /* scratch floats per task; columns per task (column split) */
+  int nt;
+} kernel_job;
+
+/* Task t of a row split: rows [rows*t/nt, rows*(t+1)/nt), with scratch slot t. */
+static void kernel_rows(void *ctx, int64_t t) {
+  const kernel_job *j = ctx;
+  int64_t a = j->k->rows * t / j->nt, z = j->k->rows * (t + 1) / j->nt;
+  if (a < z) j->k->fn(j->bufs, a, z, 0, j->k->cols, j->scratch + j->per * t);
+}
+
+/* Task t of a column split: a block of columns, a multiple of the vector width. */
+static void kernel_cols(void *ctx, int64_t t) {
+  const kernel_job *j = ctx;
+  int64_t a = j->block * t, z = t == j->nt - 1 ? j->k->cols : j->block * (t + 1);
+  if (z > j->k->cols) z = j->k->cols;
+  if (a < z) j->k->fn(j->bufs, 0, j->k->rows, a, z, j->scratch);
+}
+
+/* Runs k over its whole iteration space, split across the pool's threads when it is large
  * (rows when there are enough of them, else column blocks that are multiples of the vector
  * width; row kernels only by rows), with the eager loops' grain so small kernels stay on the
- * calling thread. scratch: k->n_spill * k->cols floats per thread. */
-static void run_kernel(const kernel *k, char **bufs, float *scratch) {
+ * calling thread. scratch: k->n_spill * k->cols floats for each of slots threads. A split never
+ * changes a result: each row, and each column of a kernel that accumulates along columns,
+ * stays on one thread. */
+static void run_kernel(const kernel *k, char **bufs, float *scratch, int slots) {
   int64_t n = k->rows * k->cols;
-  int nt = omp_get_max_threads();
-  int64_t per = k->n_spill * k->cols;
-  if (nt < 2 || n < 2 * PRIM_PARALLEL_GRAIN || (k->row && k->rows < 2) || omp_get_level() > 0) {
+  kernel_job j = {k, bufs, scratch, k->n_spill * k->cols, 0, prim_threads()};
+  if (j.nt > slots) j.nt = slots;
+  if (j.nt < 2 || n < 2 * PRIM_PARALLEL_GRAIN || (k->row && k->rows < 2)) {
     k->fn(bufs, 0, k->rows, 0, k->cols, scratch);
     return;
   }
-  if (k->has_col && k->cols < 2 * LANES * nt) { /* each column's accumulation stays on one thread */
+  if (k->has_col && k->cols < 2 * LANES * j.nt) { /* each column's accumulation stays on one thread */
     k->fn(bufs, 0, k->rows, 0, k->cols, scratch);
-  } else if (!k->has_col && (k->rows >= nt || k->row)) {
-    if (nt > k->rows) nt = (int)k->rows;
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int t = 0; t < nt; t++) {
-      int64_t a = k->rows * t / nt, z = k->rows * (t + 1) / nt;
-      if (a < z) k->fn(bufs, a, z, 0, k->cols, scratch + per * t);
-    }
+  } else if (!k->has_col && (k->rows >= j.nt || k->row)) {
+    if (j.nt > k->rows) j.nt = (int)k->rows;
+    prim_parallel(j.nt, kernel_rows, &j);
   } else {
-    int64_t block = (k->cols / nt + LANES - 1) / LANES * LANES;
-#pragma omp parallel for schedule(static)
-    for (int t = 0; t < nt; t++) {
-      int64_t a = block * t, z = t == nt - 1 ? k->cols : block * (t + 1);
-      if (z > k->cols) z = k->cols;
-      if (a < z) k->fn(bufs, 0, k->rows, a, z, scratch);
-    }
+    j.block = (k->cols / j.nt + LANES - 1) / LANES * LANES;
+    prim_parallel(j.nt, kernel_cols, &j);
   }
 }
 int64_t ind_kernel_runs(void) { return kernel_runs; }
@@ -238,8 +253,9 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
   bool ok = true;
   /* the row kernels' spill rows, for every thread: the most any kernel of p needs */
   size_t scratch_bytes = 0;
+  int slots = prim_max_threads(); /* fixed for this run, whatever em_set_num_threads does meanwhile */
   for (int k = 0; k < p->n_kernels; k++) {
-    size_t need = sizeof(float) * (size_t)(p->kernels[k].n_spill * p->kernels[k].cols) * (size_t)omp_get_max_threads();
+    size_t need = sizeof(float) * (size_t)(p->kernels[k].n_spill * p->kernels[k].cols) * (size_t)slots;
     if (need > scratch_bytes) scratch_bytes = need;
   }
   float *scratch = scratch_bytes ? rt_alloc(scratch_bytes + GUARD, 64) : NULL;
@@ -388,7 +404,7 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
           if (prof) profile_add(EM_PRIM_COUNT, now_ms() - t0, k->bytes); /* launch time: asynchronous */
         }
       } else if (ok) {
-        run_kernel(k, bufs, scratch);
+        run_kernel(k, bufs, scratch, slots);
         if (t0_) rt_prof_complete("kernel", k->name, t0_, "%d nodes, %lld bytes", k->n_nodes, (long long)k->bytes);
         guard_check(scratch_end, k, "kernel scratch");
         guard_check(arena_end, k, "arena");

@@ -206,47 +206,62 @@ static inline void box_muller(double u1, double u2, double *z0, double *z1) {
 /* Calls below this count stay on one thread (a call is 4 or 2 elements). */
 #define PHILOX_GRAIN (PRIM_PARALLEL_GRAIN / 4)
 
+typedef struct {
+  bool normal;
+  uint64_t seed, offset;
+  char *data;
+  int64_t n;
+} philox_job;
+
+/* Philox calls [q0, q1): each writes 4 floats or 2 doubles from its own counter, so any split
+ * gives the same values. */
+static void philox_f32(void *ctx, int64_t q0, int64_t q1) {
+  const philox_job *p = ctx;
+  float *o = (float *)p->data;
+  for (int64_t q = q0; q < q1; q++) {
+    uint32_t w[4];
+    float v[4];
+    philox_call(p->seed, p->offset, (uint64_t)q, w);
+    if (p->normal) {
+      for (int j = 0; j < 2; j++) {
+        double z0, z1;
+        double u1 = ((double)w[2 * j] + 1) * 0x1p-32, u2 = ((double)w[2 * j + 1] + 1) * 0x1p-32;
+        box_muller(u1, u2, &z0, &z1);
+        v[2 * j] = (float)z0, v[2 * j + 1] = (float)z1;
+      }
+    } else {
+      for (int j = 0; j < 4; j++) v[j] = (float)(w[j] >> 8) * 0x1p-24f;
+    }
+    int64_t i = 4 * q, m = p->n - i < 4 ? p->n - i : 4;
+    for (int64_t j = 0; j < m; j++) o[i + j] = v[j];
+  }
+}
+
+static void philox_f64(void *ctx, int64_t q0, int64_t q1) {
+  const philox_job *p = ctx;
+  double *o = (double *)p->data;
+  for (int64_t q = q0; q < q1; q++) {
+    uint32_t w[4];
+    double v[2];
+    philox_call(p->seed, p->offset, (uint64_t)q, w);
+    if (p->normal) {
+      double u1 = (bits53(w[0], w[1]) + 1) * 0x1p-53, u2 = (bits53(w[2], w[3]) + 1) * 0x1p-53;
+      box_muller(u1, u2, &v[0], &v[1]);
+    } else {
+      v[0] = bits53(w[0], w[1]) * 0x1p-53;
+      v[1] = bits53(w[2], w[3]) * 0x1p-53;
+    }
+    int64_t i = 2 * q;
+    o[i] = v[0];
+    if (i + 1 < p->n) o[i + 1] = v[1];
+  }
+}
+
 static void fill_philox(em_prim op, em_dtype dt, uint64_t seed, uint64_t offset, char *data,
                         int64_t n) {
   int64_t calls = (int64_t)prim_philox_calls(op, dt, n);
-  bool normal = op == EM_PRIM_PHILOX_NORMAL;
-  if (dt == EM_F32) {
-    float *o = (float *)data;
-    PRIM_PARALLEL_FOR(calls >= 2 * PHILOX_GRAIN, q, calls, {
-      uint32_t w[4];
-      float v[4];
-      philox_call(seed, offset, (uint64_t)q, w);
-      if (normal) {
-        for (int j = 0; j < 2; j++) {
-          double z0, z1;
-          double u1 = ((double)w[2 * j] + 1) * 0x1p-32, u2 = ((double)w[2 * j + 1] + 1) * 0x1p-32;
-          box_muller(u1, u2, &z0, &z1);
-          v[2 * j] = (float)z0, v[2 * j + 1] = (float)z1;
-        }
-      } else {
-        for (int j = 0; j < 4; j++) v[j] = (float)(w[j] >> 8) * 0x1p-24f;
-      }
-      int64_t i = 4 * q, m = n - i < 4 ? n - i : 4;
-      for (int64_t j = 0; j < m; j++) o[i + j] = v[j];
-    });
-  } else {
-    double *o = (double *)data;
-    PRIM_PARALLEL_FOR(calls >= 2 * PHILOX_GRAIN, q, calls, {
-      uint32_t w[4];
-      double v[2];
-      philox_call(seed, offset, (uint64_t)q, w);
-      if (normal) {
-        double u1 = (bits53(w[0], w[1]) + 1) * 0x1p-53, u2 = (bits53(w[2], w[3]) + 1) * 0x1p-53;
-        box_muller(u1, u2, &v[0], &v[1]);
-      } else {
-        v[0] = bits53(w[0], w[1]) * 0x1p-53;
-        v[1] = bits53(w[2], w[3]) * 0x1p-53;
-      }
-      int64_t i = 2 * q;
-      o[i] = v[0];
-      if (i + 1 < n) o[i + 1] = v[1];
-    });
-  }
+  philox_job p = {op == EM_PRIM_PHILOX_NORMAL, seed, offset, data, n};
+  prim_parallel_for(calls >= 2 * PHILOX_GRAIN, calls, dt == EM_F32 ? philox_f32 : philox_f64, &p);
 }
 
 /* ---- full and iota ----------------------------------------------------------------------- */
@@ -270,47 +285,66 @@ FILL_LOOP(fill_8, uint64_t)
 
 static bool is_int64_valued(double v) { return v == floor(v) && v >= -0x1p63 && v < 0x1p63; }
 
+typedef struct {
+  em_dtype dt;
+  char *d;
+  uint64_t a, b;   /* integer iota: a + i * b, wrapping */
+  double v0, dv;   /* float iota: v0 + i * dv */
+} iota_job;
+
+static void iota_int(void *ctx, int64_t i0, int64_t i1) {
+  const iota_job *t = ctx;
+  for (int64_t i = i0; i < i1; i++) {
+    uint64_t x = t->a + (uint64_t)i * t->b;
+    switch (t->dt) {
+    case EM_I64: ((int64_t *)t->d)[i] = (int64_t)x; break;
+    case EM_I32: ((int32_t *)t->d)[i] = (int32_t)(uint32_t)x; break;
+    case EM_U8: ((uint8_t *)t->d)[i] = (uint8_t)x; break;
+    default: ((uint8_t *)t->d)[i] = x != 0; break; /* bool */
+    }
+  }
+}
+
+/* start + i * step in double, then one rounding to the dtype, as torch.arange does. The
+ * product is its own statement so that no compiler fuses it into an FMA (C allows that only
+ * within one expression), keeping the values the same whatever the contraction setting. */
+static void iota_f32(void *ctx, int64_t i0, int64_t i1) {
+  const iota_job *t = ctx;
+  for (int64_t i = i0; i < i1; i++) {
+    double di = (double)i * t->dv;
+    ((float *)t->d)[i] = (float)(t->v0 + di);
+  }
+}
+
+static void iota_f64(void *ctx, int64_t i0, int64_t i1) {
+  const iota_job *t = ctx;
+  for (int64_t i = i0; i < i1; i++) {
+    double di = (double)i * t->dv;
+    ((double *)t->d)[i] = t->v0 + di;
+  }
+}
+
+static void iota_other(void *ctx, int64_t i0, int64_t i1) {
+  const iota_job *t = ctx;
+  size_t sz = ir_dtype(t->dt)->size;
+  for (int64_t i = i0; i < i1; i++) {
+    double di = (double)i * t->dv;
+    prim_store(t->d + (size_t)i * sz, t->dt, t->v0 + di);
+  }
+}
+
 static void fill_iota(const prim_attrs *at, const prim_buf *out, int64_t n) {
-  em_dtype dt = out->dtype;
-  char *d = out->data;
+  iota_job t = {.dt = out->dtype, .d = out->data, .v0 = at->value, .dv = at->value2};
   bool par = n >= 2 * PRIM_PARALLEL_GRAIN;
-  double v0 = at->value, dv = at->value2;
-  if (!ir_is_float(dt) && is_int64_valued(v0) && is_int64_valued(dv)) {
+  prim_range_task fn;
+  if (!ir_is_float(t.dt) && is_int64_valued(t.v0) && is_int64_valued(t.dv)) {
     /* Exact integer arithmetic, wrapping (through uint64) rather than overflowing. */
-    uint64_t a = (uint64_t)(int64_t)v0, b = (uint64_t)(int64_t)dv;
-    PRIM_PARALLEL_FOR(par, i, n, {
-      uint64_t x = a + (uint64_t)i * b;
-      switch (dt) {
-      case EM_I64: ((int64_t *)d)[i] = (int64_t)x; break;
-      case EM_I32: ((int32_t *)d)[i] = (int32_t)(uint32_t)x; break;
-      case EM_U8: ((uint8_t *)d)[i] = (uint8_t)x; break;
-      default: ((uint8_t *)d)[i] = x != 0; break; /* bool */
-      }
-    });
-    return;
-  }
-  /* start + i * step in double, then one rounding to the dtype, as torch.arange does. The
-   * product is its own statement so that no compiler fuses it into an FMA (C allows that only
-   * within one expression), keeping the values the same whatever the contraction setting. */
-  if (dt == EM_F32) {
-    float *o = (float *)d;
-    PRIM_PARALLEL_FOR(par, i, n, {
-      double di = (double)i * dv;
-      o[i] = (float)(v0 + di);
-    });
-  } else if (dt == EM_F64) {
-    double *o = (double *)d;
-    PRIM_PARALLEL_FOR(par, i, n, {
-      double di = (double)i * dv;
-      o[i] = v0 + di;
-    });
+    t.a = (uint64_t)(int64_t)t.v0, t.b = (uint64_t)(int64_t)t.dv;
+    fn = iota_int;
   } else {
-    size_t sz = ir_dtype(dt)->size;
-    PRIM_PARALLEL_FOR(par, i, n, {
-      double di = (double)i * dv;
-      prim_store(d + (size_t)i * sz, dt, v0 + di);
-    });
+    fn = t.dt == EM_F32 ? iota_f32 : t.dt == EM_F64 ? iota_f64 : iota_other;
   }
+  prim_parallel_for(par, n, fn, &t);
 }
 
 bool prim_run_creation(em_prim op, const prim_attrs *at, const prim_buf *out, char *err,

@@ -8,15 +8,17 @@
  * to OpenBLAS (oneDNN has no f64 GEMM), and integer GEMM and f64 convolutions to the reference
  * loops (f64 serves gradient checks, not speed). Operands arrive with any strides: GEMM takes a
  * transposed view as it is (transa/transb) and copies only matrices that neither layout fits;
- * convolutions copy non-contiguous operands. OpenMP is Ember's one threading runtime and oneDNN
- * here is built on it; OpenBLAS (a pthreads build) is held to one thread and Ember splits its
- * work across OpenMP threads itself, so two thread pools never compete for the cores. Without
+ * convolutions copy non-contiguous operands. GEMMs run as tiles on Ember's thread pool, each
+ * tile a single-threaded library call (the section on tiles says why); convolutions are threaded
+ * by oneDNN itself, on OpenMP (Debian's libdnnl is built on libgomp). Without
  * oneDNN or OpenBLAS (meson options onednn, blas) the reference loops run instead, so the
  * library always builds. */
 #include "prims.h"
 
 #include <limits.h>
 #include <omp.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,26 +95,32 @@ static bool compact(const prim_buf *src, int keep_from, prim_buf *dst, void **ow
 
 /* ---- GEMM reference ------------------------------------------------------------------------ */
 
-void prim_matmul_ref(const prim_buf *out, const prim_buf *a, const prim_buf *b) {
+typedef struct {
+  const prim_buf *out, *a, *b;
+  int64_t m, n, k;
+} matmul_ref_job;
+
+/* Output rows [r0, r1) of all batches' rows. Each output element is one dot product in a fixed
+ * order, so threads change no result. */
+static void matmul_ref_rows(void *ctx, int64_t r0, int64_t r1) {
+  const matmul_ref_job *j = ctx;
+  const prim_buf *out = j->out, *a = j->a, *b = j->b;
   int nd = out->ndim;
-  int64_t m = out->sizes[nd - 2], n = out->sizes[nd - 1], k = a->sizes[nd - 1];
-  int64_t rows = batch_count(out) * m;
-  if (rows == 0 || n == 0) return;
+  int64_t m = j->m, n = j->n, k = j->k;
   int64_t as0 = a->strides[nd - 2], as1 = a->strides[nd - 1], bs0 = b->strides[nd - 2], bs1 = b->strides[nd - 1];
   int64_t os0 = out->strides[nd - 2], os1 = out->strides[nd - 1];
   em_dtype dt = out->dtype;
   int64_t es = (int64_t)esize(dt);
-  /* Each output element is one dot product in a fixed order, so threads change no result. */
-  PRIM_PARALLEL_FOR(rows > 1 && rows * n * k >= PAR_WORK, r, rows, {
+  for (int64_t r = r0; r < r1; r++) {
     int64_t bi = r / m, i = r % m;
     const char *pa = a->data + (batch_offset(a, bi) + i * as0) * es;
     const char *pb = b->data + batch_offset(b, bi) * es;
     char *po = out->data + (batch_offset(out, bi) + i * os0) * es;
-    for (int64_t j = 0; j < n; j++) {
+    for (int64_t jj = 0; jj < n; jj++) {
       double accf = 0;
       uint64_t acci = 0; /* unsigned: integer GEMM wraps, as torch's does, without UB */
       for (int64_t p = 0; p < k; p++) {
-        const char *x = pa + p * as1 * es, *y = pb + (p * bs0 + j * bs1) * es;
+        const char *x = pa + p * as1 * es, *y = pb + (p * bs0 + jj * bs1) * es;
         switch (dt) {
         case EM_F32: accf += (double)*(const float *)x * *(const float *)y; break;
         case EM_F64: accf += *(const double *)x * *(const double *)y; break;
@@ -120,13 +128,21 @@ void prim_matmul_ref(const prim_buf *out, const prim_buf *a, const prim_buf *b) 
         default: acci += (uint64_t)*(const int64_t *)x * (uint64_t)*(const int64_t *)y; break;
         }
       }
-      char *o = po + j * os1 * es;
+      char *o = po + jj * os1 * es;
       if (dt == EM_F32) *(float *)o = (float)accf;
       else if (dt == EM_F64) *(double *)o = accf;
       else if (dt == EM_I32) *(int32_t *)o = (int32_t)(uint32_t)acci;
       else *(int64_t *)o = (int64_t)acci;
     }
-  });
+  }
+}
+
+void prim_matmul_ref(const prim_buf *out, const prim_buf *a, const prim_buf *b) {
+  int nd = out->ndim;
+  matmul_ref_job j = {out, a, b, out->sizes[nd - 2], out->sizes[nd - 1], a->sizes[nd - 1]};
+  int64_t rows = batch_count(out) * j.m;
+  if (rows == 0 || j.n == 0) return;
+  prim_parallel_for(rows > 1 && rows * j.n * j.k >= PAR_WORK, rows, matmul_ref_rows, &j);
 }
 
 /* ---- convolution reference ----------------------------------------------------------------- */
@@ -154,21 +170,25 @@ static double at4(const prim_buf *b, int64_t i0, int64_t i1, int64_t i2, int64_t
   return b->dtype == EM_F32 ? ((const float *)b->data)[off] : ((const double *)b->data)[off];
 }
 
+typedef struct {
+  em_prim op;
+  const em_conv2d_params *p;
+  conv_problem c;
+  const prim_buf *out, *a, *b;
+} conv_ref_job;
+
 /* Each result element is computed on its own, as a sum over the forward loop nest restricted
  * to the terms that touch it (a gather), so the loop parallelises without atomics and gives
- * the same bits whatever the thread count. */
-void prim_conv2d_ref(em_prim op, const prim_attrs *at, const prim_buf *out, const prim_buf *a, const prim_buf *b) {
-  const em_conv2d_params *p = &at->conv;
-  conv_problem c = conv_of(op, out, a, b);
-  const int64_t *x = c.x, *w = c.w, *y = c.y;
-  int64_t cg = w[1], og = w[0] / p->groups;
-  int64_t total = ir_numel(4, out->sizes);
-  int64_t per = op == EM_PRIM_CONV2D ? cg * w[2] * w[3]
-              : op == EM_PRIM_CONV2D_BWD_INPUT ? og * w[2] * w[3]
-                                                : y[0] * y[2] * y[3];
-  const int64_t sh = p->stride[0], sw = p->stride[1], ph = p->padding[0], pw = p->padding[1];
-  const int64_t dh = p->dilation[0], dw = p->dilation[1];
-  PRIM_PARALLEL_FOR(total > 1 && total * per >= PAR_WORK, e, total, {
+ * the same bits whatever the thread count. Elements [e0, e1) of the result, flat. */
+static void conv_ref_elems(void *ctx, int64_t e0, int64_t e1) {
+  const conv_ref_job *jb = ctx;
+  const prim_buf *out = jb->out, *a = jb->a, *b = jb->b;
+  em_prim op = jb->op;
+  const int64_t *x = jb->c.x, *w = jb->c.w, *y = jb->c.y;
+  int64_t cg = w[1], og = w[0] / jb->p->groups;
+  const int64_t sh = jb->p->stride[0], sw = jb->p->stride[1], ph = jb->p->padding[0], pw = jb->p->padding[1];
+  const int64_t dh = jb->p->dilation[0], dw = jb->p->dilation[1];
+  for (int64_t e = e0; e < e1; e++) {
     int64_t i3 = e % out->sizes[3], i2 = e / out->sizes[3] % out->sizes[2];
     int64_t i1 = e / (out->sizes[3] * out->sizes[2]) % out->sizes[1];
     int64_t i0 = e / (out->sizes[3] * out->sizes[2] * out->sizes[1]);
@@ -210,7 +230,17 @@ void prim_conv2d_ref(em_prim op, const prim_attrs *at, const prim_buf *out, cons
     int64_t off = i0 * out->strides[0] + i1 * out->strides[1] + i2 * out->strides[2] + i3 * out->strides[3];
     if (out->dtype == EM_F32) ((float *)out->data)[off] = (float)acc;
     else ((double *)out->data)[off] = acc;
-  });
+  }
+}
+
+void prim_conv2d_ref(em_prim op, const prim_attrs *at, const prim_buf *out, const prim_buf *a, const prim_buf *b) {
+  conv_ref_job j = {op, &at->conv, conv_of(op, out, a, b), out, a, b};
+  const int64_t *w = j.c.w, *y = j.c.y;
+  int64_t total = ir_numel(4, out->sizes);
+  int64_t per = op == EM_PRIM_CONV2D ? w[1] * w[2] * w[3]
+              : op == EM_PRIM_CONV2D_BWD_INPUT ? w[0] / at->conv.groups * w[2] * w[3]
+                                                : y[0] * y[2] * y[3];
+  prim_parallel_for(total > 1 && total * per >= PAR_WORK, total, conv_ref_elems, &j);
 }
 
 /* ---- GEMM through the libraries ------------------------------------------------------------ */
@@ -238,9 +268,60 @@ typedef struct {
   const prim_buf *out;
 } gemm_job;
 
-/* Products of at most this many multiply-adds run one per thread when there are several;
- * larger ones are spread over every thread inside the library call. */
-#define SMALL_GEMM ((int64_t)1 << 18)
+/* Tiles. Every product is cut into tiles (batch, block of rows, block of columns) and the tiles
+ * run on Ember's pool, each one a single-threaded library call. The cut depends only on the
+ * shapes, so a result has the same bits whatever the thread count; a library that threads one
+ * call itself changes them with the count (oneDNN's sgemm gives other bits for other column
+ * widths of the same product: measured for 128x512x784 with b transposed). And no library thread
+ * pool runs beside Ember's: oneDNN here is built on OpenMP, whose idle threads spin at barriers
+ * and starve a busy machine (prims/pool.c), and OpenBLAS is a pthreads build that would
+ * oversubscribe the cores when called from several threads.
+ *
+ * Sizes, measured one thread against one uncut call (oneDNN, this machine): cutting rows costs
+ * 0-10% while blocks keep 64 rows, cutting columns 0-3% in blocks of 256 but up to 30% in
+ * blocks of 64 or of widths off a multiple of 16 (with b transposed: the forward of
+ * em_linear), and cutting 128x512x784 into 24 small tiles took twice as long. So a tile has
+ * about TILE_WORK multiply-adds (about 50 us on one core), rows are cut first, in blocks of
+ * at least TILE_ROWS (multiples of 16), then columns in blocks of at least TILE_COLS
+ * (multiples of 64), into at most MAX_TILES per product. */
+#define TILE_WORK ((double)(1 << 22))
+enum { TILE_ROWS = 64, TILE_COLS = 256, MAX_TILES = 64 };
+
+typedef struct {
+  const gemm_job *g;
+  int64_t mb, nb;           /* row and column blocks per product */
+  _Atomic int bad;          /* the first failed library status, 0 when none */
+} gemm_tiles;
+
+static void plan_tiles(const gemm_job *g, gemm_tiles *t) {
+  double want = (double)g->m * (double)g->n * (double)g->k / TILE_WORK;
+  int64_t tiles = want >= MAX_TILES ? MAX_TILES : want >= 1 ? (int64_t)want : 1;
+  int64_t rmax = g->m / TILE_ROWS > 1 ? g->m / TILE_ROWS : 1, cmax = g->n / TILE_COLS > 1 ? g->n / TILE_COLS : 1;
+  t->mb = tiles < rmax ? tiles : rmax;
+  t->nb = tiles / t->mb < cmax ? tiles / t->mb : cmax;
+}
+
+/* Where block j of nb starts along a dim of n, in units of unit (the last block ends at n). */
+static int64_t block_start(int64_t n, int64_t j, int64_t nb, int64_t unit) {
+  int64_t b = (n + unit - 1) / unit * j / nb * unit;
+  return b < n ? b : n;
+}
+
+/* Tile q: its product, its rows [r0, r1) and columns [c0, c1), and the operands' first elements
+ * there (a row block of op(a) starts r0 rows down ('N') or r0 columns across ('T'); a column
+ * block of op(b) starts c0 columns across ('N') or c0 rows down ('T')). */
+typedef struct {
+  int64_t rows, cols, aoff, boff, coff;
+} tile;
+
+static tile tile_of(const gemm_tiles *t, int64_t q) {
+  const gemm_job *g = t->g;
+  int64_t per = t->mb * t->nb, i = q / per, rb = q % per / t->nb, cb = q % t->nb;
+  int64_t r0 = block_start(g->m, rb, t->mb, 16), r1 = block_start(g->m, rb + 1, t->mb, 16);
+  int64_t c0 = block_start(g->n, cb, t->nb, 64), c1 = block_start(g->n, cb + 1, t->nb, 64);
+  return (tile){r1 - r0, c1 - c0, batch_offset(&g->a, i) + (g->ta == 'N' ? r0 * g->lda : r0),
+                batch_offset(&g->b, i) + (g->tb == 'N' ? c0 : c0 * g->ldb), i * g->m * g->n + r0 * g->n + c0};
+}
 
 #ifdef EMBER_HAVE_DNNL
 /* A failed oneDNN status as Ember's error: out of memory in the words every allocation failure
@@ -251,82 +332,81 @@ static bool dnnl_fail(char *err, size_t cap, const char *what, dnnl_status_t st)
   return false;
 }
 
-static dnnl_status_t sgemm_one(const gemm_job *g, int64_t i) {
-  const float *pa = (const float *)g->a.data + batch_offset(&g->a, i);
-  const float *pb = (const float *)g->b.data + batch_offset(&g->b, i);
-  return prim_dnnl_sgemm(g->ta, g->tb, g->m, g->n, g->k, 1.0f, pa, g->lda, pb, g->ldb, 0.0f,
-                    (float *)g->out->data + i * g->m * g->n, g->n);
+/* oneDNN's OpenMP build threads a call (and sizes a primitive when it makes one) over
+ * omp_get_max_threads() of the calling thread, unless that thread is inside an active parallel
+ * region. Ember's threads are no OpenMP threads, so every oneDNN call is bracketed by these two:
+ * the calling thread's OpenMP thread count is 1 during the call (a per-thread setting, put back
+ * after; OMP_NUM_THREADS and the user's other threads are untouched), and oneDNN runs the call on
+ * that thread without opening a parallel region, so libgomp starts no threads at all. */
+static int dnnl_one_thread(void) {
+  int nt = omp_get_max_threads();
+  if (nt != 1) omp_set_num_threads(1);
+  return nt;
+}
+static void dnnl_threads_back(int nt) {
+  if (nt != 1) omp_set_num_threads(nt);
 }
 
-static bool sgemm_dnnl(const gemm_job *g, char *err, size_t cap) {
-  int nt = omp_get_level() > 0 ? 1 : omp_get_max_threads();
-  /* A batch per thread when the products are small, or large but numerous enough (or evenly
-   * divisible) to keep every thread busy: oneDNN sees it is inside a parallel region and runs
-   * each call on its caller's thread, so the two levels never nest. Otherwise one product at
-   * a time, threaded by oneDNN. */
-  bool per_thread =
-      g->batches > 1 && (g->m * g->n * g->k <= SMALL_GEMM || g->batches % nt == 0 || g->batches >= 4 * nt);
-  dnnl_status_t bad = dnnl_success;
-  /* Not `omp parallel for if (per_thread)`: a region with a false if-clause still opens a
-   * nesting level without being active, so omp_in_parallel() says false, oneDNN opens its own
-   * team inside it, and libgomp starts (and ends) fresh threads for that nested team on every
-   * call. With spinning waits on two cores that made the MLP training step 5x slower (28 ms
-   * against 5). */
-  if (per_thread) {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < g->batches; i++) {
-      dnnl_status_t st = sgemm_one(g, i);
-      if (st != dnnl_success) {
-#pragma omp atomic write
-        bad = st;
-      }
-    }
-  } else {
-    for (int64_t i = 0; i < g->batches && bad == dnnl_success; i++) bad = sgemm_one(g, i);
-  }
-  if (bad != dnnl_success) return dnnl_fail(err, cap, "sgemm", bad);
-  return true;
+/* Records the first failed status of a job's tasks. */
+static void note_failure(_Atomic int *bad, dnnl_status_t st) {
+  int none = dnnl_success;
+  if (st != dnnl_success) atomic_compare_exchange_strong(bad, &none, (int)st);
+}
+
+static void sgemm_tile(void *ctx, int64_t q) {
+  gemm_tiles *t = ctx;
+  const gemm_job *g = t->g;
+  tile x = tile_of(t, q);
+  if (!x.rows || !x.cols) return;
+  int nt = dnnl_one_thread();
+  dnnl_status_t st = prim_dnnl_sgemm(g->ta, g->tb, x.rows, x.cols, g->k, 1.0f, (const float *)g->a.data + x.aoff,
+                                     g->lda, (const float *)g->b.data + x.boff, g->ldb, 0.0f,
+                                     (float *)g->out->data + x.coff, g->n);
+  dnnl_threads_back(nt);
+  note_failure(&t->bad, st);
 }
 #endif
 
 #ifdef EMBER_HAVE_BLAS
-/* OpenBLAS is a pthreads build: left to itself it would start its own pool beside OpenMP's and
- * oversubscribe the cores whenever it is called from a parallel region, so it runs on the
- * calling thread and dgemm_blas splits the work over OpenMP threads. */
-static void blas_single_thread(void) {
-  static bool done;
-#pragma omp critical(ember_blas_init)
-  if (!done) {
-    openblas_set_num_threads(1);
-    done = true;
-  }
-}
+/* OpenBLAS runs every call on its calling thread (see Tiles). */
+static void blas_init(void) { openblas_set_num_threads(1); }
 
-static void dgemm_blas(const gemm_job *g) {
-  if (g->m > INT_MAX || g->n > INT_MAX || g->k > INT_MAX || g->lda > INT_MAX || g->ldb > INT_MAX) {
-    prim_matmul_ref(g->out, &g->a, &g->b); /* beyond a 32-bit BLAS interface */
-    return;
-  }
-  blas_single_thread();
-  int nt = omp_get_level() > 0 ? 1 : omp_get_max_threads();
-  int64_t work = g->batches * g->m * g->n * g->k, blocks = 1;
-  /* Tiles of (batch, block of rows), so that a single large product also uses every thread;
-   * a row block of op(a) starts r0 rows down ('N') or r0 columns across ('T'). */
-  if (g->batches < nt && work >= SMALL_GEMM) {
-    blocks = (nt + g->batches - 1) / g->batches;
-    if (blocks > (g->m + 15) / 16) blocks = (g->m + 15) / 16;
-  }
-  int64_t tiles = g->batches * blocks;
-  PRIM_PARALLEL_FOR(tiles > 1 && work >= PAR_WORK, t, tiles, {
-    int64_t i = t / blocks, r0 = g->m * (t % blocks) / blocks, r1 = g->m * (t % blocks + 1) / blocks;
-    const double *pa = (const double *)g->a.data + batch_offset(&g->a, i) + (g->ta == 'N' ? r0 * g->lda : r0);
-    cblas_dgemm(CblasRowMajor, g->ta == 'T' ? CblasTrans : CblasNoTrans, g->tb == 'T' ? CblasTrans : CblasNoTrans,
-                (int)(r1 - r0), (int)g->n, (int)g->k, 1.0, pa, (int)g->lda,
-                (const double *)g->b.data + batch_offset(&g->b, i), (int)g->ldb, 0.0,
-                (double *)g->out->data + i * g->m * g->n + r0 * g->n, (int)g->n);
-  });
+static void dgemm_tile(void *ctx, int64_t q) {
+  gemm_tiles *t = ctx;
+  const gemm_job *g = t->g;
+  tile x = tile_of(t, q);
+  if (!x.rows || !x.cols) return;
+  cblas_dgemm(CblasRowMajor, g->ta == 'T' ? CblasTrans : CblasNoTrans, g->tb == 'T' ? CblasTrans : CblasNoTrans,
+              (int)x.rows, (int)x.cols, (int)g->k, 1.0, (const double *)g->a.data + x.aoff, (int)g->lda,
+              (const double *)g->b.data + x.boff, (int)g->ldb, 0.0, (double *)g->out->data + x.coff, (int)g->n);
 }
 #endif
+
+/* The product through the library for its dtype, tile by tile. */
+static bool gemm_lib(const gemm_job *g, char *err, size_t cap) {
+  gemm_tiles t = {.g = g};
+  plan_tiles(g, &t);
+  atomic_init(&t.bad, 0);
+  int64_t n = g->batches * t.mb * t.nb;
+#ifdef EMBER_HAVE_DNNL
+  if (g->out->dtype == EM_F32) {
+    prim_parallel(n, sgemm_tile, &t);
+    int bad = atomic_load(&t.bad);
+    return bad == dnnl_success || dnnl_fail(err, cap, "sgemm", (dnnl_status_t)bad);
+  }
+#endif
+#ifdef EMBER_HAVE_BLAS
+  if (g->m > INT_MAX || g->n > INT_MAX || g->k > INT_MAX || g->lda > INT_MAX || g->ldb > INT_MAX) {
+    prim_matmul_ref(g->out, &g->a, &g->b); /* beyond a 32-bit BLAS interface */
+    return true;
+  }
+  static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+  pthread_once(&blas_once, blas_init);
+  prim_parallel(n, dgemm_tile, &t);
+#endif
+  (void)err, (void)cap, (void)n;
+  return true;
+}
 
 static bool gemm(const prim_buf *out, const prim_buf *a_in, const prim_buf *b_in, char *err, size_t cap) {
   int nd = out->ndim;
@@ -353,13 +433,7 @@ static bool gemm(const prim_buf *out, const prim_buf *a_in, const prim_buf *b_in
     if (!compact(b_in, nd - 2, &g.b, &cb, err, cap)) return free(ca), false;
     g.tb = 'N', g.ldb = g.n;
   }
-  bool ok = true;
-#ifdef EMBER_HAVE_DNNL
-  if (out->dtype == EM_F32) ok = sgemm_dnnl(&g, err, cap);
-#endif
-#ifdef EMBER_HAVE_BLAS
-  if (out->dtype == EM_F64) dgemm_blas(&g);
-#endif
+  bool ok = gemm_lib(&g, err, cap);
   free(ca);
   free(cb);
   return ok;
@@ -379,9 +453,16 @@ static bool gemm(const prim_buf *out, const prim_buf *a_in, const prim_buf *b_in
  * plain. The choice depends only on the problem, never on a timing, so results are
  * reproducible from run to run.
  *
- * Caching. One CPU engine and the primitives made on it, keyed by problem and by the OpenMP
- * thread count (a primitive sizes its work split and scratchpad for the threads it was made
- * with, and em_set_num_threads can change that). Making a primitive (choosing and
+ * Threads. A convolution runs on Ember's pool as chunks of the batch, each chunk one
+ * single-threaded oneDNN call (dnnl_one_thread; the GEMM tiles' section says why no OpenMP
+ * thread runs). The chunks depend only on the problem (about CONV_WORK multiply-adds each, at
+ * most MAX_CONV_CHUNKS), so results have the same bits for any thread count: the forward and
+ * the input gradient compute each image on its own, and the weight gradient, a sum over the
+ * batch, sums each chunk's partial gradient into the result in chunk order. (oneDNN threading
+ * one call itself splits that sum by its thread count, so its bits changed with it.)
+ *
+ * Caching. One CPU engine and the primitives made on it, keyed by problem (a chunk's batch, at
+ * most two sizes per convolution). Making a primitive (choosing and
  * JIT-compiling a kernel) costs far more than running a small convolution, and training runs
  * the same few problems every step. Entries live as long as the process, so none is destroyed
  * under a thread still running it; they stay reachable from these statics, so leak checkers
@@ -393,8 +474,11 @@ static bool gemm(const prim_buf *out, const prim_buf *a_in, const prim_buf *b_in
  * made it, and concurrent calls crash there, while with scratch per call one primitive can run
  * on any thread, from several at once. One buffer per call holds the convolution's
  * scratchpad, the reordered copies of its arguments and the reorders' scratchpads; an entry
- * keeps one such buffer for whichever call finds it free, and a concurrent call allocates its
- * own. */
+ * keeps SCRATCH_SLOTS such buffers, each lent to one call at a time (the chunks of a
+ * convolution run on several threads at once), and a call that finds them all lent allocates
+ * its own. */
+#define CONV_WORK ((double)(1 << 22))
+enum { MAX_CONV_CHUNKS = 64, SCRATCH_SLOTS = 8 };
 
 /* A piece of the call's scratch buffer: its layout and byte offset (size 0: not used). */
 typedef struct {
@@ -414,19 +498,19 @@ typedef struct {
   em_prim op;
   int64_t x[4], w[4], y[4];
   em_conv2d_params p;
-  int threads;
   dnnl_primitive_t prim;
   conv_arg arg[3]; /* x, w, y */
   region scratch_pad;
   size_t scratch_bytes;
-  void *scratch; /* allocated on first use; lent to one call at a time (busy) */
-  bool busy;
+  void *scratch[SCRATCH_SLOTS]; /* each allocated on first use; lent to one call at a time (busy) */
+  bool busy[SCRATCH_SLOTS];
 } conv_entry;
 
 enum { CONV_CACHE = 64 };
 static dnnl_engine_t engine;
 static conv_entry conv_cache[CONV_CACHE];
 static int conv_cached;
+static pthread_mutex_t conv_lock = PTHREAD_MUTEX_INITIALIZER; /* the engine, the table, busy */
 
 /* The argument a prim writes: y, x or w. */
 static int result_arg(em_prim op) { return op == EM_PRIM_CONV2D ? 2 : op == EM_PRIM_CONV2D_BWD_INPUT ? 0 : 1; }
@@ -521,7 +605,7 @@ static dnnl_status_t make_conv(conv_entry *e) {
 }
 
 static bool same_problem(const conv_entry *e, const conv_entry *k) {
-  return e->op == k->op && e->threads == k->threads && !memcmp(e->x, k->x, sizeof e->x) &&
+  return e->op == k->op && !memcmp(e->x, k->x, sizeof e->x) &&
          !memcmp(e->w, k->w, sizeof e->w) && !memcmp(e->y, k->y, sizeof e->y) &&
          !memcmp(e->p.stride, k->p.stride, sizeof e->p.stride) &&
          !memcmp(e->p.padding, k->p.padding, sizeof e->p.padding) &&
@@ -534,7 +618,8 @@ static bool same_problem(const conv_entry *e, const conv_entry *k) {
 typedef struct {
   conv_entry *e;
   void *scratch;
-  bool own, borrowed;
+  int slot; /* the entry's scratch buffer borrowed, or -1 */
+  bool own;
 } conv_lease;
 
 static void *scratch_alloc(size_t bytes) { return aligned_alloc(64, bytes); /* a multiple of 64 */ }
@@ -545,44 +630,45 @@ static void *scratch_alloc(size_t bytes) { return aligned_alloc(64, bytes); /* a
 static dnnl_status_t conv_acquire(const conv_entry *key, conv_lease *l) {
   dnnl_status_t st = dnnl_success;
   conv_entry *e = NULL;
-  *l = (conv_lease){0};
-#pragma omp critical(ember_dnnl_conv)
-  {
-    if (!engine) st = prim_dnnl_engine_create(&engine, dnnl_cpu, 0);
-    for (int i = 0; st == dnnl_success && i < conv_cached && !e; i++)
-      if (same_problem(&conv_cache[i], key)) e = &conv_cache[i];
-    if (st == dnnl_success && !e) {
-      bool table = conv_cached < CONV_CACHE;
-      if (!(e = table ? &conv_cache[conv_cached] : malloc(sizeof *e))) {
-        st = dnnl_out_of_memory;
+  *l = (conv_lease){.slot = -1};
+  pthread_mutex_lock(&conv_lock);
+  if (!engine) st = prim_dnnl_engine_create(&engine, dnnl_cpu, 0);
+  for (int i = 0; st == dnnl_success && i < conv_cached && !e; i++)
+    if (same_problem(&conv_cache[i], key)) e = &conv_cache[i];
+  if (st == dnnl_success && !e) {
+    bool table = conv_cached < CONV_CACHE;
+    if (!(e = table ? &conv_cache[conv_cached] : malloc(sizeof *e))) {
+      st = dnnl_out_of_memory;
+    } else {
+      *e = *key;
+      if ((st = make_conv(e)) != dnnl_success) {
+        if (!table) free(e);
+      } else if (table) {
+        conv_cached++;
       } else {
-        *e = *key;
-        if ((st = make_conv(e)) != dnnl_success) {
-          if (!table) free(e);
-        } else if (table) {
-          conv_cached++;
-        } else {
-          l->own = true;
-        }
+        l->own = true;
       }
     }
-    if (st == dnnl_success && !l->own && !e->busy && e->scratch_bytes &&
-        (e->scratch || (e->scratch = scratch_alloc(e->scratch_bytes)))) {
-      e->busy = l->borrowed = true;
-      l->scratch = e->scratch;
-    }
   }
+  for (int i = 0; st == dnnl_success && !l->own && e->scratch_bytes && l->slot < 0 && i < SCRATCH_SLOTS; i++)
+    if (!e->busy[i] && (e->scratch[i] || (e->scratch[i] = scratch_alloc(e->scratch_bytes)))) {
+      e->busy[i] = true;
+      l->slot = i;
+      l->scratch = e->scratch[i];
+    }
+  pthread_mutex_unlock(&conv_lock);
   if (st != dnnl_success) return st;
   l->e = e;
-  /* No scratch yet: the entry's is in use by a concurrent call, or the entry is the call's. */
+  /* No scratch yet: the entry's are in use by concurrent calls, or the entry is the call's. */
   if (e->scratch_bytes && !l->scratch && !(l->scratch = scratch_alloc(e->scratch_bytes))) return dnnl_out_of_memory;
   return dnnl_success;
 }
 
 static void conv_release(const conv_lease *l) {
-  if (l->borrowed) {
-#pragma omp critical(ember_dnnl_conv)
-    l->e->busy = false;
+  if (l->slot >= 0) {
+    pthread_mutex_lock(&conv_lock);
+    l->e->busy[l->slot] = false;
+    pthread_mutex_unlock(&conv_lock);
   } else {
     free(l->scratch);
   }
@@ -644,6 +730,48 @@ static dnnl_status_t run_conv(const conv_entry *e, char *scratch, char *data[3])
   return st;
 }
 
+/* One convolution cut into batch chunks (see Threads): the chunk key, the operands and the
+ * result (data[0..2]: x, w, y as in conv_problem), the weight gradient's running sum. */
+typedef struct {
+  conv_entry key;      /* the whole problem; each chunk sets its batch */
+  char *data[3];
+  int64_t per_image[3]; /* floats of one image of x, w (0: not batched), y */
+  int64_t chunk, n;    /* images per chunk (the last may have fewer), images in all */
+  float *wsum;         /* BWD_WEIGHT: the result, summed into in chunk order */
+  int64_t wnumel;
+  _Atomic int64_t turn;
+  _Atomic int bad;
+} conv_job;
+
+static void conv_chunk(void *ctx, int64_t q) {
+  conv_job *j = ctx;
+  int64_t n0 = q * j->chunk, n1 = n0 + j->chunk < j->n ? n0 + j->chunk : j->n;
+  conv_entry key = j->key;
+  key.x[0] = key.y[0] = n1 - n0;
+  char *data[3];
+  for (int i = 0; i < 3; i++) data[i] = j->data[i] + n0 * j->per_image[i] * (int64_t)sizeof(float);
+  bool wgrad = key.op == EM_PRIM_CONV2D_BWD_WEIGHT;
+  /* the weight gradient: the first chunk writes the result, the others a partial sum */
+  float *part = NULL;
+  dnnl_status_t st = dnnl_success;
+  if (wgrad && q > 0 && !(part = scratch_alloc((size_t)(j->wnumel * 4 + 63) / 64 * 64))) st = dnnl_out_of_memory;
+  if (part) data[1] = (char *)part;
+  conv_lease l = {.slot = -1};
+  int nt = dnnl_one_thread();
+  if (st == dnnl_success) st = conv_acquire(&key, &l);
+  if (st == dnnl_success) st = run_conv(l.e, l.scratch, data);
+  dnnl_threads_back(nt);
+  if (l.e) conv_release(&l);
+  note_failure(&j->bad, st);
+  if (wgrad) { /* every chunk takes its turn, a failed one too, or the later ones would wait for ever */
+    prim_turn_wait(&j->turn, q);
+    if (part && st == dnnl_success)
+      for (int64_t i = 0; i < j->wnumel; i++) j->wsum[i] += part[i];
+    prim_turn_pass(&j->turn, q);
+  }
+  free(part);
+}
+
 static bool conv_dnnl(em_prim op, const prim_attrs *at, const prim_buf *out, const prim_buf *a_in,
                       const prim_buf *b_in, char *err, size_t cap) {
   prim_buf a, b;
@@ -651,26 +779,35 @@ static bool conv_dnnl(em_prim op, const prim_attrs *at, const prim_buf *out, con
   if (!compact(a_in, 0, &a, &ca, err, cap)) return false;
   if (!compact(b_in, 0, &b, &cb, err, cap)) return free(ca), false;
   conv_problem c = conv_of(op, out, &a, &b);
-  conv_entry key = {.op = op, .p = at->conv, .threads = omp_get_max_threads()};
+  conv_job j = {.key = {.op = op, .p = at->conv}, .data = {c.bx->data, c.bw->data, c.by->data}};
   /* A stride or dilation that makes no difference is made small: oneDNN refuses a stride of
    * INT64_MAX even where the output has one position (issue 17). With one output position any
    * stride above the padded extent left by the kernel gives the same window; a 1-wide kernel
    * has no taps to dilate. */
   for (int d = 0; d < 2; d++) {
-    if (c.w[2 + d] == 1) key.p.dilation[d] = 1;
-    int64_t span = (c.w[2 + d] - 1) * key.p.dilation[d] + 1, room = c.x[2 + d] + 2 * key.p.padding[d] - span;
-    if (c.y[2 + d] == 1 && room >= 0 && key.p.stride[d] > room + 1) key.p.stride[d] = room + 1;
+    if (c.w[2 + d] == 1) j.key.p.dilation[d] = 1;
+    int64_t span = (c.w[2 + d] - 1) * j.key.p.dilation[d] + 1, room = c.x[2 + d] + 2 * j.key.p.padding[d] - span;
+    if (c.y[2 + d] == 1 && room >= 0 && j.key.p.stride[d] > room + 1) j.key.p.stride[d] = room + 1;
   }
-  memcpy(key.x, c.x, sizeof key.x), memcpy(key.w, c.w, sizeof key.w), memcpy(key.y, c.y, sizeof key.y);
-  conv_lease l;
-  dnnl_status_t st = conv_acquire(&key, &l);
-  char *data[3] = {c.bx->data, c.bw->data, c.by->data};
-  if (st == dnnl_success) st = run_conv(l.e, l.scratch, data);
-  if (l.e) conv_release(&l);
+  memcpy(j.key.x, c.x, sizeof j.key.x), memcpy(j.key.w, c.w, sizeof j.key.w), memcpy(j.key.y, c.y, sizeof j.key.y);
+  j.per_image[0] = c.x[1] * c.x[2] * c.x[3], j.per_image[2] = c.y[1] * c.y[2] * c.y[3];
+  j.n = c.x[0];
+  double work = (double)ir_numel(4, c.y) * (double)(c.w[1] * c.w[2] * c.w[3]);
+  int64_t chunks = work >= CONV_WORK * MAX_CONV_CHUNKS ? MAX_CONV_CHUNKS
+                   : work >= CONV_WORK                ? (int64_t)(work / CONV_WORK)
+                                                      : 1;
+  if (chunks > j.n) chunks = j.n;
+  j.chunk = (j.n + chunks - 1) / chunks;
+  chunks = (j.n + j.chunk - 1) / j.chunk;
+  j.wsum = (float *)c.bw->data;
+  j.wnumel = ir_numel(4, c.w);
+  atomic_init(&j.turn, 0);
+  atomic_init(&j.bad, dnnl_success);
+  prim_parallel(chunks, conv_chunk, &j);
   free(ca);
   free(cb);
-  if (st != dnnl_success) return dnnl_fail(err, cap, "convolution", st);
-  return true;
+  int bad = atomic_load(&j.bad);
+  return bad == dnnl_success || dnnl_fail(err, cap, "convolution", (dnnl_status_t)bad);
 }
 #endif
 

@@ -4,10 +4,9 @@
  * loops are; this file walks the outer dimensions. It first coalesces dimensions that are
  * contiguous with respect to each other in every operand (so a contiguous tensor of any rank is
  * one inner loop of numel elements, which the compiler vectorises), drops size-1 dimensions, and
- * splits the flat index space into one range per OpenMP thread when the work is large. */
+ * splits the flat index space into one range per pool thread when the work is large. */
 #include "prims.h"
 
-#include <omp.h>
 #include <string.h>
 
 typedef struct {
@@ -89,24 +88,35 @@ static void iter_range(const iter *it, int64_t begin, int64_t end, prim_loop1d f
   }
 }
 
+typedef struct {
+  const iter *it;
+  int64_t total, chunks;
+  prim_loop1d fn;
+  const void *ctx;
+} foreach_job;
+
+static void foreach_chunk(void *ctx, int64_t c) {
+  const foreach_job *j = ctx;
+  /* Split on 64-element boundaries so threads never share a cache line of the output. */
+  int64_t b = (j->total * c / j->chunks) & ~(int64_t)63;
+  int64_t e = c + 1 == j->chunks ? j->total : (j->total * (c + 1) / j->chunks) & ~(int64_t)63;
+  iter_range(j->it, b, e, j->fn, j->ctx);
+}
+
 void prim_foreach(int nops, const prim_buf *bufs, prim_loop1d fn, const void *ctx) {
   int64_t total = ir_numel(bufs[0].ndim, bufs[0].sizes);
   if (total == 0) return;
   iter it;
   iter_init(&it, nops, bufs);
-  int nt = omp_get_max_threads();
-  if (nt < 2 || total < 2 * PRIM_PARALLEL_GRAIN || omp_get_level() > 0) {
+  int nt = prim_threads();
+  if (nt < 2 || total < 2 * PRIM_PARALLEL_GRAIN) {
     iter_range(&it, 0, total, fn, ctx);
     return;
   }
   int64_t chunks = total / PRIM_PARALLEL_GRAIN;
   if (chunks > nt) chunks = nt;
-#pragma omp parallel for num_threads((int)chunks) schedule(static, 1)
-  for (int64_t c = 0; c < chunks; c++) {
-    /* Split on 64-element boundaries so threads never share a cache line of the output. */
-    int64_t b = (total * c / chunks) & ~(int64_t)63, e = c + 1 == chunks ? total : (total * (c + 1) / chunks) & ~(int64_t)63;
-    iter_range(&it, b, e, fn, ctx);
-  }
+  foreach_job j = {&it, total, chunks, fn, ctx};
+  prim_parallel(chunks, foreach_chunk, &j);
 }
 
 void prim_foreach_serial(int nops, const prim_buf *bufs, prim_loop1d fn, const void *ctx) {

@@ -17,7 +17,6 @@
  * so it is deterministic. */
 #include "prims.h"
 
-#include <omp.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -93,21 +92,30 @@ static prim_loop1d fill_loop(size_t size) {
  * thread team would have started, and one core already saturates the caches. */
 #define MEMCPY_GRAIN ((size_t)256 * 1024)
 
+typedef struct {
+  char *dst;
+  const char *src;
+  size_t bytes, chunks;
+} memcpy_job;
+
+static void memcpy_chunk(void *ctx, int64_t c) {
+  const memcpy_job *j = ctx;
+  /* Split on cache lines so no two threads write the same one. */
+  size_t b = (j->bytes / j->chunks * (size_t)c) & ~(size_t)63;
+  size_t e = (size_t)c + 1 == j->chunks ? j->bytes : (j->bytes / j->chunks * ((size_t)c + 1)) & ~(size_t)63;
+  memcpy(j->dst + b, j->src + b, e - b);
+}
+
 static void par_memcpy(char *dst, const char *src, size_t bytes) {
   size_t chunks = bytes / MEMCPY_GRAIN;
-  int nt = omp_get_level() > 0 ? 1 : omp_get_max_threads();
+  int nt = prim_threads();
   if (chunks > (size_t)nt) chunks = (size_t)nt;
   if (chunks < 2) {
     memcpy(dst, src, bytes);
     return;
   }
-#pragma omp parallel for num_threads((int)chunks) schedule(static, 1)
-  for (size_t c = 0; c < chunks; c++) {
-    /* Split on cache lines so no two threads write the same one. */
-    size_t b = (bytes / chunks * c) & ~(size_t)63;
-    size_t e = c + 1 == chunks ? bytes : (bytes / chunks * (c + 1)) & ~(size_t)63;
-    memcpy(dst + b, src + b, e - b);
-  }
+  memcpy_job j = {dst, src, bytes, chunks};
+  prim_parallel((int64_t)chunks, memcpy_chunk, &j);
 }
 
 /* Output elements per tile row of a transposing copy: enough to fill whole cache lines of the
@@ -403,38 +411,47 @@ static void gather_via(const prim_buf *out, const prim_buf *index_view, const pr
 /* index_select when the dims after the axis form one contiguous block of x: every output row
  * (one outer position, one index entry) is a single memcpy of that block. out is contiguous, so
  * its rows are consecutive; rows are split across threads in contiguous ranges. */
+typedef struct {
+  const prim_buf *out, *x;
+  const int64_t *idx;
+  int axis;
+  size_t es, row_bytes;
+  int64_t n, rows, chunks, idx_step, axis_step;
+} select_job;
+
+static void select_chunk(void *ctx, int64_t c) {
+  const select_job *s = ctx;
+  int64_t n = s->n, r = s->rows * c / s->chunks, end = s->rows * (c + 1) / s->chunks;
+  int64_t o = r / n, j = r % n;
+  while (r < end) {
+    /* x's offset of outer position o: unravelled once per outer step, not per row. */
+    const char *base = s->x->data;
+    for (int64_t d = s->axis - 1, rest = o; d >= 0; d--) {
+      base += (rest % s->x->sizes[d]) * s->x->strides[d] * (int64_t)s->es;
+      rest /= s->x->sizes[d];
+    }
+    for (; j < n && r < end; j++, r++)
+      memcpy(s->out->data + (size_t)r * s->row_bytes, base + s->idx[j * s->idx_step] * s->axis_step, s->row_bytes);
+    j = 0;
+    o++;
+  }
+}
+
 static void select_rows(const prim_buf *out, const prim_buf *x, const prim_buf *index, int axis,
                         int64_t row_elems) {
-  size_t es = ir_dtype(x->dtype)->size;
-  size_t row_bytes = (size_t)row_elems * es;
-  int64_t n = out->sizes[axis];
-  int64_t outer = ir_numel(axis, out->sizes);
-  int64_t rows = outer * n;
-  const int64_t *idx = (const int64_t *)index->data;
-  int64_t idx_step = index->ndim ? index->strides[0] : 0;
-  int64_t axis_step = x->strides[axis] * (int64_t)es;
-  int nt = omp_get_level() > 0 ? 1 : omp_get_max_threads();
-  int64_t chunks = rows * row_elems / PRIM_PARALLEL_GRAIN;
-  if (chunks > nt) chunks = nt;
-  if (chunks > rows) chunks = rows;
-  if (chunks < 1) chunks = 1;
-  /* at most one chunk per thread: schedule(static) gives each its own */
-  PRIM_PARALLEL_FOR(chunks > 1, c, chunks, {
-    int64_t r = rows * c / chunks, end = rows * (c + 1) / chunks;
-    int64_t o = r / n, j = r % n;
-    while (r < end) {
-      /* x's offset of outer position o: unravelled once per outer step, not per row. */
-      const char *base = x->data;
-      for (int64_t d = axis - 1, rest = o; d >= 0; d--) {
-        base += (rest % x->sizes[d]) * x->strides[d] * (int64_t)es;
-        rest /= x->sizes[d];
-      }
-      for (; j < n && r < end; j++, r++)
-        memcpy(out->data + (size_t)r * row_bytes, base + idx[j * idx_step] * axis_step, row_bytes);
-      j = 0;
-      o++;
-    }
-  });
+  select_job s = {.out = out, .x = x, .idx = (const int64_t *)index->data, .axis = axis};
+  s.es = ir_dtype(x->dtype)->size;
+  s.row_bytes = (size_t)row_elems * s.es;
+  s.n = out->sizes[axis];
+  s.rows = ir_numel(axis, out->sizes) * s.n;
+  s.idx_step = index->ndim ? index->strides[0] : 0;
+  s.axis_step = x->strides[axis] * (int64_t)s.es;
+  int nt = prim_threads();
+  s.chunks = s.rows * row_elems / PRIM_PARALLEL_GRAIN;
+  if (s.chunks > nt) s.chunks = nt;
+  if (s.chunks > s.rows) s.chunks = s.rows;
+  if (s.chunks < 1) s.chunks = 1;
+  prim_parallel(s.chunks, select_chunk, &s);
 }
 
 static void index_select(const prim_buf *out, const prim_buf *x, const prim_buf *index, int axis) {
@@ -506,6 +523,25 @@ static prim_loop1d scatter_loop(em_dtype dt) {
   }
 }
 
+typedef struct {
+  const prim_buf *b; /* out (stride 0 on the axis), index, src */
+  const scatter_ctx *c;
+  prim_loop1d fn;
+  int split;
+  int64_t parts;
+} scatter_job;
+
+static void scatter_part(void *ctx, int64_t t) {
+  const scatter_job *j = ctx;
+  int64_t len = j->b[1].sizes[j->split], lo = len * t / j->parts, hi = len * (t + 1) / j->parts;
+  prim_buf part[3] = {j->b[0], j->b[1], j->b[2]};
+  for (int k = 0; k < 3; k++) {
+    part[k].data += lo * part[k].strides[j->split] * (int64_t)ir_dtype(part[k].dtype)->size;
+    part[k].sizes[j->split] = hi - lo;
+  }
+  prim_foreach_serial(3, part, j->fn, j->c);
+}
+
 /* Two index positions that differ off the axis write different output elements, so the work
  * is split across threads along the longest non-axis dim; within each part the positions run in
  * the serial order. Every output element therefore receives its additions in the same order
@@ -525,7 +561,7 @@ static void scatter_add(const prim_buf *out, const prim_buf *x, const prim_buf *
   int split = -1;
   for (int d = 0; d < index->ndim; d++)
     if (d != axis && (split < 0 || index->sizes[d] > index->sizes[split])) split = d;
-  int nt = omp_get_level() > 0 ? 1 : omp_get_max_threads();
+  int nt = prim_threads();
   int64_t parts = total / PRIM_PARALLEL_GRAIN;
   if (parts > nt) parts = nt;
   if (split >= 0 && parts > index->sizes[split]) parts = index->sizes[split];
@@ -533,16 +569,8 @@ static void scatter_add(const prim_buf *out, const prim_buf *x, const prim_buf *
     prim_foreach_serial(3, b, fn, &c);
     return;
   }
-#pragma omp parallel for num_threads((int)parts) schedule(static, 1)
-  for (int64_t t = 0; t < parts; t++) {
-    int64_t lo = index->sizes[split] * t / parts, hi = index->sizes[split] * (t + 1) / parts;
-    prim_buf part[3] = {b[0], b[1], b[2]};
-    for (int k = 0; k < 3; k++) {
-      part[k].data += lo * part[k].strides[split] * (int64_t)ir_dtype(part[k].dtype)->size;
-      part[k].sizes[split] = hi - lo;
-    }
-    prim_foreach_serial(3, part, fn, &c);
-  }
+  scatter_job j = {b, &c, fn, split, parts};
+  prim_parallel(parts, scatter_part, &j);
 }
 
 /* ---- entry -------------------------------------------------------------------------------- */

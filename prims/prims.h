@@ -8,13 +8,11 @@
  * Sections: prims.c (table, meta functions, view rules), loop.c (the strided N-d iterator),
  * pointwise.c, reduce.c, movement.c (copies, indexing), creation.c (full, iota, Philox),
  * extern.c (GEMM and convolution through oneDNN / OpenBLAS, with plain-loop references), scan.c
- * (cumulative sum and product, argsort). */
+ * (cumulative sum and product, argsort), pool.c (the threads every parallel loop runs on). */
 #ifndef EMBER_PRIMS_H
 #define EMBER_PRIMS_H
 
 #include "../ir/ir.h"
-
-#include <omp.h>
 
 typedef enum em_prim {
 #define PRIM(name, arity, flags, attrs, expr) EM_PRIM_##name,
@@ -162,7 +160,7 @@ typedef struct prim_buf {
 typedef void (*prim_loop1d)(char **p, const int64_t *s, int64_t n, const void *ctx);
 
 /* Runs fn over every element of nops buffers that all have bufs[0]'s sizes, coalescing
- * dimensions and splitting the index space across OpenMP threads when large. */
+ * dimensions and splitting the index space across the pool's threads when large. */
 void prim_foreach(int nops, const prim_buf *bufs, prim_loop1d fn, const void *ctx);
 
 /* The same on the calling thread only, for loops whose ctx is written (checks, reductions). */
@@ -171,20 +169,34 @@ void prim_foreach_serial(int nops, const prim_buf *bufs, prim_loop1d fn, const v
 /* Elements per thread below which loops stay serial. */
 #define PRIM_PARALLEL_GRAIN 32768
 
-/* `for (int64_t var = 0; var < n; var++) body` across the OpenMP threads when par (and not
- * already inside a parallel region), else on the calling thread without entering the OpenMP
- * runtime. Not `#pragma omp parallel for if (par)`: a region whose if-clause is false (or a
- * nested one) still makes libgomp allocate a one-thread team and free it afterwards, on every
- * call, and libgomp ends the process with exit(1) when that allocation fails. A full-size team
- * is allocated once and reused (see README, "Allocation failure"). */
-#define PRIM_PARALLEL_FOR(par, var, n, ...)                                                       \
-  do {                                                                                            \
-    if ((par) && omp_get_level() == 0) {                                                          \
-      _Pragma("omp parallel for schedule(static)") for (int64_t var = 0; var < (n); var++) __VA_ARGS__ \
-    } else {                                                                                      \
-      for (int64_t var = 0; var < (n); var++) __VA_ARGS__                                         \
-    }                                                                                             \
-  } while (0)
+/* ---- thread pool (pool.c) ---------------------------------------------------------------- */
+
+/* Ember's own threads: every parallel loop of Ember runs on them (pool.c says why not on
+ * OpenMP's). A split decided by shapes gives the same bits whatever the thread count. */
+typedef void (*prim_task)(void *ctx, int64_t i);
+typedef void (*prim_range_task)(void *ctx, int64_t begin, int64_t end);
+
+/* Runs fn(ctx, i) for every i in [0, n) on the calling thread and the pool's workers, in any
+ * order, each i once; returns when all have run. Inside a task, or while another thread's loop
+ * has the pool, every i runs on the calling thread. */
+void prim_parallel(int64_t n, prim_task fn, void *ctx);
+
+/* fn over [0, n) in contiguous ranges, one per thread, when par (and n > 1 and there are
+ * threads); else fn(ctx, 0, n) on the calling thread (nothing when n <= 0). */
+void prim_parallel_for(bool par, int64_t n, prim_range_task fn, void *ctx);
+
+/* An ordered section inside tasks: task c waits until *turn is c (the tasks before it passed
+ * theirs), does its part, then passes the turn to c + 1. Tasks are claimed in index order, so
+ * every task waited for is running; results come out in the order of a serial run. */
+void prim_turn_wait(_Atomic int64_t *turn, int64_t c);
+void prim_turn_pass(_Atomic int64_t *turn, int64_t c);
+
+/* Threads a loop started here may use: the pool's size, or 1 inside a task. */
+int prim_threads(void);
+/* The pool's size (em_set_num_threads), for sizing per-thread scratch. */
+int prim_max_threads(void);
+/* n <= 0: the default (OMP_NUM_THREADS, else the CPUs this process may run on). */
+void prim_set_threads(int n);
 
 /* ---- kernels ----------------------------------------------------------------------------- */
 

@@ -30,6 +30,7 @@
  * bypass Ember's allocator. */
 #include "prims.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -490,41 +491,64 @@ static void row_range(const plan *pl, const char *base, int64_t j0, int64_t j1, 
   }
 }
 
+/* Row mode's tasks. Unsplit: group g of outputs, each reduced whole. Split: chunk c of one
+ * output's reduction, folded into the total in chunk order (prim_turn_wait), which keeps the
+ * result that of a serial run. */
+typedef struct {
+  const plan *pl;
+  int64_t group, len, nch, ioff;
+  acc *total;
+  _Atomic int64_t turn;
+} rows_job;
+
+static void rows_group(void *ctx, int64_t g0, int64_t g1) {
+  const rows_job *j = ctx;
+  const plan *pl = j->pl;
+  for (int64_t g = g0; g < g1; g++) {
+    int64_t idx[EM_MAX_DIMS], ioff, ooff, o1 = (g + 1) * j->group < pl->nout ? (g + 1) * j->group : pl->nout;
+    seek(&pl->k, g * j->group, idx, &ioff, &ooff);
+    for (int64_t o = g * j->group; o < o1; o++) {
+      acc a = acc_init(pl->op, pl->flt);
+      row_range(pl, pl->in + ioff, 0, pl->nred, &a);
+      finish(pl, pl->out + ooff, &a);
+      step2(&pl->k, idx, &ioff, &ooff);
+    }
+  }
+}
+
+static void rows_chunk(void *ctx, int64_t c) {
+  rows_job *j = ctx;
+  const plan *pl = j->pl;
+  acc part = acc_init(pl->op, pl->flt);
+  row_range(pl, pl->in + j->ioff, c * j->len, c + 1 == j->nch ? pl->nred : (c + 1) * j->len, &part);
+  prim_turn_wait(&j->turn, c);
+  combine(pl->op, pl->flt, j->total, &part);
+  prim_turn_pass(&j->turn, c);
+}
+
 static void run_rows(const plan *pl) {
   int64_t nout = pl->nout, nred = pl->nred;
   int64_t nch = nout < FEW_OUTPUTS ? nred / SPLIT : 1;
   if (nch > MAX_CHUNKS) nch = MAX_CHUNKS;
+  rows_job j = {.pl = pl};
   if (nch < 2) {
     /* Outputs go in groups of about GROUP input elements, each group seeking its first
      * output once and stepping from there, so short reductions pay no divisions. */
-    int64_t group = nred >= GROUP ? 1 : GROUP / nred, ngroups = (nout + group - 1) / group;
-    bool par = ngroups > 1 && nred >= 2 * PRIM_PARALLEL_GRAIN / nout;
-    PRIM_PARALLEL_FOR(par, g, ngroups, {
-      int64_t idx[EM_MAX_DIMS], ioff, ooff, o1 = (g + 1) * group < nout ? (g + 1) * group : nout;
-      seek(&pl->k, g * group, idx, &ioff, &ooff);
-      for (int64_t o = g * group; o < o1; o++) {
-        acc a = acc_init(pl->op, pl->flt);
-        row_range(pl, pl->in + ioff, 0, nred, &a);
-        finish(pl, pl->out + ooff, &a);
-        step2(&pl->k, idx, &ioff, &ooff);
-      }
-    });
+    j.group = nred >= GROUP ? 1 : GROUP / nred;
+    int64_t ngroups = (nout + j.group - 1) / j.group;
+    prim_parallel_for(ngroups > 1 && nred >= 2 * PRIM_PARALLEL_GRAIN / nout, ngroups, rows_group, &j);
     return;
   }
   /* Chunks are whole f32 blocks, so chunking never changes how a block is summed. */
-  int64_t len = ((nred + nch - 1) / nch + BLOCK - 1) / BLOCK * BLOCK;
-  nch = (nred + len - 1) / len;
+  j.len = ((nred + nch - 1) / nch + BLOCK - 1) / BLOCK * BLOCK;
+  j.nch = (nred + j.len - 1) / j.len;
   for (int64_t o = 0; o < nout; o++) {
-    int64_t idx[EM_MAX_DIMS], ioff, ooff;
-    seek(&pl->k, o, idx, &ioff, &ooff);
+    int64_t idx[EM_MAX_DIMS], ooff;
+    seek(&pl->k, o, idx, &j.ioff, &ooff);
     acc total = acc_init(pl->op, pl->flt);
-#pragma omp parallel for ordered schedule(static, 1)
-    for (int64_t c = 0; c < nch; c++) {
-      acc part = acc_init(pl->op, pl->flt);
-      row_range(pl, pl->in + ioff, c * len, c + 1 == nch ? nred : (c + 1) * len, &part);
-#pragma omp ordered
-      combine(pl->op, pl->flt, &total, &part);
-    }
+    j.total = &total;
+    atomic_init(&j.turn, 0);
+    prim_parallel(j.nch, rows_chunk, &j);
     finish(pl, pl->out + ooff, &total);
   }
 }
@@ -655,6 +679,44 @@ COL_KERNEL(u8, uint8_t, i, uint64_t)
 
 /* Column mode over kept dim v: the other kept dims are walked as outer units, each split into
  * tiles of TILE outputs along v. */
+typedef struct {
+  const plan *pl;
+  const dims *outer;
+  int64_t cols, vs, ostep, ntiles, len, nch;
+  /* the split mode's one unit: its input, its width, its totals */
+  const char *in;
+  int64_t w;
+  acc *total;
+  _Atomic int64_t turn;
+} cols_job;
+
+static void cols_units(void *ctx, int64_t u0, int64_t u1) {
+  const cols_job *j = ctx;
+  const plan *pl = j->pl;
+  for (int64_t u = u0; u < u1; u++) {
+    int64_t idx[EM_MAX_DIMS], ioff, ooff, t0 = u % j->ntiles * TILE;
+    int64_t w = j->cols - t0 < TILE ? j->cols - t0 : TILE;
+    seek(j->outer, u / j->ntiles, idx, &ioff, &ooff);
+    acc st[TILE];
+    pl->col(pl, pl->in + ioff + t0 * j->vs, j->vs, w, 0, pl->nred, st);
+    for (int64_t t = 0; t < w; t++) finish(pl, pl->out + ooff + (t0 + t) * j->ostep, &st[t]);
+  }
+}
+
+static void cols_chunk(void *ctx, int64_t c) {
+  cols_job *j = ctx;
+  const plan *pl = j->pl;
+  acc part[TILE];
+  int64_t j1 = c + 1 == j->nch ? pl->nred : (c + 1) * j->len;
+  pl->col(pl, j->in, j->vs, j->w, c * j->len, j1, part);
+  prim_turn_wait(&j->turn, c);
+  combine_n(pl->op, pl->flt, j->total, part, j->w);
+  prim_turn_pass(&j->turn, c);
+}
+
+/* Column mode over kept dim v: the other kept dims are walked as outer units, each split into
+ * tiles of TILE outputs along v. A unit's reduction is split into chunks when there are few
+ * units, folded into its totals in chunk order as in row mode. */
 static void run_cols(const plan *pl, int v) {
   dims outer = {0};
   for (int x = 0; x < pl->k.n; x++) {
@@ -664,41 +726,31 @@ static void run_cols(const plan *pl, int v) {
     outer.out[outer.n++] = pl->k.out[x];
   }
   if (outer.n == 0) outer.n = 1, outer.size[0] = 1;
-  int64_t cols = pl->k.size[v], vs = pl->k.in[v], ostep = pl->k.out[v], nred = pl->nred;
-  int64_t ntiles = (cols + TILE - 1) / TILE, units = numel(&outer) * ntiles;
-  int64_t per_unit = (cols < TILE ? cols : TILE) * nred;
+  cols_job j = {.pl = pl, .outer = &outer, .cols = pl->k.size[v], .vs = pl->k.in[v], .ostep = pl->k.out[v]};
+  int64_t nred = pl->nred;
+  j.ntiles = (j.cols + TILE - 1) / TILE;
+  int64_t units = numel(&outer) * j.ntiles;
+  int64_t per_unit = (j.cols < TILE ? j.cols : TILE) * nred;
   int64_t nch = units < FEW_UNITS ? per_unit / SPLIT : 1;
   if (nch > MAX_COL_CHUNKS) nch = MAX_COL_CHUNKS;
   if (nch > nred) nch = nred;
   if (nch < 2) {
-    bool par = units > 1 && per_unit >= 2 * PRIM_PARALLEL_GRAIN / units;
-    PRIM_PARALLEL_FOR(par, u, units, {
-      int64_t idx[EM_MAX_DIMS], ioff, ooff, t0 = u % ntiles * TILE;
-      int64_t w = cols - t0 < TILE ? cols - t0 : TILE;
-      seek(&outer, u / ntiles, idx, &ioff, &ooff);
-      acc st[TILE];
-      pl->col(pl, pl->in + ioff + t0 * vs, vs, w, 0, nred, st);
-      for (int64_t t = 0; t < w; t++) finish(pl, pl->out + ooff + (t0 + t) * ostep, &st[t]);
-    });
+    prim_parallel_for(units > 1 && per_unit >= 2 * PRIM_PARALLEL_GRAIN / units, units, cols_units, &j);
     return;
   }
-  int64_t len = (nred + nch - 1) / nch;
-  nch = (nred + len - 1) / len;
+  j.len = (nred + nch - 1) / nch;
+  j.nch = (nred + j.len - 1) / j.len;
   for (int64_t u = 0; u < units; u++) {
-    int64_t idx[EM_MAX_DIMS], ioff, ooff, t0 = u % ntiles * TILE;
-    int64_t w = cols - t0 < TILE ? cols - t0 : TILE;
-    seek(&outer, u / ntiles, idx, &ioff, &ooff);
+    int64_t idx[EM_MAX_DIMS], ioff, ooff, t0 = u % j.ntiles * TILE;
+    j.w = j.cols - t0 < TILE ? j.cols - t0 : TILE;
+    seek(&outer, u / j.ntiles, idx, &ioff, &ooff);
+    j.in = pl->in + ioff + t0 * j.vs;
     acc total[TILE];
-    for (int64_t t = 0; t < w; t++) total[t] = acc_init(pl->op, pl->flt);
-#pragma omp parallel for ordered schedule(static, 1)
-    for (int64_t c = 0; c < nch; c++) {
-      acc part[TILE];
-      int64_t j1 = c + 1 == nch ? nred : (c + 1) * len;
-      pl->col(pl, pl->in + ioff + t0 * vs, vs, w, c * len, j1, part);
-#pragma omp ordered
-      combine_n(pl->op, pl->flt, total, part, w);
-    }
-    for (int64_t t = 0; t < w; t++) finish(pl, pl->out + ooff + (t0 + t) * ostep, &total[t]);
+    for (int64_t t = 0; t < j.w; t++) total[t] = acc_init(pl->op, pl->flt);
+    j.total = total;
+    atomic_init(&j.turn, 0);
+    prim_parallel(j.nch, cols_chunk, &j);
+    for (int64_t t = 0; t < j.w; t++) finish(pl, pl->out + ooff + (t0 + t) * j.ostep, &total[t]);
   }
 }
 

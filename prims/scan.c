@@ -20,7 +20,6 @@
 #include "prims.h"
 
 #include <math.h>
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,30 +93,44 @@ static void scan_line(bool sum, em_dtype dt, const char *x, int64_t xs, char *o,
   }
 }
 
+typedef struct {
+  bool sum;
+  lines_of L;
+  const prim_buf *out, *x;
+  int64_t xs, os;
+} scan_job;
+
+static void scan_lines(void *ctx, int64_t l0, int64_t l1) {
+  const scan_job *j = ctx;
+  int64_t xes = (int64_t)ir_dtype(j->x->dtype)->size, oes = (int64_t)ir_dtype(j->out->dtype)->size;
+  for (int64_t l = l0; l < l1; l++)
+    scan_line(j->sum, j->x->dtype, j->x->data + line_start(&j->L, j->x, l) * xes, j->xs,
+              j->out->data + line_start(&j->L, j->out, l) * oes, j->os, j->L.n);
+}
+
 static void scan(bool sum, const prim_attrs *at, const prim_buf *out, const prim_buf *x) {
   int a = ir_norm_axis(at->axes[0], x->ndim ? x->ndim : 1);
-  lines_of L = lines(x, a);
-  if (L.n == 0 || L.lines == 0) return;
-  int64_t xes = (int64_t)ir_dtype(x->dtype)->size, oes = (int64_t)ir_dtype(out->dtype)->size;
-  int64_t xs = axis_stride(x, a), os = axis_stride(out, a);
-  PRIM_PARALLEL_FOR(L.lines > 1 && L.lines * L.n >= PRIM_PARALLEL_GRAIN, l, L.lines, {
-    scan_line(sum, x->dtype, x->data + line_start(&L, x, l) * xes, xs, out->data + line_start(&L, out, l) * oes, os,
-              L.n);
-  });
+  scan_job j = {sum, lines(x, a), out, x, axis_stride(x, a), axis_stride(out, a)};
+  if (j.L.n == 0 || j.L.lines == 0) return;
+  prim_parallel_for(j.L.lines > 1 && j.L.lines * j.L.n >= PRIM_PARALLEL_GRAIN, j.L.lines, scan_lines, &j);
 }
 
 /* ---- argsort -------------------------------------------------------------------------------- */
+
+/* Bytes of a line's two key arrays, rounded up so the index arrays after them are aligned. */
+static size_t keys_bytes(int64_t n, size_t es) { return ((size_t)n * 2 * es + 7) / 8 * 8; }
 
 /* Whether key a comes strictly before key b (ascending: a < b with NaN largest). */
 #define LESS_FLOAT(a, b) (!isnan(a) && (isnan(b) || (a) < (b)))
 #define LESS_PLAIN(a, b) ((a) < (b))
 
 /* Sorts one line: keys copied into k (then scratch kt), indices into ix (scratch it); the
- * sorted indices are written to o with stride os. Bottom-up merges of runs of width w. */
+ * sorted indices are written to o with stride os. Bottom-up merges of runs of width w. The
+ * indices start at the first multiple of 8 bytes after the keys (sort_scratch). */
 #define SORT_LINE(NAME, T, LESS)                                                                       \
   static void NAME(const char *x, int64_t xs, int64_t *o, int64_t os, int64_t n, bool desc, void *scratch) {   \
     T *k = scratch, *kt = k + n;                                                                       \
-    int64_t *ix = (int64_t *)(kt + n), *it = ix + n;                                                   \
+    int64_t *ix = (int64_t *)((char *)scratch + keys_bytes(n, sizeof(T))), *it = ix + n;               \
     for (int64_t i = 0; i < n; i++) k[i] = ((const T *)x)[i * xs], ix[i] = i;                        \
     for (int64_t w = 1; w < n; w *= 2) {                                                               \
       for (int64_t s = 0; s < n; s += 2 * w) {                                                         \
@@ -143,6 +156,24 @@ SORT_LINE(sort_u8, uint8_t, LESS_PLAIN) /* u8 and bool (0 < 1) */
 
 typedef void (*sort_fn)(const char *x, int64_t xs, int64_t *o, int64_t os, int64_t n, bool desc, void *scratch);
 
+/* Part p of nt sorts lines [lines*p/nt, lines*(p+1)/nt) with scratch block p. */
+typedef struct {
+  sort_fn fn;
+  lines_of L;
+  const prim_buf *out, *x;
+  int64_t es, xs, os, parts;
+  bool desc;
+  char *scratch;
+  size_t per_line;
+} sort_job;
+
+static void sort_part(void *ctx, int64_t p) {
+  const sort_job *j = ctx;
+  for (int64_t l = j->L.lines * p / j->parts; l < j->L.lines * (p + 1) / j->parts; l++)
+    j->fn(j->x->data + line_start(&j->L, j->x, l) * j->es, j->xs, (int64_t *)j->out->data + line_start(&j->L, j->out, l),
+          j->os, j->L.n, j->desc, j->scratch + j->per_line * (size_t)p);
+}
+
 static bool argsort(const prim_attrs *at, const prim_buf *out, const prim_buf *x, char *err, size_t cap) {
   int a = ir_norm_axis(at->axes[0], x->ndim ? x->ndim : 1);
   lines_of L = lines(x, a);
@@ -157,27 +188,17 @@ static bool argsort(const prim_attrs *at, const prim_buf *out, const prim_buf *x
   case EM_BOOL: fn = sort_u8; break;
   default: return snprintf(err, cap, "has no CPU kernel for %s (cast first)", em_dtype_name(x->dtype)), false;
   }
-  int64_t es = (int64_t)ir_dtype(x->dtype)->size, xs = axis_stride(x, a), os = axis_stride(out, a);
-  size_t per_line = (size_t)L.n * (2 * (size_t)es + 2 * sizeof(int64_t));
-  /* one scratch block per thread, not per line (a line of a vocabulary's length needs about a
-   * megabyte; every line at once would need several times the operand). The team is the full
-   * one PRIM_PARALLEL_FOR uses (prims.h says why a team of another size is avoided). */
-  int nt = omp_get_level() == 0 ? omp_get_max_threads() : 1;
-  bool par = nt > 1 && L.lines > 1 && L.lines * L.n >= PRIM_PARALLEL_GRAIN / 8;
-  if (!par) nt = 1;
-  char *scratch = malloc(per_line * (size_t)nt);
-  if (!scratch) return snprintf(err, cap, "out of memory for %zu bytes of sort scratch", per_line * (size_t)nt), false;
-  if (par) {
-#pragma omp parallel for schedule(static)
-    for (int64_t l = 0; l < L.lines; l++)
-      fn(x->data + line_start(&L, x, l) * es, xs, (int64_t *)out->data + line_start(&L, out, l), os, L.n, at->descending,
-         scratch + per_line * (size_t)omp_get_thread_num());
-  } else {
-    for (int64_t l = 0; l < L.lines; l++)
-      fn(x->data + line_start(&L, x, l) * es, xs, (int64_t *)out->data + line_start(&L, out, l), os, L.n, at->descending,
-         scratch);
-  }
-  free(scratch);
+  sort_job j = {fn, L, out, x, (int64_t)ir_dtype(x->dtype)->size, axis_stride(x, a), axis_stride(out, a), 1,
+                at->descending};
+  j.per_line = keys_bytes(L.n, (size_t)j.es) + (size_t)L.n * 2 * sizeof(int64_t); /* a multiple of 8 */
+  /* one scratch block per part, not per line (a line of a vocabulary's length needs about a
+   * megabyte; every line at once would need several times the operand); a part per thread */
+  int nt = prim_threads();
+  if (nt > 1 && L.lines > 1 && L.lines * L.n >= PRIM_PARALLEL_GRAIN / 8) j.parts = nt < L.lines ? nt : L.lines;
+  if (!(j.scratch = malloc(j.per_line * (size_t)j.parts)))
+    return snprintf(err, cap, "out of memory for %zu bytes of sort scratch", j.per_line * (size_t)j.parts), false;
+  prim_parallel(j.parts, sort_part, &j);
+  free(j.scratch);
   return true;
 }
 

@@ -5,7 +5,6 @@
  * what lets a test fail the n-th allocation and prove each error path releases what it took. */
 #include "rt.h"
 
-#include <omp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -139,14 +138,10 @@ void em_debug_reset_peak(void) {
   __atomic_store_n(&peak_bytes, __atomic_load_n(&live_bytes, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
 }
 
-static int default_threads;
+/* Ember's pool (prims/pool.c) runs every parallel loop, GEMM tile and convolution chunk. */
+void em_set_num_threads(int n) { prim_set_threads(n); }
 
-void em_set_num_threads(int n) {
-  if (!default_threads) default_threads = omp_get_max_threads();
-  omp_set_num_threads(n > 0 ? n : default_threads);
-}
-
-int em_get_num_threads(void) { return omp_get_max_threads(); }
+int em_get_num_threads(void) { return prim_max_threads(); }
 
 _Noreturn void rt_assert_fail(const char *what, const char *file, int line) {
   fprintf(stderr, "%s:%d: ember internal error: assertion failed: %s\n", file, line, what);

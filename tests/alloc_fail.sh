@@ -7,9 +7,9 @@
 #     escape dnnl_sgemm and abort the process (prims/dnnl_guard.cpp);
 #   - libgomp: every allocation made with libgomp on the stack in an eager step: a parallel
 #     region whose if-clause was false made libgomp allocate a one-thread team on every call,
-#     and libgomp exit(1)s when that fails (now such loops stay out of libgomp:
-#     PRIM_PARALLEL_FOR in prims/prims.h); what remains are oneDNN's own allocations on its
-#     worker threads, which it checks;
+#     and libgomp exit(1)s when that fails; since issue 23 Ember opens no OpenMP region (its
+#     own pool runs its loops, prims/pool.c) and calls oneDNN single-threaded, and a warm step
+#     makes no libgomp allocation at all (the loop then runs no case);
 #   - LLVM: allocations spread over the first compiled call's LLVM work (EMBER_CACHE=0: the
 #     JIT's creation, IR emission, passes, code generation, loading): bad_alloc and LLVM's
 #     "out of memory" fatal error used to abort it; now the graph runs op by op

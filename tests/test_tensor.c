@@ -254,3 +254,98 @@ ETEST(threads, set_and_get) {
   double s2 = em_item(em_sum(x, 0, NULL, false));
   cr_assert_eq(s1, s2);
 }
+
+/* ---- same bits for any thread count (issue 23) ------------------------------------------ */
+
+#include "../bench/models.h"
+
+typedef struct {
+  net *m;
+  em_optimizer *opt;
+} same_bits_step;
+
+static em_outputs same_bits_train(void *ctx, em_tensor *const *in, int n) {
+  same_bits_step *s = ctx;
+  em_tensor *loss = mlp_fn(s->m, in, n).t[0];
+  em_optimizer_zero_grad(s->opt);
+  if (!loss || !em_backward(loss, NULL) || !em_optimizer_step(s->opt)) return EM_OUTPUTS(NULL);
+  return EM_OUTPUTS(loss);
+}
+
+enum { SAME_BITS_MAX = 48 };
+
+/* Every kind of loop Ember splits across threads, each large enough to be split: random and
+ * iota fills, strided pointwise ops, contiguous copies, reductions split by outputs and within
+ * one output (row and column mode), GEMM tiles (f32 oneDNN, f64 OpenBLAS, integer reference),
+ * batched and transposed products, convolutions and their gradients (oneDNN f32, reference
+ * f64), row gathers, scatter_add, softmax, cumsum and argsort, and a compiled MLP training
+ * step (the inductor's kernels) after an eager one. Returns the results, kept. */
+static int same_bits_results(em_tensor **r) {
+  int n = 0;
+#define KEEP(t) (r[n++] = em_keep(em_contiguous(t)))
+  em_manual_seed(23);
+  em_tensor *x = em_randn(EM_F32, EM_SHAPE(512, 384)), *y = em_randn(EM_F32, EM_SHAPE(384, 512));
+  em_tensor *xd = em_randn(EM_F64, EM_SHAPE(300, 300)), *v = em_rand(EM_F32, EM_SHAPE(1 << 20));
+  KEEP(x), KEEP(xd), KEEP(v);
+  KEEP(em_arange(EM_F32, 0, 100000, 0.5)), KEEP(em_arange(EM_I64, 0, 1 << 18, 3));
+  KEEP(em_add(x, em_transpose(y, 0, 1))), KEEP(em_exp(x)), KEEP(em_clone(v));
+  KEEP(em_sum(v, 0, NULL, false)), KEEP(em_amax(v, 0, NULL, false)), KEEP(em_argmax(v, 0, false));
+  KEEP(em_sum(x, 1, (int64_t[]){1}, false));
+  em_tensor *tall = em_reshape(v, EM_SHAPE(16384, 64)), *wide = em_reshape(v, EM_SHAPE(128, 8192));
+  KEEP(em_sum(tall, 1, (int64_t[]){0}, false)), KEEP(em_sum(wide, 1, (int64_t[]){0}, false));
+  KEEP(em_argmax(tall, 0, false)), KEEP(em_softmax(x, 1));
+  KEEP(em_cumsum(x, 1)), KEEP(em_argsort(x, 1, false));
+  KEEP(em_matmul(x, y)), KEEP(em_matmul(em_transpose(y, 0, 1), em_transpose(x, 0, 1)));
+  KEEP(em_matmul(em_reshape(x, EM_SHAPE(8, 64, 384)), em_reshape(y, EM_SHAPE(8, 384, 64))));
+  KEEP(em_matmul(xd, xd));
+  em_tensor *xi = em_randint(-50, 50, EM_SHAPE(128, 128));
+  KEEP(em_matmul(xi, xi));
+  em_tensor *img = em_requires_grad_(em_randn(EM_F32, EM_SHAPE(48, 3, 32, 32)), true);
+  em_tensor *ker = em_requires_grad_(em_randn(EM_F32, EM_SHAPE(16, 3, 3, 3)), true);
+  em_tensor *conv = em_conv2d(img, ker, EM_NONE, EM_CONV2D_DEFAULT);
+  KEEP(conv);
+  cr_assert(em_backward(em_sum(em_mul(conv, conv), 0, NULL, false), NULL), "%s", em_last_error());
+  KEEP(em_get_grad(img)), KEEP(em_get_grad(ker));
+  KEEP(em_conv2d(em_cast(img, EM_F64), em_cast(ker, EM_F64), EM_NONE, EM_CONV2D_DEFAULT));
+  em_tensor *rows = em_randint(0, 1000, EM_SHAPE(512));
+  KEEP(em_index_select(em_reshape(em_slice(v, 0, 0, 256000, 1), EM_SHAPE(1000, 256)), 0, rows));
+  em_tensor *into = em_randint(0, 512, EM_SHAPE(1024, 256));
+  em_tensor *src = em_reshape(em_slice(v, 0, 0, 262144, 1), EM_SHAPE(1024, 256));
+  KEEP(em_scatter_add(em_zeros(EM_F32, EM_SHAPE(512, 256)), 0, into, src));
+
+  net m = {0};
+  models_mlp(&m, 784, 512, 512, 10);
+  same_bits_step s = {&m, em_sgd_new(m.n_params, m.params, ((em_sgd_opts){0.01, 0.9, 0, 0, false}))};
+  em_tensor *in[2] = {em_rand(EM_F32, EM_SHAPE(128, 784)), em_randint(0, 10, EM_SHAPE(128))};
+  KEEP(same_bits_train(&s, in, 2).t[0]);
+  em_compiled *c = em_compile(same_bits_train, &(em_compile_options){.backend = "inductor"});
+  cr_assert_not_null(c, "%s", em_last_error());
+  for (int i = 0; i < 3; i++) KEEP(em_call_n(c, &s, 2, in).t[0]);
+  for (int i = 0; i < m.n_params; i++) KEEP(m.params[i]);
+  em_compiled_free(c);
+  em_optimizer_free(s.opt);
+#undef KEEP
+  cr_assert_leq(n, SAME_BITS_MAX);
+  return n;
+}
+
+ETEST(threads, same_bits_for_any_thread_count) {
+  CPU_ONLY("the CPU's thread pool");
+  em_tensor *ref[SAME_BITS_MAX], *got[SAME_BITS_MAX];
+  int counts[] = {1, 2, 3, 5}, n = 0;
+  for (int c = 0; c < 4; c++) {
+    em_set_num_threads(counts[c]);
+    cr_assert_eq(em_get_num_threads(), counts[c]);
+    em_scope_begin();
+    int k = same_bits_results(c ? got : ref);
+    cr_assert_null(em_last_error(), "%s", em_last_error());
+    if (!c) n = k;
+    for (int i = 0; c && i < n; i++) {
+      size_t bytes = (size_t)em_numel(ref[i]) * em_dtype_size(em_dtype_of(ref[i]));
+      cr_assert(!memcmp(em_data_ptr(ref[i]), em_data_ptr(got[i]), bytes), "result %d differs between 1 and %d threads",
+                i, counts[c]);
+    }
+    em_scope_end(); /* what the round kept (em_keep) lives on in the test's scope */
+  }
+  em_set_num_threads(0);
+}
