@@ -96,8 +96,44 @@ bool ind_cuda_renders(const ir_graph *g, const ir_node *n) {
   return ok;
 }
 
-/* Renders kernel k as the parameter list and body of a kernel (after its name) into b. */
-static bool render_kernel(ir_sbuf *b, ir_sbuf *helpers, const ir_graph *g, const prim_meta *meta, const kernel *k,
+/* The width of pointwise kernel k's vector variant, 0 for none. The variant reads and stores
+ * 16-byte chunks (4 f32, 8 f16 / bf16, 2 f64: 16 bytes of the narrowest floating-point operand;
+ * wider ones take several, bools W bytes), each thread W consecutive elements of the innermost dim that moves (its extent a
+ * multiple of W, so a chunk never crosses a row). Every input is dense, a broadcast scalar, or
+ * moves along that dim with stride 1 (its other strides multiples of W, so every chunk starts
+ * W-aligned) or 0 (one value for the chunk). The launcher takes it where every buffer is
+ * 16-byte aligned (run.c), else the scalar variant. */
+static int vector_width(const ir_graph *g, const prim_meta *meta, const kernel *k) {
+  const ir_type *t = &k->shape;
+  int inner = -1, minsize = 16;
+  for (int d = 0; d < t->ndim; d++)
+    if (t->sizes[d] != 1) inner = d;
+  if (inner < 0 || k->row || k->has_col) return 0;
+  for (int i = 0; i < k->n_out + k->n_in; i++) { /* bools (comparisons' results) take the width of the floats */
+    em_dtype dt = g->values[i < k->n_out ? k->out[i] : k->in[i - k->n_out]].type.dtype;
+    int sz = dt == EM_BOOL ? 16 : (int)em_dtype_size(dt);
+    if (sz < minsize) minsize = sz;
+  }
+  int w = 16 / minsize;
+  if (w < 2 || t->sizes[inner] % w) return 0;
+  int64_t cont[EM_MAX_DIMS];
+  ir_contiguous_strides(t->ndim, t->sizes, cont);
+  for (int i = 0; i < k->n_in; i++) {
+    const prim_meta *m = &meta[k->in[i]];
+    bool dense, scalar;
+    input_layout(t, cont, m, &dense, &scalar);
+    if (dense || scalar || m->strides[inner] == 0) continue;
+    if (m->strides[inner] != 1) return 0;
+    for (int d = 0; d < t->ndim; d++)
+      if (t->sizes[d] != 1 && d != inner && m->strides[d] % w) return 0;
+  }
+  return w;
+}
+
+/* Renders kernel k as the parameter list and body of a kernel (after its name) into b: the
+ * scalar variant (vec 0: a thread an element), or the vector variant of width vec (a thread a
+ * chunk of vec elements, its size parameter the number of chunks; vector_width). */
+static bool render_kernel(ir_sbuf *b, ir_sbuf *helpers, const ir_graph *g, const prim_meta *meta, const kernel *k, int vec,
                           char *err, size_t cap) {
   const ir_type *t = &k->shape;
   int64_t n = numel_of(t), cont[EM_MAX_DIMS];
@@ -111,7 +147,13 @@ static bool render_kernel(ir_sbuf *b, ir_sbuf *helpers, const ir_graph *g, const
     ir_sb_printf(b, "%s%s%s *__restrict__ %s%d", i ? ", " : "(", i < k->n_out ? "" : "const ", T,
                  i < k->n_out ? "o" : "x", i < k->n_out ? i : i - k->n_out);
   }
-  ir_sb_printf(b, ", i64 n) {\n  EM_GRID_LOOP(i, n) {\n");
+  /* 32-bit indexing where every element index fits (32-bit division is several times cheaper);
+   * i + the grid's stride stays below 2^32 then */
+  if (fits32)
+    ir_sb_printf(b, ", i64 n) {\n  for (unsigned q = blockIdx.x * blockDim.x + threadIdx.x; q < (unsigned)n; q += gridDim.x * blockDim.x) {\n");
+  else ir_sb_printf(b, ", i64 n) {\n  EM_GRID_LOOP(q, n) {\n");
+  if (vec) ir_sb_printf(b, "    const %s i = q * %d;\n", fits32 ? "unsigned" : "i64", vec);
+  else ir_sb_printf(b, "    const %s i = q;\n", fits32 ? "unsigned" : "i64");
   /* the element's coordinates along the dims some strided input (neither dense nor a broadcast
    * scalar) moves along */
   bool used[EM_MAX_DIMS] = {false};
@@ -133,30 +175,62 @@ static bool render_kernel(ir_sbuf *b, ir_sbuf *helpers, const ir_graph *g, const
     }
   }
   char nm[48];
+  bool lane[130] = {false}; /* vector variant: input i read as a chunk, a value a lane */
   for (int i = 0; i < k->n_in; i++) {
     int v = k->in[i];
     const prim_meta *m = &meta[v];
     em_dtype dt = g->values[v].type.dtype;
+    const char *C = cu_ctype(cu_compute_dtype(dt));
     bool dense, scalar;
     input_layout(t, cont, m, &dense, &scalar);
-    vname(v, nm, sizeof nm);
-    ir_sb_printf(b, "    const %s %s = (%s)em_ld(x%d[", cu_ctype(cu_compute_dtype(dt)), nm, cu_ctype(cu_compute_dtype(dt)), i);
-    if (dense) ir_sb_printf(b, "i");
-    else if (scalar) ir_sb_printf(b, "0");
+    ir_sbuf off = {0};
+    if (dense) ir_sb_printf(&off, "i");
+    else if (scalar) ir_sb_printf(&off, "0");
     else {
       bool first = true;
       for (int d = 0; d < t->ndim; d++)
-        if (t->sizes[d] != 1 && m->strides[d]) ir_sb_printf(b, "%sc%d * %lld", first ? "" : " + ", d, (long long)m->strides[d]), first = false;
-      if (first) ir_sb_printf(b, "0");
+        if (t->sizes[d] != 1 && m->strides[d]) ir_sb_printf(&off, "%sc%d * %lld", first ? "" : " + ", d, (long long)m->strides[d]), first = false;
+      if (first) ir_sb_printf(&off, "0");
     }
-    ir_sb_printf(b, "]);\n");
+    char *o = ir_sb_finish(&off);
+    if (!o) return ir_fail(err, cap, "out of memory");
+    int inner = t->ndim - 1;
+    while (inner > 0 && t->sizes[inner] == 1) inner--;
+    vname(v, nm, sizeof nm);
+    if (vec && i < 130 && (dense || (!scalar && m->strides[inner] == 1))) {
+      lane[i] = true;
+      ir_sb_printf(b, "    const em_vec<%s, %d> x%dv = *(const em_vec<%s, %d> *)(x%d + %s);\n", cu_ctype(dt), vec, i, cu_ctype(dt), vec, i, o);
+    } else {
+      ir_sb_printf(b, "    const %s %s = (%s)em_ld(x%d[%s]);\n", C, nm, C, i, o);
+    }
+    free(o);
+  }
+  const char *ind = "    ";
+  if (vec) {
+    for (int i = 0; i < k->n_out; i++)
+      ir_sb_printf(b, "    em_vec<%s, %d> o%dv;\n", cu_ctype(g->values[k->out[i]].type.dtype), vec, i);
+    ir_sb_printf(b, "#pragma unroll\n    for (int e = 0; e < %d; e++) {\n", vec);
+    ind = "      ";
+    for (int i = 0; i < k->n_in; i++) {
+      if (!lane[i]) continue;
+      const char *C = cu_ctype(cu_compute_dtype(g->values[k->in[i]].type.dtype));
+      vname(k->in[i], nm, sizeof nm);
+      ir_sb_printf(b, "      const %s %s = (%s)em_ld(x%dv.v[e]);\n", C, nm, C, i);
+    }
   }
   uint32_t done = 0;
   for (int e = 0; e < k->n_nodes; e++)
-    if (!render_node(b, helpers, g, &g->nodes[k->nodes[e]], "    ", &done, err, cap)) return false;
+    if (!render_node(b, helpers, g, &g->nodes[k->nodes[e]], ind, &done, err, cap)) return false;
   for (int i = 0; i < k->n_out; i++) {
     vname(k->out[i], nm, sizeof nm);
-    ir_sb_printf(b, "    o%d[i] = em_to<%s>(%s);\n", i, cu_ctype(g->values[k->out[i]].type.dtype), nm);
+    ir_sb_printf(b, "%so%d%s = em_to<%s>(%s);\n", ind, i, vec ? "v.v[e]" : "[i]", cu_ctype(g->values[k->out[i]].type.dtype), nm);
+  }
+  if (vec) {
+    ir_sb_printf(b, "    }\n");
+    for (int i = 0; i < k->n_out; i++) {
+      const char *T = cu_ctype(g->values[k->out[i]].type.dtype);
+      ir_sb_printf(b, "    *(em_vec<%s, %d> *)(o%d + i) = o%dv;\n", T, vec, i, i);
+    }
   }
   ir_sb_printf(b, "  }\n}\n");
   return true;
@@ -451,23 +525,33 @@ static bool render_row_kernel(ir_sbuf *b, ir_sbuf *helpers, const ir_graph *g, c
 /* Renders kernel k for its launch configuration (k->block), names it after its text, loads it
  * into k->cu_fn and appends its source to p's output_code. */
 static bool build_kernel(ind_program *p, const prim_meta *meta, kernel *k, char *err, size_t cap) {
-  ir_sbuf body = {0}, helpers = {0};
+  ir_sbuf body = {0}, helpers = {0}, vbody = {0};
+  k->vec = k->row ? 0 : vector_width(p->g, meta, k);
+  if (k->vec) /* the vector variant's chunk: aligned to its bytes, at most 16 (the widest load) */
+    ir_sb_printf(&helpers, "#ifndef EM_VEC_DEFINED\n#define EM_VEC_DEFINED\n"
+                 "template <typename T, int W> struct alignas(sizeof(T) * W < 16 ? sizeof(T) * W : 16) em_vec { T v[W]; };\n"
+                 "#endif\n");
   bool ok = k->row ? render_row_kernel(&body, &helpers, p->g, meta, p->kind, k, err, cap)
-                   : render_kernel(&body, &helpers, p->g, meta, k, err, cap);
-  char *bt = ir_sb_finish(&body), *ht = ir_sb_finish(&helpers);
-  if (ok && (!bt || !ht)) ok = ir_fail(err, cap, "out of memory");
-  char *src = NULL;
+                   : render_kernel(&body, &helpers, p->g, meta, k, 0, err, cap);
+  if (ok && k->vec) ok = render_kernel(&vbody, &helpers, p->g, meta, k, k->vec, err, cap);
+  char *bt = ir_sb_finish(&body), *ht = ir_sb_finish(&helpers), *vt = ir_sb_finish(&vbody);
+  if (ok && (!bt || !ht || (k->vec && !vt))) ok = ir_fail(err, cap, "out of memory");
+  char *src = NULL, vname_[40] = "";
   if (ok) {
-    uint64_t h = fnv1a(bt, strlen(bt)) ^ (fnv1a(ht, strlen(ht)) * 31);
+    uint64_t h = fnv1a(bt, strlen(bt)) ^ (fnv1a(ht, strlen(ht)) * 31) ^ (vt ? fnv1a(vt, strlen(vt)) * 131 : 0);
     snprintf(k->name, sizeof k->name, "em_ind_%016llx", (unsigned long long)h);
-    size_t len = strlen(ht) + strlen(bt) + 64;
+    if (k->vec) snprintf(vname_, sizeof vname_, "%s_v%d", k->name, k->vec);
+    size_t len = strlen(ht) + strlen(bt) + (vt ? strlen(vt) : 0) + 160;
     src = malloc(len);
     if (!src) ok = ir_fail(err, cap, "out of memory");
-    else snprintf(src, len, "%sextern \"C\" __global__ void %s%s", ht, k->name, bt);
+    else if (!k->vec) snprintf(src, len, "%sextern \"C\" __global__ void %s%s", ht, k->name, bt);
+    else snprintf(src, len, "%sextern \"C\" __global__ void %s%sextern \"C\" __global__ void %s%s", ht, k->name, bt, vname_, vt);
   }
   if (ok) {
-    k->cu_fn = cu_source_kernel(src, k->name, err, cap);
-    ok = k->cu_fn != NULL;
+    const char *names[2] = {k->name, vname_};
+    void *fns[2] = {NULL, NULL};
+    ok = cu_source_kernels(src, names, k->vec ? 2 : 1, fns, err, cap);
+    k->cu_fn = fns[0], k->cu_vec = fns[1];
     if (!k->row) k->n_elems = numel_of(&k->shape), k->rows = 1, k->cols = k->n_elems;
     if (ok) { /* EMBER_LOGS=output_code prints the CUDA C */
       ir_sbuf all = {0};
@@ -477,7 +561,7 @@ static bool build_kernel(ind_program *p, const prim_meta *meta, kernel *k, char 
       p->ir_text = ir_sb_finish(&all);
     }
   }
-  free(src), free(bt), free(ht);
+  free(src), free(bt), free(ht), free(vt);
   return ok;
 }
 

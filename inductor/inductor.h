@@ -162,6 +162,9 @@ ind_cache_stats ind_cache_counters(void);
 void ind_set_kernel_cache_limit(int modules);
 /* Generated kernels the calling thread has run, for em_compiled_stats, tests and benchmarks. */
 int64_t ind_kernel_runs(void);
+/* CUDA pointwise kernels launched as their vector variant (16-byte loads and stores), on the
+ * calling thread. */
+int64_t ind_vector_kernel_runs(void);
 /* The LLVM IR of p's kernels (EMBER_LOGS=output_code), or NULL. Borrowed. */
 const char *ind_kernel_ir(const ind_program *p);
 /* The schedule: one line per step (eager node or kernel: its iteration space, nodes, bytes

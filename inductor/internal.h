@@ -53,6 +53,8 @@ typedef struct kernel {
   char name[32];
   kernel_fn fn;
   void *cu_fn;            /* a CUDA program's kernel (cu_function) */
+  void *cu_vec;           /* its vector variant (cuda_codegen.c: vector_width), NULL for none */
+  int vec;                /* the vector variant's elements a thread */
   int64_t n_elems;        /* its size parameter: elements (pointwise), rows (row kernels: a block each) */
   unsigned block;         /* its threads a block */
   struct ind_tune *tune;  /* max-autotune: candidate configurations still to time (cuda_codegen.c) */

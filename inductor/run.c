@@ -61,6 +61,8 @@ static void run_kernel(const kernel *k, char **bufs, float *scratch, int slots) 
   }
 }
 int64_t ind_kernel_runs(void) { return kernel_runs; }
+static _Thread_local int64_t vector_runs;
+int64_t ind_vector_kernel_runs(void) { return vector_runs; }
 
 /* EMBER_INDUCTOR_PROFILE=1: time spent per kind of step (each eager prim, pointwise kernels, row
  * kernels) over the process, printed at exit: where a compiled step's time goes. */
@@ -397,7 +399,11 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
           params[nb] = &n;
           char why[256];
           if (k->tune && !ind_cuda_autotune((kernel *)k, g, bufs, site)) ok = false, nb = 0;
-          if (ok) ok = cu_launch_named(k->cu_fn, k->name, k->row ? n * k->block : n, k->block, params, why, sizeof why);
+          /* the vector variant where every buffer is 16-byte aligned (a slice's may not be) */
+          bool vec = k->cu_vec != NULL;
+          for (int q = 0; vec && q < nb; q++) vec = ptr[q] % 16 == 0;
+          if (vec) n /= k->vec, vector_runs++;
+          if (ok) ok = cu_launch_named(vec ? k->cu_vec : k->cu_fn, k->name, k->row ? n * k->block : n, k->block, params, why, sizeof why);
           if (ok && t0_) rt_prof_complete("kernel", k->name, t0_, "CUDA launch (asynchronous), %lld elements", (long long)n);
           if (!ok && nb) rt_error(site, "em_call", "%s: %s", k->name, why);
           kernel_runs++;

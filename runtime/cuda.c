@@ -887,14 +887,15 @@ static bool kc_insert(uint64_t key, const cu_kernel_key *k, cu_function f) {
   return true;
 }
 
-/* The kernel `name` of body (after the prelude): from the disk cache, else compiled and written
- * there, then loaded. Under kc.lock. */
-static cu_function load_source(const char *body, const char *name, char *err, size_t cap) {
+/* The kernels names[0..n) of body (after the prelude), one module: from the disk cache, else
+ * compiled and written there, then loaded, the functions into f[]. Under kc.lock. */
+static bool load_source(const char *body, const char *const *names, int n, cu_function *fs, char *err, size_t cap) {
+  const char *name = names[0];
+  cu_function f = NULL;
   const char *pre = cu_kernel_prelude();
   size_t np = strlen(pre), nb = strlen(body);
   char *src = malloc(np + nb + 1), *img = NULL, *log = NULL, path[1200] = "";
   size_t size = 0;
-  cu_function f = NULL;
   if (!src) {
     snprintf(err, cap, "out of memory");
     goto done;
@@ -925,8 +926,11 @@ static cu_function load_source(const char *body, const char *name, char *err, si
     cu_enter();
     void *mod = NULL;
     int r = drv.d->module_load(&mod, img);
-    if (!r) r = drv.d->module_get_function(&f, mod, name);
-    if (!r) break;
+    for (int i = 0; !r && i < n; i++) r = drv.d->module_get_function(&fs[i], mod, names[i]);
+    if (!r) {
+      f = fs[0];
+      break;
+    }
     f = NULL;
     if (!from_disk) {
       snprintf(err, cap, "loading CUDA kernel %s: %s", name, drv.d->error_string(r));
@@ -943,7 +947,7 @@ static cu_function load_source(const char *body, const char *name, char *err, si
   }
 done:
   free(src), free(img), free(log);
-  return f;
+  return f != NULL;
 }
 
 cu_function cu_kernel(const cu_kernel_key *k, char *err, size_t cap) {
@@ -959,7 +963,7 @@ cu_function cu_kernel(const cu_kernel_key *k, char *err, size_t cap) {
   cu_function f = NULL;
   if (!cu_kernel_body(k, &body, name, sizeof name))
     snprintf(err, cap, "no CUDA kernel for %s on these dtypes", prim_get(k->op)->name);
-  else if ((f = load_source(body, name, err, cap)) && !kc_insert(key, k, f))
+  else if (load_source(body, (const char *const[]){name}, 1, &f, err, cap) && !kc_insert(key, k, f))
     snprintf(err, cap, "out of memory"), f = NULL;
   pthread_mutex_unlock(&kc.lock);
   free(body);
@@ -974,24 +978,39 @@ static struct {
   int n, cap;
 } sk;
 
-cu_function cu_source_kernel(const char *body, const char *name, char *err, size_t cap) {
-  if (strlen(name) >= sizeof sk.name[0]) return snprintf(err, cap, "kernel name too long: %s", name), NULL;
-  pthread_mutex_lock(&kc.lock);
-  cu_function f = NULL;
-  for (int i = 0; i < sk.n && !f; i++)
-    if (!strcmp(sk.name[i], name)) f = sk.f[i];
-  if (!f && (f = load_source(body, name, err, cap))) {
-    if (sk.n == sk.cap) {
-      int c = sk.cap ? 2 * sk.cap : 64;
-      char(*nn)[64] = realloc(sk.name, sizeof *nn * (size_t)c);
-      if (nn) sk.name = nn;
-      cu_function *nf = nn ? realloc(sk.f, sizeof *nf * (size_t)c) : NULL;
-      if (nf) sk.f = nf, sk.cap = c;
-    }
-    if (sk.n < sk.cap) snprintf(sk.name[sk.n], sizeof sk.name[0], "%s", name), sk.f[sk.n++] = f;
+static void sk_add(const char *name, cu_function f) {
+  if (sk.n == sk.cap) {
+    int c = sk.cap ? 2 * sk.cap : 64;
+    char(*nn)[64] = realloc(sk.name, sizeof *nn * (size_t)c);
+    if (nn) sk.name = nn;
+    cu_function *nf = nn ? realloc(sk.f, sizeof *nf * (size_t)c) : NULL;
+    if (nf) sk.f = nf, sk.cap = c;
   }
+  if (sk.n < sk.cap) snprintf(sk.name[sk.n], sizeof sk.name[0], "%s", name), sk.f[sk.n++] = f;
+}
+
+bool cu_source_kernels(const char *body, const char *const *names, int n, cu_function *fs, char *err, size_t cap) {
+  if (n < 1 || n > 8) return snprintf(err, cap, "%d kernels in one module", n), false;
+  for (int i = 0; i < n; i++)
+    if (strlen(names[i]) >= sizeof sk.name[0]) return snprintf(err, cap, "kernel name too long: %s", names[i]), false;
+  pthread_mutex_lock(&kc.lock);
+  int found = 0;
+  for (int q = 0; q < n; q++) {
+    fs[q] = NULL;
+    for (int i = 0; i < sk.n && !fs[q]; i++)
+      if (!strcmp(sk.name[i], names[q])) fs[q] = sk.f[i];
+    found += fs[q] != NULL;
+  }
+  bool ok = found == n;
+  if (!ok && (ok = load_source(body, names, n, fs, err, cap)))
+    for (int q = 0; q < n; q++) sk_add(names[q], fs[q]);
   pthread_mutex_unlock(&kc.lock);
-  return f;
+  return ok;
+}
+
+cu_function cu_source_kernel(const char *body, const char *name, char *err, size_t cap) {
+  cu_function f = NULL;
+  return cu_source_kernels(body, &name, 1, &f, err, cap) ? f : NULL;
 }
 
 /* ---- the profiler's device timeline ----

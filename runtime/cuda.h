@@ -330,6 +330,9 @@ em_dtype cu_compute_dtype(em_dtype dt);
  * graph (inductor/cuda_codegen.c). Cached like cu_kernel's: in memory by name (which must
  * identify the source: the inductor names kernels after a hash of it) and on disk by source. */
 cu_function cu_source_kernel(const char *body, const char *name, char *err, size_t cap);
+/* The kernels names[0..n) (n <= 8) that body defines, one module: cu_source_kernel's caches,
+ * the functions into fs[]; false with a reason in err. */
+bool cu_source_kernels(const char *body, const char *const *names, int n, cu_function *fs, char *err, size_t cap);
 /* For tests: forgets the kernels looked up so far (their modules stay loaded), so the next
  * lookup reads the disk cache again; *replaced (if given): disk entries found bad and replaced. */
 void cu_kernel_cache_forget(int64_t *replaced);

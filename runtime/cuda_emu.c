@@ -330,11 +330,32 @@ static bool e_compile(const char *src, const char *name, char **image, size_t *s
   if (f) {
     fputs(emu_prelude, f);
     fputs(src, f);
-    if (strstr(src, "__syncthreads"))
-      fprintf(f, "\nextern \"C\" void em_emu_%s(void **p, unsigned g, unsigned b) { em_grid_threads(%s, p, g, b); }\n", name, name);
-    else
-      fprintf(f, "\nextern \"C\" void em_emu_%s(void **p, unsigned g, unsigned b) { (void)b; em_grid(%s, p, g); }\n", name, name);
-    fprintf(f, "extern \"C\" void em_emu_sizes_%s(size_t *s, int *n) { em_param_sizes(%s, s, n); }\n", name, name);
+    /* an entry for every kernel the source defines (a module can hold several: the inductor's
+     * scalar and vector variants), name among them */
+    static const char kw[] = "extern \"C\" __global__ void ";
+    bool named = false;
+    for (const char *at = strstr(src, kw); at || !named; at = at ? strstr(at + 1, kw) : NULL) {
+      char kn[128];
+      size_t len = 0;
+      if (at) {
+        const char *q = at + strlen(kw);
+        while (len < sizeof kn - 1 && (q[len] == '_' || (q[len] >= 'a' && q[len] <= 'z') || (q[len] >= 'A' && q[len] <= 'Z') ||
+                                       (q[len] >= '0' && q[len] <= '9')))
+          len++;
+        memcpy(kn, q, len);
+      } else {
+        len = strlen(name) < sizeof kn - 1 ? strlen(name) : sizeof kn - 1; /* a kernel declared otherwise */
+        memcpy(kn, name, len);
+      }
+      kn[len] = 0;
+      if (!len) continue;
+      named |= !strcmp(kn, name);
+      if (strstr(src, "__syncthreads"))
+        fprintf(f, "\nextern \"C\" void em_emu_%s(void **p, unsigned g, unsigned b) { em_grid_threads(%s, p, g, b); }\n", kn, kn);
+      else
+        fprintf(f, "\nextern \"C\" void em_emu_%s(void **p, unsigned g, unsigned b) { (void)b; em_grid(%s, p, g); }\n", kn, kn);
+      fprintf(f, "extern \"C\" void em_emu_sizes_%s(size_t *s, int *n) { em_param_sizes(%s, s, n); }\n", kn, kn);
+    }
     ok = fclose(f) == 0;
   }
   const char *cxx = getenv("CXX");

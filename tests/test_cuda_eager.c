@@ -514,6 +514,7 @@ typedef int (*build_fn)(em_tensor *const *in, em_tensor **out, void *ctx);
  * every output with build run eagerly on the CPU copies of the inputs. */
 static bool only_constants_eager; /* compile_on_device checks the schedule has no other eager step */
 static bool ref_on_device;        /* compile_on_device's reference is eager on the device, not the CPU */
+static char *last_kernel_ir;      /* the output_code of compile_on_device's last program */
 static ind_stats compile_on_device(build_fn build, void *ctx, em_tensor *const *cpu, int n_in, bool nvrtc, double tol,
                                    const char *what) {
   em_scope_begin();
@@ -575,6 +576,8 @@ static ind_stats compile_on_device(build_fn build, void *ctx, em_tensor *const *
       same(want[i], o, tol, EM_CUDA, what, __LINE__);
     }
   }
+  free(last_kernel_ir);
+  last_kernel_ir = ind_kernel_ir(p) ? strdup(ind_kernel_ir(p)) : NULL;
   ind_free(p);
   ir_graph_free(g);
   em_scope_end();
@@ -971,5 +974,96 @@ ETEST(cuda_eager, compiled_half_and_double_chains) {
     only_constants_eager = ref_on_device = false;
     cr_assert_geq(st.fused_nodes, 20, "%s: %d nodes fused", what, st.fused_nodes);
     em_scope_end();
+  }
+}
+
+/* ---- vectorized pointwise kernels (inductor/cuda_codegen.c: vector_width) ---- */
+/* Over a [R, K] input x, a per-row column r ([R, 1]) and a per-column row c ([K]): every operand
+ * moves along the innermost dim with stride 1 or 0, so the kernel has a vector variant when K
+ * is a multiple of the width. */
+static int vec_ops(em_tensor *const *in, em_tensor **out, void *ctx) {
+  em_dtype dt = *(em_dtype *)ctx;
+  em_tensor *x = em_cast(in[0], dt), *r = em_cast(in[1], dt), *c = em_cast(in[2], dt);
+  em_tensor *h = em_add(em_mul(em_tanh(x), c), r);
+  out[0] = em_where(em_gt_scalar(h, 0), em_exp(em_neg(h)), em_mul_scalar(h, 0.5));
+  out[1] = em_gt(h, c); /* bool: its own width, one store of 4 or 8 bytes */
+  return 2;
+}
+
+static em_outputs vec_fn(void *ctx, em_tensor *const *in, int n) {
+  (void)n;
+  em_tensor *out[2];
+  vec_ops(in, out, ctx);
+  return EM_OUTPUTS(out[0], out[1]);
+}
+
+/* A device copy of x whose data starts one element past a 16-byte boundary (a slice). */
+static em_tensor *misaligned(em_tensor *x) {
+  int64_t n = em_numel(x);
+  em_tensor *base = C(em_randn(F, EM_SHAPE(n + 1)));
+  em_tensor *s = em_slice(base, 0, 1, n + 1, 1);
+  em_tensor *d = em_reshape(s, em_ndim(x), em_sizes(x));
+  em_copy_(d, C(x));
+  cr_assert_neq((uintptr_t)rt_data(d) % 16, 0);
+  return d;
+}
+
+/* Pointwise kernels read and store 16-byte chunks (4 f32, 8 f16 / bf16) when every operand is
+ * contiguous or broadcast along the innermost dim and its extent is a multiple of the width; the
+ * launcher takes that variant for 16-byte aligned buffers and the scalar one otherwise (a slice
+ * one element in). Both give eager's results (bits, for f16 / bf16), and compile with NVRTC. */
+ETEST(cuda_eager, compiled_pointwise_vector_variants) {
+  em_manual_seed(31);
+  em_dtype dts[] = {EM_F32, EM_F16, EM_BF16};
+  int64_t shapes[][2] = {{6, 16}, {3, 12}, {5, 7}, {1, 40}};
+  for (size_t di = 0; di < 3; di++) {
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+      em_scope_begin();
+      int64_t R = shapes[si][0], K = shapes[si][1];
+      int w = dts[di] == EM_F32 ? 4 : 8;
+      bool vectorizes = K % w == 0;
+      em_tensor *in[3] = {em_randn(F, EM_SHAPE(R, K)), em_randn(F, EM_SHAPE(R, 1)), em_randn(F, EM_SHAPE(K))};
+      char what[96], want_name[16];
+      snprintf(what, sizeof what, "%s over [%lld, %lld]", em_dtype_name(dts[di]), (long long)R, (long long)K);
+      int64_t v0 = ind_vector_kernel_runs();
+      only_constants_eager = ref_on_device = true; /* the CPU has no f16 / bf16 arithmetic */
+      ind_stats st = compile_on_device(vec_ops, &dts[di], in, 3, si < 2, 0, what);
+      only_constants_eager = ref_on_device = false;
+      cr_assert_geq(st.kernels, 1, "%s", what);
+      /* two runs, each of its kernels: vector variants exactly where the shape allows */
+      int64_t runs = ind_vector_kernel_runs() - v0;
+      if (vectorizes) cr_assert_geq(runs, 2, "%s: %lld vector launches", what, (long long)runs);
+      else cr_assert_eq(runs, 0, "%s: %lld vector launches", what, (long long)runs);
+      /* through em_compile: aligned inputs, then the same inputs one element past alignment */
+      em_compiled *c = em_compile(vec_fn, &(em_compile_options){.name = "vec_fn"});
+      int64_t aligned_launches = 0;
+      for (int call = 0; call < 2; call++) {
+        em_tensor *d[3];
+        for (int i = 0; i < 3; i++) d[i] = call ? misaligned(in[i]) : C(in[i]);
+        em_tensor *ref[2];
+        vec_ops(d, ref, &dts[di]);
+        int64_t before = ind_vector_kernel_runs();
+        em_outputs o = em_call(c, &dts[di], d[0], d[1], d[2]);
+        cr_assert(o.n == 2 && o.t[0] && o.t[1], "%s: %s", what, em_last_error());
+        int64_t launched = ind_vector_kernel_runs() - before;
+        /* misaligned: the kernels reading the sliced inputs fall back (a kernel past an eager cast
+         * reads fresh, aligned buffers) */
+        if (!vectorizes) cr_assert_eq(launched, 0, "%s, call %d: %lld vector launches", what, call, (long long)launched);
+        else if (!call) cr_assert_geq(aligned_launches = launched, 1, "%s: no vector launch", what);
+        else cr_assert_lt(launched, aligned_launches, "%s: %lld vector launches on misaligned inputs", what, (long long)launched);
+        for (int i = 0; i < 2; i++) {
+          em_tensor *want = em_to(ref[i], EM_CPU), *got = em_to(o.t[i], EM_CPU);
+          same(want, got, 0, EM_CPU, what, __LINE__);
+        }
+      }
+      cr_assert_eq(em_compiled_stats(c).traces, 1, "%s: the misaligned call reuses the program", what);
+      em_compiled_free(c);
+      /* EMBER_LOGS=output_code shows the vector variant beside the scalar one */
+      snprintf(want_name, sizeof want_name, "_v%d(", w);
+      cr_assert_not_null(last_kernel_ir);
+      cr_assert_eq(strstr(last_kernel_ir, want_name) != NULL, vectorizes, "%s:\n%s", what, last_kernel_ir);
+      cr_assert_eq(strstr(last_kernel_ir, "em_vec<") != NULL, vectorizes, "%s", what);
+      em_scope_end();
+    }
   }
 }
