@@ -522,10 +522,13 @@ static bool render_row_kernel(ir_sbuf *b, ir_sbuf *helpers, const ir_graph *g, c
   return ok;
 }
 
-/* Renders kernel k for its launch configuration (k->block), names it after its text, loads it
- * into k->cu_fn and appends its source to p's output_code. */
-static bool build_kernel(ind_program *p, const prim_meta *meta, kernel *k, char *err, size_t cap) {
+/* Renders kernel k for its launch configuration (k->block) as one CUDA C source (*src, the
+ * caller frees): its scalar kernel, named after the text (k->name), and its vector variant
+ * (vname, "" for none). */
+static bool kernel_source(ind_program *p, const prim_meta *meta, kernel *k, char **src, char *vname_, size_t vcap,
+                          char *err, size_t cap) {
   ir_sbuf body = {0}, helpers = {0}, vbody = {0};
+  *src = NULL, vname_[0] = 0;
   k->vec = k->row ? 0 : vector_width(p->g, meta, k);
   if (k->vec) /* the vector variant's chunk: aligned to its bytes, at most 16 (the widest load) */
     ir_sb_printf(&helpers, "#ifndef EM_VEC_DEFINED\n#define EM_VEC_DEFINED\n"
@@ -536,32 +539,43 @@ static bool build_kernel(ind_program *p, const prim_meta *meta, kernel *k, char 
   if (ok && k->vec) ok = render_kernel(&vbody, &helpers, p->g, meta, k, k->vec, err, cap);
   char *bt = ir_sb_finish(&body), *ht = ir_sb_finish(&helpers), *vt = ir_sb_finish(&vbody);
   if (ok && (!bt || !ht || (k->vec && !vt))) ok = ir_fail(err, cap, "out of memory");
-  char *src = NULL, vname_[40] = "";
   if (ok) {
     uint64_t h = fnv1a(bt, strlen(bt)) ^ (fnv1a(ht, strlen(ht)) * 31) ^ (vt ? fnv1a(vt, strlen(vt)) * 131 : 0);
     snprintf(k->name, sizeof k->name, "em_ind_%016llx", (unsigned long long)h);
-    if (k->vec) snprintf(vname_, sizeof vname_, "%s_v%d", k->name, k->vec);
+    if (k->vec) snprintf(vname_, vcap, "%s_v%d", k->name, k->vec);
     size_t len = strlen(ht) + strlen(bt) + (vt ? strlen(vt) : 0) + 160;
-    src = malloc(len);
-    if (!src) ok = ir_fail(err, cap, "out of memory");
-    else if (!k->vec) snprintf(src, len, "%sextern \"C\" __global__ void %s%s", ht, k->name, bt);
-    else snprintf(src, len, "%sextern \"C\" __global__ void %s%sextern \"C\" __global__ void %s%s", ht, k->name, bt, vname_, vt);
+    char *s = malloc(len);
+    if (!s) ok = ir_fail(err, cap, "out of memory");
+    else if (!k->vec) snprintf(s, len, "%sextern \"C\" __global__ void %s%s", ht, k->name, bt);
+    else snprintf(s, len, "%sextern \"C\" __global__ void %s%sextern \"C\" __global__ void %s%s", ht, k->name, bt, vname_, vt);
+    *src = s;
   }
+  if (!k->row) k->n_elems = numel_of(&k->shape), k->rows = 1, k->cols = k->n_elems;
+  free(bt), free(ht), free(vt);
+  return ok;
+}
+
+/* Appends kernel source src to p's output_code (EMBER_LOGS=output_code prints the CUDA C). */
+static void log_source(ind_program *p, const char *src) {
+  ir_sbuf all = {0};
+  if (p->ir_text) ir_sb_printf(&all, "%s", p->ir_text);
+  ir_sb_printf(&all, "%s\n", src);
+  free(p->ir_text);
+  p->ir_text = ir_sb_finish(&all);
+}
+
+/* Renders kernel k (kernel_source), loads it into k->cu_fn (and k->cu_vec) and logs it. */
+static bool build_kernel(ind_program *p, const prim_meta *meta, kernel *k, char *err, size_t cap) {
+  char *src, vname_[40];
+  bool ok = kernel_source(p, meta, k, &src, vname_, sizeof vname_, err, cap);
   if (ok) {
     const char *names[2] = {k->name, vname_};
     void *fns[2] = {NULL, NULL};
     ok = cu_source_kernels(src, names, k->vec ? 2 : 1, fns, err, cap);
     k->cu_fn = fns[0], k->cu_vec = fns[1];
-    if (!k->row) k->n_elems = numel_of(&k->shape), k->rows = 1, k->cols = k->n_elems;
-    if (ok) { /* EMBER_LOGS=output_code prints the CUDA C */
-      ir_sbuf all = {0};
-      if (p->ir_text) ir_sb_printf(&all, "%s", p->ir_text);
-      ir_sb_printf(&all, "%s\n", src);
-      free(p->ir_text);
-      p->ir_text = ir_sb_finish(&all);
-    }
+    if (ok) log_source(p, src);
   }
-  free(src), free(bt), free(ht), free(vt);
+  free(src);
   return ok;
 }
 
@@ -623,13 +637,36 @@ static unsigned row_block(const kernel *k) {
   return b;
 }
 
-bool ind_cuda_build_kernels(ind_program *p, const prim_meta *meta, char *err, size_t cap) {
-  for (int ki = 0; ki < p->n_kernels; ki++) {
+/* Renders every kernel, then compiles those no cache holds on several threads (cuda.c:
+ * cu_source_modules) and loads them in order. */
+static bool build_all(ind_program *p, const prim_meta *meta, char *err, size_t cap) {
+  int n = p->n_kernels;
+  char **src = calloc((size_t)n + 1, sizeof *src), (*vn)[40] = calloc((size_t)n + 1, sizeof *vn);
+  cu_module_req *req = calloc((size_t)n + 1, sizeof *req);
+  bool ok = src && vn && req;
+  if (!ok) ir_fail(err, cap, "out of memory");
+  for (int ki = 0; ok && ki < n; ki++) {
     kernel *k = &p->kernels[ki];
-    if (k->has_col) return ir_fail(err, cap, "a CUDA schedule with a column reduction");
+    if (k->has_col) ok = ir_fail(err, cap, "a CUDA schedule with a column reduction");
     if (k->row) k->rows = prefix_numel(&k->shape, k->split), k->cols = k->rows ? numel_of(&k->shape) / k->rows : 0;
     k->block = k->row ? row_block(k) : 256;
-    if (!build_kernel(p, meta, k, err, cap)) return false;
+    ok = ok && kernel_source(p, meta, k, &src[ki], vn[ki], sizeof vn[ki], err, cap);
+    if (ok) req[ki] = (cu_module_req){src[ki], {k->name, vn[ki]}, k->vec ? 2 : 1, {NULL, NULL}};
+  }
+  ok = ok && cu_source_modules(req, n, err, cap);
+  for (int ki = 0; ok && ki < n; ki++) {
+    p->kernels[ki].cu_fn = req[ki].fns[0], p->kernels[ki].cu_vec = req[ki].fns[1];
+    log_source(p, src[ki]);
+  }
+  for (int ki = 0; src && ki < n; ki++) free(src[ki]);
+  free(src), free(vn), free(req);
+  return ok;
+}
+
+bool ind_cuda_build_kernels(ind_program *p, const prim_meta *meta, char *err, size_t cap) {
+  if (!build_all(p, meta, err, cap)) return false;
+  for (int ki = 0; ki < p->n_kernels; ki++) {
+    kernel *k = &p->kernels[ki];
     if (!p->opts.autotune) continue;
     char key[32];
     snprintf(key, sizeof key, "%s", k->name);

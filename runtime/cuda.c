@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -806,10 +807,19 @@ static struct {
   int64_t replaced; /* disk entries that loaded without their kernel: compiled again */
 } kc = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
+/* Generated kernels of compiled graphs, by their source: a kernel's name is its key (it hashes
+ * the source), so a lookup compares names. */
+static struct {
+  char (*name)[64];
+  cu_function *f;
+  int n, cap;
+} sk;
+
 void cu_kernel_cache_forget(int64_t *replaced) {
   pthread_mutex_lock(&kc.lock);
   free(kc.slot);
   kc.slot = NULL, kc.cap = kc.n = 0;
+  sk.n = 0; /* the generated kernels too */
   if (replaced) *replaced = kc.replaced;
   pthread_mutex_unlock(&kc.lock);
 }
@@ -887,67 +897,80 @@ static bool kc_insert(uint64_t key, const cu_kernel_key *k, cu_function f) {
   return true;
 }
 
-/* The kernels names[0..n) of body (after the prelude), one module: from the disk cache, else
- * compiled and written there, then loaded, the functions into f[]. Under kc.lock. */
-static bool load_source(const char *body, const char *const *names, int n, cu_function *fs, char *err, size_t cap) {
-  const char *name = names[0];
-  cu_function f = NULL;
+/* The prelude and body as one source (NULL without memory), and its disk cache path ("" without
+ * a cache directory: kc_dir first). */
+static char *full_source(const char *body, char *path, size_t pcap) {
   const char *pre = cu_kernel_prelude();
   size_t np = strlen(pre), nb = strlen(body);
-  char *src = malloc(np + nb + 1), *img = NULL, *log = NULL, path[1200] = "";
-  size_t size = 0;
-  if (!src) {
-    snprintf(err, cap, "out of memory");
-    goto done;
-  }
+  char *src = malloc(np + nb + 1);
+  path[0] = 0;
+  if (!src) return NULL;
   memcpy(src, pre, np), memcpy(src + np, body, nb + 1);
-  kc_dir();
   if (kc.dir[0]) {
     uint64_t h1 = fnv(drv.d->name, strlen(drv.d->name), 0xcbf29ce484222325ull);
     h1 = fnv(drv.d->cache_salt, strlen(drv.d->cache_salt), h1);
     h1 = fnv(drv.arch, strlen(drv.arch), h1);
     uint64_t h2 = fnv(src, np + nb, 0x84222325cbf29ce4ull);
     h1 = fnv(src, np + nb, h1);
-    snprintf(path, sizeof path, "%s/%016llx%016llx.bin", kc.dir, (unsigned long long)h1, (unsigned long long)h2);
-    img = disk_read(path, src, &size);
+    snprintf(path, pcap, "%s/%016llx%016llx.bin", kc.dir, (unsigned long long)h1, (unsigned long long)h2);
   }
-  bool from_disk = img != NULL;
-  if (!img) {
-    if (!drv.d->compile(src, name, &img, &size, &log)) {
-      snprintf(err, cap, "compiling CUDA kernel %s failed: %s", name, log ? log : "?");
-      goto done;
-    }
-    if (path[0]) disk_write(path, src, img, size);
-  }
-  /* An entry whose checksums pass can still hold another kernel's image (a file copied over
-   * another): it loads without the function. Then it is compiled again and the entry replaced,
-   * once, instead of failing the op on every call (issue 17). The bad module stays loaded. */
+  return src;
+}
+
+/* Compiles src (its first kernel `name`), writing the image to the disk cache at path (if any).
+ * Safe on several threads at once (NVRTC and the host compiler are). */
+static bool compile_source(const char *src, const char *name, const char *path, char **img, size_t *size, char *err,
+                           size_t cap) {
+  char *log = NULL;
+  bool ok = drv.d->compile(src, name, img, size, &log);
+  if (!ok) snprintf(err, cap, "compiling CUDA kernel %s failed: %s", name, log ? log : "?");
+  else if (path[0]) disk_write(path, src, *img, *size);
+  free(log);
+  return ok;
+}
+
+/* Loads the module of image img (taken: freed here) of src, and its kernels names[0..n) into
+ * fs[]. An entry whose checksums pass can still hold another kernel's image (a file copied over
+ * another): it loads without the function. Then it is compiled again and the entry replaced,
+ * once, instead of failing the op on every call (issue 17). The bad module stays loaded. */
+static bool load_image(const char *src, const char *path, char *img, size_t size, bool from_disk, const char *const *names,
+                       int n, cu_function *fs, char *err, size_t cap) {
+  bool ok = false;
   for (;;) {
     cu_enter();
     void *mod = NULL;
     int r = drv.d->module_load(&mod, img);
     for (int i = 0; !r && i < n; i++) r = drv.d->module_get_function(&fs[i], mod, names[i]);
     if (!r) {
-      f = fs[0];
+      ok = true;
       break;
     }
-    f = NULL;
     if (!from_disk) {
-      snprintf(err, cap, "loading CUDA kernel %s: %s", name, drv.d->error_string(r));
-      goto done;
+      snprintf(err, cap, "loading CUDA kernel %s: %s", names[0], drv.d->error_string(r));
+      break;
     }
     from_disk = false;
     free(img), img = NULL;
-    if (!drv.d->compile(src, name, &img, &size, &log)) {
-      snprintf(err, cap, "compiling CUDA kernel %s failed: %s", name, log ? log : "?");
-      goto done;
-    }
-    disk_write(path, src, img, size);
+    if (!compile_source(src, names[0], path, &img, &size, err, cap)) break;
     kc.replaced++;
   }
-done:
-  free(src), free(img), free(log);
-  return f != NULL;
+  free(img);
+  return ok;
+}
+
+/* The kernels names[0..n) of body (after the prelude), one module: from the disk cache, else
+ * compiled and written there, then loaded, the functions into fs[]. Under kc.lock. */
+static bool load_source(const char *body, const char *const *names, int n, cu_function *fs, char *err, size_t cap) {
+  char path[1200];
+  size_t size = 0;
+  kc_dir();
+  char *src = full_source(body, path, sizeof path), *img = NULL;
+  if (!src) return snprintf(err, cap, "out of memory"), false;
+  if (path[0]) img = disk_read(path, src, &size);
+  bool from_disk = img != NULL, ok = img || compile_source(src, names[0], path, &img, &size, err, cap);
+  ok = ok && load_image(src, path, img, size, from_disk, names, n, fs, err, cap);
+  free(src);
+  return ok;
 }
 
 cu_function cu_kernel(const cu_kernel_key *k, char *err, size_t cap) {
@@ -969,14 +992,6 @@ cu_function cu_kernel(const cu_kernel_key *k, char *err, size_t cap) {
   free(body);
   return f;
 }
-
-/* Generated kernels of compiled graphs, by their source: a kernel's name is its key (it hashes
- * the source), so a lookup compares names. */
-static struct {
-  char (*name)[64];
-  cu_function *f;
-  int n, cap;
-} sk;
 
 static void sk_add(const char *name, cu_function f) {
   if (sk.n == sk.cap) {
@@ -1011,6 +1026,99 @@ bool cu_source_kernels(const char *body, const char *const *names, int n, cu_fun
 cu_function cu_source_kernel(const char *body, const char *name, char *err, size_t cap) {
   cu_function f = NULL;
   return cu_source_kernels(body, &name, 1, &f, err, cap) ? f : NULL;
+}
+
+/* ---- compiling a program's kernels on several threads ----
+ * A compiled graph's kernels that neither cache holds compile at once on up to min(4, cores)
+ * threads (NVRTC takes about as long per kernel as the rest of compiling a graph); each job
+ * writes its own disk entry, and the modules load afterwards in the kernels' order, so the
+ * results and the cache's contents do not depend on the threads. */
+static int compile_threads_set; /* tests: cu_set_compile_threads */
+static _Thread_local cu_compile_stats compile_stats;
+void cu_set_compile_threads(int n) { compile_threads_set = n; }
+cu_compile_stats cu_compile_stats_get(void) { return compile_stats; }
+
+typedef struct mod_job {
+  char *src, *img, path[1200], err[512];
+  const char *name;
+  size_t size;
+  bool ok;
+} mod_job;
+typedef struct mod_jobs {
+  mod_job *j;
+  int *todo, n;
+  pthread_mutex_t lock;
+  int next;
+} mod_jobs;
+
+static void *compile_worker(void *arg) {
+  mod_jobs *c = arg;
+  for (;;) {
+    pthread_mutex_lock(&c->lock);
+    int i = c->next < c->n ? c->todo[c->next++] : -1;
+    pthread_mutex_unlock(&c->lock);
+    if (i < 0) return NULL;
+    mod_job *m = &c->j[i];
+    m->ok = compile_source(m->src, m->name, m->path, &m->img, &m->size, m->err, sizeof m->err);
+  }
+}
+
+bool cu_source_modules(cu_module_req *req, int n, char *err, size_t cap) {
+  mod_job *jobs = calloc((size_t)(n > 0 ? n : 1), sizeof *jobs);
+  int *todo = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1)), n_todo = 0, failed = 0, first_bad = -1;
+  if (!jobs || !todo) return free(jobs), free(todo), snprintf(err, cap, "out of memory"), false;
+  pthread_mutex_lock(&kc.lock);
+  kc_dir();
+  for (int i = 0; i < n; i++) { /* in memory, on disk, or to compile */
+    cu_module_req *r = &req[i];
+    int found = 0;
+    for (int q = 0; q < r->n_names; q++) {
+      r->fns[q] = NULL;
+      for (int e = 0; e < sk.n && !r->fns[q]; e++)
+        if (!strcmp(sk.name[e], r->names[q])) r->fns[q] = sk.f[e];
+      found += r->fns[q] != NULL;
+    }
+    jobs[i].ok = true;
+    if (found == r->n_names) continue;
+    jobs[i].name = r->names[0];
+    if (!(jobs[i].src = full_source(r->body, jobs[i].path, sizeof jobs[i].path))) {
+      jobs[i].ok = false, snprintf(jobs[i].err, sizeof jobs[i].err, "out of memory");
+      continue;
+    }
+    if (jobs[i].path[0]) jobs[i].img = disk_read(jobs[i].path, jobs[i].src, &jobs[i].size);
+    if (!jobs[i].img) todo[n_todo++] = i;
+  }
+  pthread_mutex_unlock(&kc.lock);
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  int nt = compile_threads_set > 0 ? compile_threads_set : cores < 4 ? (int)(cores > 1 ? cores : 1) : 4;
+  if (nt > n_todo) nt = n_todo;
+  mod_jobs c = {jobs, todo, n_todo, PTHREAD_MUTEX_INITIALIZER, 0};
+  pthread_t th[8];
+  int started = 0;
+  for (int t = 1; t < nt && t < 8; t++) started += !pthread_create(&th[started], NULL, compile_worker, &c);
+  compile_worker(&c); /* this thread too; the others' failures to start leave it the work */
+  for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+  compile_stats.compiled += n_todo;
+  if (started + 1 > compile_stats.max_threads && n_todo) compile_stats.max_threads = started + 1;
+  pthread_mutex_lock(&kc.lock);
+  for (int i = 0; i < n; i++) { /* load in order */
+    cu_module_req *r = &req[i];
+    mod_job *m = &jobs[i];
+    if (m->ok && m->src) {
+      bool from_disk = true;
+      for (int t = 0; t < n_todo; t++) from_disk &= todo[t] != i;
+      m->ok = load_image(m->src, m->path, m->img, m->size, from_disk, r->names, r->n_names, r->fns, m->err, sizeof m->err);
+      m->img = NULL;
+      for (int q = 0; m->ok && q < r->n_names; q++) sk_add(r->names[q], r->fns[q]);
+    }
+    if (!m->ok && failed++ == 0) first_bad = i;
+    free(m->src), free(m->img);
+  }
+  pthread_mutex_unlock(&kc.lock);
+  if (failed > 1) snprintf(err, cap, "%s (and %d more of the %d kernels failed)", jobs[first_bad].err, failed - 1, n);
+  else if (failed) snprintf(err, cap, "%s", jobs[first_bad].err);
+  free(jobs), free(todo);
+  return !failed;
 }
 
 /* ---- the profiler's device timeline ----

@@ -333,8 +333,23 @@ cu_function cu_source_kernel(const char *body, const char *name, char *err, size
 /* The kernels names[0..n) (n <= 8) that body defines, one module: cu_source_kernel's caches,
  * the functions into fs[]; false with a reason in err. */
 bool cu_source_kernels(const char *body, const char *const *names, int n, cu_function *fs, char *err, size_t cap);
-/* For tests: forgets the kernels looked up so far (their modules stay loaded), so the next
- * lookup reads the disk cache again; *replaced (if given): disk entries found bad and replaced. */
+/* Several such modules at once (a compiled graph's kernels): those neither cache holds compile
+ * on up to min(4, cores) threads, then all load in order, each req's functions into its fns.
+ * False when any fails, err naming the first failing kernel and how many others failed. */
+typedef struct cu_module_req {
+  const char *body;
+  const char *names[2];
+  int n_names;
+  cu_function fns[2];
+} cu_module_req;
+bool cu_source_modules(cu_module_req *req, int n, char *err, size_t cap);
+/* Compile threads for cu_source_modules (tests; 0: min(4, cores)), and on the calling thread,
+ * kernels it compiled and the most threads one batch used. */
+void cu_set_compile_threads(int n);
+typedef struct cu_compile_stats { int64_t compiled; int max_threads; } cu_compile_stats;
+cu_compile_stats cu_compile_stats_get(void);
+/* For tests: forgets the kernels looked up so far, eager and generated (their modules stay
+ * loaded), so the next lookup reads the disk cache again; *replaced (if given): disk entries found bad and replaced. */
 void cu_kernel_cache_forget(int64_t *replaced);
 /* Launches f on the current stream over n elements (grid-stride kernels: any grid works).
  * cu_launch_named: while the profiler runs, the kernel's device time is recorded under name

@@ -364,8 +364,11 @@ static bool e_compile(const char *src, const char *name, char **image, size_t *s
 #else
   const char *inc = "/usr/local/cuda/include";
 #endif
-  snprintf(cmd, sizeof cmd, "%s -std=c++17 -O1 -w -fPIC -shared -I'%s' '%s' -o '%s' 2>'%s'", cxx && *cxx ? cxx : "c++", inc, cpp,
-           so, errf);
+  /* in the scratch directory, by relative names: the image holds no path of its own, so a
+   * source's image has the same bytes in every compile (the disk cache's contents do not depend
+   * on which thread or run made them) */
+  snprintf(cmd, sizeof cmd, "cd '%s' && %s -std=c++17 -O1 -w -fPIC -shared -frandom-seed=ember -I'%s' k.cpp -o k.so 2>log", dir,
+           cxx && *cxx ? cxx : "c++", inc);
   int st = ok ? system(cmd) : -1;
   ok = st == 0;
   FILE *r = fopen(ok ? so : errf, "rb");

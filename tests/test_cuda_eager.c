@@ -1067,3 +1067,86 @@ ETEST(cuda_eager, compiled_pointwise_vector_variants) {
     }
   }
 }
+
+/* ---- compiling a graph's kernels on several threads (runtime/cuda.c: cu_source_modules) ---- */
+/* Eight pointwise stages, each a different op (a different kernel), each ending in a matmul
+ * (an eager GEMM between the kernels). */
+static int many_kernels(em_tensor *const *in, em_tensor **out, void *ctx) {
+  (void)ctx;
+  em_tensor *h = in[0];
+  for (int s = 0; s < 8; s++) {
+    em_tensor *f = s == 0 ? em_tanh(h) : s == 1 ? em_sigmoid(h) : s == 2 ? em_sin(h) : s == 3 ? em_cos(h)
+                 : s == 4 ? em_exp(em_neg(em_abs(h))) : s == 5 ? em_sqrt(em_abs(h)) : s == 6 ? em_relu(h) : em_tanh(em_mul_scalar(h, 2));
+    h = em_matmul(em_add_scalar(f, 0.25), in[1]);
+  }
+  out[0] = h;
+  return 1;
+}
+
+/* The files of dir (name and bytes), sorted by name, as one string. */
+static char *cache_listing(const char *dir) {
+  char cmd[512];
+  snprintf(cmd, sizeof cmd, "cd %s && for f in $(ls | sort); do echo $f $(md5sum < $f); done", dir);
+  FILE *ls = popen(cmd, "r");
+  cr_assert_not_null(ls);
+  size_t cap = 1 << 16, n = 0;
+  char *s = malloc(cap);
+  for (size_t r; (r = fread(s + n, 1, cap - n - 1, ls)) > 0;) n += r;
+  s[n] = 0;
+  pclose(ls);
+  return s;
+}
+
+/* A graph with many kernels that no cache holds compiles them on several threads; its results,
+ * output_code and disk cache entries are those of compiling them one at a time. */
+ETEST(cuda_eager, kernels_compile_in_parallel_deterministically) {
+  char dir[] = "/tmp/ember_cuda_par_XXXXXX", sub[64], cmd[128];
+  cr_assert_not_null(mkdtemp(dir));
+  setenv("EMBER_CACHE_DIR", dir, 1); /* read at this process's first kernel */
+  snprintf(sub, sizeof sub, "%s/cuda", dir);
+  em_manual_seed(41);
+  em_tensor *in[2] = {em_randn(F, EM_SHAPE(4, 16)), em_mul_scalar(em_randn(F, EM_SHAPE(16, 16)), 0.25)};
+  char *listing[2], *ir[2];
+  int kernels = 0;
+  for (int run = 0; run < 2; run++) {
+    cu_set_compile_threads(run ? 4 : 1);
+    cu_compile_stats before = cu_compile_stats_get();
+    kernels = compile_on_device(many_kernels, NULL, in, 2, run == 0, 1e-4, run ? "4 threads" : "1 thread").kernels;
+    cu_compile_stats after = cu_compile_stats_get();
+    cr_assert_geq(kernels, 8, "%d kernels", kernels);
+    cr_assert_geq(after.compiled - before.compiled, kernels, "every generated kernel compiled (run %d)", run);
+    if (run) cr_assert_geq(after.max_threads, 2, "compiled on %d threads", after.max_threads);
+    listing[run] = cache_listing(sub);
+    ir[run] = strdup(last_kernel_ir);
+    /* an empty cache for the second run: every kernel compiles again */
+    snprintf(cmd, sizeof cmd, "rm -f %s/*", sub);
+    cr_assert_eq(system(cmd), 0);
+    cu_kernel_cache_forget(NULL);
+  }
+  cu_set_compile_threads(0);
+  int entries = 0;
+  for (const char *c = listing[0]; *c; c++) entries += *c == '\n';
+  cr_assert_geq(entries, kernels, "%d cache entries for %d kernels", entries, kernels);
+  cr_assert_str_eq(listing[0], listing[1], "the disk cache differs");
+  cr_assert_str_eq(ir[0], ir[1], "the output code differs");
+  free(listing[0]), free(listing[1]), free(ir[0]), free(ir[1]);
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  cr_assert_eq(system(cmd), 0);
+}
+
+/* A batch's compile errors: each failing kernel fails alone (the others load), and the error
+ * names the first in the batch's order and counts the rest. */
+ETEST(cuda_eager, parallel_compile_reports_errors_per_kernel) {
+  cu_set_compile_threads(3);
+  static const char good[] = "extern \"C\" __global__ void em_par_good(float *o, i64 n) { EM_GRID_LOOP(i, n) o[i] = 1.0f; }\n";
+  static const char bad1[] = "extern \"C\" __global__ void em_par_bad1(float *o, i64 n) { o[0] = undeclared_one; }\n";
+  static const char bad2[] = "extern \"C\" __global__ void em_par_bad2(float *o, i64 n) { o[0] = undeclared_two; }\n";
+  cu_module_req req[3] = {{bad1, {"em_par_bad1"}, 1, {0}}, {good, {"em_par_good"}, 1, {0}}, {bad2, {"em_par_bad2"}, 1, {0}}};
+  char err[2048] = "";
+  cr_assert_not(cu_source_modules(req, 3, err, sizeof err));
+  cr_assert(strstr(err, "em_par_bad1") && strstr(err, "undeclared_one"), "%s", err);
+  cr_assert(strstr(err, "and 1 more of the 3 kernels failed"), "%s", err);
+  cr_assert_not_null(req[1].fns[0], "the good kernel loaded");
+  cr_assert_null(req[0].fns[0]);
+  cu_set_compile_threads(0);
+}
