@@ -125,7 +125,8 @@ static int profile_kernels = 10;
 void ind_profile_kernels(const ind_program *p) {
   if (profile_on != 1 || !p->n_kernels || !p->schedule_text) return;
   bool *done = calloc((size_t)p->n_kernels, 1);
-  fprintf(stderr, "[ember] inductor profile of %s: slowest kernels\n", p->g->name);
+  fprintf(stderr, "[ember] inductor profile of %s: slowest kernels%s\n", p->g->name,
+          p->device == EM_CUDA ? " (device time, CUDA events)" : "");
   for (int r = 0; done && r < profile_kernels && r < p->n_kernels; r++) {
     int best = -1;
     for (int k = 0; k < p->n_kernels; k++)
@@ -134,7 +135,9 @@ void ind_profile_kernels(const ind_program *p) {
     const kernel *k = &p->kernels[best];
     if (!k->prof_runs) break;
     const char *line = strstr(p->schedule_text, k->name), *eol = line ? strchr(line, '\n') : NULL;
-    fprintf(stderr, "  %8.3f ms/run %6.1f GB/s  %.*s\n", k->prof_ms / (double)k->prof_runs,
+    bool dev = p->device == EM_CUDA; /* device kernels take microseconds */
+    fprintf(stderr, dev ? "  %8.2f us/run %6.1f GB/s  %.*s\n" : "  %8.3f ms/run %6.1f GB/s  %.*s\n",
+            k->prof_ms / (double)k->prof_runs * (dev ? 1e3 : 1),
             (double)k->bytes * (double)k->prof_runs / (k->prof_ms * 1e6), line ? (int)(eol ? eol - line : (long)strlen(line)) : 0,
             line ? line : "");
   }
@@ -155,6 +158,27 @@ static void profile_add(int slot, double ms, int64_t bytes) {
   pthread_mutex_lock(&profile_lock);
   profile_ms[slot] += ms, profile_n[slot]++, profile_bytes[slot] += bytes;
   pthread_mutex_unlock(&profile_lock);
+}
+
+/* The device times of a run's kernels (kev: a start and an end event for each, NULL where not
+ * launched), added to the kernels' and the process's profile; the events destroyed. */
+static void profile_device_times(const ind_program *p, cu_event *kev) {
+  const cu_driver *d = cu_drv();
+  cu_enter();
+  for (int ki = 0; ki < p->n_kernels; ki++) {
+    cu_event *ev = &kev[2 * ki];
+    float ms = 0;
+    if (ev[0] && ev[1] && !d->event_sync(ev[1]) && !d->event_elapsed(&ms, ev[0], ev[1])) {
+      kernel *k = (kernel *)&p->kernels[ki];
+      profile_add(EM_PRIM_COUNT + k->row, ms, k->bytes);
+      pthread_mutex_lock(&profile_lock);
+      k->prof_ms += ms, k->prof_runs++;
+      pthread_mutex_unlock(&profile_lock);
+    }
+    for (int e = 0; e < 2; e++)
+      if (ev[e]) d->event_destroy(ev[e]);
+  }
+  rt_free(kev);
 }
 
 bool ind_accepts(const ind_program *p, em_tensor *const *in, int n_in) {
@@ -288,6 +312,13 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
   char *arena_end = arena && !cuda ? (char *)rt_data(arena) + p->arena_bytes : NULL; /* no guard on the device */
   guard_set(arena_end);
   bool prof = profiling();
+  /* EMBER_INDUCTOR_PROFILE on the device: each kernel's launch between two CUDA events, their
+   * device time read after the run (one wait, not one a kernel); not while capturing a graph */
+  cu_event *kev = NULL;
+  if (prof && cuda && !cu_capturing() && p->n_kernels) {
+    kev = rt_alloc(sizeof(cu_event) * 2 * (size_t)p->n_kernels, 16);
+    if (kev) memset(kev, 0, sizeof(cu_event) * 2 * (size_t)p->n_kernels);
+  }
   rt_trace_suspend();
   for (int s = 0; ok && s < p->n_steps; s++) {
     const step *st = &p->steps[s];
@@ -403,11 +434,16 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
           bool vec = k->cu_vec != NULL;
           for (int q = 0; vec && q < nb; q++) vec = ptr[q] % 16 == 0;
           if (vec) n /= k->vec, vector_runs++;
+          cu_event *ev = kev ? &kev[2 * st->kernel] : NULL;
+          const cu_driver *drv = ev ? cu_drv() : NULL;
+          if (ev && (drv->event_create(&ev[0], 0) || drv->event_create(&ev[1], 0) || drv->event_record(ev[0], cu_current_stream())))
+            ev = NULL; /* untimed: this kernel is left out of the profile */
           if (ok) ok = cu_launch_named(vec ? k->cu_vec : k->cu_fn, k->name, k->row ? n * k->block : n, k->block, params, why, sizeof why);
+          if (ev && drv->event_record(ev[1], cu_current_stream())) drv->event_destroy(ev[1]), ev[1] = NULL;
           if (ok && t0_) rt_prof_complete("kernel", k->name, t0_, "CUDA launch (asynchronous), %lld elements", (long long)n);
           if (!ok && nb) rt_error(site, "em_call", "%s: %s", k->name, why);
           kernel_runs++;
-          if (prof) profile_add(EM_PRIM_COUNT, now_ms() - t0, k->bytes); /* launch time: asynchronous */
+          if (prof && !kev) profile_add(EM_PRIM_COUNT + k->row, now_ms() - t0, k->bytes); /* launch time: asynchronous */
         }
       } else if (ok) {
         run_kernel(k, bufs, scratch, slots);
@@ -426,6 +462,7 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
     for (int i = 0; ok && i < st->n_release; i++) em_release(vals[st->release[i]]), vals[st->release[i]] = NULL;
   }
   rt_trace_resume();
+  if (kev) profile_device_times(p, kev);
   rt_free(scratch), rt_free(into);
   em_release(arena);
   if (ok)

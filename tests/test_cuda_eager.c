@@ -1150,3 +1150,40 @@ ETEST(cuda_eager, parallel_compile_reports_errors_per_kernel) {
   cr_assert_null(req[0].fns[0]);
   cu_set_compile_threads(0);
 }
+
+/* ---- EMBER_INDUCTOR_PROFILE on the device (inductor/run.c) ---- */
+/* Each generated kernel's launch is timed with CUDA events, and a program prints its slowest
+ * kernels by device time when freed: a header naming the program and the clock, then a line a
+ * kernel, "  <us> us/run <GB/s> GB/s  <its schedule line>", slowest first. */
+ETEST(cuda_eager, inductor_profile_prints_device_time_per_kernel) {
+  setenv("EMBER_INDUCTOR_PROFILE", "1", 1); /* read at this process's first run */
+  em_manual_seed(43);
+  em_tensor *in[2] = {em_randn(F, EM_SHAPE(4, 16)), em_mul_scalar(em_randn(F, EM_SHAPE(16, 16)), 0.25)};
+  char path[] = "/tmp/ember_profile_XXXXXX";
+  int fd = mkstemp(path), saved = dup(2);
+  cr_assert(fd >= 0 && saved >= 0);
+  fflush(stderr);
+  dup2(fd, 2);
+  int kernels = compile_on_device(many_kernels, NULL, in, 2, false, 1e-4, "profiled").kernels;
+  fflush(stderr);
+  dup2(saved, 2), close(saved), close(fd);
+  FILE *f = fopen(path, "r");
+  cr_assert_not_null(f);
+  char line[1024];
+  int header = 0, rows = 0;
+  double last = 1e30;
+  while (fgets(line, sizeof line, f)) {
+    if (strstr(line, "[ember] inductor profile of t: slowest kernels (device time, CUDA events)")) header++;
+    double us, gbs;
+    char name[64];
+    if (!header || sscanf(line, " %lf us/run %lf GB/s %63[^,]", &us, &gbs, name) != 3) continue;
+    cr_assert(!strncmp(name, "em_ind_", 7) && strstr(last_kernel_ir, name), "a kernel of the program: %s", line);
+    cr_assert(us >= 0 && us <= last && (rows || us > 0), "device times, slowest first: %s", line);
+    cr_assert_geq(gbs, 0, "%s", line);
+    last = us, rows++;
+  }
+  fclose(f);
+  unlink(path);
+  cr_assert_eq(header, 1, "one header");
+  cr_assert_eq(rows, kernels < 10 ? kernels : 10, "%d lines for %d kernels", rows, kernels);
+}
