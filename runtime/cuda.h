@@ -102,6 +102,9 @@ bool cu_kernel_body(const cu_kernel_key *k, char **src, char *name, size_t ncap)
  * log, if any, in *log (caller frees). False when compilation fails or the build has no NVRTC. */
 bool cu_nvrtc_compile(const char *src, const char *name, const char *arch, char **cubin, size_t *size, char **log);
 bool cu_nvrtc_available(void);
+/* src as PTX for a virtual arch ("compute_90"; caller frees *ptx and *log), for tests that look
+ * at the instructions a kernel gets. False as cu_nvrtc_compile. */
+bool cu_nvrtc_ptx(const char *src, const char *name, const char *arch, char **ptx, char **log);
 
 /* ---- cuBLASLt's ABI, as Ember calls it ----
  *

@@ -500,17 +500,18 @@ bool cu_kernel_body(const cu_kernel_key *k, char **src, char *name, size_t ncap)
   return (*src = ir_sb_finish(&b)) != NULL;
 }
 
-static bool cu_nvrtc_compile_impl(const char *src, const char *name, const char *arch, char **cubin, size_t *size, char **log);
+static bool nvrtc_build(const char *src, const char *name, const char *arch, bool ptx, char **cubin, size_t *size, char **log);
 
 bool cu_nvrtc_compile(const char *src, const char *name, const char *arch, char **cubin, size_t *size, char **log) {
-  if (!RT_PROF_ON()) return cu_nvrtc_compile_impl(src, name, arch, cubin, size, log);
+  if (!RT_PROF_ON()) return nvrtc_build(src, name, arch, false, cubin, size, log);
   uint64_t t0_ = rt_prof_now();
-  bool r_ = cu_nvrtc_compile_impl(src, name, arch, cubin, size, log);
+  bool r_ = nvrtc_build(src, name, arch, false, cubin, size, log);
   rt_prof_complete("phase", "NVRTC compile", t0_, "%s for %s", name, arch);
   return r_;
 }
 
-static bool cu_nvrtc_compile_impl(const char *src, const char *name, const char *arch, char **cubin, size_t *size, char **log) {
+/* src compiled for arch: a cubin, or (ptx) the PTX text. */
+static bool nvrtc_build(const char *src, const char *name, const char *arch, bool ptx, char **cubin, size_t *size, char **log) {
   *cubin = NULL, *size = 0, *log = NULL;
 #ifdef EMBER_HAVE_NVRTC
   nvrtcProgram prog;
@@ -521,17 +522,23 @@ static bool cu_nvrtc_compile_impl(const char *src, const char *name, const char 
   nvrtcResult r = nvrtcCompileProgram(prog, 3, opts);
   size_t ls = 0;
   if (nvrtcGetProgramLogSize(prog, &ls) == NVRTC_SUCCESS && ls > 1 && (*log = malloc(ls))) nvrtcGetProgramLog(prog, *log);
-  if (r == NVRTC_SUCCESS && nvrtcGetCUBINSize(prog, size) == NVRTC_SUCCESS && (*cubin = malloc(*size ? *size : 1))) {
-    if (nvrtcGetCUBIN(prog, *cubin) != NVRTC_SUCCESS) free(*cubin), *cubin = NULL;
+  if (r == NVRTC_SUCCESS && (ptx ? nvrtcGetPTXSize(prog, size) : nvrtcGetCUBINSize(prog, size)) == NVRTC_SUCCESS &&
+      (*cubin = malloc(*size ? *size : 1))) {
+    if ((ptx ? nvrtcGetPTX(prog, *cubin) : nvrtcGetCUBIN(prog, *cubin)) != NVRTC_SUCCESS) free(*cubin), *cubin = NULL;
   }
   nvrtcDestroyProgram(&prog);
   if (!*cubin && !*log) *log = strdup(nvrtcGetErrorString(r));
   return *cubin != NULL;
 #else
-  (void)src, (void)name, (void)arch;
+  (void)src, (void)name, (void)arch, (void)ptx;
   *log = strdup("this build has no NVRTC (the CUDA toolkit was not found at configure time)");
   return false;
 #endif
+}
+
+bool cu_nvrtc_ptx(const char *src, const char *name, const char *arch, char **ptx, char **log) {
+  size_t size;
+  return nvrtc_build(src, name, arch, true, ptx, &size, log);
 }
 
 bool cu_nvrtc_available(void) {

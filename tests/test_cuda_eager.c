@@ -1063,6 +1063,15 @@ ETEST(cuda_eager, compiled_pointwise_vector_variants) {
       cr_assert_not_null(last_kernel_ir);
       cr_assert_eq(strstr(last_kernel_ir, want_name) != NULL, vectorizes, "%s:\n%s", what, last_kernel_ir);
       cr_assert_eq(strstr(last_kernel_ir, "em_vec<") != NULL, vectorizes, "%s", what);
+      if (vectorizes && si == 0) { /* NVRTC makes its chunks 128-bit loads and stores */
+        cr_assert(cu_nvrtc_available(), "this build has no NVRTC");
+        char *src = malloc(strlen(cu_kernel_prelude()) + strlen(last_kernel_ir) + 1), *ptx, *log;
+        strcpy(src, cu_kernel_prelude()), strcat(src, last_kernel_ir);
+        cr_assert(cu_nvrtc_ptx(src, "vec.cu", "compute_90", &ptx, &log), "%s: %s", what, log ? log : "?");
+        const char *v = strstr(ptx, want_name); /* the vector variant's entry, after the scalar one's */
+        cr_assert(v && strstr(v, "ld.global.nc.v4.") && strstr(v, "st.global.v4."), "%s: no 128-bit accesses:\n%s", what, ptx);
+        free(src), free(ptx), free(log);
+      }
       em_scope_end();
     }
   }
