@@ -1042,6 +1042,7 @@ typedef struct mod_job {
   char *src, *img, path[1200], err[512];
   const char *name;
   size_t size;
+  int same; /* 1 + an earlier job of the batch with the same kernels, else 0 */
   bool ok;
 } mod_job;
 typedef struct mod_jobs {
@@ -1080,6 +1081,9 @@ bool cu_source_modules(cu_module_req *req, int n, char *err, size_t cap) {
     }
     jobs[i].ok = true;
     if (found == r->n_names) continue;
+    for (int e = 0; e < i && !jobs[i].same; e++) /* a graph's identical kernels: one compile */
+      if (jobs[e].name && !strcmp(jobs[e].name, r->names[0])) jobs[i].same = 1 + (jobs[e].same ? jobs[e].same - 1 : e);
+    if (jobs[i].same) continue;
     jobs[i].name = r->names[0];
     if (!(jobs[i].src = full_source(r->body, jobs[i].path, sizeof jobs[i].path))) {
       jobs[i].ok = false, snprintf(jobs[i].err, sizeof jobs[i].err, "out of memory");
@@ -1104,7 +1108,11 @@ bool cu_source_modules(cu_module_req *req, int n, char *err, size_t cap) {
   for (int i = 0; i < n; i++) { /* load in order */
     cu_module_req *r = &req[i];
     mod_job *m = &jobs[i];
-    if (m->ok && m->src) {
+    if (m->same) {
+      m->ok = jobs[m->same - 1].ok;
+      for (int q = 0; q < r->n_names; q++) r->fns[q] = req[m->same - 1].fns[q];
+      snprintf(m->err, sizeof m->err, "%s", jobs[m->same - 1].err);
+    } else if (m->ok && m->src) {
       bool from_disk = true;
       for (int t = 0; t < n_todo; t++) from_disk &= todo[t] != i;
       m->ok = load_image(m->src, m->path, m->img, m->size, from_disk, r->names, r->n_names, r->fns, m->err, sizeof m->err);

@@ -1146,18 +1146,27 @@ ETEST(cuda_eager, kernels_compile_in_parallel_deterministically) {
 /* A batch's compile errors: each failing kernel fails alone (the others load), and the error
  * names the first in the batch's order and counts the rest. */
 ETEST(cuda_eager, parallel_compile_reports_errors_per_kernel) {
+  char dir[] = "/tmp/ember_cuda_err_XXXXXX", cmd[64];
+  cr_assert_not_null(mkdtemp(dir));
+  setenv("EMBER_CACHE_DIR", dir, 1); /* an empty cache: every source compiles */
   cu_set_compile_threads(3);
   static const char good[] = "extern \"C\" __global__ void em_par_good(float *o, i64 n) { EM_GRID_LOOP(i, n) o[i] = 1.0f; }\n";
   static const char bad1[] = "extern \"C\" __global__ void em_par_bad1(float *o, i64 n) { o[0] = undeclared_one; }\n";
   static const char bad2[] = "extern \"C\" __global__ void em_par_bad2(float *o, i64 n) { o[0] = undeclared_two; }\n";
-  cu_module_req req[3] = {{bad1, {"em_par_bad1"}, 1, {0}}, {good, {"em_par_good"}, 1, {0}}, {bad2, {"em_par_bad2"}, 1, {0}}};
+  cu_module_req req[4] = {{bad1, {"em_par_bad1"}, 1, {0}}, {good, {"em_par_good"}, 1, {0}}, {bad2, {"em_par_bad2"}, 1, {0}},
+                          {good, {"em_par_good"}, 1, {0}}};
   char err[2048] = "";
-  cr_assert_not(cu_source_modules(req, 3, err, sizeof err));
+  int64_t compiled = cu_compile_stats_get().compiled;
+  cr_assert_not(cu_source_modules(req, 4, err, sizeof err));
   cr_assert(strstr(err, "em_par_bad1") && strstr(err, "undeclared_one"), "%s", err);
-  cr_assert(strstr(err, "and 1 more of the 3 kernels failed"), "%s", err);
+  cr_assert(strstr(err, "and 1 more of the 4 kernels failed"), "%s", err);
   cr_assert_not_null(req[1].fns[0], "the good kernel loaded");
   cr_assert_null(req[0].fns[0]);
+  cr_assert_eq(req[3].fns[0], req[1].fns[0], "a batch's identical kernels load once");
+  cr_assert_eq(cu_compile_stats_get().compiled - compiled, 3, "three distinct sources compiled");
   cu_set_compile_threads(0);
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  cr_assert_eq(system(cmd), 0);
 }
 
 /* ---- EMBER_INDUCTOR_PROFILE on the device (inductor/run.c) ---- */
