@@ -6,7 +6,11 @@
  * iteration shape (a grid-stride loop): every input read through its own strides (0 for a
  * broadcast; dense ones at the element's linear index), every node's value from its prim's
  * scalar expression in the prim table (prims.def), rendered by the same renderer as the eager
- * CUDA kernels (runtime/cuda_kernels.c), every output stored contiguous. A kernel's name is a
+ * CUDA kernels (runtime/cuda_kernels.c), every output stored contiguous. Where the layout allows,
+ * the same source also holds a vector variant (<name>_v<W>: 16-byte loads and stores of W
+ * elements a thread; vector_width), which the launcher takes for 16-byte aligned buffers (run.c).
+ * Indices are 32-bit where every element index fits. A graph's kernels compile together, those
+ * no cache holds on several threads (runtime/cuda.c: cu_source_modules). A kernel's name is a
  * hash of its text, so the CUDA kernel caches (memory and disk) find it again. Kernels compile
  * with NVRTC for the device's architecture, or on the emulator (EMBER_CUDA_EMULATE=1) with the
  * host's C++ compiler; tests/test_cuda_eager.c compares them with the eager kernels. */
@@ -108,7 +112,7 @@ static int vector_width(const ir_graph *g, const prim_meta *meta, const kernel *
   int inner = -1, minsize = 16;
   for (int d = 0; d < t->ndim; d++)
     if (t->sizes[d] != 1) inner = d;
-  if (inner < 0 || k->row || k->has_col) return 0;
+  if (inner < 0 || k->row || k->has_col || k->n_in + k->n_out > 130) return 0; /* run.c launches up to 130 buffers */
   for (int i = 0; i < k->n_out + k->n_in; i++) { /* bools (comparisons' results) take the width of the floats */
     em_dtype dt = g->values[i < k->n_out ? k->out[i] : k->in[i - k->n_out]].type.dtype;
     int sz = dt == EM_BOOL ? 16 : (int)em_dtype_size(dt);
