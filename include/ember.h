@@ -738,6 +738,36 @@ em_tensor *em_one_hot_at(em_tensor *indices, int64_t n_classes, em_site site);
 em_tensor *em_masked_fill_at(em_tensor *x, em_tensor *mask, double value, em_site site);
 
 /* ------------------------------------------------------------------------------------------ */
+/* torch's keyword options of the ops above (issue 21). Composites: they run eagerly on every
+ * device, trace into compiled graphs and differentiate as the ops they are built from.        */
+
+/* a + alpha * b and a - alpha * b, a [..] and b [..] broadcast -> [..], dtype as em_add /
+ * em_sub (alpha 1 gives their very bits). alpha must be an integer when the result dtype is an
+ * integer (as torch), and 1 when it is bool (torch would cast alpha to bool). An integer b
+ * joining a float a is scaled in a's dtype. Gradient: g for a, +-alpha g for b. Returns a tensor
+ * owned by the current scope; NULL with an error for a fractional alpha on integers, shapes that
+ * do not broadcast, a NULL or EM_NONE operand. Match torch.add(a, b, alpha=) / torch.sub. */
+#define em_add_alpha(a, b, alpha) em_add_alpha_at((a), (b), (alpha), EM_HERE)
+em_tensor *em_add_alpha_at(em_tensor *a, em_tensor *b, double alpha, em_site site);
+#define em_sub_alpha(a, b, alpha) em_sub_alpha_at((a), (b), (alpha), EM_HERE)
+em_tensor *em_sub_alpha_at(em_tensor *a, em_tensor *b, double alpha, em_site site);
+
+/* torch.div's rounding_mode: None (true division, em_div), 'trunc', 'floor'. */
+typedef enum em_rounding_mode { EM_ROUND_NONE, EM_ROUND_TRUNC, EM_ROUND_FLOOR } em_rounding_mode;
+/* a / b rounded as mode says, a [..] and b [..] broadcast -> [..]. Dtype: EM_ROUND_NONE as
+ * em_div (integers give f32); with a rounding mode, torch.result_type(a, b): integers give the
+ * exact integer quotient in that dtype (all of i64, not through floating point; INT_MIN / -1
+ * wraps), floats trunc(a / b) or torch's floor division (computed as Python's // is:
+ * (a - fmod(a, b)) / b, corrected, which is not always floor(a / b); b = 0 gives a / b).
+ * Integer division by zero is an error, as torch on the CPU: found by the remainder kernel,
+ * which on CUDA reads one flag back (a wait, as em_remainder's). The gradient is zero for both
+ * operands, as torch's. Returns a tensor owned by the current scope; NULL with an error for bool
+ * operands (torch has no kernel either), an unknown mode, shapes that do not broadcast, integer
+ * division by zero, a NULL or EM_NONE operand. Matches torch.div(a, b, rounding_mode=). */
+#define em_div_mode(a, b, mode) em_div_mode_at((a), (b), (mode), EM_HERE)
+em_tensor *em_div_mode_at(em_tensor *a, em_tensor *b, em_rounding_mode mode, em_site site);
+
+/* ------------------------------------------------------------------------------------------ */
 /* nn: parameter initialisation and layers as torch.nn builds them by default                  */
 
 /* Fill t in place, without grad, from U(lo, hi) / kaiming-uniform U(-bound, bound) with

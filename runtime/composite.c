@@ -561,3 +561,116 @@ em_tensor *em_masked_fill_at(em_tensor *x, em_tensor *mask, double value, em_sit
   BEGIN(site);
   END(em_where_at(mask, num(x->dtype, value, site), x, site), site);
 }
+
+/* ---- torch's keyword options (issue 21): alpha, rounding_mode ---- */
+
+/* torch refuses a fractional alpha where the result is an integer ("For integral input tensors,
+ * argument alpha must not be a floating point number"); a bool result takes alpha 1 only here
+ * (torch would cast alpha to bool, which is rarely what was meant). */
+static em_tensor *alpha_op(bool sub, em_tensor *a, em_tensor *b, double alpha, em_site site) {
+  const char *name = sub ? "em_sub_alpha" : "em_add_alpha";
+  RT_ARG(a, name, site);
+  RT_ARG(b, name, site);
+  char b0[128], b1[128];
+  em_dtype dt = ir_promote(a->dtype, b->dtype);
+  if (!ir_is_float(dt) && !(isfinite(alpha) && alpha == trunc(alpha)))
+    return rt_error(site, name, "alpha %g must be an integer for integer operands: a is %s, b is %s", alpha,
+                    rt_fmt(b0, sizeof b0, a), rt_fmt(b1, sizeof b1, b));
+  if (dt == EM_BOOL && alpha != 1)
+    return rt_error(site, name, "bool operands take alpha 1 only, got %g", alpha);
+  BEGIN(site);
+  em_tensor *s = b;
+  if (alpha != 1) {
+    /* an integer b joining a float a is scaled in a's dtype, as torch computes in the result's
+     * dtype (an integer product could overflow where torch's does not) */
+    if (ir_is_float(a->dtype) && !ir_is_float(b->dtype)) s = em_cast_at(b, a->dtype, site);
+    s = em_mul_scalar_at(s, alpha, site);
+  }
+  END(sub ? em_sub_at(a, s, site) : em_add_at(a, s, site), site);
+}
+
+em_tensor *em_add_alpha_at(em_tensor *a, em_tensor *b, double alpha, em_site site) {
+  return alpha_op(false, a, b, alpha, site);
+}
+
+em_tensor *em_sub_alpha_at(em_tensor *a, em_tensor *b, double alpha, em_site site) {
+  return alpha_op(true, a, b, alpha, site);
+}
+
+/* floor(a / b) of integers, exact for all of i64: the remainder r (the divisor's sign, exact,
+ * and the check that refuses a zero divisor) makes a - r a multiple of b; a quotient q0 from f64
+ * is off by at most a few thousand for |a| near 2^63, so e = a - r - q0 b, computed with
+ * wrapping integer arithmetic, is that small multiple of b exactly, and f64 gives e / b exactly.
+ * Returns the floor quotient and, through *rem, r. All i64. */
+static em_tensor *int_floor_div(em_tensor *a, em_tensor *b, em_tensor **rem, em_site site) {
+  em_tensor *r = em_remainder_at(a, b, site);
+  em_tensor *af = em_cast_at(a, EM_F64, site), *bf = em_cast_at(b, EM_F64, site);
+  em_tensor *q0 = em_cast_at(em_floor_at(em_div_at(af, bf, site), site), EM_I64, site);
+  em_tensor *e = em_sub_at(em_sub_at(a, r, site), em_mul_at(q0, b, site), site);
+  em_tensor *k = em_floor_at(em_add_scalar_at(em_div_at(em_cast_at(e, EM_F64, site), bf, site), 0.5, site), site);
+  *rem = r;
+  return em_add_at(q0, em_cast_at(k, EM_I64, site), site);
+}
+
+/* torch's div_floor_floating: mod = fmod(a, b), (a - mod) / b, less 1 where mod's sign is not
+ * b's, rounded to the nearest integer from its floor; a zero quotient keeps the sign of a / b,
+ * and b = 0 gives a / b. fmod is the remainder taken with a divisor of a's sign (exact: no
+ * correction is needed then). */
+static em_tensor *float_floor_div(em_tensor *a, em_tensor *b, em_site site) {
+  em_dtype dt = a->dtype;
+  em_tensor *q = em_div_at(a, b, site);
+  em_tensor *ab = em_abs_at(b, site);
+  em_tensor *mod = em_remainder_at(a, em_where_at(em_lt_scalar_at(a, 0, site), em_neg_at(ab, site), ab, site), site);
+  em_tensor *d = em_div_at(em_sub_at(a, mod, site), b, site);
+  em_tensor *off = em_logical_and_at(em_ne_scalar_at(mod, 0, site),
+                                     em_ne_at(em_lt_scalar_at(b, 0, site), em_lt_scalar_at(mod, 0, site), site), site);
+  d = em_where_at(off, em_sub_scalar_at(d, 1, site), d, site);
+  em_tensor *fl = em_floor_at(d, site);
+  fl = em_where_at(em_gt_scalar_at(em_sub_at(d, fl, site), 0.5, site), em_add_scalar_at(fl, 1, site), fl, site);
+  /* copysign(0, q): q's sign bit, -0 included (1 / -0 is -inf) */
+  em_tensor *neg = em_logical_or_at(em_lt_scalar_at(q, 0, site),
+                                    em_logical_and_at(em_eq_scalar_at(q, 0, site),
+                                                      em_lt_scalar_at(em_reciprocal_at(q, site), 0, site), site), site);
+  em_tensor *zero = em_where_at(neg, num(dt, -0.0, site), num(dt, 0.0, site), site);
+  fl = em_where_at(em_eq_scalar_at(d, 0, site), zero, fl, site);
+  return em_where_at(em_eq_scalar_at(b, 0, site), q, fl, site);
+}
+
+em_tensor *em_div_mode_at(em_tensor *a, em_tensor *b, em_rounding_mode mode, em_site site) {
+  static const char name[] = "em_div_mode";
+  RT_ARG(a, name, site);
+  RT_ARG(b, name, site);
+  char b0[128], b1[128];
+  if (mode != EM_ROUND_NONE && mode != EM_ROUND_TRUNC && mode != EM_ROUND_FLOOR)
+    return rt_error(site, name, "unknown rounding mode %d", (int)mode);
+  if (mode == EM_ROUND_NONE) {
+    BEGIN(site);
+    END(em_div_at(a, b, site), site);
+  }
+  em_dtype dt = ir_promote(a->dtype, b->dtype);
+  if (dt == EM_BOOL) /* torch has no rounding division of bools either */
+    return rt_error(site, name, "needs numeric operands, got a %s and b %s", rt_fmt(b0, sizeof b0, a), rt_fmt(b1, sizeof b1, b));
+  BEGIN(site);
+  em_tensor *ac = a->dtype == dt ? a : em_cast_at(a, dt, site), *bc = b->dtype == dt ? b : em_cast_at(b, dt, site);
+  em_tensor *r = NULL;
+  if (ac && bc && !ir_is_float(dt)) {
+    em_tensor *ai = em_cast_at(ac, EM_I64, site), *bi = em_cast_at(bc, EM_I64, site), *rem = NULL;
+    r = int_floor_div(ai, bi, &rem, site);
+    if (r && mode == EM_ROUND_TRUNC) { /* floor + 1 where the division was inexact and the signs differ */
+      em_tensor *up = em_logical_and_at(em_ne_scalar_at(rem, 0, site),
+                                        em_ne_at(em_lt_scalar_at(ai, 0, site), em_lt_scalar_at(bi, 0, site), site), site);
+      r = em_add_at(r, em_cast_at(up, EM_I64, site), site);
+    }
+    if (r && dt != EM_I64) r = em_cast_at(r, dt, site);
+  } else if (ac && bc && mode == EM_ROUND_TRUNC) { /* torch's div_trunc: trunc(a / b) */
+    em_tensor *q = em_div_at(ac, bc, site);
+    r = em_where_at(em_lt_scalar_at(q, 0, site), em_ceil_at(q, site), em_floor_at(q, site), site);
+  } else if (ac && bc) {
+    r = float_floor_div(ac, bc, site);
+  }
+  /* The gradient is zero, as torch's (grad * 0) for both operands: a select that never picks
+   * a + b passes them none, and makes the result require grad as torch's does. */
+  if (r && (em_requires_grad(ac) || em_requires_grad(bc)))
+    r = em_where_at(num(EM_BOOL, 0, site), em_add_at(ac, bc, site), r, site);
+  END(r, site);
+}

@@ -1,0 +1,264 @@
+/* tests/test_opts.c: torch's keyword options of existing ops (issue 21).
+ *
+ * Each option is held to PyTorch's semantics with values worked out by hand (or by Python's own
+ * integer and float arithmetic, quoted in the comments), its gradient checked by finite
+ * differences in f64, and its compiled forms (backends eager, aot_eager, inductor; the second
+ * call a replay) checked against eager, values and gradients. The suite also runs on CUDA
+ * (EMBER_TEST_DEVICE=cuda: the GPU, or the host emulator). */
+#include "common.h"
+#include "gradcheck.h"
+
+#define F EM_F32
+#define D EM_F64
+
+/* ---- helpers ---- */
+
+/* An i64 tensor from exact 64-bit values (T goes through double, which holds 53 bits). */
+static em_tensor *i64s(int n, const int64_t *v) { return em_from_data(v, EM_I64, 1, (int64_t[]){n}); }
+#define I64S(...) i64s((int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (const int64_t[]){__VA_ARGS__})
+
+static void expect_i64(em_tensor *t, int n, const int64_t *want, const char *file, int line) {
+  cr_assert_not_null(t, "%s:%d: %s", file, line, em_last_error() ? em_last_error() : "");
+  cr_assert_eq(em_dtype_of(t), EM_I64, "%s:%d: dtype %s", file, line, em_dtype_name(em_dtype_of(t)));
+  cr_assert_eq(em_numel(t), n, "%s:%d: %lld elements", file, line, (long long)em_numel(t));
+  int64_t got[64];
+  cr_assert(n <= 64 && em_to_buffer(t, EM_I64, got, sizeof(int64_t) * (size_t)n));
+  for (int i = 0; i < n; i++)
+    cr_assert_eq(got[i], want[i], "%s:%d: element %d is %lld, expected %lld", file, line, i, (long long)got[i],
+                 (long long)want[i]);
+}
+#define EXPECT_I64(t, ...) expect_i64((t), (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), \
+                                      (const int64_t[]){__VA_ARGS__}, __FILE__, __LINE__)
+
+/* Whether element i of t has its sign bit set (-0.0 and 0.0 compare equal). */
+static bool negative_bit(em_tensor *t, int64_t i) { return signbit(etest_at(t, i)); }
+
+/* a and b agree: same dtype and shape, values within tol (0: the same bits). */
+static void expect_close(em_tensor *a, em_tensor *b, double tol, const char *what) {
+  if (tol == 0) {
+    EXPECT_SAME_BITS(a, b, what);
+    return;
+  }
+  cr_assert(a && b, "%s: NULL: %s", what, em_last_error() ? em_last_error() : "");
+  cr_assert_eq(em_dtype_of(a), em_dtype_of(b), "%s: dtypes differ", what);
+  cr_assert_eq(em_numel(a), em_numel(b), "%s: sizes differ", what);
+  int64_t n = em_numel(a);
+  double *x = malloc(sizeof(double) * (size_t)(n ? n : 1)), *y = malloc(sizeof(double) * (size_t)(n ? n : 1));
+  cr_assert(em_to_buffer(a, EM_F64, x, sizeof(double) * (size_t)n) && em_to_buffer(b, EM_F64, y, sizeof(double) * (size_t)n));
+  for (int64_t i = 0; i < n; i++) {
+    bool ok = (isnan(x[i]) && isnan(y[i])) || fabs(x[i] - y[i]) <= tol * (1 + fabs(y[i]));
+    if (!ok) {
+      double u = x[i], v = y[i];
+      free(x), free(y);
+      cr_assert_fail("%s: element %lld: %.17g against eager's %.17g", what, (long long)i, u, v);
+    }
+  }
+  free(x), free(y);
+}
+
+/* The op under test, as a model function for em_compile. */
+typedef em_tensor *(*op_fn)(em_tensor *const *in);
+typedef struct {
+  op_fn f;
+} op_ctx;
+static em_outputs run_op(void *ctx, em_tensor *const *in, int n) {
+  (void)n;
+  return EM_OUTPUTS(((op_ctx *)ctx)->f(in));
+}
+
+/* A cotangent for y: 1, -2, 3, -4, ... (float y only). */
+static em_tensor *cotangent(em_tensor *y) {
+  em_device prev = em_set_default_device(em_device_of(y));
+  em_tensor *i = em_arange(EM_F64, 1, (double)em_numel(y) + 1, 1);
+  em_tensor *s = em_sub_scalar(em_mul_scalar(em_remainder_scalar(i, 2), 2), 1); /* +1, -1, ... */
+  em_set_default_device(prev);
+  return em_cast(em_reshape(em_mul(i, s), em_ndim(y), em_sizes(y)), em_dtype_of(y));
+}
+
+/* f on inputs in, eagerly, and compiled by each backend, called twice (the second call a replay
+ * when replay is set: f makes no graph break): values within tol (0: the same bits), and, for
+ * the first n_grad inputs (float leaves requiring grad), the gradients of <v, f> likewise. */
+static void agree(const char *what, op_fn f, int n, em_tensor *const *in, int n_grad, double tol, bool replay) {
+  static const char *backends[] = {"eager", "aot_eager", "inductor"};
+  em_tensor *y = f(in);
+  cr_assert_not_null(y, "%s: eager: %s", what, em_last_error() ? em_last_error() : "");
+  em_tensor *v = NULL, *g[4];
+  if (n_grad) {
+    v = cotangent(y);
+    cr_assert(em_grad(1, &y, &v, n_grad, in, g, false, false), "%s: %s", what, em_last_error());
+  }
+  for (int b = 0; b < 3; b++) {
+    op_ctx ctx = {f};
+    em_compiled *c = em_compile(run_op, &(em_compile_options){.backend = backends[b], .check_every = -1});
+    for (int call = 0; call < 2; call++) {
+      char msg[160];
+      snprintf(msg, sizeof msg, "%s: %s, call %d", what, backends[b], call);
+      em_outputs o = em_call_n(c, &ctx, n, in);
+      cr_assert(o.n == 1 && o.t[0], "%s: %s", msg, em_last_error() ? em_last_error() : "");
+      expect_close(o.t[0], y, tol, msg);
+      if (n_grad) {
+        em_tensor *cg[4];
+        cr_assert(em_grad(1, &o.t[0], &v, n_grad, in, cg, false, false), "%s: %s", msg, em_last_error());
+        for (int i = 0; i < n_grad; i++) expect_close(cg[i], g[i], tol, msg);
+      }
+    }
+    em_compile_stats st = em_compiled_stats(c);
+    if (replay) cr_assert_eq(st.replays, 1, "%s: %s: %lld replays", what, backends[b], (long long)st.replays);
+    em_compiled_free(c);
+  }
+}
+
+/* ---- 1. alpha on add and sub ---- */
+
+ETEST(opts, add_sub_alpha) {
+  em_tensor *a = T(F, SHAPE(3), 1, 2, 3), *b = T(F, SHAPE(3), 10, 20, 30);
+  EXPECT(em_add_alpha(a, b, 0.5), F, SHAPE(3), 0, 6, 12, 18);
+  EXPECT(em_sub_alpha(a, b, 0.5), F, SHAPE(3), 0, -4, -8, -12);
+  EXPECT(em_sub_alpha(a, b, -2), F, SHAPE(3), 0, 21, 42, 63);
+  /* broadcasting [2, 1] with [3] */
+  EXPECT(em_add_alpha(T(F, SHAPE(2, 1), 1, 2), b, 2), F, SHAPE(2, 3), 0, 21, 41, 61, 22, 42, 62);
+  /* integers keep their dtype with an integer alpha */
+  em_tensor *ia = T(EM_I64, SHAPE(2), 1, 2), *ib = T(EM_I64, SHAPE(2), 3, 4);
+  EXPECT(em_add_alpha(ia, ib, 3), EM_I64, SHAPE(2), 0, 10, 14);
+  EXPECT(em_sub_alpha(ia, ib, 3), EM_I64, SHAPE(2), 0, -8, -10);
+  EXPECT(em_add_alpha(T(EM_I32, SHAPE(2), 1, 2), T(EM_I32, SHAPE(2), 3, 4), -1), EM_I32, SHAPE(2), 0, -2, -2);
+  /* an integer b joining a float a: f32, scaled in f32 (2^62 * 4 would overflow i64) */
+  EXPECT(em_add_alpha(T(F, SHAPE(1), 1), T(EM_I64, SHAPE(1), 0x1p62), 4), F, SHAPE(1), 0, 0x1p64);
+  EXPECT(em_add_alpha(ia, T(F, SHAPE(2), 1, 1), 0.25), F, SHAPE(2), 0, 1.25, 2.25);
+  /* alpha 1 is em_add, bit for bit */
+  em_tensor *x = em_randn(F, EM_SHAPE(5)), *y = em_randn(F, EM_SHAPE(5));
+  EXPECT_SAME_BITS(em_add_alpha(x, y, 1), em_add(x, y), "alpha 1");
+  EXPECT_SAME_BITS(em_sub_alpha(x, y, 1), em_sub(x, y), "alpha 1");
+  EXPECT(em_add_alpha(T(EM_BOOL, SHAPE(2), 1, 0), T(EM_BOOL, SHAPE(2), 0, 0), 1), EM_BOOL, SHAPE(2), 0, 1, 0);
+  /* as torch: a fractional alpha has no integer result */
+  EXPECT_ERROR(em_add_alpha(ia, ib, 0.5), "alpha 0.5 must be an integer");
+  EXPECT_ERROR(em_sub_alpha(ia, ib, NAN), "must be an integer");
+  EXPECT_ERROR(em_add_alpha(T(EM_BOOL, SHAPE(1), 1), T(EM_BOOL, SHAPE(1), 1), 2), "alpha 1 only");
+  EXPECT_ERROR(em_add_alpha(a, T(F, SHAPE(2), 1, 2), 2), "broadcast");
+  EXPECT_ERROR(em_add_alpha(a, EM_NONE, 2), "EM_NONE");
+  cr_assert_null(em_sub_alpha(NULL, a, 2));
+  cr_assert_null(em_last_error());
+}
+
+static em_tensor *add_alpha_fn(em_tensor *const *x, void *ctx) {
+  (void)ctx;
+  return em_add_alpha(x[0], em_expand(x[1], 2, (int64_t[]){2, 3}), -1.5);
+}
+static em_tensor *sub_alpha_fn(em_tensor *const *x, void *ctx) {
+  (void)ctx;
+  return em_sub_alpha(em_transpose(x[0], 0, 1), x[1], 2.5);
+}
+
+ETEST(opts, add_sub_alpha_gradient) {
+  em_tensor *x[2] = {gc_leaf(-1, 1, 2, (int64_t[]){2, 3}), gc_leaf(-1, 1, 1, (int64_t[]){3})};
+  gradcheck("add alpha", add_alpha_fn, NULL, 2, x);
+  em_tensor *z[2] = {gc_leaf(-1, 1, 2, (int64_t[]){3, 2}), gc_leaf(-1, 1, 2, (int64_t[]){2, 3})};
+  gradcheck("sub alpha", sub_alpha_fn, NULL, 2, z);
+  /* exactly: the gradient of b is -alpha g */
+  em_tensor *a = em_requires_grad_(T(D, SHAPE(2), 1, 2), true), *b = em_requires_grad_(T(D, SHAPE(2), 3, 4), true);
+  em_tensor *g[2], *ins[2] = {a, b}, *out = em_sub_alpha(a, b, 2.5), *v = T(D, SHAPE(2), 1, -2);
+  cr_assert(em_grad(1, &out, &v, 2, ins, g, false, false));
+  EXPECT(g[0], D, SHAPE(2), 0, 1, -2);
+  EXPECT(g[1], D, SHAPE(2), 0, -2.5, 5);
+}
+
+static em_tensor *alpha_f32(em_tensor *const *in) { return em_sub_alpha(in[0], in[1], 0.75); }
+static em_tensor *alpha_i64(em_tensor *const *in) { return em_add_alpha(in[0], in[1], -3); }
+
+ETEST(opts, add_sub_alpha_compiled) {
+  em_tensor *in[2] = {em_requires_grad_(em_randn(F, EM_SHAPE(4, 3)), true), em_requires_grad_(em_randn(F, EM_SHAPE(3)), true)};
+  agree("sub alpha f32", alpha_f32, 2, in, 2, 0, true);
+  em_tensor *ii[2] = {T(EM_I64, SHAPE(3), 5, -6, 7), T(EM_I64, SHAPE(3), 1, 2, -3)};
+  agree("add alpha i64", alpha_i64, 2, ii, 0, 0, true);
+}
+
+/* ---- 2. div with a rounding mode ---- */
+
+ETEST(opts, div_mode_integers) {
+  em_tensor *a = T(EM_I64, SHAPE(6), 7, -7, 7, -7, 0, 6), *b = T(EM_I64, SHAPE(6), 2, 2, -2, -2, 3, 3);
+  /* Python: 7 // 2, -7 // 2, 7 // -2, -7 // -2, 0 // 3, 6 // 3 */
+  EXPECT(em_div_mode(a, b, EM_ROUND_FLOOR), EM_I64, SHAPE(6), 0, 3, -4, -4, 3, 0, 2);
+  EXPECT(em_div_mode(a, b, EM_ROUND_TRUNC), EM_I64, SHAPE(6), 0, 3, -3, -3, 3, 0, 2);
+  /* no rounding mode: true division, integers to f32 */
+  EXPECT(em_div_mode(a, b, EM_ROUND_NONE), F, SHAPE(6), 0, 3.5, -3.5, -3.5, 3.5, 0, 2);
+  EXPECT(em_div_mode(T(EM_I32, SHAPE(3), -9, 9, 2147483647), T(EM_I32, SHAPE(3), 4, -4, 2), EM_ROUND_FLOOR), EM_I32,
+         SHAPE(3), 0, -3, -3, 1073741823);
+  EXPECT(em_div_mode(T(EM_I32, SHAPE(2), -9, 9), T(EM_I32, SHAPE(1), -4), EM_ROUND_TRUNC), EM_I32, SHAPE(2), 0, 2, -2);
+  EXPECT(em_div_mode(T(EM_U8, SHAPE(2), 7, 200), T(EM_U8, SHAPE(2), 2, 3), EM_ROUND_FLOOR), EM_U8, SHAPE(2), 0, 3, 66);
+  /* every bit of i64: the quotients are Python's a // b (wrapped to 64 bits where it overflows),
+   * and for trunc int(abs(a) // abs(b)) with the sign of a * b */
+  const int64_t M = INT64_MAX, m = INT64_MIN;
+  em_tensor *ba = I64S(M, m, M, -(1ll << 62) - 1, (1ll << 53) + 1, m, M, 1, -1, m, -(1ll << 60) - 7, (1ll << 62) + 12345);
+  em_tensor *bb = I64S(7, 3, -2, 1000000000000ll, 3, -1, m, m, m, m, 3, -7);
+  EXPECT_I64(em_div_mode(ba, bb, EM_ROUND_FLOOR), 1317624576693539401ll, -3074457345618258603ll, -4611686018427387904ll,
+             -4611687, 3002399751580331ll, m, -1, -1, 0, 1, -384307168202282328ll, -658812288346771465ll);
+  EXPECT_I64(em_div_mode(ba, bb, EM_ROUND_TRUNC), 1317624576693539401ll, -3074457345618258602ll, -4611686018427387903ll,
+             -4611686, 3002399751580331ll, m, 0, 0, 0, 1, -384307168202282327ll, -658812288346771464ll);
+  /* INT64_MIN % -1 overflows in C: the CUDA kernel trapped on the emulator (SIGFPE) where the CPU's
+   * special-cases it */
+  EXPECT_I64(em_remainder(I64S(m, m, 7), I64S(-1, 1, -1)), 0, 0, 0);
+  /* as torch on the CPU: an integer division by zero is an error */
+  EXPECT_ERROR(em_div_mode(a, T(EM_I64, SHAPE(6), 1, 1, 0, 1, 1, 1), EM_ROUND_FLOOR), "by zero");
+  EXPECT_ERROR(em_div_mode(a, T(EM_I64, SHAPE(1), 0), EM_ROUND_TRUNC), "by zero");
+  EXPECT_ERROR(em_div_mode(T(EM_BOOL, SHAPE(1), 1), T(EM_BOOL, SHAPE(1), 1), EM_ROUND_FLOOR), "numeric operands");
+  EXPECT_ERROR(em_div_mode(a, b, (em_rounding_mode)7), "unknown rounding mode 7");
+  EXPECT_ERROR(em_div_mode(a, T(EM_I64, SHAPE(4), 1, 1, 1, 1), EM_ROUND_FLOOR), "broadcast");
+  EXPECT_ERROR(em_div_mode(EM_NONE, b, EM_ROUND_FLOOR), "EM_NONE");
+}
+
+ETEST(opts, div_mode_floats) {
+  /* Python's float //, the algorithm torch's floor mode shares: 1 // 0.1 is 9.0 (fmod(1, 0.1) is
+   * 0.09999999999999995) where floor(1 / 0.1) is 10; -1 // 0.1 is -10.0; 7.5 // 2 is 3.0,
+   * -7.5 // 2 and 7.5 // -2 are -4.0; 5 // inf is 0.0 and -5 // inf is -1.0 */
+  em_tensor *a = T(D, SHAPE(8), 1, -1, 7.5, -7.5, 7.5, 5, -5, INFINITY);
+  em_tensor *b = T(D, SHAPE(8), 0.1, 0.1, 2, 2, -2, INFINITY, INFINITY, 2);
+  EXPECT(em_div_mode(a, b, EM_ROUND_FLOOR), D, SHAPE(8), 0, 9, -10, 3, -4, -4, 0, -1, NAN);
+  EXPECT(em_div_mode(a, b, EM_ROUND_TRUNC), D, SHAPE(8), 0, 10, -10, 3, -3, -3, 0, -0.0, INFINITY);
+  /* division by zero is IEEE's a / b in both modes; zero quotients keep the sign of a / b */
+  em_tensor *z = T(D, SHAPE(5), 5, -5, 0, 0, -0.0), *zb = T(D, SHAPE(5), 0, 0, 0, -3, 3);
+  em_tensor *fz = em_div_mode(z, zb, EM_ROUND_FLOOR), *tz = em_div_mode(z, zb, EM_ROUND_TRUNC);
+  EXPECT(fz, D, SHAPE(5), 0, INFINITY, -INFINITY, NAN, 0, 0);
+  EXPECT(tz, D, SHAPE(5), 0, INFINITY, -INFINITY, NAN, 0, 0);
+  cr_assert(negative_bit(fz, 3) && negative_bit(fz, 4) && negative_bit(tz, 3) && negative_bit(tz, 4), "-0.0 expected");
+  cr_assert(!negative_bit(em_div_mode(T(D, SHAPE(1), 0), T(D, SHAPE(1), 3), EM_ROUND_FLOOR), 0));
+  /* trunc of a negative quotient below 1 is -0.0, as trunc(-0.25) */
+  cr_assert(negative_bit(em_div_mode(T(D, SHAPE(1), -1), T(D, SHAPE(1), 4), EM_ROUND_TRUNC), 0));
+  /* f32 and mixed dtypes: an integer joining a float gives the float */
+  EXPECT(em_div_mode(T(F, SHAPE(3), 7, -7, 2.5), T(EM_I64, SHAPE(3), 2, 2, 1), EM_ROUND_FLOOR), F, SHAPE(3), 0, 3, -4, 2);
+  EXPECT(em_div_mode(T(EM_I32, SHAPE(2), 7, -7), T(F, SHAPE(1), 2), EM_ROUND_TRUNC), F, SHAPE(2), 0, 3, -3);
+  EXPECT(em_div_mode(T(F, SHAPE(2), 1, 3), T(F, SHAPE(2), 4, 2), EM_ROUND_NONE), F, SHAPE(2), 0, 0.25, 1.5);
+}
+
+static em_tensor *div_floor_fn(em_tensor *const *x, void *ctx) {
+  return em_div_mode(x[0], x[1], *(em_rounding_mode *)ctx);
+}
+
+ETEST(opts, div_mode_gradient_is_zero) {
+  for (int mode = EM_ROUND_TRUNC; mode <= EM_ROUND_FLOOR; mode++) {
+    em_tensor *a = em_requires_grad_(T(D, SHAPE(3), 7.5, -3, 2), true), *b = em_requires_grad_(T(D, SHAPE(1), 2), true);
+    em_tensor *y = em_div_mode(a, b, (em_rounding_mode)mode), *g[2], *ins[2] = {a, b}, *v = T(D, SHAPE(3), 1, 2, 3);
+    cr_assert(em_requires_grad(y), "the result requires grad, as torch's");
+    cr_assert(em_grad(1, &y, &v, 2, ins, g, false, false), "%s", em_last_error());
+    EXPECT(g[0], D, SHAPE(3), 0, 0, 0, 0);
+    EXPECT(g[1], D, SHAPE(1), 0, 0);
+    /* finite differences agree away from the jumps */
+    em_tensor *x[2] = {gc_leaf(0.1, 0.9, 1, (int64_t[]){4}), gc_leaf(2, 3, 1, (int64_t[]){4})};
+    em_rounding_mode md = (em_rounding_mode)mode;
+    gradcheck("div mode", div_floor_fn, &md, 2, x);
+  }
+  /* no grad wanted, none made */
+  cr_assert(!em_requires_grad(em_div_mode(T(D, SHAPE(1), 1), T(D, SHAPE(1), 2), EM_ROUND_FLOOR)));
+}
+
+static em_tensor *floor_f32(em_tensor *const *in) { return em_div_mode(in[0], in[1], EM_ROUND_FLOOR); }
+static em_tensor *trunc_f32(em_tensor *const *in) { return em_div_mode(in[0], in[1], EM_ROUND_TRUNC); }
+
+ETEST(opts, div_mode_compiled) {
+  em_tensor *in[2] = {em_requires_grad_(em_mul_scalar(em_randn(F, EM_SHAPE(4, 5)), 10), true),
+                      em_requires_grad_(T(F, SHAPE(5), 0.1, -3, 7, 0, -0.5), true)};
+  agree("floor f32", floor_f32, 2, in, 2, 0, true);
+  agree("trunc f32", trunc_f32, 2, in, 2, 0, true);
+  em_tensor *ii[2] = {T(EM_I64, SHAPE(2, 3), 7, -7, 100, -100, 5, 0), T(EM_I64, SHAPE(3), 2, -3, 7)};
+  agree("floor i64", floor_f32, 2, ii, 0, 0, true);
+  agree("trunc i64", trunc_f32, 2, ii, 0, 0, true);
+}
