@@ -468,7 +468,12 @@ em_tensor *em_slice_scatter_at(em_tensor *x, em_tensor *src, int axis, int64_t s
                                em_site site);
 /* Constant padding. pads holds n_pads (even, <= 2 * ndim) amounts, last dim first, as
  * torch.nn.functional.pad: (left, right) of the last dim, then (top, bottom) of the one before,
- * ... Amounts must be >= 0. The result is a new tensor filled with value outside x. */
+ * ... A negative amount crops that many elements from that side instead (torch's
+ * constant_pad_nd narrows first, then pads), so the size becomes size + left + right; the crops
+ * of one dim together may not exceed its size. The result is a new tensor filled with value
+ * outside x; its gradient is the gradient's window over x (zero for the cropped elements).
+ * Errors: an odd count or more than 2 per dim, crops larger than the size, a result size that
+ * does not fit in 64 bits. Matches F.pad(x, pads, mode='constant', value=value). */
 #define em_pad(...) em_pad_at(__VA_ARGS__, EM_HERE)
 em_tensor *em_pad_at(em_tensor *x, int n_pads, const int64_t *pads, double value, em_site site);
 /* Concatenation of n >= 1 tensors along axis; other sizes must agree; dtype result_type of

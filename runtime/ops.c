@@ -395,13 +395,44 @@ em_tensor *em_flip_at(em_tensor *x, int n_axes, const int64_t *axes, em_site sit
   return SCOPED("em_flip", rt_dispatch("em_flip", EM_PRIM_FLIP, &x, 1, &at, site));
 }
 
+/* Negative amounts crop, as torch's constant_pad_nd: x is narrowed first (a view), then padded
+ * by the positive amounts (the PAD prim keeps amounts >= 0). */
 em_tensor *em_pad_at(em_tensor *x, int n_pads, const int64_t *pads, double value, em_site site) {
   if (!x) return NULL;
   if (n_pads < 0 || n_pads > 2 * EM_MAX_DIMS || (n_pads && !pads))
     return rt_error(site, "em_pad", "invalid pad list (%d amounts)", n_pads);
   prim_attrs at = {.n_pads = n_pads, .value = value};
-  if (n_pads) memcpy(at.pads, pads, sizeof(int64_t) * (size_t)n_pads);
-  return SCOPED("em_pad", rt_dispatch("em_pad", EM_PRIM_PAD, &x, 1, &at, site));
+  bool crop = false;
+  for (int i = 0; i < n_pads; i++) {
+    at.pads[i] = pads[i] > 0 ? pads[i] : 0;
+    crop |= pads[i] < 0;
+  }
+  em_tensor *c = em_retain(x);
+  char b[128];
+  if (crop && (n_pads % 2 || n_pads > 2 * x->ndim)) {
+    em_release(c);
+    return rt_error(site, "em_pad", "needs an even number of pads, at most 2 per dim, got %d for %s", n_pads,
+                    rt_fmt(b, sizeof b, x));
+  }
+  for (int i = 0; crop && c && i < n_pads / 2; i++) {
+    int axis = x->ndim - 1 - i;
+    int64_t lo = pads[2 * i], hi = pads[2 * i + 1], n = x->sizes[axis];
+    if (lo >= 0 && hi >= 0) continue;
+    /* compared as lo < -n, never -lo > n: -INT64_MIN overflows */
+    int64_t cut_lo = lo < 0 ? (lo < -n ? n + 1 : -lo) : 0, cut_hi = hi < 0 ? (hi < -n ? n + 1 : -hi) : 0;
+    if (cut_lo + cut_hi > n) {
+      em_release(c);
+      return rt_error(site, "em_pad", "negative pads %lld and %lld crop more than the %lld elements of axis %d of %s",
+                      (long long)lo, (long long)hi, (long long)n, axis, rt_fmt(b, sizeof b, x));
+    }
+    prim_attrs sl = {.n_axes = 1, .axes = {axis}, .start = cut_lo, .stop = n - cut_hi, .step = 1};
+    em_tensor *v = rt_dispatch("em_pad", EM_PRIM_SLICE, &c, 1, &sl, site);
+    em_release(c);
+    c = v;
+  }
+  em_tensor *r = c ? rt_dispatch("em_pad", EM_PRIM_PAD, &c, 1, &at, site) : NULL;
+  em_release(c);
+  return SCOPED("em_pad", r);
 }
 
 em_tensor *em_cat_at(int n, em_tensor *const *xs, int axis, em_site site) {

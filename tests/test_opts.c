@@ -262,3 +262,45 @@ ETEST(opts, div_mode_compiled) {
   agree("floor i64", floor_f32, 2, ii, 0, 0, true);
   agree("trunc i64", trunc_f32, 2, ii, 0, 0, true);
 }
+
+/* ---- 3. negative padding crops ---- */
+
+ETEST(opts, pad_negative_crops) {
+  em_tensor *x = T(F, SHAPE(2, 3), 1, 2, 3, 4, 5, 6);
+  EXPECT(em_pad(x, 2, (int64_t[]){-1, 2}, 9), F, SHAPE(2, 4), 0, 2, 3, 9, 9, 5, 6, 9, 9);
+  EXPECT(em_pad(x, 2, (int64_t[]){-1, -1}, 9), F, SHAPE(2, 1), 0, 2, 5);
+  /* (left 1, right -2) of the last dim, (top -1, bottom 0) of the first */
+  EXPECT(em_pad(x, 4, (int64_t[]){1, -2, -1, 0}, 7), F, SHAPE(1, 2), 0, 7, 4);
+  EXPECT(em_pad(x, 4, (int64_t[]){0, 0, 1, -2}, 0), F, SHAPE(1, 3), 0, 0, 0, 0);
+  /* cropping everything leaves an empty dim */
+  EXPECT(em_pad(x, 2, (int64_t[]){-3, 0}, 0), F, SHAPE(2, 0), 0);
+  EXPECT(em_pad(x, 2, (int64_t[]){-1, -2}, 0), F, SHAPE(2, 0), 0);
+  EXPECT(em_pad(T(EM_I64, SHAPE(4), 1, 2, 3, 4), 2, (int64_t[]){-2, 1}, -1), EM_I64, SHAPE(3), 0, 3, 4, -1);
+  /* the result is a copy, not a view of x */
+  em_tensor *c = em_pad(x, 2, (int64_t[]){-1, 0}, 0);
+  em_fill_(c, 0);
+  EXPECT(x, F, SHAPE(2, 3), 0, 1, 2, 3, 4, 5, 6);
+  EXPECT_ERROR(em_pad(x, 2, (int64_t[]){-2, -2}, 0), "crop more than the 3 elements of axis 1");
+  EXPECT_ERROR(em_pad(x, 2, (int64_t[]){-4, 5}, 0), "crop more than");
+  EXPECT_ERROR(em_pad(x, 4, (int64_t[]){0, 0, INT64_MIN, 0}, 0), "crop more than the 2 elements of axis 0");
+  EXPECT_ERROR(em_pad(x, 3, (int64_t[]){-1, 0, 0}, 0), "even number of pads");
+  EXPECT_ERROR(em_pad(x, 6, (int64_t[]){-1, 0, 0, 0, 0, 0}, 0), "at most 2 per dim");
+}
+
+static em_tensor *pad_fn(em_tensor *const *x, void *ctx) {
+  (void)ctx;
+  return em_pad(x[0], 4, (int64_t[]){-1, 2, 1, -2}, 0.5);
+}
+static em_tensor *pad_op(em_tensor *const *in) { return em_pad(in[0], 4, (int64_t[]){2, -1, -1, 1}, -3); }
+
+ETEST(opts, pad_negative_gradient_and_compiled) {
+  em_tensor *x[1] = {gc_leaf(-1, 1, 2, (int64_t[]){4, 3})};
+  gradcheck("pad crop", pad_fn, NULL, 1, x);
+  /* exactly: the cropped elements get 0, the others the gradient at their place */
+  em_tensor *a = em_requires_grad_(T(D, SHAPE(2, 3), 1, 2, 3, 4, 5, 6), true), *g;
+  em_tensor *y = em_pad(a, 2, (int64_t[]){-1, 1}, 0), *v = T(D, SHAPE(2, 3), 1, 2, 3, 4, 5, 6);
+  cr_assert(em_grad(1, &y, &v, 1, &a, &g, false, false));
+  EXPECT(g, D, SHAPE(2, 3), 0, 0, 1, 2, 0, 4, 5);
+  em_tensor *in[1] = {em_requires_grad_(em_randn(F, EM_SHAPE(3, 5)), true)};
+  agree("pad crop", pad_op, 1, in, 1, 0, true);
+}
