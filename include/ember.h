@@ -449,8 +449,9 @@ em_tensor *em_expand_at(em_tensor *x, int ndim, const int64_t *sizes, em_site si
 #define em_slice(x, axis, start, stop, step) em_slice_at((x), (axis), (start), (stop), (step), EM_HERE)
 em_tensor *em_slice_at(em_tensor *x, int axis, int64_t start, int64_t stop, int64_t step,
                        em_site site);
-/* View without the given size-1 axes (n_axes = 0: all size-1 axes). Errors: an axis whose size
- * is not 1 (torch ignores it; we refuse, since it is almost always a bug). */
+/* View without the given axes of size 1 (n_axes = 0: all size-1 axes); a given axis whose size
+ * is not 1 is left in place, as torch does (with none of size 1, the result is a view of x with
+ * its shape). Errors: an axis out of range, a repeated axis. Matches torch.squeeze(x, dims). */
 #define em_squeeze(...) em_squeeze_at(__VA_ARGS__, EM_HERE)
 em_tensor *em_squeeze_at(em_tensor *x, int n_axes, const int64_t *axes, em_site site);
 /* View with a size-1 axis inserted at position axis in [-(ndim+1), ndim]. torch.unsqueeze. */

@@ -373,11 +373,23 @@ em_tensor *em_slice_scatter_at(em_tensor *x, em_tensor *src, int axis, int64_t s
   return SCOPED("em_slice_scatter", rt_dispatch("em_slice_scatter", EM_PRIM_SLICE_SCATTER, ops, 2, &at, site));
 }
 
+/* As torch.squeeze, a named axis whose size is not 1 is left alone (the SQUEEZE prim stays
+ * strict: it is handed the size-1 axes only); when none is left, the result is a view of x with
+ * its own shape. */
 em_tensor *em_squeeze_at(em_tensor *x, int n_axes, const int64_t *axes, em_site site) {
   if (!x) return NULL;
   if (!shape_arg("em_squeeze", n_axes, axes, site)) return NULL;
-  prim_attrs at = {.n_axes = n_axes};
-  if (n_axes) memcpy(at.axes, axes, sizeof(int64_t) * (size_t)n_axes);
+  prim_attrs at = {.n_axes = 0};
+  bool seen[EM_MAX_DIMS] = {0};
+  char b[128];
+  for (int i = 0; i < n_axes; i++) {
+    int a = ir_norm_axis(axes[i], x->ndim ? x->ndim : 1); /* a 0-dim x takes axis 0 or -1, as torch */
+    if (a < 0) return rt_error(site, "em_squeeze", "axis %lld out of range for %s", (long long)axes[i], rt_fmt(b, sizeof b, x));
+    if (seen[a]) return rt_error(site, "em_squeeze", "axis %d repeated", a);
+    seen[a] = true;
+    if (x->ndim && x->sizes[a] == 1) at.axes[at.n_axes++] = a;
+  }
+  if (n_axes && !at.n_axes) return SCOPED("em_squeeze", rt_reshape(x, x->ndim, x->sizes, "em_squeeze", site));
   return SCOPED("em_squeeze", rt_dispatch("em_squeeze", EM_PRIM_SQUEEZE, &x, 1, &at, site));
 }
 

@@ -304,3 +304,33 @@ ETEST(opts, pad_negative_gradient_and_compiled) {
   em_tensor *in[1] = {em_requires_grad_(em_randn(F, EM_SHAPE(3, 5)), true)};
   agree("pad crop", pad_op, 1, in, 1, 0, true);
 }
+
+/* ---- 4. squeezing an axis whose size is not 1 is a no-op ---- */
+
+ETEST(opts, squeeze_non_unit_axis_is_a_no_op) {
+  em_tensor *x = T(F, SHAPE(2, 1, 3), 1, 2, 3, 4, 5, 6);
+  EXPECT(em_squeeze(x, EM_AXES(0)), F, SHAPE(2, 1, 3), 0, 1, 2, 3, 4, 5, 6);
+  EXPECT(em_squeeze(x, EM_AXES(0, 1)), F, SHAPE(2, 3), 0, 1, 2, 3, 4, 5, 6);
+  EXPECT(em_squeeze(x, EM_AXES(-1, -2, 0)), F, SHAPE(2, 3), 0, 1, 2, 3, 4, 5, 6);
+  EXPECT(em_squeeze(em_transpose(x, 0, 2), EM_AXES(0)), F, SHAPE(3, 1, 2), 0, 1, 4, 2, 5, 3, 6);
+  EXPECT(em_squeeze(T(F, SCALAR_SHAPE, 7), EM_AXES(0)), F, SCALAR_SHAPE, 0, 7);
+  /* still a view: a write through it reaches x */
+  em_tensor *v = em_squeeze(x, EM_AXES(2));
+  em_fill_(em_slice(v, 0, 0, 1, 1), -1);
+  EXPECT(x, F, SHAPE(2, 1, 3), 0, -1, -1, -1, 4, 5, 6);
+  EXPECT_ERROR(em_squeeze(x, EM_AXES(3)), "axis 3 out of range");
+  EXPECT_ERROR(em_squeeze(x, EM_AXES(0, -3)), "axis 0 repeated");
+}
+
+static em_tensor *squeeze_fn(em_tensor *const *x, void *ctx) {
+  (void)ctx;
+  return em_mul(em_squeeze(x[0], EM_AXES(0, 2)), em_reshape(em_squeeze(x[0], EM_AXES(1)), EM_SHAPE(3, 2)));
+}
+static em_tensor *squeeze_op(em_tensor *const *in) { return em_exp(em_squeeze(in[0], EM_AXES(0, 1))); }
+
+ETEST(opts, squeeze_no_op_gradient_and_compiled) {
+  em_tensor *x[1] = {gc_leaf(-1, 1, 3, (int64_t[]){3, 2, 1})};
+  gradcheck("squeeze", squeeze_fn, NULL, 1, x);
+  em_tensor *in[1] = {em_requires_grad_(em_randn(F, EM_SHAPE(4, 1, 2)), true)};
+  agree("squeeze", squeeze_op, 1, in, 1, 0, true);
+}
