@@ -495,8 +495,10 @@ em_tensor *em_gather_at(em_tensor *x, int axis, em_tensor *index, em_site site);
 #define em_index_select(x, axis, index) em_index_select_at((x), (axis), (index), EM_HERE)
 em_tensor *em_index_select_at(em_tensor *x, int axis, em_tensor *index, em_site site);
 /* A copy of x with src added at index along axis: out[index[i][j]][j] += src[i][j] (axis 0).
- * index and src have one shape, <= x's off axis; src's dtype is converted to x's.
- * torch.scatter_add (out of place). */
+ * index, src and x have one rank; index's sizes are <= x's off axis and <= src's on every axis:
+ * only src's first index-shaped block is read (src[:i0, :i1, ...]), and the rest of src gets a
+ * zero gradient, as in torch. src's dtype is converted to x's. Errors: ranks differ, index
+ * larger than src or than x off axis, an index out of range. torch.scatter_add (out of place). */
 #define em_scatter_add(x, axis, index, src) em_scatter_add_at((x), (axis), (index), (src), EM_HERE)
 em_tensor *em_scatter_add_at(em_tensor *x, int axis, em_tensor *index, em_tensor *src,
                              em_site site);

@@ -334,3 +334,39 @@ ETEST(opts, squeeze_no_op_gradient_and_compiled) {
   em_tensor *in[1] = {em_requires_grad_(em_randn(F, EM_SHAPE(4, 1, 2)), true)};
   agree("squeeze", squeeze_op, 1, in, 1, 0, true);
 }
+
+/* ---- 5. scatter_add with a src larger than index ---- */
+
+ETEST(opts, scatter_add_uses_the_index_shaped_block_of_src) {
+  em_tensor *x = em_zeros(F, EM_SHAPE(3));
+  EXPECT(em_scatter_add(x, 0, T(EM_I64, SHAPE(2), 0, 2), T(F, SHAPE(4), 1, 2, 3, 4)), F, SHAPE(3), 0, 1, 0, 2);
+  /* 2-D, axis 1: index [2, 2] reads src[:2, :2] of a [3, 4] src */
+  em_tensor *src = T(F, SHAPE(3, 4), 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12);
+  em_tensor *idx = T(EM_I64, SHAPE(2, 2), 2, 2, 0, 1);
+  EXPECT(em_scatter_add(em_ones(F, EM_SHAPE(2, 3)), 1, idx, src), F, SHAPE(2, 3), 0, 1, 1, 4, 6, 7, 1);
+  /* axis 0, src larger along the scattered axis and off it */
+  EXPECT(em_scatter_add(em_zeros(F, EM_SHAPE(2, 2)), 0, T(EM_I64, SHAPE(1, 2), 1, 0), src), F, SHAPE(2, 2), 0, 0, 2, 1, 0);
+  /* a non-contiguous src: its transpose [4, 3] */
+  EXPECT(em_scatter_add(em_zeros(F, EM_SHAPE(2, 3)), 1, idx, em_transpose(src, 0, 1)), F, SHAPE(2, 3), 0, 0, 0, 6, 2, 6, 0);
+  EXPECT_ERROR(em_scatter_add(x, 0, T(EM_I64, SHAPE(2), 0, 1), T(F, SHAPE(1), 1)), "larger than src");
+}
+
+static em_tensor *scatter_fn(em_tensor *const *x, void *ctx) {
+  (void)ctx;
+  em_tensor *idx = T(EM_I64, SHAPE(2, 2), 2, 2, 0, 1);
+  return em_scatter_add(x[0], 1, idx, x[1]);
+}
+static em_tensor *scatter_op(em_tensor *const *in) { return em_scatter_add(in[0], 1, in[2], in[1]); }
+
+ETEST(opts, scatter_add_large_src_gradient_and_compiled) {
+  em_tensor *x[2] = {gc_leaf(-1, 1, 2, (int64_t[]){2, 3}), gc_leaf(-1, 1, 2, (int64_t[]){3, 4})};
+  gradcheck("scatter_add", scatter_fn, NULL, 2, x);
+  /* exactly: src's gradient is g at the index inside the block, 0 outside it */
+  em_tensor *s = em_requires_grad_(em_zeros(D, EM_SHAPE(2, 3)), true), *g;
+  em_tensor *y = scatter_fn((em_tensor *[]){em_zeros(D, EM_SHAPE(2, 3)), s}, NULL), *v = T(D, SHAPE(2, 3), 1, 2, 3, 4, 5, 6);
+  cr_assert(em_grad(1, &y, &v, 1, &s, &g, false, false), "%s", em_last_error());
+  EXPECT(g, D, SHAPE(2, 3), 0, 3, 3, 0, 4, 5, 0);
+  em_tensor *in[3] = {em_requires_grad_(em_randn(F, EM_SHAPE(2, 3)), true), em_requires_grad_(em_randn(F, EM_SHAPE(3, 5)), true),
+                      T(EM_I64, SHAPE(2, 2), 2, 2, 0, 1)};
+  agree("scatter_add", scatter_op, 3, in, 2, 0, true);
+}
