@@ -719,6 +719,19 @@ em_tensor *em_mse_loss_at(em_tensor *x, em_tensor *y, em_reduction reduction, em
 /* Rows of weight [V, D] at indices [...] (i64/i32) -> [..., D]. F.embedding. */
 #define em_embedding(idx, w) em_embedding_at((idx), (w), EM_HERE)
 em_tensor *em_embedding_at(em_tensor *indices, em_tensor *weight, em_site site);
+/* Options of em_embedding_ex; EM_EMBEDDING_DEFAULT is torch's (no padding_idx). */
+typedef struct em_embedding_opts {
+  bool has_padding_idx; /* whether padding_idx is set (false) */
+  int64_t padding_idx;  /* a row in [-V, V) (negative counts from the end): the positions that
+                         * read it give it no gradient; the forward is unchanged */
+} em_embedding_opts;
+#define EM_EMBEDDING_DEFAULT ((em_embedding_opts){false, 0})
+/* em_embedding with options: rows of weight [V, D] at indices [...] (i64/i32) -> [..., D], dtype
+ * weight's, owned by the current scope. With padding_idx set, weight's gradient at that row is
+ * zero (the row itself is returned as stored). Errors: as em_embedding, and a padding_idx
+ * outside [-V, V). Matches F.embedding(indices, weight, padding_idx=). */
+#define em_embedding_ex(idx, w, opts) em_embedding_ex_at((idx), (w), (opts), EM_HERE)
+em_tensor *em_embedding_ex_at(em_tensor *indices, em_tensor *weight, em_embedding_opts opts, em_site site);
 /* 2-D max and average pooling of x [N, C, H, W] over kernel windows, stride (0: the kernel
  * size), zero padding (average pooling counts padding, as count_include_pad=True).
  * F.max_pool2d, F.avg_pool2d. */

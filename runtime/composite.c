@@ -409,21 +409,40 @@ em_tensor *em_mse_loss_at(em_tensor *x, em_tensor *y, em_reduction reduction, em
   END(reduce_loss(em_mul_at(d, d, site), reduction, EM_NONE, site), site);
 }
 
-em_tensor *em_embedding_at(em_tensor *idx, em_tensor *w, em_site site) {
-  RT_ARG(idx, "em_embedding", site);
-  RT_ARG(w, "em_embedding", site);
-  if (!idx || !w) return NULL;
+/* BEGIN names the scope after the function that opens it: both public forms open it here. */
+static em_tensor *embedding_at(em_tensor *idx, em_tensor *w, em_embedding_opts o, const char *name, em_site site) {
+  RT_ARG(idx, name, site);
+  RT_ARG(w, name, site);
   char b[128];
-  if (w->ndim != 2) return rt_error(site, "em_embedding", "weight must be [V, D], got %s", rt_fmt(b, sizeof b, w));
+  if (w->ndim != 2) return rt_error(site, name, "weight must be [V, D], got %s", rt_fmt(b, sizeof b, w));
   if (idx->dtype != EM_I64 && idx->dtype != EM_I32)
-    return rt_error(site, "em_embedding", "indices must be i64 or i32, got %s", rt_fmt(b, sizeof b, idx));
-  if (idx->ndim + 1 > EM_MAX_DIMS) return rt_error(site, "em_embedding", "indices have too many dims");
-  BEGIN(site);
+    return rt_error(site, name, "indices must be i64 or i32, got %s", rt_fmt(b, sizeof b, idx));
+  if (idx->ndim + 1 > EM_MAX_DIMS) return rt_error(site, name, "indices have too many dims");
+  int64_t v = w->sizes[0], pad = o.padding_idx;
+  if (o.has_padding_idx && (pad >= v || pad < -v))
+    return rt_error(site, name, "padding_idx %lld is outside the %lld rows of weight %s", (long long)pad, (long long)v,
+                    rt_fmt(b, sizeof b, w));
+  if (pad < 0) pad += v;
+  if (!rt_scope_begin_op(name, site)) return NULL;
   int64_t flat = -1, shape[EM_MAX_DIMS];
   memcpy(shape, idx->sizes, sizeof(int64_t) * (size_t)idx->ndim);
   shape[idx->ndim] = w->sizes[1];
-  em_tensor *rows = em_index_select_at(w, 0, em_reshape_at(idx, 1, &flat, site), site);
+  em_tensor *fi = em_reshape_at(idx, 1, &flat, site);
+  em_tensor *rows = em_index_select_at(w, 0, fi, site);
+  /* torch's padding_idx: the row is read as any other, but the positions that read it pass no
+   * gradient to it (a detached copy of the rows there) */
+  if (o.has_padding_idx && rows && rows->requires_grad)
+    rows = em_where_at(em_unsqueeze_at(em_eq_scalar_at(fi, (double)pad, site), 1, site), em_detach_at(rows, site), rows,
+                       site);
   END(em_reshape_at(rows, idx->ndim + 1, shape, site), site);
+}
+
+em_tensor *em_embedding_at(em_tensor *idx, em_tensor *w, em_site site) {
+  return embedding_at(idx, w, EM_EMBEDDING_DEFAULT, "em_embedding", site);
+}
+
+em_tensor *em_embedding_ex_at(em_tensor *idx, em_tensor *w, em_embedding_opts opts, em_site site) {
+  return embedding_at(idx, w, opts, "em_embedding_ex", site);
 }
 
 /* ---- pooling ---- */

@@ -370,3 +370,42 @@ ETEST(opts, scatter_add_large_src_gradient_and_compiled) {
                       T(EM_I64, SHAPE(2, 2), 2, 2, 0, 1)};
   agree("scatter_add", scatter_op, 3, in, 2, 0, true);
 }
+
+/* ---- 6. embedding's padding_idx ---- */
+
+ETEST(opts, embedding_padding_idx) {
+  em_tensor *w = em_requires_grad_(T(D, SHAPE(4, 2), 1, 2, 3, 4, 5, 6, 7, 8), true);
+  em_tensor *idx = T(EM_I64, SHAPE(2, 2), 0, 2, 2, 3);
+  for (int k = 0; k < 2; k++) {
+    /* row 2, or -2 counted from the end: forward unchanged, row 2's gradient zero */
+    em_tensor *y = em_embedding_ex(idx, w, ((em_embedding_opts){true, k ? -2 : 2})), *g;
+    EXPECT(y, D, SHAPE(2, 2, 2), 0, 1, 2, 5, 6, 5, 6, 7, 8);
+    em_tensor *v = T(D, SHAPE(2, 2, 2), 1, 2, 3, 4, 5, 6, 7, 8);
+    cr_assert(em_grad(1, &y, &v, 1, &w, &g, false, false), "%s", em_last_error());
+    EXPECT(g, D, SHAPE(4, 2), 0, 1, 2, 0, 0, 0, 0, 7, 8);
+  }
+  /* without padding_idx, as em_embedding: row 2 gathers both of its positions */
+  em_tensor *y = em_embedding_ex(T(EM_I32, SHAPE(3), 0, 2, 2), w, EM_EMBEDDING_DEFAULT), *g;
+  em_tensor *v = T(D, SHAPE(3, 2), 1, 2, 3, 4, 5, 6);
+  cr_assert(em_grad(1, &y, &v, 1, &w, &g, false, false));
+  EXPECT(g, D, SHAPE(4, 2), 0, 1, 2, 0, 0, 8, 10, 0, 0);
+  EXPECT_SAME_BITS(em_embedding(idx, w), em_embedding_ex(idx, w, ((em_embedding_opts){true, 0})), "forward unchanged");
+  EXPECT_ERROR(em_embedding_ex(idx, w, ((em_embedding_opts){true, 4})), "em_embedding_ex: padding_idx 4 is outside the 4 rows");
+  EXPECT_ERROR(em_embedding_ex(idx, w, ((em_embedding_opts){true, -5})), "padding_idx -5");
+  EXPECT_ERROR(em_embedding_ex(idx, T(D, SHAPE(2), 1, 2), EM_EMBEDDING_DEFAULT), "em_embedding_ex: weight must be [V, D]");
+}
+
+static em_tensor *embedding_op(em_tensor *const *in) {
+  return em_embedding_ex(in[1], in[0], ((em_embedding_opts){true, 1}));
+}
+
+ETEST(opts, embedding_padding_idx_compiled) {
+  em_tensor *in[2] = {em_requires_grad_(em_randn(F, EM_SHAPE(5, 3)), true), T(EM_I64, SHAPE(2, 3), 1, 0, 1, 4, 1, 2)};
+  agree("embedding padding_idx", embedding_op, 2, in, 1, 0, true);
+  /* and the compiled gradient is zero at row 1 */
+  em_compiled *c = em_compile(run_op, &(em_compile_options){.backend = "inductor"});
+  em_outputs o = em_call_n(c, &(op_ctx){embedding_op}, 2, in);
+  cr_assert(em_backward(em_sum(o.t[0], 0, NULL, false), NULL), "%s", em_last_error());
+  EXPECT(em_get_grad(in[0]), F, SHAPE(5, 3), 0, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1);
+  em_compiled_free(c);
+}
