@@ -751,7 +751,11 @@ em_tensor *em_scaled_dot_product_attention_at(em_tensor *q, em_tensor *k, em_ten
 /* min(max(x, lo), hi); use -INFINITY / INFINITY for no bound. torch.clamp. */
 #define em_clamp(x, lo, hi) em_clamp_at((x), (lo), (hi), EM_HERE)
 em_tensor *em_clamp_at(em_tensor *x, double lo, double hi, em_site site);
-/* indices [...] (i64/i32, in [0, n)) -> i64 [..., n] with a 1 at each index. F.one_hot. */
+/* indices [...] (i64/i32, in [0, n)) -> i64 [..., n] with a 1 at each index, owned by the current
+ * scope. n = -1 infers n as max(indices) + 1, as torch's num_classes=-1: that maximum is read
+ * back to the host (a sync; under em_compile a graph break, as the shape depends on it). The
+ * range check reads a count back too. Errors: n < 1 other than -1, an index outside [0, n),
+ * n = -1 with empty indices (nothing to infer from), non-integer indices. F.one_hot. */
 #define em_one_hot(idx, n) em_one_hot_at((idx), (n), EM_HERE)
 em_tensor *em_one_hot_at(em_tensor *indices, int64_t n_classes, em_site site);
 /* x with value where mask (bool, broadcast to x) is true. Tensor.masked_fill. */

@@ -540,16 +540,27 @@ em_tensor *em_clamp_at(em_tensor *x, double lo, double hi, em_site site) {
 
 em_tensor *em_one_hot_at(em_tensor *idx, int64_t n, em_site site) {
   if (!idx) return NULL;
-  if (n < 1) return rt_error(site, "em_one_hot", "needs at least one class, got %lld", (long long)n);
+  char b[128];
+  if (n < 1 && n != -1) return rt_error(site, "em_one_hot", "needs at least one class (or -1), got %lld", (long long)n);
+  if (n == -1 && idx != EM_NONE && idx->numel == 0) /* torch's message, near enough */
+    return rt_error(site, "em_one_hot", "cannot infer the number of classes from empty indices %s", rt_fmt(b, sizeof b, idx));
   BEGIN(site);
   em_tensor *t = index_target(idx, "indices", "em_one_hot", site);
+  if (t && n == -1) {
+    /* torch's num_classes=-1: the largest index + 1, read back to the host (a sync, and a graph
+     * break when traced: the result's shape depends on it) */
+    int64_t top = 0;
+    if (!em_to_buffer_at(em_amax_at(t, 0, NULL, false, site), EM_I64, &top, sizeof top, site)) t = NULL;
+    else if (top == INT64_MAX) t = rt_error(site, "em_one_hot", "index %lld leaves no class count", (long long)top);
+    else n = top + 1; /* a negative largest index makes n < 1: refused below as out of range */
+  }
   /* A count rather than a max, so that empty indices (which have no max) pass. Reading the count
    * back is a sync point, worth it: an out-of-range index would otherwise give a silent zero row. */
   em_tensor *bad = t ? em_logical_or_at(em_lt_scalar_at(t, 0, site), em_ge_scalar_at(t, (double)n, site), site) : NULL;
   double n_bad = bad ? em_item_at(em_sum_at(bad, 0, NULL, false, site), site) : NAN;
-  if (n_bad > 0) {
+  if (n_bad > 0 || (t && n < 1)) {
     em_scope_end_at(site);
-    return rt_error(site, "em_one_hot", "an index is outside [0, %lld)", (long long)n);
+    return rt_error(site, "em_one_hot", "an index is outside [0, %lld)", (long long)(n > 0 ? n : 0));
   }
   em_device prev = em_set_default_device(t ? t->storage->device : EM_CPU);
   em_tensor *r = n_bad == 0 ? em_cast_at(em_eq_at(em_unsqueeze_at(t, -1, site), em_arange_at(EM_I64, 0, (double)n, 1, site),

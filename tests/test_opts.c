@@ -409,3 +409,27 @@ ETEST(opts, embedding_padding_idx_compiled) {
   EXPECT(em_get_grad(in[0]), F, SHAPE(5, 3), 0, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1);
   em_compiled_free(c);
 }
+
+/* ---- 7. one_hot infers the class count from -1 ---- */
+
+ETEST(opts, one_hot_infers_the_class_count) {
+  EXPECT(em_one_hot(T(EM_I64, SHAPE(3), 0, 2, 1), -1), EM_I64, SHAPE(3, 3), 0, 1, 0, 0, 0, 0, 1, 0, 1, 0);
+  EXPECT(em_one_hot(T(EM_I32, SHAPE(2, 1), 3, 1), -1), EM_I64, SHAPE(2, 1, 4), 0, 0, 0, 0, 1, 0, 1, 0, 0);
+  EXPECT(em_one_hot(T(EM_I64, SCALAR_SHAPE, 0), -1), EM_I64, SHAPE(1), 0, 1);
+  /* an explicit count is unchanged */
+  EXPECT(em_one_hot(T(EM_I64, SHAPE(2), 0, 1), 3), EM_I64, SHAPE(2, 3), 0, 1, 0, 0, 0, 1, 0);
+  EXPECT_ERROR(em_one_hot(em_zeros(EM_I64, EM_SHAPE(0)), -1), "cannot infer the number of classes from empty indices i64[0]");
+  EXPECT_ERROR(em_one_hot(T(EM_I64, SHAPE(2), 2, -1), -1), "an index is outside [0, 3)");
+  EXPECT_ERROR(em_one_hot(T(EM_I64, SHAPE(2), -2, -1), -1), "an index is outside [0, 0)");
+  EXPECT_ERROR(em_one_hot(I64S(INT64_MAX), -1), "leaves no class count");
+  EXPECT_ERROR(em_one_hot(T(EM_I64, SHAPE(1), 0), -2), "needs at least one class (or -1), got -2");
+  EXPECT_ERROR(em_one_hot(T(F, SHAPE(1), 0), -1), "indices must be i64 or i32");
+}
+
+static em_tensor *one_hot_op(em_tensor *const *in) { return em_one_hot(in[0], -1); }
+
+ETEST(opts, one_hot_infers_compiled) {
+  /* the host read is a graph break: every call runs fn, and still agrees */
+  em_tensor *in[1] = {T(EM_I64, SHAPE(2, 2), 4, 0, 2, 1)};
+  agree("one_hot -1", one_hot_op, 1, in, 0, 0, false);
+}
