@@ -514,27 +514,37 @@ em_tensor *em_scatter_add_at(em_tensor *x, int axis, em_tensor *index, em_tensor
 #define em_matmul(a, b) em_matmul_at((a), (b), EM_HERE)
 em_tensor *em_matmul_at(em_tensor *a, em_tensor *b, em_site site);
 
+/* How em_conv2d pads: by the amounts in padding (the default), or as torch's padding='same'
+ * (the output has the input's size: d (k - 1) zeros in all per dim, half on the left / top and
+ * the extra one of an odd total on the right / bottom, as torch; stride must be 1) or
+ * padding='valid' (no padding; padding[] is ignored). */
+typedef enum em_conv_padding { EM_CONV_PAD_EXPLICIT, EM_CONV_PAD_SAME, EM_CONV_PAD_VALID } em_conv_padding;
 /* Convolution parameters, (height, width) pairs: stride >= 1, padding >= 0 (zeros),
- * dilation >= 1, groups >= 1 dividing both channel counts. */
+ * dilation >= 1, groups >= 1 dividing both channel counts; padding_mode (last, so initialisers
+ * that stop at groups keep the explicit amounts). */
 typedef struct em_conv2d_params {
   int64_t stride[2];
   int64_t padding[2];
   int64_t dilation[2];
   int64_t groups;
+  em_conv_padding padding_mode;
 } em_conv2d_params;
 /* Default parameters: stride 1, padding 0, dilation 1, groups 1. */
-#define EM_CONV2D_DEFAULT ((em_conv2d_params){{1, 1}, {0, 0}, {1, 1}, 1})
+#define EM_CONV2D_DEFAULT ((em_conv2d_params){{1, 1}, {0, 0}, {1, 1}, 1, EM_CONV_PAD_EXPLICIT})
 
 /* 2-D cross-correlation, torch.nn.functional.conv2d. x [N, C, H, W], w [O, C/groups, kh, kw],
- * bias [O] or EM_NONE -> [N, O, Ho, Wo], Ho = (H + 2 ph - dh (kh - 1) - 1) / sh + 1 (likewise Wo).
+ * bias [O] or EM_NONE -> [N, O, Ho, Wo], Ho = (H + 2 ph - dh (kh - 1) - 1) / sh + 1 (likewise Wo);
+ * with EM_CONV_PAD_SAME, Ho = H and Wo = W (an odd total padding pads x's right / bottom edge
+ * by one more zero first, as torch does); with EM_CONV_PAD_VALID, ph = pw = 0.
  * dtypes f32 (oneDNN) or f64 (reference loop), all alike. Errors: ranks, channel mismatch,
- * groups not dividing, bad params, output size < 1. */
+ * groups not dividing, bad params, output size < 1, 'same' with a stride other than 1, an
+ * unknown padding_mode. */
 #define em_conv2d(x, w, bias, p) em_conv2d_at((x), (w), (bias), (p), EM_HERE)
 em_tensor *em_conv2d_at(em_tensor *x, em_tensor *w, em_tensor *bias, em_conv2d_params p,
                         em_site site);
 /* Gradient of conv2d with respect to its input: grad_out [N, O, Ho, Wo], w [O, C/g, kh, kw] ->
- * [N, C, H, W] where input_hw = {H, W} (needed since several H give one Ho).
- * torch.nn.grad.conv2d_input. */
+ * [N, C, H, W] where input_hw = {H, W} (needed since several H give one Ho). Both gradients take
+ * explicit padding only (padding_mode EM_CONV_PAD_EXPLICIT). torch.nn.grad.conv2d_input. */
 #define em_conv2d_backward_input(g, w, hw, p) em_conv2d_backward_input_at((g), (w), (hw), (p), EM_HERE)
 em_tensor *em_conv2d_backward_input_at(em_tensor *grad_out, em_tensor *w,
                                        const int64_t input_hw[2], em_conv2d_params p,
@@ -817,7 +827,8 @@ bool em_linear_layer_init_at(em_linear_layer *l, int64_t in, int64_t out, bool h
 /* nn.Conv2d(in, out, (kh, kw), ...): weight f32 [out, in/groups, kh, kw] kaiming-uniform with
  * a = sqrt(5), bias [out] U(-1/sqrt(fan_in), 1/sqrt(fan_in)) or EM_NONE. Apply with
  * em_conv2d(x, l.weight, l.bias, l.params). Errors (fields left NULL): groups not dividing the
- * channel counts, kernel < 1, stride or dilation < 1, padding < 0, allocation failure. */
+ * channel counts, kernel < 1, stride or dilation < 1, padding < 0, an unknown padding_mode or
+ * 'same' with a stride other than 1, allocation failure. */
 typedef struct em_conv2d_layer {
   em_tensor *weight, *bias;
   em_conv2d_params params;

@@ -605,9 +605,49 @@ static em_tensor *conv(em_prim op, const char *name, em_tensor *a, em_tensor *b,
   return r;
 }
 
+/* padding_mode resolved to amounts, as torch's _convolution_mode: 'same' pads d (k - 1) in all,
+ * the smaller half on both sides by the convolution and the odd one on the right / bottom by an
+ * explicit pad of x first (*extra: {0, right, 0, bottom}, F.pad's order). The prims see explicit
+ * padding only. */
+static bool resolve_padding(em_conv2d_params *p, const em_tensor *w, int64_t extra[4], const char *name, em_site site) {
+  memset(extra, 0, 4 * sizeof(int64_t));
+  em_conv_padding mode = p->padding_mode;
+  p->padding_mode = EM_CONV_PAD_EXPLICIT;
+  if (mode == EM_CONV_PAD_EXPLICIT) return true;
+  if (mode == EM_CONV_PAD_VALID) {
+    p->padding[0] = p->padding[1] = 0;
+    return true;
+  }
+  if (mode != EM_CONV_PAD_SAME) return rt_error(site, name, "unknown padding_mode %d", (int)mode), false;
+  char b[128];
+  if (p->stride[0] != 1 || p->stride[1] != 1)
+    return rt_error(site, name, "padding 'same' needs stride 1, got (%lld, %lld) (as torch)", (long long)p->stride[0],
+                    (long long)p->stride[1]), false;
+  if (w->ndim != 4) return rt_error(site, name, "weight must be [O, C/groups, kh, kw], got %s", rt_fmt(b, sizeof b, w)), false;
+  for (int i = 0; i < 2; i++) {
+    int64_t total;
+    if (p->dilation[i] < 1 || !ir_mul_ok(p->dilation[i], w->sizes[2 + i] - 1, &total))
+      return rt_error(site, name, "bad dilation (%lld, %lld) for weight %s", (long long)p->dilation[0],
+                      (long long)p->dilation[1], rt_fmt(b, sizeof b, w)), false;
+    p->padding[i] = total / 2;
+    extra[3 - 2 * i] = total - total / 2 - total / 2; /* i = 0 (height): F.pad's bottom; 1 (width): right */
+  }
+  return true;
+}
+
 em_tensor *em_conv2d_at(em_tensor *x, em_tensor *w, em_tensor *bias, em_conv2d_params p, em_site site) {
-  if (!bias) return NULL;
-  return SCOPED("em_conv2d", conv(EM_PRIM_CONV2D, "em_conv2d", x, w, bias == EM_NONE ? NULL : bias, NULL, p, site));
+  if (!bias || !x || !w) return NULL;
+  RT_ARG(w, "em_conv2d", site);
+  int64_t extra[4];
+  if (!resolve_padding(&p, w, extra, "em_conv2d", site)) return NULL;
+  em_tensor *xp = x;
+  if (extra[1] || extra[3]) {
+    prim_attrs pa = {.n_pads = 4, .pads = {extra[0], extra[1], extra[2], extra[3]}, .value = 0};
+    if (!(xp = rt_dispatch("em_conv2d", EM_PRIM_PAD, &x, 1, &pa, site))) return NULL;
+  }
+  em_tensor *r = conv(EM_PRIM_CONV2D, "em_conv2d", xp, w, bias == EM_NONE ? NULL : bias, NULL, p, site);
+  if (xp != x) em_release(xp);
+  return SCOPED("em_conv2d", r);
 }
 
 em_tensor *em_conv2d_backward_input_at(em_tensor *g, em_tensor *w, const int64_t hw[2],
@@ -615,6 +655,7 @@ em_tensor *em_conv2d_backward_input_at(em_tensor *g, em_tensor *w, const int64_t
   static const char name[] = "em_conv2d_backward_input";
   if (!g || !w) return NULL;
   if (!hw) return rt_error(site, name, "input_hw is NULL");
+  if (p.padding_mode != EM_CONV_PAD_EXPLICIT) return rt_error(site, name, "takes explicit padding only");
   if (g->ndim != 4 || w->ndim != 4) {
     char s0[128], s1[128];
     return rt_error(site, name, "needs 4-D grad_out and weight, got %s and %s", rt_fmt(s0, 128, g), rt_fmt(s1, 128, w));
@@ -631,6 +672,7 @@ em_tensor *em_conv2d_backward_weight_at(em_tensor *x, em_tensor *g, const int64_
   static const char name[] = "em_conv2d_backward_weight";
   if (!x || !g) return NULL;
   if (!khw) return rt_error(site, name, "kernel_hw is NULL");
+  if (p.padding_mode != EM_CONV_PAD_EXPLICIT) return rt_error(site, name, "takes explicit padding only");
   if (p.groups < 1) return rt_error(site, name, "groups must be >= 1, got %lld", (long long)p.groups);
   if (g->ndim != 4 || x->ndim != 4) {
     char s0[128], s1[128];

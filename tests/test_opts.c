@@ -433,3 +433,65 @@ ETEST(opts, one_hot_infers_compiled) {
   em_tensor *in[1] = {T(EM_I64, SHAPE(2, 2), 4, 0, 2, 1)};
   agree("one_hot -1", one_hot_op, 1, in, 0, 0, false);
 }
+
+/* ---- 8. conv2d padding 'same' and 'valid' ---- */
+
+static em_conv2d_params conv_mode(em_conv_padding mode, int64_t dh, int64_t dw) {
+  em_conv2d_params p = EM_CONV2D_DEFAULT;
+  p.padding_mode = mode;
+  p.dilation[0] = dh, p.dilation[1] = dw;
+  return p;
+}
+
+ETEST(opts, conv2d_same_and_valid) {
+  em_tensor *x = em_reshape(em_arange(D, 1, 17, 1), EM_SHAPE(1, 1, 4, 4)), *w = em_ones(D, EM_SHAPE(1, 1, 2, 2));
+  /* an even kernel: torch pads the extra zero on the right and bottom, so out[i][j] sums
+   * x[i..i+1][j..j+1] */
+  EXPECT(em_conv2d(x, w, EM_NONE, conv_mode(EM_CONV_PAD_SAME, 1, 1)), D, SHAPE(1, 1, 4, 4), 0,
+         14, 18, 22, 12, 30, 34, 38, 20, 46, 50, 54, 28, 27, 29, 31, 16);
+  /* 'valid' ignores the padding amounts */
+  em_conv2d_params v = conv_mode(EM_CONV_PAD_VALID, 1, 1);
+  v.padding[0] = v.padding[1] = 5;
+  EXPECT(em_conv2d(x, w, EM_NONE, v), D, SHAPE(1, 1, 3, 3), 0, 14, 18, 22, 30, 34, 38, 46, 50, 54);
+  /* an odd kernel is symmetric: explicit padding 1, bit for bit; bias and channels too */
+  em_tensor *x2 = em_randn(F, EM_SHAPE(2, 3, 5, 6)), *w3 = em_randn(F, EM_SHAPE(4, 3, 3, 3)), *b = em_randn(F, EM_SHAPE(4));
+  em_conv2d_params one = EM_CONV2D_DEFAULT;
+  one.padding[0] = one.padding[1] = 1;
+  EXPECT_SAME_BITS(em_conv2d(x2, w3, b, conv_mode(EM_CONV_PAD_SAME, 1, 1)), em_conv2d(x2, w3, b, one), "odd kernel");
+  /* dilated: kernel (2, 3) with dilation (3, 1) pads 3 rows (1 top, 2 bottom) and 2 columns */
+  em_tensor *w23 = em_randn(F, EM_SHAPE(4, 3, 2, 3));
+  em_tensor *same = em_conv2d(x2, w23, b, conv_mode(EM_CONV_PAD_SAME, 3, 1));
+  cr_assert(em_size(same, 2) == 5 && em_size(same, 3) == 6, "%s", em_last_error() ? em_last_error() : "");
+  em_conv2d_params d31 = conv_mode(EM_CONV_PAD_EXPLICIT, 3, 1);
+  expect_close(same, em_conv2d(em_pad(x2, 4, (int64_t[]){1, 1, 1, 2}, 0), w23, b, d31), 1e-6, "dilated same");
+  em_conv2d_params s2 = conv_mode(EM_CONV_PAD_SAME, 1, 1);
+  s2.stride[1] = 2;
+  EXPECT_ERROR(em_conv2d(x, w, EM_NONE, s2), "padding 'same' needs stride 1, got (1, 2)");
+  EXPECT_ERROR(em_conv2d(x, w, EM_NONE, conv_mode((em_conv_padding)9, 1, 1)), "unknown padding_mode 9");
+  em_conv2d_layer l;
+  cr_assert(!em_conv2d_layer_init(&l, 1, 1, 2, 2, s2, true));
+  cr_assert(strstr(em_last_error(), "needs stride 1"));
+  em_clear_error();
+  cr_assert(em_conv2d_layer_init(&l, 3, 4, 2, 2, conv_mode(EM_CONV_PAD_SAME, 1, 1), true));
+  expect_close(em_conv2d(x2, l.weight, l.bias, l.params),
+               em_conv2d(em_pad(x2, 4, (int64_t[]){0, 1, 0, 1}, 0), l.weight, l.bias, EM_CONV2D_DEFAULT), 1e-6, "layer");
+  EXPECT_ERROR(em_conv2d_backward_input(em_ones(D, EM_SHAPE(1, 1, 4, 4)), w, ((int64_t[]){4, 4}),
+                                        conv_mode(EM_CONV_PAD_SAME, 1, 1)), "explicit padding only");
+}
+
+static em_tensor *conv_same_fn(em_tensor *const *x, void *ctx) {
+  return em_conv2d(x[0], x[1], x[2], *(em_conv2d_params *)ctx);
+}
+static em_tensor *conv_same_op(em_tensor *const *in) {
+  return em_conv2d(in[0], in[1], in[2], conv_mode(EM_CONV_PAD_SAME, 1, 2));
+}
+
+ETEST(opts, conv2d_same_gradient_and_compiled) {
+  em_tensor *x[3] = {gc_leaf(-1, 1, 4, (int64_t[]){1, 2, 4, 5}), gc_leaf(-1, 1, 4, (int64_t[]){2, 2, 2, 3}),
+                     gc_leaf(-1, 1, 1, (int64_t[]){2})};
+  em_conv2d_params p = conv_mode(EM_CONV_PAD_SAME, 2, 1);
+  gradcheck("conv2d same", conv_same_fn, &p, 3, x);
+  em_tensor *in[3] = {em_requires_grad_(em_randn(F, EM_SHAPE(2, 3, 6, 7)), true),
+                      em_requires_grad_(em_randn(F, EM_SHAPE(4, 3, 2, 2)), true), em_requires_grad_(em_randn(F, EM_SHAPE(4)), true)};
+  agree("conv2d same", conv_same_op, 3, in, 3, 1e-5, true);
+}
