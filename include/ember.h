@@ -751,6 +751,33 @@ em_tensor *em_max_pool2d_at(em_tensor *x, int64_t kh, int64_t kw, int64_t sh, in
 #define em_avg_pool2d(x, kh, kw, sh, sw, ph, pw) em_avg_pool2d_at((x), (kh), (kw), (sh), (sw), (ph), (pw), EM_HERE)
 em_tensor *em_avg_pool2d_at(em_tensor *x, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
                             em_site site);
+/* Options of em_max_pool2d_ex and em_avg_pool2d_ex, (height, width) pairs. Start from
+ * EM_POOL2D_DEFAULT(kh, kw), torch's defaults (a zeroed struct has dilation 0, refused). */
+typedef struct em_pool2d_opts {
+  int64_t kernel[2];        /* >= 1 */
+  int64_t stride[2];        /* >= 1; 0: the kernel size (torch's stride=None) */
+  int64_t padding[2];       /* >= 0, at most half the kernel; max pooling pads -inf, average 0 */
+  int64_t dilation[2];      /* >= 1 (1); max pooling only: average pooling has none */
+  bool ceil_mode;           /* output size rounded up (false): the last window may hang past the
+                             * padding, but must start inside the input or its left padding */
+  bool count_include_pad;   /* average pooling divides by the window's size including the
+                             * padding it covers, not past it (true), or by its input elements */
+  int64_t divisor_override; /* average pooling: 0 (none) or every window's divisor */
+} em_pool2d_opts;
+#define EM_POOL2D_DEFAULT(kh, kw) ((em_pool2d_opts){{(kh), (kw)}, {0, 0}, {0, 0}, {1, 1}, false, true, 0})
+/* 2-D max / average pooling of x [N, C, H, W] (f32 or f64) with torch's options ->
+ * [N, C, Ho, Wo], x's dtype, owned by the current scope. Ho = (H + 2 ph - dh (kh - 1) - 1) / sh + 1
+ * rounded down, or up with ceil_mode, less one when that last window would start at or past
+ * H + ph (likewise Wo). Gradients: to the maximum of each window (ties: as em_maximum), or spread
+ * evenly over the window by its divisor. Errors: x not 4-D or not floating, kernel / stride /
+ * dilation < 1, padding < 0 or above half the kernel, dilation for average pooling, no window
+ * fitting the padded input. Match F.max_pool2d(kernel_size, stride, padding, dilation,
+ * ceil_mode) and F.avg_pool2d(kernel_size, stride, padding, ceil_mode, count_include_pad,
+ * divisor_override). */
+#define em_max_pool2d_ex(x, opts) em_max_pool2d_ex_at((x), (opts), EM_HERE)
+em_tensor *em_max_pool2d_ex_at(em_tensor *x, em_pool2d_opts opts, em_site site);
+#define em_avg_pool2d_ex(x, opts) em_avg_pool2d_ex_at((x), (opts), EM_HERE)
+em_tensor *em_avg_pool2d_ex_at(em_tensor *x, em_pool2d_opts opts, em_site site);
 /* softmax(q k^T * scale + mask) v (Vaswani et al. 2017) with q [..., L, E], k [..., S, E],
  * v [..., S, Ev] -> [..., L, Ev]; scale 1/sqrt(E) when scale <= 0; causal masks j > i; dropout
  * on the attention weights when dropout_p > 0. F.scaled_dot_product_attention. */

@@ -447,54 +447,137 @@ em_tensor *em_embedding_ex_at(em_tensor *idx, em_tensor *w, em_embedding_opts op
 
 /* ---- pooling ---- */
 
-static em_tensor *pool(bool is_max, em_tensor *x, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
-                       const char *name, em_site site) {
+/* One axis of a pooling window, in the coordinates of the input padded on the left by pad:
+ * window o covers [o * stride, o * stride + ext), ext = dilation (kernel - 1) + 1. */
+typedef struct {
+  int64_t k, s, p, d, ext;
+  int64_t out;   /* number of windows */
+  int64_t used;  /* kernel taps that can reach the padded input at all (fewer than k only when a
+                  * ceil_mode window is longer than the padded input): the rest add nothing */
+  int64_t right; /* padding the windows' used taps need on the right (may exceed p in ceil mode) */
+  bool full;     /* every window lies inside the padded input (not so in ceil mode, maybe) */
+} pool_axis;
+
+/* torch's pooling_output_shape: (size + 2 pad - ext) / stride + 1, rounded down or (ceil_mode)
+ * up, less the last window in ceil mode when it would start past the input and its left
+ * padding. False (error recorded) when no window fits or the sizes overflow. */
+static bool pool_axis_size(pool_axis *a, int64_t size, bool ceil_mode, const char *name, em_site site) {
+  int64_t span, padded;
+  if (!ir_mul_ok(a->d, a->k - 1, &span) || !ir_add_ok(span, 1, &a->ext) || !ir_add_ok(size, 2 * a->p, &padded))
+    return rt_error(site, name, "window or padding does not fit in 64 bits"), false;
+  int64_t r = padded - a->ext, q = r / a->s, m = r % a->s; /* no overflow: padded >= 0, ext >= 1 */
+  a->out = (ceil_mode ? q + (m > 0) : q - (m < 0)) + 1;
+  if (ceil_mode && a->out > 1 && (a->out - 1) * a->s >= size + a->p) a->out--;
+  if (a->out < 1) return false;
+  /* (out - 1) s < size + p by the rule above (or <= size + p - ext without ceil_mode) */
+  a->used = padded > 0 && (padded - 1) / a->d + 1 < a->k ? (padded - 1) / a->d + 1 : a->k;
+  int64_t covered;
+  if (!ir_add_ok((a->out - 1) * a->s, (a->used - 1) * a->d + 1, &covered))
+    return rt_error(site, name, "window does not fit in 64 bits"), false;
+  a->right = covered - size - a->p;
+  int64_t end;
+  a->full = ir_add_ok((a->out - 1) * a->s, a->ext, &end) && end <= padded;
+  return true;
+}
+
+/* Per-window divisor of average pooling along one axis, [out] in dt: as torch's avg_pool2d, the
+ * window clipped to the padded input (count_include_pad) or to the input itself. */
+static em_tensor *pool_counts(const pool_axis *a, int64_t size, bool include_pad, em_dtype dt, em_site site) {
+  em_tensor *start = em_sub_scalar_at(em_mul_scalar_at(em_arange_at(dt, 0, (double)a->out, 1, site), (double)a->s, site),
+                                      (double)a->p, site);
+  em_tensor *end = em_minimum_scalar_at(em_add_scalar_at(start, (double)a->k, site), (double)(size + a->p), site);
+  if (include_pad) return em_sub_at(end, start, site);
+  return em_sub_at(em_minimum_scalar_at(end, (double)size, site), em_maximum_scalar_at(start, 0, site), site);
+}
+
+static em_tensor *pool(bool is_max, em_tensor *x, em_pool2d_opts o, const char *name, em_site site) {
   if (!x || !float_arg(x, name, site)) return NULL;
   char b[128];
   if (x->ndim != 4) return rt_error(site, name, "needs x [N, C, H, W], got %s", rt_fmt(b, sizeof b, x));
-  if (sh == 0) sh = kh;
-  if (sw == 0) sw = kw;
+  pool_axis ax[2];
+  for (int i = 0; i < 2; i++)
+    ax[i] = (pool_axis){o.kernel[i], o.stride[i] ? o.stride[i] : o.kernel[i], o.padding[i], o.dilation[i], 0, 0, 0, 0, false};
   /* ph > kh / 2, not 2 * ph > kh: a padding of INT64_MAX overflowed that product, passed, and
    * made a pad that wrote out of bounds (issue 17) */
-  if (kh < 1 || kw < 1 || sh < 1 || sw < 1 || ph < 0 || pw < 0 || ph > kh / 2 || pw > kw / 2)
+  if (ax[0].k < 1 || ax[1].k < 1 || ax[0].s < 1 || ax[1].s < 1 || ax[0].p < 0 || ax[1].p < 0 || ax[0].p > ax[0].k / 2 ||
+      ax[1].p > ax[1].k / 2 || ax[0].d < 1 || ax[1].d < 1)
     return rt_error(site, name, "bad window: kernel %lldx%lld, stride %lldx%lld, padding %lldx%lld (padding at most half "
-                    "the kernel)", (long long)kh, (long long)kw, (long long)sh, (long long)sw, (long long)ph, (long long)pw);
-  int64_t H, W;
-  if (!ir_add_ok(x->sizes[2], 2 * ph, &H) || !ir_add_ok(x->sizes[3], 2 * pw, &W)) /* 2 ph <= kh: no overflow */
-    return rt_error(site, name, "padding %lldx%lld of %s does not fit in 64 bits", (long long)ph, (long long)pw,
-                    rt_fmt(b, sizeof b, x));
-  if (H < kh || W < kw) return rt_error(site, name, "kernel %lldx%lld is larger than the padded input %s", (long long)kh,
-                                        (long long)kw, rt_fmt(b, sizeof b, x));
-  int64_t ho = (H - kh) / sh + 1, wo = (W - kw) / sw + 1;
+                    "the kernel), dilation %lldx%lld", (long long)ax[0].k, (long long)ax[1].k, (long long)ax[0].s,
+                    (long long)ax[1].s, (long long)ax[0].p, (long long)ax[1].p, (long long)ax[0].d, (long long)ax[1].d);
+  if (!is_max && (ax[0].d != 1 || ax[1].d != 1))
+    return rt_error(site, name, "average pooling has no dilation (as torch), got %lldx%lld", (long long)ax[0].d,
+                    (long long)ax[1].d);
+  for (int i = 0; i < 2; i++)
+    if (!pool_axis_size(&ax[i], x->sizes[2 + i], o.ceil_mode, name, site)) {
+      if (!rt_has_error())
+        rt_error(site, name, "kernel %lldx%lld%s is larger than the padded input %s", (long long)ax[0].k,
+                 (long long)ax[1].k, ax[0].d != 1 || ax[1].d != 1 ? " (dilated)" : "", rt_fmt(b, sizeof b, x));
+      return NULL;
+    }
+  int64_t kh = ax[0].k, kw = ax[1].k, ho = ax[0].out, wo = ax[1].out;
+  double div = !is_max && o.divisor_override ? (double)o.divisor_override : (double)kh * (double)kw;
+  /* every window holds kh kw elements of the input or its padding, none past the padding */
+  bool full = ax[0].full && ax[1].full;
+  bool uniform = is_max || o.divisor_override || (full && (o.count_include_pad || (ax[0].p == 0 && ax[1].p == 0)));
   BEGIN(site);
-  if (sh == kh && sw == kw && ph == 0 && pw == 0) {
+  if (ax[0].s == kh && ax[1].s == kw && ax[0].p == 0 && ax[1].p == 0 && ax[0].d == 1 && ax[1].d == 1 && full) {
     /* Windows tile the input: view it as [N, C, Ho, kh, Wo, kw] (after dropping the rows and
      * columns no window covers) and reduce over the two window axes in one pass. */
     em_tensor *c = em_slice_at(em_slice_at(x, 2, 0, ho * kh, 1, site), 3, 0, wo * kw, 1, site);
     em_tensor *w = em_reshape_at(c, 6, (int64_t[]){x->sizes[0], x->sizes[1], ho, kh, wo, kw}, site);
     em_tensor *r = is_max ? em_amax_at(w, 2, (int64_t[]){3, 5}, false, site)
-                          : em_div_scalar_at(em_sum_at(w, 2, (int64_t[]){3, 5}, false, site), (double)(kh * kw), site);
+                          : em_div_scalar_at(em_sum_at(w, 2, (int64_t[]){3, 5}, false, site), div, site);
     END(r, site);
   }
-  em_tensor *p = (ph || pw) ? em_pad_at(x, 4, (int64_t[]){pw, pw, ph, ph}, is_max ? -INFINITY : 0, site) : x;
+  /* padded on the left by the padding, on the right by what the windows reach (more than the
+   * padding in ceil mode; the max ignores it as -inf, the average neither adds nor counts it) */
+  int64_t pr[2] = {ax[0].right > 0 ? ax[0].right : 0, ax[1].right > 0 ? ax[1].right : 0};
+  em_tensor *p = ax[0].p || ax[1].p || pr[0] || pr[1]
+                     ? em_pad_at(x, 4, (int64_t[]){ax[1].p, pr[1], ax[0].p, pr[0]}, is_max ? -INFINITY : 0, site)
+                     : x;
   em_tensor *acc = NULL;
-  for (int64_t i = 0; i < kh; i++)
-    for (int64_t j = 0; j < kw; j++) {
-      em_tensor *win = em_slice_at(em_slice_at(p, 2, i, i + sh * (ho - 1) + 1, sh, site), 3, j, j + sw * (wo - 1) + 1, sw, site);
+  for (int64_t i = 0; i < ax[0].used; i++)
+    for (int64_t j = 0; j < ax[1].used; j++) {
+      int64_t r0 = i * ax[0].d, c0 = j * ax[1].d;
+      em_tensor *win = em_slice_at(em_slice_at(p, 2, r0, r0 + ax[0].s * (ho - 1) + 1, ax[0].s, site), 3, c0,
+                                   c0 + ax[1].s * (wo - 1) + 1, ax[1].s, site);
       /* by position, not by acc == NULL: a failed step must stay NULL, not restart the sum */
       acc = i == 0 && j == 0 ? win : is_max ? em_maximum_at(acc, win, site) : em_add_at(acc, win, site);
     }
-  if (!is_max) acc = em_div_scalar_at(acc, (double)(kh * kw), site);
-  else if (acc && kh * kw == 1) acc = em_clone_at(acc, site);
+  if (!is_max && uniform) {
+    acc = em_div_scalar_at(acc, div, site);
+  } else if (!is_max) {
+    em_device prev = em_set_default_device(x->storage->device);
+    em_tensor *ch = pool_counts(&ax[0], x->sizes[2], o.count_include_pad, x->dtype, site);
+    em_tensor *cw = pool_counts(&ax[1], x->sizes[3], o.count_include_pad, x->dtype, site);
+    em_set_default_device(prev);
+    acc = em_div_at(acc, em_mul_at(em_unsqueeze_at(ch, 1, site), cw, site), site);
+  } else if (acc && ax[0].used * ax[1].used == 1) {
+    acc = em_clone_at(acc, site);
+  }
   END(acc, site);
 }
 
+static em_pool2d_opts pool_opts(int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw) {
+  em_pool2d_opts o = EM_POOL2D_DEFAULT(kh, kw);
+  o.stride[0] = sh, o.stride[1] = sw, o.padding[0] = ph, o.padding[1] = pw;
+  return o;
+}
+
 em_tensor *em_max_pool2d_at(em_tensor *x, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, em_site site) {
-  return pool(true, x, kh, kw, sh, sw, ph, pw, "em_max_pool2d", site);
+  return pool(true, x, pool_opts(kh, kw, sh, sw, ph, pw), "em_max_pool2d", site);
 }
 
 em_tensor *em_avg_pool2d_at(em_tensor *x, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, em_site site) {
-  return pool(false, x, kh, kw, sh, sw, ph, pw, "em_avg_pool2d", site);
+  return pool(false, x, pool_opts(kh, kw, sh, sw, ph, pw), "em_avg_pool2d", site);
+}
+
+em_tensor *em_max_pool2d_ex_at(em_tensor *x, em_pool2d_opts opts, em_site site) {
+  return pool(true, x, opts, "em_max_pool2d_ex", site);
+}
+
+em_tensor *em_avg_pool2d_ex_at(em_tensor *x, em_pool2d_opts opts, em_site site) {
+  return pool(false, x, opts, "em_avg_pool2d_ex", site);
 }
 
 /* ---- attention and small helpers ---- */

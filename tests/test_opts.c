@@ -495,3 +495,97 @@ ETEST(opts, conv2d_same_gradient_and_compiled) {
                       em_requires_grad_(em_randn(F, EM_SHAPE(4, 3, 2, 2)), true), em_requires_grad_(em_randn(F, EM_SHAPE(4)), true)};
   agree("conv2d same", conv_same_op, 3, in, 3, 1e-5, true);
 }
+
+/* ---- 9. pooling options: ceil_mode, dilation, count_include_pad, divisor_override ---- */
+
+/* x [1, 1, h, w] holding 1, 2, 3, ... row by row */
+static em_tensor *grid(int64_t h, int64_t w) { return em_reshape(em_arange(D, 1, (double)(h * w + 1), 1), EM_SHAPE(1, 1, h, w)); }
+
+static em_pool2d_opts popts(int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw,
+                            bool ceil_mode, bool include_pad, int64_t divisor) {
+  em_pool2d_opts o = EM_POOL2D_DEFAULT(kh, kw);
+  o.stride[0] = sh, o.stride[1] = sw, o.padding[0] = ph, o.padding[1] = pw, o.dilation[0] = dh, o.dilation[1] = dw;
+  o.ceil_mode = ceil_mode, o.count_include_pad = include_pad, o.divisor_override = divisor;
+  return o;
+}
+
+/* The expected values come from torch's CPU loops transcribed into Python (pooling_output_shape,
+ * the max_pool2d and avg_pool2d kernels: window by window, clipped as they clip), not from
+ * Ember's decomposition. */
+ETEST(opts, pool2d_options) {
+  em_tensor *x5 = grid(5, 5), *x6 = grid(6, 6), *x57 = grid(5, 7);
+  /* ceil_mode: a third, partial window of one row and column */
+  EXPECT(em_max_pool2d_ex(x5, popts(2, 2, 2, 2, 0, 0, 1, 1, true, true, 0)), D, SHAPE(1, 1, 3, 3), 0,
+         7, 9, 10, 17, 19, 20, 22, 24, 25);
+  EXPECT(em_avg_pool2d_ex(x5, popts(2, 2, 2, 2, 0, 0, 1, 1, true, true, 0)), D, SHAPE(1, 1, 3, 3), 1e-15,
+         4, 6, 7.5, 14, 16, 17.5, 21.5, 23.5, 25);
+  EXPECT(em_avg_pool2d_ex(x5, popts(2, 2, 2, 2, 0, 0, 1, 1, true, true, 2)), D, SHAPE(1, 1, 3, 3), 1e-15,
+         8, 12, 7.5, 28, 32, 17.5, 21.5, 23.5, 12.5);
+  /* count_include_pad=False divides by the input elements of each window */
+  EXPECT(em_avg_pool2d_ex(x5, popts(3, 3, 2, 2, 1, 1, 1, 1, false, false, 0)), D, SHAPE(1, 1, 3, 3), 1e-15,
+         4, 5.5, 7, 11.5, 13, 14.5, 19, 20.5, 22);
+  /* dilation */
+  EXPECT(em_max_pool2d_ex(x5, popts(2, 2, 1, 1, 0, 0, 2, 2, false, true, 0)), D, SHAPE(1, 1, 3, 3), 0,
+         13, 14, 15, 18, 19, 20, 23, 24, 25);
+  EXPECT(em_max_pool2d_ex(x6, popts(2, 2, 2, 2, 0, 0, 2, 2, true, true, 0)), D, SHAPE(1, 1, 3, 3), 0,
+         15, 17, 17, 27, 29, 29, 27, 29, 29);
+  EXPECT(em_max_pool2d_ex(x6, popts(2, 2, 2, 2, 0, 0, 2, 2, false, true, 0)), D, SHAPE(1, 1, 2, 2), 0, 15, 17, 27, 29);
+  /* the last window must start inside the input or its left padding: 3 windows, not 4 */
+  EXPECT(em_max_pool2d_ex(x5, popts(2, 2, 2, 2, 1, 1, 1, 1, true, true, 0)), D, SHAPE(1, 1, 3, 3), 0,
+         1, 3, 5, 11, 13, 15, 21, 23, 25);
+  /* a ceil_mode window past the padding: counted up to the padding's end, or the input's */
+  EXPECT(em_avg_pool2d_ex(x6, popts(3, 3, 2, 2, 1, 1, 1, 1, true, true, 0)), D, SHAPE(1, 1, 4, 4), 1e-15,
+         2, 4, 5.333333333333333, 3, 9, 15, 17, 9, 17, 27, 29, 15, 10.5, 16.5, 17.5, 9);
+  EXPECT(em_avg_pool2d_ex(x6, popts(3, 3, 2, 2, 1, 1, 1, 1, true, false, 0)), D, SHAPE(1, 1, 4, 4), 1e-15,
+         4.5, 6, 8, 9, 13.5, 15, 17, 18, 25.5, 27, 29, 30, 31.5, 33, 35, 36);
+  /* unequal axes */
+  EXPECT(em_max_pool2d_ex(x57, popts(3, 2, 2, 3, 1, 1, 1, 2, true, true, 0)), D, SHAPE(1, 1, 3, 3), 0,
+         9, 12, 13, 23, 26, 27, 30, 33, 34);
+  EXPECT(em_avg_pool2d_ex(x57, popts(2, 3, 3, 2, 1, 1, 1, 1, true, false, 0)), D, SHAPE(1, 1, 2, 4), 1e-15,
+         1.5, 3, 5, 6.5, 19, 20.5, 22.5, 24);
+  /* a ceil_mode window longer than the whole input */
+  EXPECT(em_max_pool2d_ex(grid(3, 3), popts(4, 4, 2, 2, 0, 0, 1, 1, true, true, 0)), D, SHAPE(1, 1, 1, 1), 0, 9);
+  EXPECT(em_avg_pool2d_ex(grid(3, 3), popts(4, 4, 3, 3, 0, 0, 1, 1, true, true, 0)), D, SHAPE(1, 1, 1, 1), 0, 5);
+  EXPECT(em_max_pool2d_ex(grid(3, 3), popts(INT64_MAX / 4, 3, INT64_MAX, 3, 0, 0, 1, 1, true, true, 0)), D,
+         SHAPE(1, 1, 1, 1), 0, 9);
+  /* the defaults are the old functions, bit for bit */
+  em_tensor *r = em_randn(F, EM_SHAPE(2, 3, 7, 6));
+  EXPECT_SAME_BITS(em_max_pool2d_ex(r, popts(3, 2, 2, 1, 1, 1, 1, 1, false, true, 0)), em_max_pool2d(r, 3, 2, 2, 1, 1, 1), "max");
+  EXPECT_SAME_BITS(em_avg_pool2d_ex(r, popts(3, 3, 0, 0, 1, 0, 1, 1, false, true, 0)), em_avg_pool2d(r, 3, 3, 0, 0, 1, 0), "avg");
+  EXPECT_SAME_BITS(em_avg_pool2d_ex(r, EM_POOL2D_DEFAULT(2, 2)), em_avg_pool2d(r, 2, 2, 0, 0, 0, 0), "tiling");
+  EXPECT_ERROR(em_max_pool2d_ex(x5, ((em_pool2d_opts){.kernel = {2, 2}})), "em_max_pool2d_ex: bad window");
+  EXPECT_ERROR(em_avg_pool2d_ex(x5, popts(2, 2, 2, 2, 0, 0, 2, 1, false, true, 0)), "average pooling has no dilation");
+  EXPECT_ERROR(em_max_pool2d_ex(x5, popts(3, 3, 1, 1, 0, 0, 3, 3, false, true, 0)), "(dilated) is larger than the padded input");
+  EXPECT_ERROR(em_max_pool2d_ex(grid(3, 3), popts(4, 4, 2, 2, 0, 0, 1, 1, false, true, 0)), "larger than the padded input");
+  EXPECT_ERROR(em_max_pool2d_ex(x5, popts(2, 2, 1, 1, 2, 0, 1, 1, false, true, 0)), "padding at most half the kernel");
+}
+
+typedef struct {
+  bool is_max;
+  em_pool2d_opts o;
+} pool_case;
+static em_tensor *pool_fn(em_tensor *const *x, void *ctx) {
+  pool_case *c = ctx;
+  return c->is_max ? em_max_pool2d_ex(x[0], c->o) : em_avg_pool2d_ex(x[0], c->o);
+}
+static em_tensor *pool_max_op(em_tensor *const *in) {
+  return em_max_pool2d_ex(in[0], popts(3, 2, 2, 2, 1, 1, 2, 1, true, true, 0));
+}
+static em_tensor *pool_avg_op(em_tensor *const *in) {
+  return em_avg_pool2d_ex(in[0], popts(3, 3, 2, 2, 1, 1, 1, 1, true, false, 0));
+}
+
+ETEST(opts, pool2d_options_gradient_and_compiled) {
+  pool_case cases[] = {
+      {true, popts(2, 2, 2, 2, 0, 0, 1, 1, true, true, 0)},  {true, popts(2, 3, 2, 1, 1, 1, 2, 2, true, true, 0)},
+      {false, popts(2, 2, 2, 2, 0, 0, 1, 1, true, true, 0)}, {false, popts(3, 3, 2, 2, 1, 1, 1, 1, true, false, 0)},
+      {false, popts(3, 2, 2, 2, 1, 1, 1, 1, true, true, 5)}, {false, popts(3, 3, 2, 1, 1, 0, 1, 1, false, false, 0)},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    em_tensor *x[1] = {gc_leaf(-1, 1, 4, (int64_t[]){1, 2, 6, 5})};
+    gradcheck(cases[i].is_max ? "max_pool2d_ex" : "avg_pool2d_ex", pool_fn, &cases[i], 1, x);
+  }
+  em_tensor *in[1] = {em_requires_grad_(em_randn(F, EM_SHAPE(2, 3, 7, 6)), true)};
+  agree("max_pool2d_ex", pool_max_op, 1, in, 1, 0, true);
+  agree("avg_pool2d_ex", pool_avg_op, 1, in, 1, 1e-6, true);
+}
