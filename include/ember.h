@@ -714,15 +714,38 @@ typedef struct em_cross_entropy_opts {
   int64_t ignore_index;    /* class-index targets equal to it contribute nothing (-100) */
   double label_smoothing;  /* in [0, 1] (0) */
   em_reduction reduction;  /* (EM_REDUCE_MEAN: over non-ignored targets) */
+  em_tensor *weight;       /* class weights [C] of the logits' dtype, borrowed; NULL (as an
+                            * initialiser that stops at reduction leaves it) or EM_NONE: none */
 } em_cross_entropy_opts;
-#define EM_CROSS_ENTROPY_DEFAULT ((em_cross_entropy_opts){-100, 0.0, EM_REDUCE_MEAN})
+#define EM_CROSS_ENTROPY_DEFAULT ((em_cross_entropy_opts){-100, 0.0, EM_REDUCE_MEAN, NULL})
 /* Cross entropy of logits [N, C] (or [N, C, d...]) against class indices [N] (i64/i32;
- * [N, d...]) or class probabilities with the logits' shape and dtype. F.cross_entropy. */
+ * [N, d...]) or class probabilities with the logits' shape and dtype; a scalar (mean, sum) or
+ * [N, d...] (none), the logits' dtype, owned by the current scope. With class weights, as torch:
+ * index targets give w[t] (-log p[t]) (1 - eps) + eps / C sum_c w_c (-log p_c), and the mean
+ * divides by the sum of w[t] over the counted targets (NaN when it is 0); probability targets
+ * give -sum_c w_c q_c log p_c and the mean divides by the number of examples. Errors: shapes,
+ * dtypes, label_smoothing outside [0, 1], a weight that is not [C] of the logits' dtype, an
+ * unknown reduction, a target out of range. F.cross_entropy(weight=, ignore_index=,
+ * reduction=, label_smoothing=). */
 #define em_cross_entropy(logits, target, opts) em_cross_entropy_at((logits), (target), (opts), EM_HERE)
 em_tensor *em_cross_entropy_at(em_tensor *logits, em_tensor *target, em_cross_entropy_opts opts, em_site site);
 /* Negative log likelihood of log-probabilities [N, C] at class indices [N]. F.nll_loss. */
 #define em_nll_loss(logp, target, ignore_index, reduction) em_nll_loss_at((logp), (target), (ignore_index), (reduction), EM_HERE)
 em_tensor *em_nll_loss_at(em_tensor *logp, em_tensor *target, int64_t ignore_index, em_reduction reduction, em_site site);
+/* Options of em_nll_loss_ex; EM_NLL_LOSS_DEFAULT is PyTorch's default. */
+typedef struct em_nll_loss_opts {
+  int64_t ignore_index;    /* targets equal to it contribute nothing (-100) */
+  em_reduction reduction;  /* (EM_REDUCE_MEAN) */
+  em_tensor *weight;       /* class weights [C] of logp's dtype, borrowed; NULL or EM_NONE: none */
+} em_nll_loss_opts;
+#define EM_NLL_LOSS_DEFAULT ((em_nll_loss_opts){-100, EM_REDUCE_MEAN, NULL})
+/* em_nll_loss with options: -w[t] logp[t] for log-probabilities [N, C] (or [N, C, d...]) at
+ * class indices [N] (i64/i32; [N, d...]), 0 at ignored targets; reduced to a scalar (sum; mean:
+ * divided by the sum of w[t] over the counted targets, NaN when it is 0) or [N, d...] (none).
+ * logp's dtype, owned by the current scope. Errors: as em_nll_loss, and a weight that is not
+ * [C] of logp's dtype. F.nll_loss(weight=, ignore_index=, reduction=). */
+#define em_nll_loss_ex(logp, target, opts) em_nll_loss_ex_at((logp), (target), (opts), EM_HERE)
+em_tensor *em_nll_loss_ex_at(em_tensor *logp, em_tensor *target, em_nll_loss_opts opts, em_site site);
 /* (x - y)^2 with x, y broadcast, reduced. F.mse_loss. */
 #define em_mse_loss(x, y, reduction) em_mse_loss_at((x), (y), (reduction), EM_HERE)
 em_tensor *em_mse_loss_at(em_tensor *x, em_tensor *y, em_reduction reduction, em_site site);

@@ -339,10 +339,24 @@ static em_tensor *index_target(em_tensor *t, const char *what, const char *name,
   return rt_error(site, name, "%s must be i64 or i32, got %s", what, rt_fmt(b, sizeof b, t));
 }
 
-/* -logp[target] per example with ignore_index masked out; logp [N, C, d...], target [N, d...].
- * Returns the per-example loss [N, d...] and the mask of counted targets (as logp's dtype). */
-static em_tensor *nll_terms(em_tensor *logp, em_tensor *target, int64_t ignore, em_tensor **valid, const char *name,
-                            em_site site) {
+/* The class weights: NULL or EM_NONE (none), else [C] of logp's dtype. *w is set to NULL for
+ * none. */
+static bool weight_arg(em_tensor *weight, em_tensor *logp, em_tensor **w, const char *name, em_site site) {
+  char b0[128], b1[128];
+  *w = weight == EM_NONE ? NULL : weight;
+  if (!*w) return true;
+  if (weight->ndim != 1 || logp->ndim < 2 || weight->sizes[0] != logp->sizes[1] || weight->dtype != logp->dtype)
+    return rt_error(site, name, "weight %s must be %s[C] for input %s (one weight a class)", rt_fmt(b0, sizeof b0, weight),
+                    em_dtype_name(logp->dtype), rt_fmt(b1, sizeof b1, logp)), false;
+  return true;
+}
+
+/* -w[target] logp[target] per example with ignore_index masked out; logp [N, C, d...], target
+ * [N, d...], weight [C] or NULL (all 1). Returns the per-example loss [N, d...], and sets *keep
+ * to the mask of counted targets and *wt to their weights (the divisor of torch's mean: the sum
+ * of the weights of the counted targets), both as logp's dtype. */
+static em_tensor *nll_terms(em_tensor *logp, em_tensor *target, int64_t ignore, em_tensor *weight, em_tensor **keep,
+                            em_tensor **wt, const char *name, em_site site) {
   char b0[128], b1[128];
   if (!logp || !target) return NULL; /* an earlier op failed (its error is recorded) */
   bool ok = logp->ndim >= 2 && target->ndim == logp->ndim - 1 && target->sizes[0] == logp->sizes[0];
@@ -350,33 +364,52 @@ static em_tensor *nll_terms(em_tensor *logp, em_tensor *target, int64_t ignore, 
   if (!ok)
     return rt_error(site, name, "target %s does not match input %s (want [N, d...] for [N, C, d...])",
                     rt_fmt(b0, sizeof b0, target), rt_fmt(b1, sizeof b1, logp));
-  em_tensor *keep = em_ne_scalar_at(target, (double)ignore, site);
+  em_tensor *k = em_ne_scalar_at(target, (double)ignore, site);
   /* ignored targets are redirected to class 0 so the gather stays in bounds */
-  em_tensor *safe = em_where_at(keep, target, num(EM_I64, 0, site), site);
+  em_tensor *safe = em_where_at(k, target, num(EM_I64, 0, site), site);
   em_tensor *picked = em_squeeze_at(em_gather_at(logp, 1, em_unsqueeze_at(safe, 1, site), site), 1, (int64_t[]){1}, site);
-  *valid = em_cast_at(keep, logp->dtype, site);
-  return em_mul_at(em_neg_at(picked, site), *valid, site);
+  *keep = *wt = em_cast_at(k, logp->dtype, site);
+  if (weight && safe) {
+    int64_t flat = -1;
+    em_tensor *w = em_index_select_at(weight, 0, em_reshape_at(safe, 1, &flat, site), site);
+    *wt = em_mul_at(em_reshape_at(w, target->ndim, target->sizes, site), *keep, site);
+  }
+  return em_mul_at(em_neg_at(picked, site), *wt, site);
 }
 
 em_tensor *em_nll_loss_at(em_tensor *logp, em_tensor *target, int64_t ignore_index, em_reduction reduction, em_site site) {
   if (!logp || !target) return NULL;
   if (!float_arg(logp, "em_nll_loss", site) || !reduction_arg(reduction, "em_nll_loss", site)) return NULL;
   BEGIN(site);
-  em_tensor *t = index_target(target, "class-index targets", "em_nll_loss", site), *valid = NULL;
-  em_tensor *l = t ? nll_terms(logp, t, ignore_index, &valid, "em_nll_loss", site) : NULL;
-  END(reduce_loss(l, reduction, valid, site), site);
+  em_tensor *t = index_target(target, "class-index targets", "em_nll_loss", site), *keep = NULL, *wt = NULL;
+  em_tensor *l = t ? nll_terms(logp, t, ignore_index, NULL, &keep, &wt, "em_nll_loss", site) : NULL;
+  END(reduce_loss(l, reduction, wt, site), site);
+}
+
+em_tensor *em_nll_loss_ex_at(em_tensor *logp, em_tensor *target, em_nll_loss_opts o, em_site site) {
+  static const char name[] = "em_nll_loss_ex";
+  RT_ARG(logp, name, site);
+  RT_ARG(target, name, site);
+  em_tensor *w;
+  if (!float_arg(logp, name, site) || !reduction_arg(o.reduction, name, site) || !weight_arg(o.weight, logp, &w, name, site))
+    return NULL;
+  BEGIN(site);
+  em_tensor *t = index_target(target, "class-index targets", name, site), *keep = NULL, *wt = NULL;
+  em_tensor *l = t ? nll_terms(logp, t, o.ignore_index, w, &keep, &wt, name, site) : NULL;
+  END(reduce_loss(l, o.reduction, wt, site), site);
 }
 
 em_tensor *em_cross_entropy_at(em_tensor *logits, em_tensor *target, em_cross_entropy_opts o, em_site site) {
   RT_ARG(logits, "em_cross_entropy", site);
   RT_ARG(target, "em_cross_entropy", site);
   static const char name[] = "em_cross_entropy";
-  if (!logits || !target) return NULL;
   char b0[128], b1[128];
+  em_tensor *w;
   if (!float_arg(logits, name, site) || !reduction_arg(o.reduction, name, site)) return NULL;
   if (logits->ndim < 2) return rt_error(site, name, "logits must be [N, C, ...], got %s", rt_fmt(b0, sizeof b0, logits));
   if (!(o.label_smoothing >= 0 && o.label_smoothing <= 1))
     return rt_error(site, name, "label_smoothing must be in [0, 1], got %g", o.label_smoothing);
+  if (!weight_arg(o.weight, logits, &w, name, site)) return NULL;
   bool soft = ir_is_float(target->dtype); /* class probabilities rather than indices */
   if (soft && (target->ndim != logits->ndim || memcmp(target->sizes, logits->sizes, sizeof(int64_t) * (size_t)logits->ndim)))
     return rt_error(site, name, "probability targets %s must have the logits' shape %s", rt_fmt(b0, sizeof b0, target),
@@ -384,15 +417,27 @@ em_tensor *em_cross_entropy_at(em_tensor *logits, em_tensor *target, em_cross_en
   double eps = o.label_smoothing, c = (double)logits->sizes[1];
   BEGIN(site);
   em_tensor *logp = em_log_softmax_at(logits, 1, site), *l = NULL, *valid = EM_NONE;
+  /* the weights as [1, C, 1...], to scale logp's class axis */
+  int64_t wshape[EM_MAX_DIMS];
+  for (int i = 0; i < logits->ndim; i++) wshape[i] = i == 1 ? logits->sizes[1] : 1;
+  em_tensor *wb = w ? em_reshape_at(w, logits->ndim, wshape, site) : NULL;
   if (soft) {
+    /* torch: -(logp * p * weight).sum(1), the mean over the examples whatever the weights */
     em_tensor *p = eps > 0 ? em_add_scalar_at(em_mul_scalar_at(target, 1 - eps, site), eps / c, site) : target;
-    l = em_neg_at(em_sum_at(em_mul_at(p, logp, site), 1, (int64_t[]){1}, false, site), site);
+    em_tensor *terms = em_mul_at(p, logp, site);
+    if (w) terms = em_mul_at(terms, wb, site);
+    l = em_neg_at(em_sum_at(terms, 1, (int64_t[]){1}, false, site), site);
   } else {
-    em_tensor *t = index_target(target, "class-index targets", name, site);
+    em_tensor *t = index_target(target, "class-index targets", name, site), *keep = NULL;
     valid = NULL;
-    l = t ? nll_terms(logp, t, o.ignore_index, &valid, name, site) : NULL;
+    l = t ? nll_terms(logp, t, o.ignore_index, w, &keep, &valid, name, site) : NULL;
     if (l && eps > 0) {
-      em_tensor *smooth = em_mul_at(em_neg_at(em_mean_at(logp, 1, (int64_t[]){1}, false, site), site), valid, site);
+      /* torch's smoothing term: -sum_c w_c logp_c / C for each counted target (the mean over
+       * classes without weights), masked by the ignore mask (not weighted by the target's
+       * weight); the mean reduction then divides both terms by the targets' weights */
+      em_tensor *smooth = w ? em_div_scalar_at(em_sum_at(em_mul_at(logp, wb, site), 1, (int64_t[]){1}, false, site), c, site)
+                            : em_mean_at(logp, 1, (int64_t[]){1}, false, site);
+      smooth = em_mul_at(em_neg_at(smooth, site), keep, site);
       l = em_add_at(em_mul_scalar_at(l, 1 - eps, site), em_mul_scalar_at(smooth, eps, site), site);
     }
   }

@@ -589,3 +589,131 @@ ETEST(opts, pool2d_options_gradient_and_compiled) {
   agree("max_pool2d_ex", pool_max_op, 1, in, 1, 0, true);
   agree("avg_pool2d_ex", pool_avg_op, 1, in, 1, 1e-6, true);
 }
+
+/* ---- 10. class weights in nll_loss and cross_entropy ---- */
+
+ETEST(opts, nll_loss_class_weights) {
+  em_tensor *logp = T(D, SHAPE(3, 3), -1, -2, -3, -0.5, -1.5, -2.5, -4, -0.1, -2), *t = T(EM_I64, SHAPE(3), 0, 2, 1);
+  em_tensor *w = T(D, SHAPE(3), 1, 2, 0.5);
+  em_nll_loss_opts o = {-100, EM_REDUCE_NONE, w};
+  /* -w[t] logp[t]: 1 * 1, 0.5 * 2.5, 2 * 0.1 */
+  EXPECT(em_nll_loss_ex(logp, t, o), D, SHAPE(3), 1e-15, 1, 1.25, 0.2);
+  o.reduction = EM_REDUCE_SUM;
+  EXPECT(em_nll_loss_ex(logp, t, o), D, SCALAR_SHAPE, 1e-15, 2.45);
+  /* the mean divides by the weights of the targets: 2.45 / (1 + 0.5 + 2) */
+  o.reduction = EM_REDUCE_MEAN;
+  EXPECT(em_nll_loss_ex(logp, t, o), D, SCALAR_SHAPE, 1e-15, 0.7);
+  /* ignoring class 2 drops its term and its weight: 1.2 / 3 */
+  o.ignore_index = 2;
+  EXPECT(em_nll_loss_ex(logp, t, o), D, SCALAR_SHAPE, 1e-15, 0.4);
+  o.reduction = EM_REDUCE_NONE;
+  EXPECT(em_nll_loss_ex(logp, t, o), D, SHAPE(3), 1e-15, 1, 0, 0.2);
+  /* no weight counted: 0 / 0, as torch */
+  EXPECT(em_nll_loss_ex(logp, t, ((em_nll_loss_opts){-100, EM_REDUCE_MEAN, em_zeros(D, EM_SHAPE(3))})), D, SCALAR_SHAPE, 0, NAN);
+  /* no weights (NULL or EM_NONE) is em_nll_loss */
+  EXPECT_SAME_BITS(em_nll_loss_ex(logp, t, EM_NLL_LOSS_DEFAULT), em_nll_loss(logp, t, -100, EM_REDUCE_MEAN), "default");
+  EXPECT_SAME_BITS(em_nll_loss_ex(logp, t, ((em_nll_loss_opts){1, EM_REDUCE_SUM, EM_NONE})), em_nll_loss(logp, t, 1, EM_REDUCE_SUM),
+                   "EM_NONE");
+  /* [N, C, d] with [N, d] targets */
+  em_tensor *lp3 = em_reshape(em_transpose(em_reshape(logp, EM_SHAPE(1, 3, 3)), 1, 2), EM_SHAPE(1, 3, 3));
+  EXPECT(em_nll_loss_ex(lp3, T(EM_I64, SHAPE(1, 3), 0, 2, 1), ((em_nll_loss_opts){-100, EM_REDUCE_NONE, w})), D, SHAPE(1, 3),
+         1e-15, 1, 1.25, 0.2);
+  EXPECT_ERROR(em_nll_loss_ex(logp, t, ((em_nll_loss_opts){-100, EM_REDUCE_MEAN, T(D, SHAPE(2), 1, 1)})),
+               "em_nll_loss_ex: weight f64[2] must be f64[C] for input f64[3,3]");
+  EXPECT_ERROR(em_nll_loss_ex(logp, t, ((em_nll_loss_opts){-100, EM_REDUCE_MEAN, T(F, SHAPE(3), 1, 1, 1)})), "must be f64[C]");
+  EXPECT_ERROR(em_nll_loss_ex(logp, t, ((em_nll_loss_opts){-100, (em_reduction)5, w})), "unknown reduction 5");
+}
+
+/* torch's cross_entropy with class weights, written out example by example: index targets t
+ * (ignore: -1) or probabilities q [n, c] (t NULL); returns the reduced loss. */
+static double ce_reference(const double *z, int n, int c, const int64_t *t, const double *q, const double *w, double eps,
+                           em_reduction red, double *each) {
+  double total = 0, wsum = 0;
+  for (int i = 0; i < n; i++) {
+    double m = z[i * c], s = 0, lp[8];
+    for (int k = 1; k < c; k++) m = fmax(m, z[i * c + k]);
+    for (int k = 0; k < c; k++) s += exp(z[i * c + k] - m);
+    for (int k = 0; k < c; k++) lp[k] = z[i * c + k] - m - log(s);
+    double l = 0;
+    if (!t) {
+      for (int k = 0; k < c; k++) l -= w[k] * (q[i * c + k] * (1 - eps) + eps / c) * lp[k];
+    } else if (t[i] >= 0) {
+      double smooth = 0;
+      for (int k = 0; k < c; k++) smooth -= w[k] * lp[k];
+      l = (1 - eps) * w[t[i]] * -lp[t[i]] + eps / c * smooth;
+      wsum += w[t[i]];
+    }
+    each[i] = l;
+    total += l;
+  }
+  return red == EM_REDUCE_SUM ? total : !t ? total / n : total / wsum;
+}
+
+ETEST(opts, cross_entropy_class_weights) {
+  const double z[12] = {0.5, -1, 2, 0.1, 1.5, 0.3, -0.7, 0.2, -2, 1, 0, 0.4}, w[3] = {0.5, 2, 1.5};
+  const double q[12] = {0.2, 0.3, 0.5, 1, 0, 0, 0.1, 0.1, 0.8, 0.3, 0.3, 0.4};
+  const int64_t t[4] = {2, 0, -1, 1};
+  em_tensor *logits = em_from_data(z, D, 2, (int64_t[]){4, 3}), *wt = em_from_data(w, D, 1, (int64_t[]){3});
+  em_tensor *target = I64S(2, 0, -1, 1), *probs = em_from_data(q, D, 2, (int64_t[]){4, 3});
+  const double ones[3] = {1, 1, 1};
+  for (int s = 0; s < 3; s++) {
+    double eps = s * 0.2, each[4];
+    for (int r = 0; r < 3; r++) {
+      em_reduction red = (em_reduction)r;
+      em_cross_entropy_opts o = {-1, eps, red, wt};
+      double want = ce_reference(z, 4, 3, t, NULL, w, eps, red, each);
+      if (red == EM_REDUCE_NONE) EXPECT(em_cross_entropy(logits, target, o), D, SHAPE(4), 1e-14, each[0], each[1], each[2], each[3]);
+      else EXPECT(em_cross_entropy(logits, target, o), D, SCALAR_SHAPE, 1e-14, want);
+      want = ce_reference(z, 4, 3, NULL, q, w, eps, red, each);
+      if (red == EM_REDUCE_NONE) EXPECT(em_cross_entropy(logits, probs, o), D, SHAPE(4), 1e-14, each[0], each[1], each[2], each[3]);
+      else EXPECT(em_cross_entropy(logits, probs, o), D, SCALAR_SHAPE, 1e-14, want);
+      /* without weights the same formulas with w = 1 */
+      o.weight = NULL;
+      want = ce_reference(z, 4, 3, t, NULL, ones, eps, red, each);
+      if (red == EM_REDUCE_NONE) EXPECT(em_cross_entropy(logits, target, o), D, SHAPE(4), 1e-14, each[0], each[1], each[2], each[3]);
+      else EXPECT(em_cross_entropy(logits, target, o), D, SCALAR_SHAPE, 1e-14, want);
+    }
+  }
+  EXPECT_ERROR(em_cross_entropy(logits, target, ((em_cross_entropy_opts){-100, 0, EM_REDUCE_MEAN, T(D, SHAPE(4), 1, 1, 1, 1)})),
+               "em_cross_entropy: weight f64[4] must be f64[C]");
+  EXPECT_ERROR(em_cross_entropy(logits, target, ((em_cross_entropy_opts){-100, 0, EM_REDUCE_MEAN, em_ones(D, EM_SHAPE(1, 3))})),
+               "must be f64[C]");
+}
+
+typedef struct {
+  em_tensor *target, *weight;
+  double eps;
+  em_reduction red;
+} ce_case;
+static em_tensor *ce_fn(em_tensor *const *x, void *ctx) {
+  ce_case *c = ctx;
+  return em_cross_entropy(x[0], c->target, ((em_cross_entropy_opts){1, c->eps, c->red, c->weight}));
+}
+static em_tensor *nll_fn(em_tensor *const *x, void *ctx) {
+  ce_case *c = ctx;
+  return em_nll_loss_ex(x[0], c->target, ((em_nll_loss_opts){1, c->red, c->weight}));
+}
+static em_tensor *ce_op(em_tensor *const *in) {
+  return em_cross_entropy(in[0], in[1], ((em_cross_entropy_opts){2, 0.1, EM_REDUCE_MEAN, in[2]}));
+}
+static em_tensor *nll_op(em_tensor *const *in) {
+  return em_nll_loss_ex(in[0], in[1], ((em_nll_loss_opts){-100, EM_REDUCE_MEAN, in[2]}));
+}
+
+ETEST(opts, class_weights_gradient_and_compiled) {
+  em_tensor *w = T(D, SHAPE(3), 0.5, 2, 1.5);
+  em_tensor *targets[2] = {T(EM_I64, SHAPE(4, 2), 0, 1, 2, 1, 2, 0, 1, 1), gc_leaf(0, 1, 3, (int64_t[]){4, 3, 2})};
+  for (int k = 0; k < 2; k++)
+    for (int r = 0; r < 3; r++) {
+      ce_case c = {targets[k], w, 0.3, (em_reduction)r};
+      em_tensor *x[1] = {gc_leaf(-2, 2, 3, (int64_t[]){4, 3, 2})};
+      gradcheck("cross_entropy weight", ce_fn, &c, 1, x);
+      c.eps = 0;
+      gradcheck("cross_entropy weight", ce_fn, &c, 1, x);
+      if (k == 0) gradcheck("nll_loss weight", nll_fn, &c, 1, x);
+    }
+  em_tensor *in[3] = {em_requires_grad_(em_randn(F, EM_SHAPE(6, 4)), true), T(EM_I64, SHAPE(6), 0, 2, 3, 1, 2, 3),
+                      T(F, SHAPE(4), 0.5, 1, 2, 0.25)};
+  agree("cross_entropy weight", ce_op, 3, in, 1, 1e-6, true);
+  agree("nll_loss weight", nll_op, 3, in, 1, 1e-6, true);
+}
