@@ -240,6 +240,7 @@ typedef struct aot_ctx {
   prim_meta *diff_meta; /* [n_diff] */
   int64_t *diff_offset; /* [n_diff + 1] offsets in the flat vector */
   uint64_t received;    /* bit d: output d's gradient arrived in this backward (its unpacking ran) */
+  int n_activations;    /* saved values that are not primal inputs: they carry no autograd history */
   bool released;
 } aot_ctx;
 
@@ -264,6 +265,17 @@ static bool aot_backward(rt_node *n, em_tensor *g, em_tensor **grads) {
   if (c->released)
     return rt_error(s, n->name, "trying to backward through the compiled graph a second time (its saved tensors were "
                     "freed); pass retain_graph to the first backward"), false;
+  /* create_graph (grad mode on in backward): the backward graph runs in the interpreter, whose
+   * ops are recorded, so the gradient it returns is differentiable again. That is exact only when
+   * every value it reads carries its history: primal inputs do, but activations the compiled
+   * forward computed and saved do not, and a gradient of this gradient would silently miss every
+   * path through them. PyTorch refuses double backward through torch.compile altogether. */
+  if (rt_grad_enabled() && c->n_activations > 0)
+    return rt_error(s, n->name, "double backward (create_graph) through a compiled function is not supported: its "
+                    "backward reads %d activation%s that the compiled forward saved without autograd history, so the "
+                    "gradient of this gradient would be wrong (PyTorch refuses double backward through torch.compile "
+                    "too); run the function uncompiled for higher-order gradients", c->n_activations,
+                    c->n_activations == 1 ? "" : "s"), false;
   for (int i = 0; i < c->n_saved; i++)
     if (em_version(c->saved[i]) != c->saved_version[i]) {
       char b[128];
@@ -357,7 +369,12 @@ bool aot_run(aot_compiled *a, em_tensor *const *in, int n_in, em_tensor **outs, 
   em_set_grad_enabled(prev);
   if (ok) {
     for (int k = 0; k < n_fo; k++) outs[k] = all[k];
-    for (int i = 0; i < n_saved; i++) c->saved[i] = all[n_fo + i], c->saved_version[i] = em_version(all[n_fo + i]);
+    for (int i = 0; i < n_saved; i++) {
+      c->saved[i] = all[n_fo + i], c->saved_version[i] = em_version(all[n_fo + i]);
+      bool primal = false;
+      for (int j = 0; j < n_in && !primal; j++) primal = all[n_fo + i] == in[j];
+      c->n_activations += !primal;
+    }
   }
   c->n_saved = ok ? n_saved : 0;
   c->a = a;

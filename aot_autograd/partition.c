@@ -147,7 +147,7 @@ static int64_t value_bytes(const ir_graph *g, int v) {
 /* Values the backward must not recompute: they are computed in the forward. */
 static bool banned(em_prim op) {
   unsigned f = prim_get(op)->flags;
-  return (f & (P_EXTERN | P_REDUCTION | P_INDEXING)) != 0;
+  return (f & (P_EXTERN | P_REDUCTION | P_INDEXING | P_SCAN)) != 0;
 }
 
 /* Copies the nodes of j whose results are marked in take into dst, in order; map holds the

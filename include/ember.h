@@ -269,7 +269,9 @@ em_tensor *em_randint_at(int64_t low, int64_t high, int ndim, const int64_t *siz
 
 /* Unary, [..] -> [..]. Float functions (f32, f64; ints promote to f32): exp log log1p expm1 sqrt
  * rsqrt sin cos tanh erf reciprocal (torch.exp, ...; rsqrt = 1/sqrt). Any numeric dtype: neg
- * (not bool) abs sign floor ceil (identity on integers). logical_not: any dtype -> bool. */
+ * (not bool) abs sign floor ceil (identity on integers). logical_not: any dtype -> bool.
+ * sign, floor and ceil are piecewise constant: their gradient is zero, and their output requires
+ * grad when x does (as in PyTorch), so a backward through them gives zeros, not an error. */
 #define em_neg(x) em_neg_at((x), EM_HERE)
 em_tensor *em_neg_at(em_tensor *x, em_site site);
 #define em_abs(x) em_abs_at((x), EM_HERE)
@@ -300,6 +302,17 @@ em_tensor *em_sign_at(em_tensor *x, em_site site);
 em_tensor *em_floor_at(em_tensor *x, em_site site);
 #define em_ceil(x) em_ceil_at((x), EM_HERE)
 em_tensor *em_ceil_at(em_tensor *x, em_site site);
+/* Rounding to an integral value, same dtype (identity on integers, as torch). round: to the
+ * nearest, halves to even (torch.round; -0.4 gives -0.0); trunc: towards zero (torch.trunc);
+ * frac: x - trunc(x) with x's sign (torch.frac; f32/f64 only, integers are refused as torch
+ * does). NaN and inf pass through round and trunc; frac(inf) is NaN. Gradients are zero for
+ * round and trunc, g for frac. The result is a new tensor owned by the current scope. */
+#define em_round(x) em_round_at((x), EM_HERE)
+em_tensor *em_round_at(em_tensor *x, em_site site);
+#define em_trunc(x) em_trunc_at((x), EM_HERE)
+em_tensor *em_trunc_at(em_tensor *x, em_site site);
+#define em_frac(x) em_frac_at((x), EM_HERE)
+em_tensor *em_frac_at(em_tensor *x, em_site site);
 #define em_reciprocal(x) em_reciprocal_at((x), EM_HERE)
 em_tensor *em_reciprocal_at(em_tensor *x, em_site site);
 #define em_logical_not(x) em_logical_not_at((x), EM_HERE)
@@ -504,6 +517,95 @@ em_tensor *em_scatter_add_at(em_tensor *x, int axis, em_tensor *index, em_tensor
                              em_site site);
 
 /* ------------------------------------------------------------------------------------------ */
+/* Language-model ops: scans, sorting, sampling, splitting, triangular masks and gradient
+ * clipping. axis counts from the end when negative; a 0-dim x takes axis 0 or -1 (as torch).
+ * Results are owned by the current scope; dtypes as stated; errors (NULL, or -1 for the
+ * counting functions, with a message naming the op and the shapes): NULL or EM_NONE input, axis
+ * out of range, and the op's own below. Everything runs on the CPU and CUDA, traces into
+ * compiled graphs and, where torch has a gradient, differentiates.                            */
+
+/* Cumulative sum and product along axis: out[..., i, ...] = x[..., 0, ...] + ... + x[..., i, ...]
+ * (product likewise). Same shape; floats keep their dtype (accumulated in f64 on both devices,
+ * each partial rounded once, as torch's CPU kernel), integers and bool give i64 (wrapping).
+ * Differentiable; cumprod's gradient is exact where x has zeros (torch's cumprod_backward).
+ * Match torch.cumsum, torch.cumprod. */
+#define em_cumsum(x, axis) em_cumsum_at((x), (axis), EM_HERE)
+em_tensor *em_cumsum_at(em_tensor *x, int axis, em_site site);
+#define em_cumprod(x, axis) em_cumprod_at((x), (axis), EM_HERE)
+em_tensor *em_cumprod_at(em_tensor *x, int axis, em_site site);
+/* The i64 indices that sort x along axis (ascending, or descending), x's shape. Stable: equal
+ * elements keep their order (a valid result of torch's default unstable sort too). NaN is
+ * larger than every number (last ascending, first descending); -0.0 equals 0.0. Any dtype but
+ * f16/bf16 on the CPU. Not differentiable. Matches torch.argsort(x, dim, descending, stable=True). */
+#define em_argsort(x, axis, descending) em_argsort_at((x), (axis), (descending), EM_HERE)
+em_tensor *em_argsort_at(em_tensor *x, int axis, bool descending, em_site site);
+/* Sorted values of x along axis (x's shape and dtype), ordered as em_argsort; *indices (if not
+ * NULL) receives the i64 indices, owned by the current scope (NULL on error). The values are
+ * differentiable (their gradient is scattered back to the sorted positions); the indices are
+ * not. Matches torch.sort(x, dim, descending, stable=True) -> (values, indices). */
+#define em_sort(x, axis, descending, indices) em_sort_at((x), (axis), (descending), (indices), EM_HERE)
+em_tensor *em_sort_at(em_tensor *x, int axis, bool descending, em_tensor **indices, em_site site);
+/* The k largest (or smallest) elements of x along axis, x's shape with axis of size k, always in
+ * sorted order (largest first, or smallest first; among equal elements the first comes first)
+ * whatever `sorted` says, an order torch.topk(sorted=False) may also give. *indices (if not
+ * NULL) receives their i64 indices, owned by the current scope. Values differentiable, as
+ * em_sort. Errors: k < 0 or k > x.size(axis). Matches torch.topk(x, k, dim, largest, sorted). */
+#define em_topk(x, k, axis, largest, sorted, indices) em_topk_at((x), (k), (axis), (largest), (sorted), (indices), EM_HERE)
+em_tensor *em_topk_at(em_tensor *x, int64_t k, int axis, bool largest, bool sorted, em_tensor **indices, em_site site);
+/* num_samples category indices (i64) drawn from each row of probs [C] or [N, C] -> [num_samples]
+ * or [N, num_samples]. probs are non-negative weights (f32 or f64; f16/bf16 on CUDA), not
+ * necessarily summing to 1. With replacement each draw is independent (inverse CDF); without,
+ * a category is drawn at most once per row (the exponential-race method torch uses: the
+ * num_samples largest of p / E with E ~ Exp(1)). Draws come from Ember's Philox generator, so
+ * em_manual_seed makes them reproducible, compiled or not (the values differ from PyTorch's).
+ * The probabilities are checked as torch checks them, which reads a count back from the device
+ * (a sync; inside a compiled function, a graph break). Errors: probs not 1-D or 2-D, not
+ * floating, no categories, num_samples < 1, num_samples > C without replacement, an element
+ * negative, infinite or NaN, a row summing to 0, or without replacement fewer than num_samples
+ * non-zero categories in a row. Matches torch.multinomial(probs, num_samples, replacement). */
+#define em_multinomial(probs, num_samples, replacement) em_multinomial_at((probs), (num_samples), (replacement), EM_HERE)
+em_tensor *em_multinomial_at(em_tensor *probs, int64_t num_samples, bool replacement, em_site site);
+
+/* Split x along axis into views: pieces of split_size (the last one shorter when split_size does
+ * not divide the size; one empty piece when the size is 0), or of the n_sizes given sizes (>= 0,
+ * summing to the size), or into at most `chunks` pieces of ceil(size / chunks) (fewer when
+ * they run out; `chunks` empty pieces when the size is 0). The pieces are written to out[0..count)
+ * and the count is returned; each piece is a view of x (it shares x's storage, and gradients
+ * flow back to x) owned by the current scope like any op result, so the caller releases
+ * nothing. With out NULL and max_out 0, em_split and em_chunk only return the count. Errors
+ * (-1, out's entries NULL): x 0-dim, split_size < 1 (0 only for a size-0 axis), chunks < 1,
+ * sizes that are negative or do not add up, more pieces than max_out. Match torch.split(x,
+ * split_size, dim), torch.split(x, sizes, dim), torch.chunk(x, chunks, dim). */
+#define em_split(x, split_size, axis, out, max_out) em_split_at((x), (split_size), (axis), (out), (max_out), EM_HERE)
+int em_split_at(em_tensor *x, int64_t split_size, int axis, em_tensor **out, int max_out, em_site site);
+#define em_split_sizes(x, n_sizes, sizes, axis, out) em_split_sizes_at((x), (n_sizes), (sizes), (axis), (out), EM_HERE)
+int em_split_sizes_at(em_tensor *x, int n_sizes, const int64_t *sizes, int axis, em_tensor **out, em_site site);
+#define em_chunk(x, chunks, axis, out, max_out) em_chunk_at((x), (chunks), (axis), (out), (max_out), EM_HERE)
+int em_chunk_at(em_tensor *x, int chunks, int axis, em_tensor **out, int max_out, em_site site);
+
+/* x [..., m, n] with the elements above (tril) or below (triu) the given diagonal set to zero:
+ * tril keeps x[..., i, j] where j - i <= diagonal, triu where j - i >= diagonal (0: the main
+ * diagonal, > 0 above it, < 0 below). Leading dims are a batch. Any dtype; differentiable (the
+ * gradient is masked the same way). Errors: fewer than 2 dims. Match torch.tril, torch.triu. */
+#define em_tril(x, diagonal) em_tril_at((x), (diagonal), EM_HERE)
+em_tensor *em_tril_at(em_tensor *x, int64_t diagonal, em_site site);
+#define em_triu(x, diagonal) em_triu_at((x), (diagonal), EM_HERE)
+em_tensor *em_triu_at(em_tensor *x, int64_t diagonal, em_site site);
+
+/* Clips the gradients of n parameters (borrowed for the call) by their total norm: with
+ * total = the norm_type-norm of all their .grad together (2: Euclidean, INFINITY: largest
+ * magnitude, any p > 0: (sum |g|^p)^(1/p)), every .grad is scaled in place, without grad, by
+ * min(1, max_norm / (total + 1e-6)). Parameters without a .grad are skipped. Returns total as a
+ * 0-dim tensor (f64 if any gradient is f64, else f32; an f32 0 when no parameter has a grad),
+ * owned by the current scope. Nothing is read back to the host, so inside a compiled training
+ * step it traces into the graph. Errors: n < 0, params NULL, max_norm negative or NaN,
+ * norm_type not > 0 (NaN included). Matches torch.nn.utils.clip_grad_norm_(params, max_norm,
+ * norm_type) (foreach=False, error_if_nonfinite=False). */
+#define em_clip_grad_norm_(n, params, max_norm, norm_type) \
+  em_clip_grad_norm__at((n), (params), (max_norm), (norm_type), EM_HERE)
+em_tensor *em_clip_grad_norm__at(int n, em_tensor *const *params, double max_norm, double norm_type, em_site site);
+
+/* ------------------------------------------------------------------------------------------ */
 /* Extern kernels: GEMM and convolution through oneDNN (f32) and OpenBLAS (f64).               */
 
 /* Matrix product with torch.matmul's rules: a [..., m, k] @ b [..., k, n] -> [..., m, n], batch
@@ -628,7 +730,11 @@ void em_no_grad_end(void);
  * records the backward itself so it can be differentiated again (implies retain_graph).
  * Returns false with an error on: out not requiring grad, a grad of the wrong shape, a saved
  * tensor modified in place since it was saved (naming both ops and their source lines), or a
- * second backward through a freed graph. Matches torch.autograd.backward. */
+ * second backward through a freed graph. Matches torch.autograd.backward. create_graph through
+ * the output of a compiled function (em_call) works when the compiled backward reads only the
+ * function's inputs (the min-cut partitioner often recomputes everything else from them) and is
+ * refused with an error naming the function when it reads activations the compiled forward
+ * saved (they carry no history); PyTorch refuses double backward through torch.compile always. */
 #define em_backward(out, grad) em_backward_at((out), (grad), false, false, EM_HERE)
 #define em_backward_ex(out, grad, retain_graph, create_graph) \
   em_backward_at((out), (grad), (retain_graph), (create_graph), EM_HERE)
@@ -667,7 +773,8 @@ em_tensor *em_sigmoid_at(em_tensor *x, em_site site);
 #define em_softplus(x, beta, threshold) em_softplus_at((x), (beta), (threshold), EM_HERE)
 em_tensor *em_softplus_at(em_tensor *x, double beta, double threshold, em_site site);
 /* Along axis, max-subtracted for stability: exp(x - max) / sum, x - logsumexp(x), and
- * log(sum(exp(x))) (keepdim as stated). F.softmax, F.log_softmax, torch.logsumexp. */
+ * log(sum(exp(x))) (keepdim as stated). F.softmax, F.log_softmax, torch.logsumexp (over a
+ * size-0 extent: -inf, as torch). */
 #define em_softmax(x, axis) em_softmax_at((x), (axis), EM_HERE)
 em_tensor *em_softmax_at(em_tensor *x, int axis, em_site site);
 #define em_log_softmax(x, axis) em_log_softmax_at((x), (axis), EM_HERE)
@@ -808,9 +915,20 @@ em_tensor *em_avg_pool2d_ex_at(em_tensor *x, em_pool2d_opts opts, em_site site);
   em_scaled_dot_product_attention_at((q), (k), (v), (causal), (dropout_p), (scale), EM_HERE)
 em_tensor *em_scaled_dot_product_attention_at(em_tensor *q, em_tensor *k, em_tensor *v, bool causal, double dropout_p,
                                               double scale, em_site site);
-/* min(max(x, lo), hi); use -INFINITY / INFINITY for no bound. torch.clamp. */
+/* min(max(x, lo), hi), dtype torch.result_type(x, lo, hi) (an integer x with a fractional
+ * bound gives f32); use -INFINITY / INFINITY for no bound. torch.clamp: lo > hi gives hi
+ * everywhere, a NaN in x or a bound gives NaN. Gradient as torch's clamp_backward: x gets g
+ * where lo <= x <= hi (the whole of g at a bound, not half), 0 elsewhere. */
 #define em_clamp(x, lo, hi) em_clamp_at((x), (lo), (hi), EM_HERE)
 em_tensor *em_clamp_at(em_tensor *x, double lo, double hi, em_site site);
+/* clamp with tensor bounds (torch.clamp(x, min=lo, max=hi) with tensors): lo and hi broadcast
+ * with x (either may be EM_NONE for no bound; NULL is an earlier failure and gives NULL); the
+ * result has the broadcast shape and dtype torch.result_type of the three. Gradients (torch's
+ * clamp_backward_min_max): x gets g where lo <= x <= hi; lo gets g where x < lo <= hi; hi gets
+ * g where x > hi or hi < lo; each summed back to its own shape. Errors: shapes that do not
+ * broadcast, both bounds EM_NONE. */
+#define em_clamp_tensor(x, lo, hi) em_clamp_tensor_at((x), (lo), (hi), EM_HERE)
+em_tensor *em_clamp_tensor_at(em_tensor *x, em_tensor *lo, em_tensor *hi, em_site site);
 /* indices [...] (i64/i32, in [0, n)) -> i64 [..., n] with a 1 at each index, owned by the current
  * scope. n = -1 infers n as max(indices) + 1, as torch's num_classes=-1: that maximum is read
  * back to the host (a sync; under em_compile a graph break, as the shape depends on it). The

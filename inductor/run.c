@@ -256,8 +256,11 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
       } else if (st->alias && ir_is_contiguous(ops[0]->ndim, ops[0]->sizes, ops[0]->strides)) {
         r = em_retain(ops[0]);
       } else {
+        /* a creation node is made on the device the graph recorded (see rt_interpret) */
+        em_device prev = n->n_in ? EM_CPU : em_set_default_device(g->values[n->out].type.device);
         r = n->op == EM_PRIM_RESHAPE ? rt_reshape(ops[0], at.shape.ndim, at.shape.sizes, n->opname, n->site)
                                      : rt_dispatch(n->opname, n->op, ops, n->n_in, &at, n->site);
+        if (!n->n_in) em_set_default_device(prev);
         if (prof && r && n->op == EM_PRIM_MATMUL) profile_gemm_add(ops[0], ops[1], now_ms() - t0);
       }
       if (ops != small) rt_free(ops);

@@ -220,6 +220,7 @@ bool ir_attrs_equal(em_prim op, const prim_attrs *a, const prim_attrs *b) {
       (a->n_axes != b->n_axes || memcmp(a->axes, b->axes, sizeof(int64_t) * (size_t)a->n_axes)))
     return false;
   if (has(op, "keepdim") && a->keepdim != b->keepdim) return false;
+  if (has(op, "descending") && a->descending != b->descending) return false;
   if (has(op, "shape") && (a->shape.ndim != b->shape.ndim ||
                            memcmp(a->shape.sizes, b->shape.sizes, sizeof(int64_t) * (size_t)a->shape.ndim)))
     return false;
@@ -251,6 +252,7 @@ uint64_t ir_attrs_hash(em_prim op, const prim_attrs *a, uint64_t h) {
     for (int i = 0; i < a->n_axes; i++) h = mix(h, (uint64_t)a->axes[i]);
   }
   if (has(op, "keepdim")) h = mix(h, a->keepdim);
+  if (has(op, "descending")) h = mix(h, a->descending);
   if (has(op, "shape")) {
     h = mix(h, (uint64_t)a->shape.ndim);
     for (int i = 0; i < a->shape.ndim; i++) h = mix(h, (uint64_t)a->shape.sizes[i]);

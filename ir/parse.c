@@ -235,10 +235,11 @@ static bool find_prim(parser *ps, const char *name, em_prim *op) {
 
 static bool attr(parser *ps, const char *name, prim_attrs *a) {
   if (!strcmp(name, "axes")) return int_list(ps, a->axes, &a->n_axes, EM_MAX_DIMS);
-  if (!strcmp(name, "keepdim")) {
-    if (eat(ps, "true")) a->keepdim = true;
-    else if (eat(ps, "false")) a->keepdim = false;
-    else return fail(ps, "keepdim takes true or false");
+  if (!strcmp(name, "keepdim") || !strcmp(name, "descending")) {
+    bool *f = name[0] == 'k' ? &a->keepdim : &a->descending;
+    if (eat(ps, "true")) *f = true;
+    else if (eat(ps, "false")) *f = false;
+    else return fail(ps, "%s takes true or false", name);
     return true;
   }
   if (!strcmp(name, "shape")) return int_list(ps, a->shape.sizes, &a->shape.ndim, EM_MAX_DIMS);

@@ -105,6 +105,7 @@ static void put_attrs(ir_sbuf *b, em_prim op, const prim_attrs *a) {
 #define IS(name) (n == strlen(name) && !strncmp(s, name, n))
     if (IS("axes")) ir_sb_printf(b, ", axes="), put_list(b, a->axes, a->n_axes);
     else if (IS("keepdim")) ir_sb_printf(b, ", keepdim=%s", a->keepdim ? "true" : "false");
+    else if (IS("descending")) ir_sb_printf(b, ", descending=%s", a->descending ? "true" : "false");
     else if (IS("shape")) ir_sb_printf(b, ", shape="), put_list(b, a->shape.sizes, a->shape.ndim);
     else if (IS("dtype")) ir_sb_printf(b, ", dtype=%s", ir_dtype_valid(a->dtype) ? ir_dtype(a->dtype)->name : "?");
     else if (IS("start")) ir_sb_printf(b, ", start=%lld", (long long)a->start);
@@ -174,7 +175,7 @@ bool ir_print_file(const ir_graph *g, FILE *f) {
 
 static const char *family_colour(em_prim op) {
   unsigned f = prim_get(op)->flags;
-  if (f & P_EXTERN) return "#f4a582";
+  if (f & (P_EXTERN | P_SCAN)) return "#f4a582";
   if (f & P_REDUCTION) return "#92c5de";
   if (f & P_VIEW) return "#e0e0e0";
   if (f & (P_MOVEMENT | P_INDEXING)) return "#d9f0d3";

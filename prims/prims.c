@@ -375,6 +375,18 @@ static bool meta_index(em_prim op, const prim_attrs *at, const prim_meta *in, in
   return true;
 }
 
+/* Scans and argsort: one axis (a 0-dim operand takes 0 or -1, as torch.cumsum and torch.sort do);
+ * the result has the operand's shape; scans of integers and bool give i64, argsort gives i64. */
+static bool meta_scan(em_prim op, const prim_attrs *at, const prim_meta *x, prim_meta *out, char *err, size_t cap) {
+  char b0[96];
+  if (at->n_axes != 1) return fail(err, cap, "runs along one axis, got %d axes", at->n_axes);
+  if (ir_norm_axis(at->axes[0], x->ndim ? x->ndim : 1) < 0)
+    return fail(err, cap, "axis %lld out of range for %s", (long long)at->axes[0], fmt(b0, 96, x));
+  em_dtype dt = op == EM_PRIM_ARGSORT || !ir_is_float(x->dtype) ? EM_I64 : x->dtype;
+  set_shape(out, dt, x->ndim, x->sizes);
+  return true;
+}
+
 /* ---- canonical attributes ------------------------------------------------------------- */
 
 static void sort_axes(int64_t *a, int n) {
@@ -390,7 +402,7 @@ void prim_canonical_attrs(em_prim op, prim_attrs *at, int in_ndim) {
   int nd = in_ndim;
   bool ordered = op == EM_PRIM_PERMUTE; /* permute's order is its meaning; the others' is not */
   if (op == EM_PRIM_UNSQUEEZE) nd = in_ndim + 1;
-  if (prim_get(op)->flags & P_INDEXING) nd = in_ndim ? in_ndim : 1; /* a 0-dim operand takes axis 0/-1 */
+  if (prim_get(op)->flags & (P_INDEXING | P_SCAN)) nd = in_ndim ? in_ndim : 1; /* a 0-dim operand takes axis 0/-1 */
   bool all_valid = true;
   for (int i = 0; i < at->n_axes; i++) {
     int64_t a = at->axes[i];
@@ -454,6 +466,7 @@ static bool meta_fn(em_prim op, const prim_attrs *at, const prim_meta *in, int n
   if (pi->flags & P_REDUCTION) return meta_reduce(op, at, &in[0], out, err, cap);
   if (pi->flags & P_VIEW) return meta_view(op, at, &in[0], out, err, cap);
   if (pi->flags & P_INDEXING) return meta_index(op, at, in, n_in, out, err, cap);
+  if (pi->flags & P_SCAN) return meta_scan(op, at, &in[0], out, err, cap);
   switch (op) {
   case EM_PRIM_CLONE:
     set_shape(out, in[0].dtype, in[0].ndim, in[0].sizes);
@@ -560,5 +573,6 @@ bool prim_run(em_prim op, const prim_attrs *at, const prim_buf *out, const prim_
   if (f & (P_MOVEMENT | P_INDEXING)) return prim_run_movement(op, at, out, in, n_in, err, cap);
   if (f & P_CREATION) return prim_run_creation(op, at, out, err, cap);
   if (f & P_EXTERN) return prim_run_extern(op, at, out, in, err, cap);
+  if (f & P_SCAN) return prim_run_scan(op, at, out, in, err, cap);
   return fail(err, cap, "has no kernel (views are made by the runtime)");
 }

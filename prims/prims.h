@@ -7,7 +7,8 @@
  *
  * Sections: prims.c (table, meta functions, view rules), loop.c (the strided N-d iterator),
  * pointwise.c, reduce.c, movement.c (copies, indexing), creation.c (full, iota, Philox),
- * extern.c (GEMM and convolution through oneDNN / OpenBLAS, with plain-loop references). */
+ * extern.c (GEMM and convolution through oneDNN / OpenBLAS, with plain-loop references), scan.c
+ * (cumulative sum and product, argsort). */
 #ifndef EMBER_PRIMS_H
 #define EMBER_PRIMS_H
 
@@ -37,6 +38,7 @@ enum {
   P_RANDOM = 1 << 11,
   P_COMMUTATIVE = 1 << 12,
   P_SAVES_INPUTS = 1 << 13,
+  P_SCAN = 1 << 14,
 };
 
 typedef struct prim_info {
@@ -54,6 +56,7 @@ typedef struct prim_attrs {
   int n_axes;                   /* axes: reductions, permute, squeeze, flip; one axis for */
   int64_t axes[EM_MAX_DIMS];    /*   slice, unsqueeze, cat, gather, index_select, scatter_add */
   bool keepdim;                 /* reductions */
+  bool descending;              /* argsort */
   ir_shape shape;               /* reshape, expand, creation; conv backward: result shape */
   em_dtype dtype;               /* convert, creation */
   int64_t start, stop, step;    /* slice (normalised: 0 <= start <= stop <= size, step >= 1) */
@@ -202,6 +205,8 @@ bool prim_run_creation(em_prim op, const prim_attrs *at, const prim_buf *out, ch
                        size_t cap);
 bool prim_run_extern(em_prim op, const prim_attrs *at, const prim_buf *out, const prim_buf *in,
                      char *err, size_t cap);
+bool prim_run_scan(em_prim op, const prim_attrs *at, const prim_buf *out, const prim_buf *in, char *err,
+                   size_t cap);
 
 /* Plain-loop references for the extern prims, kept as the oracle for the library paths. */
 void prim_matmul_ref(const prim_buf *out, const prim_buf *a, const prim_buf *b);

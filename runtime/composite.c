@@ -119,13 +119,29 @@ em_tensor *em_softmax_at(em_tensor *x, int axis, em_site site) {
   END(em_div_at(e, em_sum_at(e, 1, &ax, true, site), site), site);
 }
 
+/* Number of elements reduced over (n_axes = 0: all). */
+static int64_t reduced_count(em_tensor *x, int n, const int64_t *axes) {
+  if (n == 0) return x->numel;
+  int64_t c = 1;
+  for (int i = 0; i < n; i++) {
+    int a = ir_norm_axis(axes[i], x->ndim);
+    if (a >= 0) c *= x->sizes[a];
+  }
+  return c;
+}
+
 em_tensor *em_logsumexp_at(em_tensor *x, int n_axes, const int64_t *axes, bool keepdim, em_site site) {
   if (!x || !float_arg(x, "em_logsumexp", site) || !rt_axes_arg(x, n_axes, axes, "em_logsumexp", site)) return NULL;
   BEGIN(site);
-  em_tensor *m = em_detach_at(em_amax_at(x, n_axes, axes, true, site), site);
-  m = m ? em_where_at(em_eq_scalar_at(em_abs_at(m, site), INFINITY, site), num(x->dtype, 0, site), m, site) : NULL;
-  em_tensor *s = em_log_at(em_sum_at(em_exp_at(em_sub_at(x, m, site), site), n_axes, axes, true, site), site);
-  em_tensor *r = em_add_at(s, m, site);
+  em_tensor *r;
+  if (reduced_count(x, n_axes, axes) == 0) { /* log of an empty sum: -inf, as torch (amax has no identity) */
+    r = em_log_at(em_sum_at(x, n_axes, axes, true, site), site);
+  } else {
+    em_tensor *m = em_detach_at(em_amax_at(x, n_axes, axes, true, site), site);
+    m = m ? em_where_at(em_eq_scalar_at(em_abs_at(m, site), INFINITY, site), num(x->dtype, 0, site), m, site) : NULL;
+    em_tensor *s = em_log_at(em_sum_at(em_exp_at(em_sub_at(x, m, site), site), n_axes, axes, true, site), site);
+    r = em_add_at(s, m, site);
+  }
   if (r && !keepdim) r = em_squeeze_at(r, n_axes, axes, site);
   if (r && !keepdim && n_axes == 0) r = em_reshape_at(r, 0, NULL, site);
   END(r, site);
@@ -138,17 +154,6 @@ em_tensor *em_log_softmax_at(em_tensor *x, int axis, em_site site) {
   int64_t ax = a;
   em_tensor *z = shifted(x, 1, &ax, site);
   END(em_sub_at(z, em_log_at(em_sum_at(em_exp_at(z, site), 1, &ax, true, site), site), site), site);
-}
-
-/* Number of elements reduced over (n_axes = 0: all). */
-static int64_t reduced_count(em_tensor *x, int n, const int64_t *axes) {
-  if (n == 0) return x->numel;
-  int64_t c = 1;
-  for (int i = 0; i < n; i++) {
-    int a = ir_norm_axis(axes[i], x->ndim);
-    if (a >= 0) c *= x->sizes[a];
-  }
-  return c;
 }
 
 em_tensor *em_mean_at(em_tensor *x, int n_axes, const int64_t *axes, bool keepdim, em_site site) {
@@ -654,16 +659,84 @@ em_tensor *em_scaled_dot_product_attention_at(em_tensor *q, em_tensor *k, em_ten
   END(em_matmul_at(a, v, site), site);
 }
 
-/* Exactly min(max(x, lo), hi), as torch.clamp: lo > hi gives hi everywhere, a NaN bound gives
- * NaN (maximum and minimum propagate NaN), an infinite bound is skipped. */
+/* torch.clamp over tensor bounds (EM_NONE: no bound). The value is min(max(x, lo), hi): lo > hi
+ * gives hi everywhere, and a NaN in x or a bound gives NaN, as maximum and minimum propagate it.
+ * Their tie rule would hand x half the gradient at a bound, where torch's clamp_backward passes
+ * all of it, so when a gradient is wanted the same value is rebuilt as selects that route g as
+ * torch's clamp_backward_min_max does: to hi where x > hi or lo > hi, to lo where x < lo < hi,
+ * to x elsewhere (lo <= x <= hi). The NaN cases keep the detached min/max value. */
+static em_tensor *clamp(em_tensor *x, em_tensor *lo, em_tensor *hi, em_site site) {
+  em_tensor *v = x;
+  if (lo != EM_NONE) v = em_maximum_at(v, lo, site);
+  if (hi != EM_NONE) v = em_minimum_at(v, hi, site);
+  bool grad = rt_grad_enabled() && (x->requires_grad || (lo != EM_NONE && lo->requires_grad) ||
+                                    (hi != EM_NONE && hi->requires_grad));
+  if (!v || !grad || !ir_is_float(v->dtype)) return v;
+  em_tensor *r = x;
+  if (lo != EM_NONE && hi != EM_NONE) {
+    em_tensor *to_hi = em_logical_or_at(em_gt_at(x, hi, site), em_gt_at(lo, hi, site), site);
+    em_tensor *to_lo = em_logical_and_at(em_lt_at(x, lo, site), em_lt_at(lo, hi, site), site);
+    r = em_where_at(to_hi, hi, em_where_at(to_lo, lo, x, site), site);
+  } else if (lo != EM_NONE) {
+    r = em_where_at(em_lt_at(x, lo, site), lo, x, site);
+  } else {
+    r = em_where_at(em_gt_at(x, hi, site), hi, x, site);
+  }
+  /* promote r to v's dtype, and broadcast it (x may have been the smaller operand) */
+  return em_where_at(em_ne_at(v, v, site), em_detach_at(v, site), em_cast_at(r, v->dtype, site), site);
+}
+
 em_tensor *em_clamp_at(em_tensor *x, double lo, double hi, em_site site) {
   if (!x) return NULL;
   BEGIN(site);
-  em_tensor *r = x;
-  if (lo != -INFINITY) r = em_maximum_scalar_at(r, lo, site);
-  if (hi != INFINITY) r = em_minimum_scalar_at(r, hi, site);
-  if (r == x) r = em_clone_at(x, site);
+  /* number bounds as CPU scalars of the dtype torch.result_type gives them (an integer x with a
+   * fractional bound is f32), so they join x on any device */
+  em_tensor *l = lo == -INFINITY ? EM_NONE : num(ir_promote_scalar(x->dtype, lo != trunc(lo)), lo, site);
+  em_tensor *h = hi == INFINITY ? EM_NONE : num(ir_promote_scalar(x->dtype, hi != trunc(hi)), hi, site);
+  em_tensor *r = !l || !h ? NULL : l == EM_NONE && h == EM_NONE ? em_clone_at(x, site) : clamp(x, l, h, site);
   END(r, site);
+}
+
+em_tensor *em_clamp_tensor_at(em_tensor *x, em_tensor *lo, em_tensor *hi, em_site site) {
+  if (!x || !lo || !hi) return NULL;
+  if (!rt_tensor_arg(x, "em_clamp_tensor", site)) return NULL;
+  if (lo == EM_NONE && hi == EM_NONE)
+    return rt_error(site, "em_clamp_tensor", "needs at least one of lo and hi (both are EM_NONE)");
+  if ((lo != EM_NONE && !rt_tensor_arg(lo, "em_clamp_tensor", site)) ||
+      (hi != EM_NONE && !rt_tensor_arg(hi, "em_clamp_tensor", site)))
+    return NULL;
+  BEGIN(site);
+  END(clamp(x, lo, hi, site), site);
+}
+
+/* torch.round: to nearest, halves to even. From floor: d = x - floor(x) is exact, so the tie
+ * test is exact too (no x + 0.5, which rounds for |x| near 2^23 in f32). Integral x (any size)
+ * has d = 0 and stays; NaN and inf come out of the last select unchanged (f + 1 is still NaN
+ * or inf). A zero result takes x's sign (-0.4 rounds to -0.0, as torch) through x * 0. */
+em_tensor *em_round_at(em_tensor *x, em_site site) {
+  if (!x || !rt_tensor_arg(x, "em_round", site)) return NULL;
+  BEGIN(site);
+  if (!ir_is_float(x->dtype)) END(em_clone_at(x, site), site);
+  em_tensor *f = em_floor_at(x, site), *d = em_sub_at(x, f, site), *up = em_add_scalar_at(f, 1, site);
+  em_tensor *even = em_eq_scalar_at(em_remainder_scalar_at(f, 2, site), 0, site);
+  em_tensor *tie = em_where_at(even, f, up, site);
+  em_tensor *r = em_where_at(em_gt_scalar_at(d, 0.5, site), up, em_where_at(em_lt_scalar_at(d, 0.5, site), f, tie, site), site);
+  END(em_where_at(em_eq_scalar_at(r, 0, site), em_mul_scalar_at(x, 0, site), r, site), site);
+}
+
+/* torch.trunc: towards zero (ceil of a negative keeps -0.0 for -0.5, as torch). */
+em_tensor *em_trunc_at(em_tensor *x, em_site site) {
+  if (!x || !rt_tensor_arg(x, "em_trunc", site)) return NULL;
+  BEGIN(site);
+  if (!ir_is_float(x->dtype)) END(em_clone_at(x, site), site);
+  END(em_where_at(em_lt_scalar_at(x, 0, site), em_ceil_at(x, site), em_floor_at(x, site), site), site);
+}
+
+/* torch.frac: x - trunc(x). torch has no integer kernel for it, and neither does Ember. */
+em_tensor *em_frac_at(em_tensor *x, em_site site) {
+  if (!x || !float_arg(x, "em_frac", site)) return NULL;
+  BEGIN(site);
+  END(em_sub_at(x, em_trunc_at(x, site), site), site);
 }
 
 em_tensor *em_one_hot_at(em_tensor *idx, int64_t n, em_site site) {
@@ -730,7 +803,7 @@ static em_tensor *alpha_op(bool sub, em_tensor *a, em_tensor *b, double alpha, e
   RT_ARG(a, name, site);
   RT_ARG(b, name, site);
   char b0[128], b1[128];
-  em_dtype dt = ir_promote(a->dtype, b->dtype);
+  em_dtype dt = rt_result_type(a, b);
   if (!ir_is_float(dt) && !(isfinite(alpha) && alpha == trunc(alpha)))
     return rt_error(site, name, "alpha %g must be an integer for integer operands: a is %s, b is %s", alpha,
                     rt_fmt(b0, sizeof b0, a), rt_fmt(b1, sizeof b1, b));
@@ -805,7 +878,7 @@ em_tensor *em_div_mode_at(em_tensor *a, em_tensor *b, em_rounding_mode mode, em_
     BEGIN(site);
     END(em_div_at(a, b, site), site);
   }
-  em_dtype dt = ir_promote(a->dtype, b->dtype);
+  em_dtype dt = rt_result_type(a, b);
   if (dt == EM_BOOL) /* torch has no rounding division of bools either */
     return rt_error(site, name, "needs numeric operands, got a %s and b %s", rt_fmt(b0, sizeof b0, a), rt_fmt(b1, sizeof b1, b));
   BEGIN(site);
@@ -821,14 +894,14 @@ em_tensor *em_div_mode_at(em_tensor *a, em_tensor *b, em_rounding_mode mode, em_
     }
     if (r && dt != EM_I64) r = em_cast_at(r, dt, site);
   } else if (ac && bc && mode == EM_ROUND_TRUNC) { /* torch's div_trunc: trunc(a / b) */
-    em_tensor *q = em_div_at(ac, bc, site);
-    r = em_where_at(em_lt_scalar_at(q, 0, site), em_ceil_at(q, site), em_floor_at(q, site), site);
+    r = em_trunc_at(em_div_at(ac, bc, site), site);
   } else if (ac && bc) {
     r = float_floor_div(ac, bc, site);
   }
-  /* The gradient is zero, as torch's (grad * 0) for both operands: a select that never picks
-   * a + b passes them none, and makes the result require grad as torch's does. */
+  /* The gradient is zero for both operands, as torch's (grad * 0), b = 0 included (where the
+   * floor mode's a / b would pass one): the result is detached, then joined to a + b by a
+   * select that never picks it, which passes zeros and makes the result require grad. */
   if (r && (em_requires_grad(ac) || em_requires_grad(bc)))
-    r = em_where_at(num(EM_BOOL, 0, site), em_add_at(ac, bc, site), r, site);
+    r = em_where_at(num(EM_BOOL, 0, site), em_add_at(ac, bc, site), em_detach_at(r, site), site);
   END(r, site);
 }

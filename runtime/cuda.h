@@ -79,7 +79,7 @@ int cu_free_blocks(cu_allocator *a, bool small);
 
 /* Layout kinds a kernel is specialised to (see cuda_kernels.c). */
 typedef enum cu_layout { CU_CONTIG, CU_BROADCAST, CU_STRIDED } cu_layout;
-typedef enum cu_family { CU_POINTWISE, CU_REDUCE, CU_COPY, CU_FILL, CU_IOTA, CU_PHILOX, CU_INDEX, CU_IM2COL } cu_family;
+typedef enum cu_family { CU_POINTWISE, CU_REDUCE, CU_COPY, CU_FILL, CU_IOTA, CU_PHILOX, CU_INDEX, CU_IM2COL, CU_SCAN, CU_SORT } cu_family;
 /* One kernel: its family, prim, operand and result dtypes, index dtype (indexing), layout kind.
  * CU_IM2COL: CU_CONTIG is im2col, CU_STRIDED col2im. scatter_add has no bool or u8 kernel (CUDA
  * has no byte atomicAdd): those run through i32. */

@@ -15,7 +15,9 @@
  * scatter_add (indices bound-checked into an error word; scatter_add with atomicAdd, so float
  * sums are not in a fixed order, as in PyTorch), full, iota, Philox uniform and normal (the CPU
  * stream's formulas, prims/creation.c: same counters, same words; normals in double, rounded
- * once, as the CPU does), and im2col / col2im for convolutions through cuBLAS.
+ * once, as the CPU does), im2col / col2im for convolutions through cuBLAS, cumulative sums and
+ * products (a thread per line, the CPU's accumulators in the CPU's order: the same bits), and
+ * the passes of a stable merge sort (argsort).
  * Matmul goes to cuBLAS and is not generated. */
 #include "cuda.h"
 #include "../ir/graph.h"
@@ -423,6 +425,59 @@ static bool gen_im2col(ir_sbuf *b, const cu_kernel_key *k, char *name, size_t nc
   return true;
 }
 
+/* cumsum / cumprod: a thread per line along the axis, sequential within it, accumulating as
+ * prims/scan.c does (floats in double, integers and bool in wrapping 64 bits), so both devices
+ * give the same bits. L maps a line's index over the other dims to its first element in out
+ * (stride[0]) and x (stride[1]); os and xs are the strides along the axis. A line of a vocabulary
+ * is some 50k steps of one thread: a block-wide scan would be faster for few long lines, but
+ * this is the order the CPU's results are defined by. */
+static bool gen_scan(ir_sbuf *b, const cu_kernel_key *k, char *name, size_t ncap) {
+  bool sum = k->op == EM_PRIM_CUMSUM, flt = is_float(k->in);
+  const char *I = ctype(k->in), *O = ctype(k->out);
+  snprintf(name, ncap, "em_%s_%s_%s", prim_get(k->op)->name, em_dtype_name(k->in), em_dtype_name(k->out));
+  ir_sb_printf(b, "extern \"C\" __global__ void %s(%s *__restrict__ out, const %s *__restrict__ x, i64 lines, i64 n, i64 os, i64 xs, em_layout L) {\n",
+               name, O, I);
+  ir_sb_printf(b, "  EM_GRID_LOOP(l, lines) {\n    i64 o = em_off(L, 0, l), s = em_off(L, 1, l);\n");
+  ir_sb_printf(b, "    %s acc = %s;\n", flt ? "double" : "unsigned long long", sum ? "0" : "1");
+  ir_sb_printf(b, "    for (i64 i = 0; i < n; i++) {\n      acc %s= (%s)em_ld(x[s + i * xs]);\n", sum ? "+" : "*",
+               flt ? "double" : "unsigned long long");
+  if (flt) ir_sb_printf(b, "      out[o + i * os] = em_to<%s>(acc);\n", O);
+  else ir_sb_printf(b, "      out[o + i * os] = (long long)acc;\n");
+  ir_sb_printf(b, "    }\n  }\n}\n");
+  return true;
+}
+
+/* One pass of a stable bottom-up merge sort of rows of n (key, index) pairs, contiguous, runs of
+ * width w merged into runs of 2w: each element finds its place in the merged run by a binary
+ * search of the sibling run (the rank of the merge-path formulation), counting the sibling's
+ * elements that come strictly before it (from the left run) or not after it (from the right
+ * run), so equal keys keep their order. The first pass reads no index array (iin NULL: the
+ * position in the row). NaN is the largest key and equal to itself (prims/scan.c). log2(n)
+ * passes of n log(w) work, every element in parallel. */
+static bool gen_sort(ir_sbuf *b, const cu_kernel_key *k, char *name, size_t ncap) {
+  const char *T = ctype(k->in);
+  snprintf(name, ncap, "em_argsort_pass_%s", em_dtype_name(k->in));
+  ir_sb_printf(b, "__device__ __forceinline__ bool em_before(%s a, %s b, int desc) {\n", T, T);
+  ir_sb_printf(b, "  auto x = em_ld(desc ? b : a), y = em_ld(desc ? a : b);\n");
+  if (is_float(k->in)) ir_sb_printf(b, "  return x == x && (y != y || x < y);\n}\n");
+  else ir_sb_printf(b, "  return x < y;\n}\n");
+  ir_sb_printf(b, "extern \"C\" __global__ void %s(const %s *__restrict__ kin, const i64 *__restrict__ iin, %s *__restrict__ kout, "
+               "i64 *__restrict__ iout, i64 total, i64 n, i64 w, int desc) {\n", name, T, T);
+  ir_sb_printf(b, "  EM_GRID_LOOP(e, total) {\n"
+               "    i64 p = e %% n, base = e - p, s = p / (2 * w) * (2 * w);\n"
+               "    %s key = kin[e];\n    i64 id = iin ? iin[e] : p;\n"
+               "    bool left = p - s < w;\n"
+               "    i64 b0 = left ? s + w : s, b1 = left ? s + 2 * w : s + w;\n"
+               "    if (b1 > n) b1 = n;\n    if (b0 > b1) b0 = b1;\n"
+               "    i64 lo = b0, hi = b1;\n"
+               "    while (lo < hi) {\n      i64 mid = lo + (hi - lo) / 2;\n"
+               "      bool go = left ? em_before(kin[base + mid], key, desc) : !em_before(key, kin[base + mid], desc);\n"
+               "      if (go) lo = mid + 1; else hi = mid;\n    }\n"
+               "    i64 pos = s + (left ? p - s : p - s - w) + (lo - b0);\n"
+               "    kout[base + pos] = key;\n    iout[base + pos] = id;\n  }\n}\n", T);
+  return true;
+}
+
 const char *cu_kernel_prelude(void) { return prelude; }
 
 bool cu_kernel_body(const cu_kernel_key *k, char **src, char *name, size_t ncap) {
@@ -438,6 +493,8 @@ bool cu_kernel_body(const cu_kernel_key *k, char **src, char *name, size_t ncap)
   case CU_PHILOX: ok = (k->out == EM_F32 || k->out == EM_F64) && gen_philox(&b, k, name, ncap); break;
   case CU_INDEX: ok = ctype(k->idx) && gen_index(&b, k, name, ncap); break;
   case CU_IM2COL: ok = is_float(k->in) && gen_im2col(&b, k, name, ncap); break;
+  case CU_SCAN: ok = gen_scan(&b, k, name, ncap); break;
+  case CU_SORT: ok = gen_sort(&b, k, name, ncap); break;
   default: ok = false;
   }
   if (!ok) return free(b.s), false;
@@ -549,6 +606,10 @@ int cu_kernel_keys(cu_kernel_key *keys, int cap) {
         }
       } else if (op == EM_PRIM_PHILOX_UNIFORM || op == EM_PRIM_PHILOX_NORMAL) {
         if (dt == EM_F32 || dt == EM_F64) n = add_key(keys, cap, n, (cu_kernel_key){CU_PHILOX, op, dt, dt, EM_I64, CU_CONTIG});
+      } else if (fl & P_SCAN) {
+        prim_attrs at = {.n_axes = 1, .axes = {1}};
+        if (!result_dtype((em_prim)op, &at, &dt, 1, 2, &out)) continue;
+        n = add_key(keys, cap, n, (cu_kernel_key){op == EM_PRIM_ARGSORT ? CU_SORT : CU_SCAN, op, dt, out, EM_I64, CU_STRIDED});
       } else if (op == EM_PRIM_IOTA) {
         n = add_key(keys, cap, n, (cu_kernel_key){CU_IOTA, op, dt, dt, EM_I64, CU_CONTIG});
       }

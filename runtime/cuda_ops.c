@@ -373,6 +373,71 @@ static bool creation(em_prim op, const prim_attrs *at, em_tensor *out, char *err
   return run((cu_kernel_key){CU_PHILOX, op, out->dtype, out->dtype, EM_I64, CU_CONTIG}, calls, 256, p, err, cap);
 }
 
+/* ---- scans and argsort along one axis ---- */
+
+/* The layout over x's lines along axis a (its other dims), with out's (stride[0]) and x's
+ * (stride[1]) strides: line l starts at em_off(L, k, l). */
+static k_layout lines_layout(const em_tensor *out, const em_tensor *x, int a) {
+  k_layout L = {0};
+  for (int d = 0; d < x->ndim; d++) {
+    if (d == a) continue;
+    L.size[L.ndim] = x->sizes[d], L.stride[0][L.ndim] = out->strides[d], L.stride[1][L.ndim++] = x->strides[d];
+  }
+  return *fit(&L);
+}
+
+static bool scan(em_prim op, const prim_attrs *at, em_tensor *out, em_tensor *x, char *err, size_t cap) {
+  int a = ir_norm_axis(at->axes[0], x->ndim ? x->ndim : 1);
+  int64_t n = x->ndim ? x->sizes[a] : 1, lines = n ? x->numel / n : 0;
+  int64_t os = x->ndim ? out->strides[a] : 1, xs = x->ndim ? x->strides[a] : 1;
+  k_layout L = lines_layout(out, x, a);
+  uint64_t o = dptr(out), s = dptr(x);
+  void *p[] = {&o, &s, &lines, &n, &os, &xs, &L};
+  return run((cu_kernel_key){CU_SCAN, op, x->dtype, out->dtype, EM_I64, CU_STRIDED}, lines, 128, p, err, cap);
+}
+
+/* A view of t with axis a moved last (sizes and strides permuted). */
+static em_tensor *axis_last(em_tensor *t, int a) {
+  int64_t sizes[EM_MAX_DIMS], strides[EM_MAX_DIMS];
+  int k = 0;
+  for (int d = 0; d < t->ndim; d++)
+    if (d != a) sizes[k] = t->sizes[d], strides[k++] = t->strides[d];
+  if (t->ndim) sizes[k] = t->sizes[a], strides[k] = t->strides[a];
+  return view(t, t->ndim, sizes, strides, t->offset);
+}
+
+/* Stable argsort: x's rows (axis moved last) copied into a contiguous key buffer, then
+ * ceil(log2 n) merge passes (cuda_kernels.c, gen_sort) between two (key, index) buffer pairs,
+ * the last pass's indices copied into out. */
+static bool argsort(const prim_attrs *at, em_tensor *out, em_tensor *x, char *err, size_t cap) {
+  int a = ir_norm_axis(at->axes[0], x->ndim ? x->ndim : 1);
+  int64_t n = x->ndim ? x->sizes[a] : 1, total = x->numel;
+  if (total == 0) return true;
+  if (n == 1) return fill(out, 0, err, cap);
+  em_site here = {__FILE__, __LINE__, __func__};
+  em_tensor *xv = axis_last(x, a), *ov = axis_last(out, a), *k[2] = {0}, *ix[2] = {0};
+  bool ok = xv && ov;
+  for (int i = 0; ok && i < 2; i++) {
+    k[i] = rt_new_device(x->dtype, xv->ndim, xv->sizes, EM_CUDA, "cuda argsort", here);
+    ix[i] = rt_new_device(EM_I64, xv->ndim, xv->sizes, EM_CUDA, "cuda argsort", here);
+    ok = k[i] && ix[i];
+  }
+  if (!ok) snprintf(err, cap, "out of memory");
+  ok = ok && copy_into(k[0], xv, err, cap);
+  int cur = 0, desc = at->descending;
+  uint64_t none = 0;
+  for (int64_t w = 1; ok && w < n; w *= 2) {
+    uint64_t kin = dptr(k[cur]), iin = w == 1 ? none : dptr(ix[cur]), kout = dptr(k[cur ^ 1]), iout = dptr(ix[cur ^ 1]);
+    void *p[] = {&kin, &iin, &kout, &iout, &total, &n, &w, &desc};
+    ok = run((cu_kernel_key){CU_SORT, EM_PRIM_ARGSORT, x->dtype, EM_I64, EM_I64, CU_STRIDED}, total, 256, p, err, cap);
+    cur ^= 1;
+  }
+  ok = ok && copy_into(ov, ix[cur], err, cap);
+  em_release(xv), em_release(ov);
+  for (int i = 0; i < 2; i++) em_release(k[i]), em_release(ix[i]);
+  return ok;
+}
+
 /* ---- GEMM ---- */
 
 /* A row-major matrix operand of a GEMM as cuBLAS (column-major) sees it, for C^T = B^T A^T. */
@@ -511,6 +576,7 @@ bool cu_run_prim(em_prim op, const prim_attrs *at, em_tensor *out, em_tensor *co
   if (f & P_MOVEMENT) return movement(op, at, out, in, n_in, err, cap);
   if (f & P_INDEXING) return indexing(op, at, out, in, err, cap);
   if (f & P_CREATION) return creation(op, at, out, err, cap);
+  if (f & P_SCAN) return op == EM_PRIM_ARGSORT ? argsort(at, out, in[0], err, cap) : scan(op, at, out, in[0], err, cap);
   if (op == EM_PRIM_MATMUL) return matmul(out, in[0], in[1], err, cap);
   if (op == EM_PRIM_CONV2D || op == EM_PRIM_CONV2D_BWD_INPUT || op == EM_PRIM_CONV2D_BWD_WEIGHT)
     return conv(op, at, out, in, err, cap);

@@ -15,7 +15,7 @@
 static bool needs_compute(em_prim op) {
   unsigned f = prim_get(op)->flags;
   if (op == EM_PRIM_CONVERT) return false;
-  return (f & (P_POINTWISE | P_REDUCTION | P_EXTERN)) || op == EM_PRIM_SCATTER_ADD;
+  return (f & (P_POINTWISE | P_REDUCTION | P_EXTERN | P_SCAN)) || op == EM_PRIM_SCATTER_ADD;
 }
 
 /* Device placement, as PyTorch's: operands must be on one device, except that a CPU tensor

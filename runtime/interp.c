@@ -75,10 +75,15 @@ bool rt_interpret(const ir_graph *g, em_tensor *const *inputs, int n_inputs, em_
         if (slot) *slot = (rt_rng_slot){at.seed, at.offset, true};
       }
     }
+    /* a node without operands (full, iota, random) is made on the device the graph recorded,
+     * not on whatever device is the default when the graph runs (issue 21: tril's mask of a CUDA
+     * tensor came out on the CPU under a CPU default) */
+    em_device prev = n->n_in ? EM_CPU : em_set_default_device(g->values[n->out].type.device);
     if (n->op == EM_PRIM_RESHAPE)
       r = rt_reshape(in[0], at.shape.ndim, at.shape.sizes, n->opname, n->site);
     else
       r = rt_dispatch(n->opname, n->op, in, n->n_in, &at, n->site);
+    if (!n->n_in) em_set_default_device(prev);
     if (in != small) rt_free(in);
     if (!r) goto out;
     const ir_type *t = &g->values[n->out].type;

@@ -100,10 +100,22 @@ static em_dtype compute_dtype(em_prim op, em_dtype dt) {
   return dt;
 }
 
+/* torch.result_type of two tensors: a 0-dim tensor takes part only when its category (bool <
+ * integer < floating) is higher than the dimensioned operand's, so f32[3] * f64[] is f32 and
+ * i32[3] + i64[] is i32, while i32[3] * f64[] is f64. Number operands (the _scalar ops) reach
+ * here as 0-dim tensors already of the dtype ir_promote_scalar chose, which this keeps. */
+static em_dtype result_type(const em_tensor *a, const em_tensor *b) {
+  if ((a->ndim == 0) == (b->ndim == 0)) return ir_promote(a->dtype, b->dtype);
+  const em_tensor *dim = a->ndim ? a : b, *zero = a->ndim ? b : a;
+  return ir_dtype(zero->dtype)->cat > ir_dtype(dim->dtype)->cat ? zero->dtype : dim->dtype;
+}
+
+em_dtype rt_result_type(const em_tensor *a, const em_tensor *b) { return result_type(a, b); }
+
 static em_tensor *rt_binary(em_prim op, const char *name, em_tensor *a, em_tensor *b, em_site site) {
   if (!a || !b) return NULL;
   em_tensor *in[2] = {a, b}, *p[2];
-  if (!prepare(name, in, 2, compute_dtype(op, ir_promote(a->dtype, b->dtype)), p, site)) return NULL;
+  if (!prepare(name, in, 2, compute_dtype(op, result_type(a, b)), p, site)) return NULL;
   em_tensor *r = rt_dispatch(name, op, p, 2, NULL, site);
   em_release(p[0]);
   em_release(p[1]);
@@ -178,7 +190,7 @@ em_tensor *em_where_at(em_tensor *cond, em_tensor *a, em_tensor *b, em_site site
   em_tensor *c = rt_cast(cond, EM_BOOL, name, site);
   if (!c) return NULL;
   em_tensor *in[3] = {c, a, b}, *p[3];
-  em_dtype dt = ir_promote(a->dtype, b->dtype);
+  em_dtype dt = result_type(a, b);
   /* prepare casts every operand to one dtype; the condition keeps bool, so do it in two steps. */
   em_tensor *r = NULL;
   if (prepare(name, in, 3, dt, p, site)) {
@@ -720,7 +732,7 @@ static em_tensor *inplace(em_prim op, const char *name, em_tensor *dst, em_tenso
   RT_ARG(dst, name, site);
   RT_ARG(b, name, site);
   if (!writable(dst, name, site)) return NULL;
-  em_dtype res = compute_dtype(op, ir_promote(dst->dtype, b->dtype));
+  em_dtype res = compute_dtype(op, result_type(dst, b));
   if (ir_dtype(res)->cat > ir_dtype(dst->dtype)->cat) {
     char b0[128], b1[128];
     return rt_error(site, name, "result type %s cannot be cast to the destination %s (operand %s)",

@@ -54,6 +54,32 @@ static em_tensor *unslice(rt_node *n, em_tensor *g, em_site s) {
 
 static em_tensor *scalar(em_dtype dt, double v, em_site s) { return em_scalar_at(dt, v, s); }
 
+/* sum over k >= i of t_k along axis a */
+static em_tensor *reverse_cumsum(em_tensor *t, int a, em_site s) {
+  if (t && t->ndim == 0) return t; /* one element: itself (a 0-dim tensor has no axis to flip) */
+  int64_t ax = a;
+  return em_flip_at(em_cumsum_at(em_flip_at(t, 1, &ax, s), a, s), 1, &ax, s);
+}
+
+/* Gradient of y = cumprod(x) along a, correct where x has zeros (PyTorch's cumprod_backward,
+ * in O(n) ops). dx_i = sum_{k >= i} g_k prod_{j <= k, j != i} x_j. Let z be the first zero of
+ * the line: before it, prod_{j <= k, j != i} x_j = y_k / x_i (y_k = 0 from z on), so
+ * dx_i = reverse_cumsum(g y)_i / x_i; at z, the products are those of x with x_z taken as 1,
+ * dx_z = reverse_cumsum(g cumprod(x with x_z = 1))_z; after z every product holds x_z: 0. */
+static em_tensor *cumprod_vjp(em_tensor *x, em_tensor *g, int a, em_site s) {
+  em_dtype dt = g->dtype;
+  em_tensor *zero = em_eq_scalar_at(x, 0, s);
+  em_tensor *zeros_so_far = em_cumsum_at(zero, a, s); /* i64 */
+  em_tensor *before = em_eq_scalar_at(zeros_so_far, 0, s);
+  em_tensor *first = em_logical_and_at(zero, em_eq_scalar_at(zeros_so_far, 1, s), s);
+  em_tensor *one = scalar(dt, 1, s);
+  em_tensor *y = em_cumprod_at(x, a, s);
+  em_tensor *d_before = em_div_at(reverse_cumsum(em_mul_at(g, y, s), a, s), em_where_at(before, x, one, s), s);
+  em_tensor *y_skip = em_cumprod_at(em_where_at(first, one, x, s), a, s);
+  em_tensor *d_first = reverse_cumsum(em_mul_at(g, y_skip, s), a, s);
+  return em_where_at(before, d_before, em_where_at(first, d_first, scalar(dt, 0, s), s), s);
+}
+
 bool rt_vjp(rt_node *n, em_tensor *g, em_tensor **grads) {
   if (n->custom) return n->custom->backward(n, g, grads); /* a compiled backward graph */
   em_site s = n->site;
@@ -136,9 +162,21 @@ bool rt_vjp(rt_node *n, em_tensor *g, em_tensor **grads) {
   }
   case EM_PRIM_CONVERT: grads[0] = em_cast_at(g, n->in_meta[0].dtype, s); break;
   case EM_PRIM_SUM: grads[0] = unreduce(n, g, s); break;
-  case EM_PRIM_PROD: /* prod / x: callers with zeros in x get inf/nan, as a plain formula does */
-    grads[0] = em_div_at(em_mul_at(unreduce(n, g, s), rereduce(n, x[0], s), s), x[0], s);
+  case EM_PRIM_PROD: { /* torch's prod_backward: finite with zeros in x */
+    /* Per reduced slice, with p the product of its nonzero elements: no zero gives g p / x
+     * (= g prod / x); exactly one zero gives that element g p and the others 0; two or more
+     * zeros give 0 everywhere. Selects, not branches, so the rule traces into graphs. */
+    em_tensor *z = em_eq_scalar_at(x[0], 0, s), *one = scalar(dt, 1, s), *zero = scalar(dt, 0, s);
+    em_tensor *nz = em_expand_at(em_sum_at(z, at->n_axes, at->axes, true, s), x[0]->ndim, x[0]->sizes, s);
+    em_tensor *safe = em_where_at(z, one, x[0], s);
+    em_tensor *gp = em_mul_at(unreduce(n, g, s), rereduce(n, safe, s), s);
+    em_tensor *lone = em_logical_and_at(z, em_eq_scalar_at(nz, 1, s), s);
+    grads[0] = em_where_at(em_eq_scalar_at(nz, 0, s), em_div_at(gp, safe, s), em_where_at(lone, gp, zero, s), s);
     break;
+  }
+  case EM_PRIM_SIGN: /* piecewise constant: a zero gradient, as torch (the output still requires grad) */
+  case EM_PRIM_FLOOR:
+  case EM_PRIM_CEIL: grads[0] = zeros_like_meta(&n->in_meta[0], s); break;
   case EM_PRIM_AMAX:
   case EM_PRIM_AMIN: { /* g shared evenly among the extremal elements, as torch.amax */
     em_tensor *mask = em_eq_at(x[0], rereduce(n, x[0], s), s);
@@ -224,6 +262,8 @@ bool rt_vjp(rt_node *n, em_tensor *g, em_tensor **grads) {
     }
     break;
   }
+  case EM_PRIM_CUMSUM: grads[0] = reverse_cumsum(g, (int)at->axes[0], s); break; /* x_i reaches every y_k, k >= i */
+  case EM_PRIM_CUMPROD: grads[0] = cumprod_vjp(x[0], g, (int)at->axes[0], s); break;
   case EM_PRIM_MATMUL:
     if (need[0]) grads[0] = em_matmul_at(g, em_transpose_at(x[1], -1, -2, s), s);
     if (need[1]) grads[1] = em_matmul_at(em_transpose_at(x[0], -1, -2, s), g, s);

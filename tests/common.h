@@ -206,7 +206,17 @@ static inline void etest_expect_same_bits(em_tensor *a, em_tensor *b, const char
   cr_assert(em_to_buffer(a, em_dtype_of(a), x, n) && em_to_buffer(b, em_dtype_of(b), y, n));
   int d = memcmp(x, y, n);
   free(x), free(y);
-  cr_assert_eq(d, 0, "%s:%d: %s: values differ", file, line, what);
+  if (d) { /* name the first element that differs, with both values */
+    size_t es = em_dtype_size(em_dtype_of(a)), k = 0;
+    double *u = malloc(sizeof(double) * (size_t)em_numel(a)), *v = malloc(sizeof(double) * (size_t)em_numel(a));
+    cr_assert(em_to_buffer(a, EM_F64, u, sizeof(double) * (size_t)em_numel(a)) &&
+              em_to_buffer(b, EM_F64, v, sizeof(double) * (size_t)em_numel(a)));
+    while ((int64_t)k + 1 < em_numel(a) && (u[k] == v[k] || (isnan(u[k]) && isnan(v[k])))) k++;
+    double uk = u[k], vk = v[k];
+    free(u), free(v);
+    cr_assert_fail("%s:%d: %s: values differ (%zu-byte elements; first at %zu: %.17g vs %.17g)", file, line, what, es, k,
+                   uk, vk);
+  }
 }
 #define EXPECT_SAME_BITS(a, b, what) etest_expect_same_bits((a), (b), (what), __FILE__, __LINE__)
 

@@ -187,10 +187,12 @@ static int fz_build(em_tensor *const *in, int n_in, em_tensor **out, fz_program 
     }
     case 9: x = fz_pick(&r, 2) ? em_silu(a) : em_erf(a), snprintf(what, sizeof what, "silu or erf(v%d)", ia); break;
     case 10: { /* discontinuous: shifted off the points where rounding noise flips them (below) */
-      int w = fz_pick(&r, 3);
+      static const char *const names[] = {"floor", "ceil", "sign", "round", "trunc", "frac"};
+      int w = fz_pick(&r, 6);
       em_tensor *sa = em_add_scalar(a, FZ_SHIFT);
-      x = w == 0 ? em_floor(sa) : w == 1 ? em_ceil(sa) : em_sign(sa);
-      snprintf(what, sizeof what, "%s(v%d + %g)", w == 0 ? "floor" : w == 1 ? "ceil" : "sign", ia, FZ_SHIFT);
+      x = w == 0 ? em_floor(sa) : w == 1 ? em_ceil(sa) : w == 2 ? em_sign(sa) : w == 3 ? em_round(sa)
+        : w == 4 ? em_trunc(sa) : em_frac(sa);
+      snprintf(what, sizeof what, "%s(v%d + %g)", names[w], ia, FZ_SHIFT);
       break;
     }
     case 11: x = em_add(a, b), snprintf(what, sizeof what, "add(v%d, v%d)", ia, ib); break;

@@ -26,6 +26,7 @@ static int r_t(em_tensor *t) { return t == NULL; }
 static int r_b(bool b) { return !b; }
 static int r_p(const void *p) { return p == NULL; }
 static int r_d(double d) { return isnan(d); }
+static int r_i(int n) { return n < 0; } /* the counting functions (em_split): -1 */
 static int r_o(em_outputs o) {
   for (int i = 0; i < o.n; i++)
     if (!o.t[i]) return 1;
@@ -144,6 +145,22 @@ static int grad_twice(void) {
 
 static int item_of_big(void) { return r_d(em_item(m)); }
 
+/* The language-model ops that take a tensor and an axis, by number, on axis 1 (or 0). */
+static const char *const LM[] = {"em_cumsum", "em_cumprod", "em_argsort", "em_sort", "em_topk", "em_tril", "em_triu"};
+#define N_LM 7
+static em_tensor *lm_op(int which, em_tensor *x) {
+  em_tensor *i;
+  switch (which) {
+  case 0: return em_cumsum(x, 1);
+  case 1: return em_cumprod(x, 0);
+  case 2: return em_argsort(x, 1, true);
+  case 3: return em_sort(x, 1, false, &i);
+  case 4: return em_topk(x, 2, 1, true, true, &i);
+  case 5: return em_tril(x, 0);
+  default: return em_triu(x, 1);
+  }
+}
+
 static int compiled_call(int v) {
   em_compiled *c = em_compile(identity_fn, NULL);
   if (!c) return 0;
@@ -200,8 +217,9 @@ static const struct { const char *name; unary_fn f; } UN[] = {
     {"em_sign", em_sign_at}, {"em_floor", em_floor_at}, {"em_ceil", em_ceil_at}, {"em_reciprocal", em_reciprocal_at},
     {"em_logical_not", em_logical_not_at}, {"em_relu", em_relu_at}, {"em_sigmoid", em_sigmoid_at}, {"em_silu", em_silu_at},
     {"em_clone", em_clone_at}, {"em_contiguous", em_contiguous_at}, {"em_nonzero", em_nonzero_at},
+    {"em_round", em_round_at}, {"em_trunc", em_trunc_at}, {"em_frac", em_frac_at},
 };
-#define N_UN 23
+#define N_UN 26
 static const struct { const char *name; binary_fn f; } BIN[] = {
     {"em_add", em_add_at}, {"em_sub", em_sub_at}, {"em_mul", em_mul_at}, {"em_div", em_div_at},
     {"em_pow", em_pow_at}, {"em_maximum", em_maximum_at}, {"em_minimum", em_minimum_at}, {"em_remainder", em_remainder_at},
@@ -319,6 +337,33 @@ static em_tensor *partner_for(int op, em_dtype dt) {
   X("em_index_select", N_A1, FAIL, r_t(em_index_select(m, A1[v], em_zeros(EM_I64, EM_SHAPE(1)))))         \
   X("em_scatter_add", N_A1, FAIL, r_t(em_scatter_add(m, A1[v], idx, m)))                                  \
   X("em_slice_scatter", N_A1, FAIL, r_t(em_slice_scatter(m, m, A1[v], 0, 2, 1)))                          \
+  X("em_cumsum", N_A1, FAIL, r_t(em_cumsum(m, A1[v])))                                                   \
+  X("em_cumprod", N_A1, FAIL, r_t(em_cumprod(mi, A1[v])))                                                 \
+  X("em_argsort", N_A1, FAIL, r_t(em_argsort(m, A1[v], true)))                                            \
+  X("em_sort", N_A1, FAIL, r_t(em_sort(m, A1[v], false, &(em_tensor *){NULL})))                           \
+  X("em_topk", N_A1, FAIL, r_t(em_topk(m, 1, A1[v], true, true, NULL)))                                   \
+  X("em_split", N_A1, FAIL, r_i(em_split(m, 1, A1[v], (em_tensor *[4]){0}, 4)))                           \
+  X("em_chunk", N_A1, FAIL, r_i(em_chunk(m, 2, A1[v], (em_tensor *[4]){0}, 4)))                           \
+  X("em_split_sizes", N_A1, FAIL, r_i(em_split_sizes(m, 2, ((const int64_t[]){1, 1}), A1[v], (em_tensor *[2]){0}))) \
+  /* language-model ops: other bad arguments */                                                           \
+  X("em_topk", N_BIG, FAIL, r_t(em_topk(m, BIG[v], 1, v == 1, true, &(em_tensor *){NULL})))              \
+  X("em_topk", 1, FAIL, r_t(em_topk(scal, 2, 0, true, true, NULL)))                                       \
+  X("em_multinomial", N_BIG, FAIL, r_t(em_multinomial(m, BIG[v], v == 1)))                               \
+  X("em_multinomial", 6, FAIL,                                                                            \
+    r_t(em_multinomial(v == 0 ? mi : v == 1 ? scal : v == 2 ? img : v == 3 ? em_zeros(F, EM_SHAPE(2, 0))    \
+                       : v == 4 ? em_full(F, EM_SHAPE(3), -1) : em_full(F, EM_SHAPE(3), NAN), 1, v == 5)))  \
+  X("em_split", N_BIG, FAIL, r_i(em_split(m, v == 0 ? 0 : BIG[v], 1, (em_tensor *[4]){0}, v == 1 ? INT32_MIN : 4))) \
+  X("em_split", 2, FAIL, r_i(em_split(v ? scal : m, 1, 0, v ? (em_tensor *[4]){0} : NULL, v ? 4 : 1)))     \
+  X("em_split_sizes", 5, FAIL,                                                                            \
+    r_i(em_split_sizes(m, v == 0 ? -1 : v == 1 ? INT32_MAX : 2, (v == 2 ? NULL : v == 3 ? (const int64_t[]){INT64_MAX, INT64_MAX} \
+                       : (const int64_t[]){4, -1}), 1, v == 1 ? NULL : (em_tensor *[2]){0})))             \
+  X("em_chunk", 3, FAIL, r_i(em_chunk(m, v == 0 ? 0 : v == 1 ? INT32_MIN : 3, 1, (em_tensor *[1]){0}, v == 2 ? 1 : 4))) \
+  X("em_tril", 2, FAIL, r_t(em_tril(v ? scal : v3, INT64_MAX)))                                           \
+  X("em_triu", 2, FAIL, r_t(em_triu(v ? scal : v3, INT64_MIN)))                                           \
+  X("em_clip_grad_norm_", 7, FAIL,                                                                        \
+    r_t(em_clip_grad_norm_(v == 0 ? -1 : v == 1 ? INT32_MIN : 1, v == 2 ? NULL : (em_tensor *[]){leaf},    \
+                           v == 3 ? -1 : v == 4 ? NAN : 1, v == 5 ? 0 : v == 6 ? -INFINITY : 2)))         \
+  X("em_clip_grad_norm_", 1, FAIL, r_t(em_clip_grad_norm_(1, (em_tensor *[]){EM_NONE}, 1, 2)))          \
   /* movement ops: other bad arguments */                                                                 \
   X("em_slice", 3, FAIL, r_t(em_slice(m, 1, 0, 2, v == 0 ? 0 : v == 1 ? -1 : INT64_MIN)))                 \
   X("em_pad", 7, FAIL,                                                                                    \
@@ -466,6 +511,8 @@ static em_tensor *partner_for(int op, em_dtype dt) {
   X((v % 2 ? "em_argmax" : "em_argmin"), N_DTS * 2, ANY,                                                  \
     r_t((v % 2 ? em_argmax_at : em_argmin_at)(extremes(DTS[v / 2], false), v % 4 < 2 ? EM_ALL_AXES : 1, false, EM_HERE))) \
   X("em_cast", N_DTS * N_DTS, ANY, r_t(em_cast(extremes(DTS[v / N_DTS], false), DTS[v % N_DTS])))           \
+  X(LM[v / (N_DTS * 2)], N_LM * N_DTS * 2, ANY,                                                           \
+    r_t(lm_op(v / (N_DTS * 2), v % 2 ? empty_of(DTS[v / 2 % N_DTS]) : extremes(DTS[v / 2 % N_DTS], false)))) \
   X("em_to_buffer", N_DTS * N_DTS, ANY,                                                                   \
     r_b(em_to_buffer(extremes(DTS[v / N_DTS], false), DTS[v % N_DTS], buf, sizeof buf)))                  \
   /* extreme but valid: these must succeed */                                                             \
@@ -474,7 +521,8 @@ static em_tensor *partner_for(int op, em_dtype dt) {
   X("em_expand", 1, OK, r_t(em_expand(em_zeros(F, EM_SHAPE(0, 1)), EM_SHAPE(0, INT64_MAX))))               \
   X("em_reshape", 1, OK, r_t(em_reshape(em_zeros(F, EM_SHAPE(0, 4)), EM_SHAPE(INT64_MAX, 0))))           \
   X("em_conv2d", 1, OK, r_t(em_conv2d(img, wt, EM_NONE, ((em_conv2d_params){{INT64_MAX, INT64_MAX}, {0, 0}, {1, 1}, 1})))) \
-  X("em_max_pool2d", 1, OK, r_t(em_max_pool2d(img, 2, 2, INT64_MAX, INT64_MAX, 0, 0)))
+  X("em_max_pool2d", 1, OK, r_t(em_max_pool2d(img, 2, 2, INT64_MAX, INT64_MAX, 0, 0)))                  \
+  X("em_clip_grad_norm_", 2, OK, r_t(em_clip_grad_norm_(v ? 1 : 0, v ? (em_tensor *[]){leaf} : NULL, INFINITY, v ? INFINITY : 1e300)))
 
 #define COUNT(op, n, e, call) +(n)
 enum { N_CASES = 0 BAD_CASES(COUNT) };

@@ -37,7 +37,7 @@ ETEST(compile, replay_equals_eager_and_skips_fn) {
   em_manual_seed(1);
   mlp m;
   mlp_init(&m, 20, 16, 5);
-  em_compiled *c = em_compile(mlp_forward, &(em_compile_options){.name = "mlp"});
+  em_compiled *c = em_compile(mlp_forward, &(em_compile_options){.backend = EXACT.backend, .name = "mlp"});
   cr_assert_not_null(c);
   for (int i = 0; i < 5; i++) {
     em_scope_begin();

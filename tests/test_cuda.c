@@ -245,7 +245,7 @@ ETEST(cuda, every_eager_kernel_compiles_with_nvrtc_for_sm_90) {
   cu_kernel_key *keys = malloc(sizeof *keys * (size_t)n);
   cr_assert_eq(cu_kernel_keys(keys, n), n);
   cr_assert_gt(n, 500, "the set covers prims x dtypes x layouts (%d kernels)", n);
-  int families[8] = {0};
+  int families[CU_SORT + 1] = {0};
   enum { BATCH = 96 };
   size_t cubin_bytes = 0;
   double t0 = now_ms();
@@ -292,8 +292,9 @@ ETEST(cuda, every_eager_kernel_compiles_with_nvrtc_for_sm_90) {
   }
   cr_assert_eq(alone, 3);
   cr_log_info("NVRTC sm_90: %d kernels (pointwise %d, reductions %d, copies %d, fills %d, iota %d, philox %d, indexing %d, "
-              "im2col %d) in %.0f ms, %zu bytes of cubin",
+              "im2col %d, scans %d, sorts %d) in %.0f ms, %zu bytes of cubin",
               n, families[CU_POINTWISE], families[CU_REDUCE], families[CU_COPY], families[CU_FILL], families[CU_IOTA],
-              families[CU_PHILOX], families[CU_INDEX], families[CU_IM2COL], batched, cubin_bytes);
+              families[CU_PHILOX], families[CU_INDEX], families[CU_IM2COL], families[CU_SCAN], families[CU_SORT], batched,
+              cubin_bytes);
   free(keys);
 }

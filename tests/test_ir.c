@@ -90,6 +90,9 @@ static int every_prim(em_tensor *const *in, em_tensor **out, void *ctx) {
   out[n++] = em_rand(EM_F32, EM_SHAPE(5));
   out[n++] = em_randn(EM_F64, EM_SHAPE(3));
   out[n++] = em_matmul(x, em_transpose(y, 0, 1));
+  out[n++] = em_cumsum(x, 1);
+  out[n++] = em_cumprod(idx, 0);
+  out[n++] = em_argsort(x, -1, true);
   em_conv2d_params p = {{2, 1}, {1, 0}, {1, 2}, 1};
   em_tensor *conv = em_conv2d(img, w, EM_NONE, p);
   out[n++] = conv;

@@ -246,6 +246,20 @@ ETEST(opts, div_mode_gradient_is_zero) {
     em_rounding_mode md = (em_rounding_mode)mode;
     gradcheck("div mode", div_floor_fn, &md, 2, x);
   }
+  /* zero where b = 0 too (floor mode's result there is a / b, whose own gradient is not) */
+  em_tensor *a = em_requires_grad_(T(D, SHAPE(2), 1, -2), true), *b = em_requires_grad_(T(D, SHAPE(2), 0, 0), true);
+  em_tensor *g[2], *ins[2] = {a, b}, *v = T(D, SHAPE(2), 1, 1);
+  for (int mode = EM_ROUND_TRUNC; mode <= EM_ROUND_FLOOR; mode++) {
+    em_tensor *y = em_div_mode(a, b, (em_rounding_mode)mode);
+    EXPECT(y, D, SHAPE(2), 0, INFINITY, -INFINITY);
+    cr_assert(em_grad(1, &y, &v, 2, ins, g, false, false), "%s", em_last_error());
+    EXPECT(g[0], D, SHAPE(2), 0, 0, 0);
+    EXPECT(g[1], D, SHAPE(2), 0, 0, 0);
+  }
+  /* 0-dim operands promote as the binary ops do: f32[2] // f64[] is f32 */
+  EXPECT(em_div_mode(T(F, SHAPE(2), 7, -7), T(D, SCALAR_SHAPE, 2), EM_ROUND_FLOOR), F, SHAPE(2), 0, 3, -4);
+  EXPECT(em_div_mode(T(EM_I32, SHAPE(2), 7, -7), T(EM_I64, SCALAR_SHAPE, 2), EM_ROUND_TRUNC), EM_I32, SHAPE(2), 0, 3, -3);
+  EXPECT(em_sub_alpha(T(EM_I32, SHAPE(2), 7, -7), T(EM_I64, SCALAR_SHAPE, 2), 2), EM_I32, SHAPE(2), 0, 3, -11);
   /* no grad wanted, none made */
   cr_assert(!em_requires_grad(em_div_mode(T(D, SHAPE(1), 1), T(D, SHAPE(1), 2), EM_ROUND_FLOOR)));
 }
