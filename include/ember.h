@@ -948,8 +948,9 @@ em_tensor *em_masked_fill_at(em_tensor *x, em_tensor *mask, double value, em_sit
  * em_sub (alpha 1 gives their very bits). alpha must be an integer when the result dtype is an
  * integer (as torch), and 1 when it is bool (torch would cast alpha to bool). An integer b
  * joining a float a is scaled in a's dtype. Gradient: g for a, +-alpha g for b. Returns a tensor
- * owned by the current scope; NULL with an error for a fractional alpha on integers, shapes that
- * do not broadcast, a NULL or EM_NONE operand. Match torch.add(a, b, alpha=) / torch.sub. */
+ * owned by the current scope; NULL with an error for a fractional alpha on integers (or one the
+ * integer dtype cannot hold), shapes that do not broadcast, a NULL or EM_NONE operand. Match
+ * torch.add(a, b, alpha=) / torch.sub. */
 #define em_add_alpha(a, b, alpha) em_add_alpha_at((a), (b), (alpha), EM_HERE)
 em_tensor *em_add_alpha_at(em_tensor *a, em_tensor *b, double alpha, em_site site);
 #define em_sub_alpha(a, b, alpha) em_sub_alpha_at((a), (b), (alpha), EM_HERE)

@@ -569,7 +569,7 @@ static em_tensor *pool(bool is_max, em_tensor *x, em_pool2d_opts o, const char *
   /* every window holds kh kw elements of the input or its padding, none past the padding */
   bool full = ax[0].full && ax[1].full;
   bool uniform = is_max || o.divisor_override || (full && (o.count_include_pad || (ax[0].p == 0 && ax[1].p == 0)));
-  BEGIN(site);
+  if (!rt_scope_begin_op(name, site)) return NULL; /* named for the public op, not this helper */
   if (ax[0].s == kh && ax[1].s == kw && ax[0].p == 0 && ax[1].p == 0 && ax[0].d == 1 && ax[1].d == 1 && full) {
     /* Windows tile the input: view it as [N, C, Ho, kh, Wo, kw] (after dropping the rows and
      * columns no window covers) and reduce over the two window axes in one pass. */
@@ -809,7 +809,9 @@ static em_tensor *alpha_op(bool sub, em_tensor *a, em_tensor *b, double alpha, e
                     rt_fmt(b0, sizeof b0, a), rt_fmt(b1, sizeof b1, b));
   if (dt == EM_BOOL && alpha != 1)
     return rt_error(site, name, "bool operands take alpha 1 only, got %g", alpha);
-  BEGIN(site);
+  if (!ir_is_float(dt) && !ir_value_fits(dt, alpha)) /* as torch: an alpha the result dtype cannot hold */
+    return rt_error(site, name, "alpha %g does not fit the result dtype %s", alpha, em_dtype_name(dt));
+  if (!rt_scope_begin_op(name, site)) return NULL; /* named for the public op, not this helper */
   em_tensor *s = b;
   if (alpha != 1) {
     /* an integer b joining a float a is scaled in a's dtype, as torch computes in the result's

@@ -133,6 +133,8 @@ ETEST(opts, add_sub_alpha) {
   /* as torch: a fractional alpha has no integer result */
   EXPECT_ERROR(em_add_alpha(ia, ib, 0.5), "alpha 0.5 must be an integer");
   EXPECT_ERROR(em_sub_alpha(ia, ib, NAN), "must be an integer");
+  EXPECT_ERROR(em_sub_alpha(ia, ib, 1e300), "alpha 1e+300 does not fit the result dtype i64");
+  EXPECT_ERROR(em_add_alpha(T(EM_U8, SHAPE(1), 1), T(EM_U8, SHAPE(1), 1), 256), "alpha 256 does not fit the result dtype u8");
   EXPECT_ERROR(em_add_alpha(T(EM_BOOL, SHAPE(1), 1), T(EM_BOOL, SHAPE(1), 1), 2), "alpha 1 only");
   EXPECT_ERROR(em_add_alpha(a, T(F, SHAPE(2), 1, 2), 2), "broadcast");
   EXPECT_ERROR(em_add_alpha(a, EM_NONE, 2), "EM_NONE");
