@@ -459,7 +459,7 @@ em_tensor *em_mse_loss_at(em_tensor *x, em_tensor *y, em_reduction reduction, em
   END(reduce_loss(em_mul_at(d, d, site), reduction, EM_NONE, site), site);
 }
 
-/* BEGIN names the scope after the function that opens it: both public forms open it here. */
+/* Both public forms: the scope is named for the one called (BEGIN would name this helper). */
 static em_tensor *embedding_at(em_tensor *idx, em_tensor *w, em_embedding_opts o, const char *name, em_site site) {
   RT_ARG(idx, name, site);
   RT_ARG(w, name, site);
