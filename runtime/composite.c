@@ -599,14 +599,12 @@ static em_tensor *pool(bool is_max, em_tensor *x, em_pool2d_opts o, const char *
   bool full = ax[0].full && ax[1].full;
   bool uniform = is_max || o.divisor_override || (full && (o.count_include_pad || (ax[0].p == 0 && ax[1].p == 0)));
   if (!rt_scope_begin_op(name, site)) return NULL; /* named for the public op, not this helper */
-  if (ax[0].s == kh && ax[1].s == kw && ax[0].p == 0 && ax[1].p == 0 && ax[0].d == 1 && ax[1].d == 1 && full) {
+  if (!is_max && ax[0].s == kh && ax[1].s == kw && ax[0].p == 0 && ax[1].p == 0 && ax[0].d == 1 && ax[1].d == 1 && full) {
     /* Windows tile the input: view it as [N, C, Ho, kh, Wo, kw] (after dropping the rows and
      * columns no window covers) and reduce over the two window axes in one pass. */
     em_tensor *c = em_slice_at(em_slice_at(x, 2, 0, ho * kh, 1, site), 3, 0, wo * kw, 1, site);
     em_tensor *w = em_reshape_at(c, 6, (int64_t[]){x->sizes[0], x->sizes[1], ho, kh, wo, kw}, site);
-    em_tensor *r = is_max ? em_amax_at(w, 2, (int64_t[]){3, 5}, false, site)
-                          : em_div_scalar_at(em_sum_at(w, 2, (int64_t[]){3, 5}, false, site), div, site);
-    END(r, site);
+    END(em_div_scalar_at(em_sum_at(w, 2, (int64_t[]){3, 5}, false, site), div, site), site);
   }
   /* padded on the left by the padding, on the right by what the windows reach (more than the
    * padding in ceil mode; the max ignores it as -inf, the average neither adds nor counts it) */
@@ -621,7 +619,12 @@ static em_tensor *pool(bool is_max, em_tensor *x, em_pool2d_opts o, const char *
       em_tensor *win = em_slice_at(em_slice_at(p, 2, r0, r0 + ax[0].s * (ho - 1) + 1, ax[0].s, site), 3, c0,
                                    c0 + ax[1].s * (wo - 1) + 1, ax[1].s, site);
       /* by position, not by acc == NULL: a failed step must stay NULL, not restart the sum */
-      acc = i == 0 && j == 0 ? win : is_max ? em_maximum_at(acc, win, site) : em_add_at(acc, win, site);
+      if (i == 0 && j == 0) acc = win;
+      else if (!is_max) acc = em_add_at(acc, win, site);
+      else /* torch's max_pool2d scan: a later element wins when it is larger or NaN, so a tie
+            * keeps the first maximum and a NaN window the last NaN; a select rather than
+            * maximum (or amax), whose gradients split ties, gives it all the gradient */
+        acc = em_where_at(em_logical_or_at(em_gt_at(win, acc, site), em_ne_at(win, win, site), site), win, acc, site);
     }
   if (!is_max && uniform) {
     acc = em_div_scalar_at(acc, div, site);
