@@ -698,7 +698,7 @@ static bool sampled(const manifest *m, int i, run_mode mode) {
 static void run_all(run_mode mode) {
   manifest m;
   manifest_load(&m);
-  const char *filter = getenv("EMBER_REFERENCE_FILTER");
+  const char *filter = getenv("EMBER_REFERENCE_FILTER"), *verbose = getenv("EMBER_REFERENCE_VERBOSE");
   int pass = 0, refused = 0, fail = 0, total = 0, skipped = 0;
   char msg[1024], first[4096] = "";
   struct timespec t0, t1;
@@ -712,6 +712,8 @@ static void run_all(run_mode mode) {
     }
     total++;
     msg[0] = 0;
+    if (verbose && !strcmp(verbose, "1")) /* names the case a crash happened in */
+      fprintf(stderr, "[reference] %s: %s\n", mode_names[mode], c->id), fflush(stderr);
     int r = run_case(&m, c, mode, msg, sizeof msg);
     if (r == 1) pass++;
     if (r == 2) refused++;
