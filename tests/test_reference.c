@@ -366,6 +366,9 @@ static em_outputs op_sort(const rcase *c, em_tensor *const *in) {
   em_tensor *idx = NULL, *v = em_sort(in[0], (int)arg_int(c, "axis"), arg_bool(c, "descending"), &idx);
   return EM_OUTPUTS(v, idx);
 }
+static em_outputs op_argsort(const rcase *c, em_tensor *const *in) {
+  return one(em_argsort(in[0], (int)arg_int(c, "axis"), arg_bool(c, "descending")));
+}
 static em_outputs op_topk(const rcase *c, em_tensor *const *in) {
   em_tensor *idx = NULL;
   em_tensor *v = em_topk(in[0], arg_int(c, "k"), (int)arg_int(c, "axis"), arg_bool(c, "largest"), true, &idx);
@@ -478,7 +481,7 @@ static const rop ops[] = {
     {"sgd", op_sgd, NULL}, {"adamw", op_adamw, NULL},
     {"add_alpha", op_alpha, FN(em_add_alpha_at)}, {"sub_alpha", op_alpha, FN(em_sub_alpha_at)},
     {"div_mode", op_div_mode, NULL}, {"cumsum", op_axis, FN(em_cumsum_at)}, {"cumprod", op_axis, FN(em_cumprod_at)},
-    {"sort", op_sort, NULL}, {"topk", op_topk, NULL}, {"tril", op_diagonal, FN(em_tril_at)},
+    {"sort", op_sort, NULL}, {"argsort", op_argsort, NULL}, {"topk", op_topk, NULL}, {"tril", op_diagonal, FN(em_tril_at)},
     {"triu", op_diagonal, FN(em_triu_at)}, {"split", op_split, NULL}, {"chunk", op_chunk, NULL},
     {"multinomial", op_multinomial, NULL}, {"multinomial_properties", op_multinomial_properties, NULL},
     {"clip_grad_norm_", op_clip_grad_norm_, NULL},

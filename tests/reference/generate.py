@@ -437,6 +437,7 @@ OPS.update({
     "cumsum": Op(lambda i, a: torch.cumsum(i["x"], a["axis"]), tol="reduce"),
     "cumprod": Op(lambda i, a: torch.cumprod(i["x"], a["axis"]), tol="reduce"),
     "sort": Op(lambda i, a: tuple(torch.sort(i["x"], dim=a["axis"], descending=a["descending"], stable=True))),
+    "argsort": Op(lambda i, a: torch.argsort(i["x"], dim=a["axis"], descending=a["descending"], stable=True)),
     "topk": Op(lambda i, a: tuple(torch.topk(i["x"], a["k"], dim=a["axis"], largest=a["largest"], sorted=True))),
     "tril": Op(lambda i, a: torch.tril(i["x"], a["diagonal"])),
     "triu": Op(lambda i, a: torch.triu(i["x"], a["diagonal"])),
@@ -658,6 +659,18 @@ def add_pointwise():
         case("div_mode", mode + "_i64", [I(3, 4, lo=-9, hi=10), I(3, 4, lo=1, hi=4)], rounding_mode=mode)
         case("div_mode", mode + "_i32_negative", [V([7, -7, 7, -7], dt="i32"), V([2, 2, -2, -2], dt="i32")],
              rounding_mode=mode)
+        case("div_mode", mode + "_f32_special", [S(8), V([2.0, -3.0, 0.0, -0.0, math.inf, -math.inf, math.nan, 0.5])],
+             rounding_mode=mode)
+        case("div_mode", mode + "_f32_zero_divisor", [V([1.0, -1.0, 0.0, math.inf]), V([0.0, -0.0, 0.0, 0.0])],
+             rounding_mode=mode)
+        case("div_mode", mode + "_f64_inexact", [V([1.0, -1.0, 5.3, -5.3, 1e300, 0.3], dt="f64"),
+                                                  V([0.1, 0.1, 0.1, 0.1, 1e-10, -0.1], dt="f64")],
+             rounding_mode=mode)
+        case("div_mode", mode + "_i64_by_f32", [I(3, 4, lo=-9, hi=10), P(4, lo=0.3)], rounding_mode=mode)
+    for name, alpha in (("add_alpha", 0.3), ("sub_alpha", 2.0)):
+        case(name, "f32_special_transposed", [S(3, 4), R(3, 4).T()], alpha=alpha)
+        case(name, "f32_int_b", [R(3, 4), I(3, 4, lo=-4, hi=5)], alpha=alpha)
+    case("add_alpha", "bool", [B(3, 4), B(3, 4)], alpha=1.0)
 
     # scalar forms
     for name in SCALAR_OPS:
@@ -927,22 +940,42 @@ def add_movement():
         case(name, "f32_empty", [R(0, 3)], axis=0)
         case(name, "f32_0dim", [R()], axis=0)
     case("cumprod", "f32_zeros", [V([2.0, 0.0, 3.0, 0.0, 4.0])], axis=0)
+    case("cumsum", "bool", [V([True, False, True, True], dt="bool")], axis=0)
+    case("cumprod", "i64_wide", [V([1 << 20, 1 << 20, 1 << 20, 3], dt="i64")], axis=0)
     for name in ("sort",):
         case(name, "f32_ascending", [R(3, 5)], axis=1, descending=False)
         case(name, "f64_descending_axis0", [R(4, 3, dt="f64")], axis=0, descending=True)
         case(name, "f32_ties_stable", [V([2.0, 1.0, 2.0, 1.0, 0.0, 2.0])], axis=0, descending=False)
         case(name, "f32_nan", [V([2.0, math.nan, -1.0, math.inf, -math.inf])], axis=0, descending=False)
         case(name, "i64_transposed", [I(3, 4, lo=-5, hi=5).T()], axis=-1, descending=True)
+    case("sort", "f32_nan_signed_zeros_descending", [V([0.0, math.nan, -0.0, 1.0, math.nan, -1.0, 0.0])], axis=0,
+         descending=True)
+    case("sort", "bool", [V([True, False, True, False, False], dt="bool")], axis=0, descending=True)
+    case("argsort", "f32", [R(3, 5)], axis=1, descending=False)
+    case("argsort", "f32_nan_ties_descending", [V([2.0, math.nan, 1.0, 2.0, -0.0, 0.0])], axis=0, descending=True)
+    case("argsort", "f32_nan_ties_ascending", [V([2.0, math.nan, 1.0, 2.0, -0.0, 0.0])], axis=0, descending=False)
+    case("argsort", "i32_transposed_axis0", [I(3, 4, lo=-2, hi=2, dt="i32").T()], axis=0, descending=False)
+    case("argsort", "bool", [V([True, False, True, False], dt="bool")], axis=0, descending=False)
     case("topk", "f32_largest", [R(3, 6)], k=2, axis=1, largest=True)
     case("topk", "f64_smallest_axis0", [R(5, 3, dt="f64")], k=3, axis=0, largest=False)
     case("topk", "f32_transposed", [R(3, 4).T()], k=1, axis=-1, largest=True)
     case("topk", "i32_k0", [I(3, 4, dt="i32")], k=0, axis=1, largest=True)
+    # no ties: torch.topk's order among equal elements is unspecified (its CPU kernel does not keep
+    # them in index order), Ember's keeps the first first
+    case("topk", "f32_nan_largest", [V([2.0, math.nan, -1.0, math.inf, -math.inf])], k=2, axis=0, largest=True)
+    case("topk", "f32_nan_smallest", [V([2.0, math.nan, -1.0, math.inf, -math.inf])], k=3, axis=0, largest=False)
+    case("topk", "f64_k_all", [R(2, 4, dt="f64")], k=4, axis=1, largest=False)
     for name in ("tril", "triu"):
         case(name, "f32", [R(3, 4)], diagonal=0)
         case(name, "f64_batched_positive", [R(2, 3, 3, dt="f64")], diagonal=1)
         case(name, "f32_transposed_negative", [R(4, 3).T()], diagonal=-1)
         case(name, "i64", [I(3, 3)], diagonal=0)
+    case("tril", "bool_wide", [B(3, 5)], diagonal=2)
+    case("triu", "f32_diagonal_past_the_end", [R(3, 4)], diagonal=-5)
     case("split", "f32_even", [R(6, 2)], size=2, axis=0)
+    case("split", "f32_size_past_the_end", [R(3, 2)], size=5, axis=0)
+    case("split", "f32_empty", [R(0, 3)], size=2, axis=0)
+    case("chunk", "f32_empty", [R(0, 3)], chunks=2, axis=0)
     case("split", "f64_uneven_negative", [R(2, 5, dt="f64")], size=2, axis=-1)
     case("split", "f32_transposed", [R(3, 4).T()], size=3, axis=0)
     case("chunk", "f32_even", [R(6, 2)], chunks=3, axis=0)
@@ -1056,6 +1089,10 @@ def add_nn():
          ignore_index=-1, label_smoothing=0.2, reduction="mean")
     case("cross_entropy", "f32_weights_probs", [R(3, 4), P(3, 4).nograd(), P(4).nograd()], ignore_index=-100,
          label_smoothing=0.0, reduction="sum")
+    case("cross_entropy", "f32_weights_none_spatial", [R(2, 3, 4), I(2, 4, lo=0, hi=3), P(3).nograd()],
+         ignore_index=-100, label_smoothing=0.1, reduction="none")
+    case("cross_entropy", "f64_weights_all_ignored", [R(2, 3, dt="f64"), V([1, 1], dt="i64"), P(3, dt="f64").nograd()],
+         ignore_index=1, label_smoothing=0.0, reduction="mean")
     for red in ("mean", "sum", "none"):
         case("nll_loss", "f32_" + red, [R(4, 5), I(4, lo=0, hi=5), None], ignore_index=-100, reduction=red)
     case("nll_loss", "f64_ignore", [R(4, 3, dt="f64"), V([0, 1, 1, 2], dt="i64"), None], ignore_index=1,
@@ -1065,6 +1102,8 @@ def add_nn():
          reduction="mean")
     case("nll_loss", "f64_weights_ignore_sum", [R(4, 3, dt="f64"), V([0, 1, 1, 2], dt="i64"),
                                                 P(3, dt="f64").nograd()], ignore_index=1, reduction="sum")
+    case("nll_loss", "f32_weights_none_i32", [R(4, 3), V([2, 0, 1, 2], dt="i32"), P(3).nograd()], ignore_index=0,
+         reduction="none")
     for red in ("mean", "sum", "none"):
         case("mse_loss", "f32_" + red, [R(3, 4), R(3, 4)], reduction=red)
     case("mse_loss", "f64_views", [R(3, 4, dt="f64").T(), R(3, 4, dt="f64").bcast(0)], reduction="mean")
@@ -1093,6 +1132,16 @@ def add_nn():
     case("avg_pool2d", "f64_ceil_mode", [R(1, 2, 5, 5, dt="f64")], kh=2, kw=2, sh=2, sw=2, ph=0, pw=0,
          ceil_mode=True)
     case("avg_pool2d", "f32_divisor", [R(1, 1, 4, 4)], kh=2, kw=2, sh=2, sw=2, ph=0, pw=0, divisor_override=3)
+    case("max_pool2d", "f64_dilation_pad_ceil", [R(1, 2, 7, 7, dt="f64")], kh=3, kw=2, sh=2, sw=3, ph=1, pw=1,
+         dilation=2, ceil_mode=True)
+    case("max_pool2d", "f32_ceil_mode_last_window_dropped", [R(1, 1, 5, 5)], kh=2, kw=2, sh=2, sw=2, ph=1, pw=1,
+         ceil_mode=True)
+    case("avg_pool2d", "f32_ceil_mode_pad_include", [R(1, 1, 5, 5)], kh=3, kw=3, sh=2, sw=2, ph=1, pw=1,
+         ceil_mode=True, count_include_pad=True)
+    case("avg_pool2d", "f32_ceil_mode_pad_exclude", [R(1, 2, 6, 5)], kh=3, kw=2, sh=2, sw=2, ph=1, pw=1,
+         ceil_mode=True, count_include_pad=False)
+    case("avg_pool2d", "f64_divisor_pad_transposed", [R(1, 1, 5, 4, dt="f64").T()], kh=3, kw=3, sh=1, sw=1, ph=1,
+         pw=1, divisor_override=2)
     sd = "scaled_dot_product_attention"
     case(sd, "f32", [R(2, 3, 4), R(2, 5, 4), R(2, 5, 3)], causal=False, scale=0.0)
     case(sd, "f32_causal", [R(2, 4, 4), R(2, 4, 4), R(2, 4, 4)], causal=True, scale=0.0)
@@ -1143,6 +1192,8 @@ def add_nn():
     case("clip_grad_norm_", "clipped", [R(3, 4).nograd(), R(5).nograd()], max_norm=1.0, norm_type=2.0)
     case("clip_grad_norm_", "unclipped_inf_norm", [R(2, 2, dt="f64").nograd()], max_norm=100.0,
          norm_type=math.inf)
+    case("clip_grad_norm_", "mixed_dtypes_l1", [R(3).nograd(), R(2, dt="f64").nograd()], max_norm=1.0, norm_type=1.0)
+    case("clip_grad_norm_", "p3_transposed", [R(3, 4).T().nograd()], max_norm=0.5, norm_type=3.0)
 
 
 # ---- writing -----------------------------------------------------------------------------------
