@@ -20,8 +20,11 @@
  *  - Shapes broadcast as in NumPy/PyTorch: sizes are aligned from the right; a dimension of size
  *    1 (or a missing one) stretches to match. "[..]" below means any shape.
  *  - Type promotion follows torch.result_type: bool < integer (u8 < i32 < i64) < floating
- *    (f32 < f64); a Python-style scalar argument (double) does not widen a tensor's dtype within
- *    its category, but an integer or bool tensor combined with a scalar becomes f32.
+ *    (f32 < f64). A 0-dim tensor takes part only when its category is higher than the
+ *    dimensioned operands' (f32[3] * f64[] is f32, i32[3] * f64[] is f64). A Python-style scalar
+ *    argument (double) counts as an integer when its value is whole (2.0 is Python's 2) and as a
+ *    float otherwise: it never widens a tensor's dtype within its category, and a fractional one
+ *    makes an integer or bool tensor f32 (i64 * 2.0 stays i64; i64 * 0.5 is f32).
  *  - Dimensions (axes) may be negative, counting from the end as in PyTorch.
  *  - Views share storage with their base (reshape when possible, permute, transpose, expand,
  *    slice, squeeze, unsqueeze). In-place ops (suffix _) write into their first argument, bump its
