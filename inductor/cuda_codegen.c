@@ -169,6 +169,9 @@ static bool render_kernel(ir_sbuf *b, ir_sbuf *helpers, const ir_graph *g, const
  * memory. max and min propagate NaN, as the eager reductions do. */
 static void render_block_reduce(ir_sbuf *h, const char *op) {
   const char *comb = !strcmp(op, "sum") ? "a + b" : !strcmp(op, "max") ? "a != a || a > b ? a : b" : "a != a || a < b ? a : b";
+  /* guarded: a program's output_code (every kernel's source, one after another) stays one
+   * translation unit that compiles, as the tests compile it with NVRTC */
+  ir_sb_printf(h, "#ifndef EM_BLOCK_%s\n#define EM_BLOCK_%s\n", op, op);
   ir_sb_printf(h, "__device__ __forceinline__ float em_r%s(float a, float b) { return %s; }\n", op, comb);
   ir_sb_printf(h,
       "__device__ float em_block_%s(float v, float *sh) {\n"
@@ -193,7 +196,7 @@ static void render_block_reduce(ir_sbuf *h, const char *op) {
       "  v = sh[0];\n"
       "  __syncthreads();\n"
       "  return v;\n"
-      "}\n", op, op, op, op);
+      "}\n#endif\n", op, op, op, op);
 }
 
 static const char *reduce_name(em_prim op) { return op == EM_PRIM_SUM ? "sum" : op == EM_PRIM_AMAX ? "max" : "min"; }
@@ -395,7 +398,9 @@ static bool render_row_kernel(ir_sbuf *b, ir_sbuf *helpers, const ir_graph *g, c
                  cu_ctype(g->values[v].type.dtype), i < k->n_out ? "o" : "x", i < k->n_out ? i : i - k->n_out);
   }
   if (ok) {
-    ir_sb_printf(b, ", i64 rows) {\n  __shared__ float em_sh[32];\n");
+    /* the block reductions' scratch; a row kernel without one (the backward of a softmax whose
+     * row sums are inputs) declares none: NVRTC warns of an unused variable */
+    ir_sb_printf(b, ", i64 rows) {\n%s", have_op[0] || have_op[1] || have_op[2] ? "  __shared__ float em_sh[32];\n" : "");
     ir_sb_printf(b, "  for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {\n");
     /* the row's coordinates, and each FULL buffer's offset from them */
     int first_dim = -1;
