@@ -425,3 +425,46 @@ ETEST(cuda_diff, transformer_training_compiled_matches_eager) {
   train_both(transformer_fn, transformer_init, batch, 0.1, 1e-4, "transformer");
   nvrtc_check("transformer training", 2);
 }
+
+/* ---- split reductions ---- */
+
+static em_outputs long_rows(void *ctx, em_tensor *const *in, int n) {
+  (void)ctx, (void)n;
+  em_tensor *x = in[0], *sq = em_mul(x, x);
+  return EM_OUTPUTS(em_sum(sq, 1, (int64_t[]){1}, false), em_amax(em_sub(x, in[1]), 1, (int64_t[]){1}, true));
+}
+
+/* Few long rows (fewer than the SMs, 8192 columns or more) are reduced in parts by one kernel and
+ * folded in order by a second (cuda_codegen.c: split_parts): the results agree with eager within
+ * rounding and are bit for bit the same on every call; many rows, or short ones, are not split. */
+ETEST(cuda_diff, long_reductions_over_few_rows_split_deterministically) {
+  on_device();
+  const int64_t shapes[][2] = {{4, 65536}, {1, 8192}, {3, 50001}, {256, 8192}, {4, 4096}};
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+    em_scope_begin();
+    int64_t R = shapes[s][0], C = shapes[s][1];
+    char what[64];
+    snprintf(what, sizeof what, "[%lld, %lld]", (long long)R, (long long)C);
+    em_manual_seed(40 + s);
+    em_tensor *x = em_randn(F, SH(R, C)), *b = em_randn(F, SH(R, 1));
+    em_outputs want = long_rows(NULL, (em_tensor *[]){x, b}, 2);
+    em_compiled *c = compile(long_rows, "long_rows");
+    em_tensor *first[2];
+    for (int call = 0; call < 3; call++) {
+      em_outputs o = em_call(c, NULL, x, b);
+      cr_assert(o.n == 2 && o.t[0] && o.t[1], "%s: %s", what, em_last_error());
+      same(want.t[0], o.t[0], 1e-5, what, "sum of squares");
+      same(want.t[1], o.t[1], 0, what, "amax");
+      if (call == 0) first[0] = o.t[0], first[1] = o.t[1];
+      else
+        for (int i = 0; i < 2; i++) same(first[i], o.t[i], 0, what, "a later call (bit for bit)");
+    }
+    em_compiled_free(c);
+    cr_assert_eq(n_programs, 1, "%s: %d programs", what, n_programs);
+    bool split = strstr(programs[0], "em_ind_c") != NULL, want_split = R < 132 && C >= 8192;
+    cr_assert_eq(split, want_split, "%s: %s, expected %s:\n%s", what, split ? "split" : "not split",
+                 want_split ? "a split" : "none", programs[0]);
+    nvrtc_check(what, 1);
+    em_scope_end();
+  }
+}
