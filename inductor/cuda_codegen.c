@@ -527,7 +527,22 @@ static bool build_kernel(ind_program *p, const prim_meta *meta, kernel *k, char 
     if (ok) { /* EMBER_LOGS=output_code prints the CUDA C */
       ir_sbuf all = {0};
       if (p->ir_text) ir_sb_printf(&all, "%s", p->ir_text);
-      ir_sb_printf(&all, "%s\n", src);
+      /* output_code stays one translation unit that compiles (the tests give it to NVRTC): a
+       * one-line helper (cu_render_helpers) an earlier kernel defined is left out; the block
+       * reductions' are guarded (render_block_reduce) */
+      const char *body_at = strstr(src, "extern \"C\" __global__");
+      for (const char *line = src; body_at && line < body_at;) {
+        const char *nl = strchr(line, '\n');
+        size_t n = nl ? (size_t)(nl - line) + 1 : strlen(line);
+        char *one = strncmp(line, "__device__ __forceinline__", 26) || !p->ir_text ? NULL : strndup(line, n);
+        bool seen = false;
+        for (const char *at = p->ir_text; one && !seen && (at = strstr(at, one)); at++)
+          seen = at == p->ir_text || at[-1] == '\n';
+        free(one);
+        if (!seen) ir_sb_printf(&all, "%.*s", (int)n, line);
+        line += n;
+      }
+      ir_sb_printf(&all, "%s\n", body_at ? body_at : src);
       if (comb) ir_sb_printf(&all, "%s\n", comb);
       free(p->ir_text);
       p->ir_text = ir_sb_finish(&all);

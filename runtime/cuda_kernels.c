@@ -121,10 +121,6 @@ void cu_render_helpers(ir_sbuf *b, const prim_sexpr *e, uint32_t *done) {
     em_dtype dt = in->dtype;
     const char *C = ctype(dt);
     bool uns = dt == EM_U8;
-    /* guarded per dtype and function: a compiled graph's output_code (its kernels one after
-     * another, each with its helpers) stays one translation unit */
-    const char *fn = in->op == SOP_POW ? "POW" : "REM";
-    ir_sb_printf(b, "#ifndef EM_HELPER_%s_%s\n#define EM_HELPER_%s_%s\n", fn, em_dtype_name(dt), fn, em_dtype_name(dt));
     if (in->op == SOP_REM && is_float(dt)) {
       const char *fm = dt == EM_F64 ? "fmod" : "fmodf";
       ir_sb_printf(b, "__device__ __forceinline__ %s em_fmod_py(%s a, %s b) { %s r = %s(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }\n",
@@ -132,13 +128,13 @@ void cu_render_helpers(ir_sbuf *b, const prim_sexpr *e, uint32_t *done) {
     } else if (in->op == SOP_REM && uns) {
       ir_sb_printf(b, "__device__ __forceinline__ %s em_imod_py(%s a, %s b) { return b == 0 ? 0 : a %% b; }\n", C, C, C);
     } else if (in->op == SOP_REM) {
-      ir_sb_printf(b, "__device__ __forceinline__ %s em_imod_py(%s a, %s b) { if (b == 0) return 0; %s r = a %% b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }\n",
+      /* b == -1 as the CPU's imod_py: INT_MIN % -1 overflows (the emulator's host code traps on it) */
+      ir_sb_printf(b, "__device__ __forceinline__ %s em_imod_py(%s a, %s b) { if (b == 0 || b == -1) return 0; %s r = a %% b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }\n",
           C, C, C, C);
     } else if (!is_float(dt)) {
       ir_sb_printf(b, "__device__ __forceinline__ %s em_ipow(%s a, %s b) { %s %s r = 1; while (b) { if (b & 1) r *= a; a *= a; b >>= 1; } return r; }\n",
           C, C, C, uns ? "" : "if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);", C);
     }
-    ir_sb_printf(b, "#endif\n");
   }
 }
 
