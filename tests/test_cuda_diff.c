@@ -45,12 +45,13 @@ static void kernels_made(const char *graph, const ind_program *p) {
 }
 
 /* em_compile installs the frontend's logging hook; ours replaces it until the next em_compile. */
-static em_compiled *compile(em_model_fn fn, const char *name) {
-  em_compiled *c = em_compile(fn, &(em_compile_options){.name = name});
+static em_compiled *compile_mode(em_model_fn fn, const char *name, const char *mode) {
+  em_compiled *c = em_compile(fn, &(em_compile_options){.name = name, .mode = mode});
   cr_assert_not_null(c, "%s: %s", name, em_last_error());
   ind_set_compiled_hook(kernels_made);
   return c;
 }
+static em_compiled *compile(em_model_fn fn, const char *name) { return compile_mode(fn, name, NULL); }
 
 /* Every program's kernels compile with NVRTC for the H100's sm_90 without warnings; each alone,
  * as the runtime compiles them (their extern "C" names may repeat across programs). */
@@ -404,7 +405,24 @@ static void train_both(em_model_fn model, bool (*init)(net *), em_tensor *const 
   }
 }
 
+static bool mlp_init(net *m) {
+  models_mlp(m, 24, 32, 16, 10);
+  return !em_last_error();
+}
+static bool gelu_ln_mlp_init(net *m) {
+  models_gelu_ln_mlp(m, 24, 32, 16, 10);
+  return !em_last_error();
+}
 static bool lenet_init(net *m) { return models_lenet(m); }
+
+ETEST(cuda_diff, mlp_training_compiled_matches_eager) {
+  on_device();
+  em_manual_seed(10);
+  em_tensor *batch[2] = {em_randn(F, SH(16, 24)), em_randint(0, 10, SH(16))};
+  train_both(mlp_fn, mlp_init, batch, 0.2, 1e-4, "mlp");
+  train_both(gelu_ln_mlp_fn, gelu_ln_mlp_init, batch, 0.2, 1e-4, "gelu_ln_mlp");
+  nvrtc_check("mlp training", 4);
+}
 static bool transformer_init(net *m) {
   models_transformer(m);
   return !em_last_error();
@@ -449,7 +467,7 @@ ETEST(cuda_diff, long_reductions_over_few_rows_split_deterministically) {
     em_tensor *x = em_randn(F, SH(R, C)), *b = em_randn(F, SH(R, 1));
     em_outputs want = long_rows(NULL, (em_tensor *[]){x, b}, 2);
     em_compiled *c = compile(long_rows, "long_rows");
-    em_tensor *first[2];
+    em_tensor *first[2] = {NULL, NULL};
     for (int call = 0; call < 3; call++) {
       em_outputs o = em_call(c, NULL, x, b);
       cr_assert(o.n == 2 && o.t[0] && o.t[1], "%s: %s", what, em_last_error());
@@ -460,6 +478,16 @@ ETEST(cuda_diff, long_reductions_over_few_rows_split_deterministically) {
         for (int i = 0; i < 2; i++) same(first[i], o.t[i], 0, what, "a later call (bit for bit)");
     }
     em_compiled_free(c);
+    if (s == 0) { /* replayed as a CUDA graph: the partial results' scratch comes from the graph's pool */
+      c = compile_mode(long_rows, "long_rows", "reduce-overhead");
+      for (int call = 0; call < 3; call++) {
+        em_outputs o = em_call(c, NULL, x, b);
+        cr_assert(o.n == 2 && o.t[0] && o.t[1], "%s reduce-overhead: %s", what, em_last_error());
+        for (int i = 0; i < 2; i++) same(first[i], o.t[i], 0, what, "reduce-overhead (bit for bit)");
+      }
+      cr_assert_geq(em_compiled_stats(c).cuda_graph_replays, 2, "%s: CUDA graph replays", what);
+      em_compiled_free(c);
+    }
     cr_assert_eq(n_programs, 1, "%s: %d programs", what, n_programs);
     bool split = strstr(programs[0], "em_ind_c") != NULL, want_split = R < 132 && C >= 8192;
     cr_assert_eq(split, want_split, "%s: %s, expected %s:\n%s", what, split ? "split" : "not split",
