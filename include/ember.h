@@ -20,8 +20,11 @@
  *  - Shapes broadcast as in NumPy/PyTorch: sizes are aligned from the right; a dimension of size
  *    1 (or a missing one) stretches to match. "[..]" below means any shape.
  *  - Type promotion follows torch.result_type: bool < integer (u8 < i32 < i64) < floating
- *    (f32 < f64); a Python-style scalar argument (double) does not widen a tensor's dtype within
- *    its category, but an integer or bool tensor combined with a scalar becomes f32.
+ *    (f32 < f64). A 0-dim tensor takes part only when its category is higher than the
+ *    dimensioned operands' (f32[3] * f64[] is f32, i32[3] * f64[] is f64). A Python-style scalar
+ *    argument (double) counts as an integer when its value is whole (2.0 is Python's 2) and as a
+ *    float otherwise: it never widens a tensor's dtype within its category, and a fractional one
+ *    makes an integer or bool tensor f32 (i64 * 2.0 stays i64; i64 * 0.5 is f32).
  *  - Dimensions (axes) may be negative, counting from the end as in PyTorch.
  *  - Views share storage with their base (reshape when possible, permute, transpose, expand,
  *    slice, squeeze, unsqueeze). In-place ops (suffix _) write into their first argument, bump its
@@ -464,8 +467,9 @@ em_tensor *em_expand_at(em_tensor *x, int ndim, const int64_t *sizes, em_site si
 #define em_slice(x, axis, start, stop, step) em_slice_at((x), (axis), (start), (stop), (step), EM_HERE)
 em_tensor *em_slice_at(em_tensor *x, int axis, int64_t start, int64_t stop, int64_t step,
                        em_site site);
-/* View without the given size-1 axes (n_axes = 0: all size-1 axes). Errors: an axis whose size
- * is not 1 (torch ignores it; we refuse, since it is almost always a bug). */
+/* View without the given axes of size 1 (n_axes = 0: all size-1 axes); a given axis whose size
+ * is not 1 is left in place, as torch does (with none of size 1, the result is a view of x with
+ * its shape). Errors: an axis out of range, a repeated axis. Matches torch.squeeze(x, dims). */
 #define em_squeeze(...) em_squeeze_at(__VA_ARGS__, EM_HERE)
 em_tensor *em_squeeze_at(em_tensor *x, int n_axes, const int64_t *axes, em_site site);
 /* View with a size-1 axis inserted at position axis in [-(ndim+1), ndim]. torch.unsqueeze. */
@@ -483,7 +487,12 @@ em_tensor *em_slice_scatter_at(em_tensor *x, em_tensor *src, int axis, int64_t s
                                em_site site);
 /* Constant padding. pads holds n_pads (even, <= 2 * ndim) amounts, last dim first, as
  * torch.nn.functional.pad: (left, right) of the last dim, then (top, bottom) of the one before,
- * ... Amounts must be >= 0. The result is a new tensor filled with value outside x. */
+ * ... A negative amount crops that many elements from that side instead (torch's
+ * constant_pad_nd narrows first, then pads), so the size becomes size + left + right; the crops
+ * of one dim together may not exceed its size. The result is a new tensor filled with value
+ * outside x; its gradient is the gradient's window over x (zero for the cropped elements).
+ * Errors: an odd count or more than 2 per dim, crops larger than the size, a result size that
+ * does not fit in 64 bits. Matches F.pad(x, pads, mode='constant', value=value). */
 #define em_pad(...) em_pad_at(__VA_ARGS__, EM_HERE)
 em_tensor *em_pad_at(em_tensor *x, int n_pads, const int64_t *pads, double value, em_site site);
 /* Concatenation of n >= 1 tensors along axis; other sizes must agree; dtype result_type of
@@ -504,8 +513,10 @@ em_tensor *em_gather_at(em_tensor *x, int axis, em_tensor *index, em_site site);
 #define em_index_select(x, axis, index) em_index_select_at((x), (axis), (index), EM_HERE)
 em_tensor *em_index_select_at(em_tensor *x, int axis, em_tensor *index, em_site site);
 /* A copy of x with src added at index along axis: out[index[i][j]][j] += src[i][j] (axis 0).
- * index and src have one shape, <= x's off axis; src's dtype is converted to x's.
- * torch.scatter_add (out of place). */
+ * index, src and x have one rank; index's sizes are <= x's off axis and <= src's on every axis:
+ * only src's first index-shaped block is read (src[:i0, :i1, ...]), and the rest of src gets a
+ * zero gradient, as in torch. src's dtype is converted to x's. Errors: ranks differ, index
+ * larger than src or than x off axis, an index out of range. torch.scatter_add (out of place). */
 #define em_scatter_add(x, axis, index, src) em_scatter_add_at((x), (axis), (index), (src), EM_HERE)
 em_tensor *em_scatter_add_at(em_tensor *x, int axis, em_tensor *index, em_tensor *src,
                              em_site site);
@@ -610,27 +621,37 @@ em_tensor *em_clip_grad_norm__at(int n, em_tensor *const *params, double max_nor
 #define em_matmul(a, b) em_matmul_at((a), (b), EM_HERE)
 em_tensor *em_matmul_at(em_tensor *a, em_tensor *b, em_site site);
 
+/* How em_conv2d pads: by the amounts in padding (the default), or as torch's padding='same'
+ * (the output has the input's size: d (k - 1) zeros in all per dim, half on the left / top and
+ * the extra one of an odd total on the right / bottom, as torch; stride must be 1) or
+ * padding='valid' (no padding; padding[] is ignored). */
+typedef enum em_conv_padding { EM_CONV_PAD_EXPLICIT, EM_CONV_PAD_SAME, EM_CONV_PAD_VALID } em_conv_padding;
 /* Convolution parameters, (height, width) pairs: stride >= 1, padding >= 0 (zeros),
- * dilation >= 1, groups >= 1 dividing both channel counts. */
+ * dilation >= 1, groups >= 1 dividing both channel counts; padding_mode (last, so initialisers
+ * that stop at groups keep the explicit amounts). */
 typedef struct em_conv2d_params {
   int64_t stride[2];
   int64_t padding[2];
   int64_t dilation[2];
   int64_t groups;
+  em_conv_padding padding_mode;
 } em_conv2d_params;
 /* Default parameters: stride 1, padding 0, dilation 1, groups 1. */
-#define EM_CONV2D_DEFAULT ((em_conv2d_params){{1, 1}, {0, 0}, {1, 1}, 1})
+#define EM_CONV2D_DEFAULT ((em_conv2d_params){{1, 1}, {0, 0}, {1, 1}, 1, EM_CONV_PAD_EXPLICIT})
 
 /* 2-D cross-correlation, torch.nn.functional.conv2d. x [N, C, H, W], w [O, C/groups, kh, kw],
- * bias [O] or EM_NONE -> [N, O, Ho, Wo], Ho = (H + 2 ph - dh (kh - 1) - 1) / sh + 1 (likewise Wo).
+ * bias [O] or EM_NONE -> [N, O, Ho, Wo], Ho = (H + 2 ph - dh (kh - 1) - 1) / sh + 1 (likewise Wo);
+ * with EM_CONV_PAD_SAME, Ho = H and Wo = W (an odd total padding pads x's right / bottom edge
+ * by one more zero first, as torch does); with EM_CONV_PAD_VALID, ph = pw = 0.
  * dtypes f32 (oneDNN) or f64 (reference loop), all alike. Errors: ranks, channel mismatch,
- * groups not dividing, bad params, output size < 1. */
+ * groups not dividing, bad params, output size < 1, 'same' with a stride other than 1, an
+ * unknown padding_mode. */
 #define em_conv2d(x, w, bias, p) em_conv2d_at((x), (w), (bias), (p), EM_HERE)
 em_tensor *em_conv2d_at(em_tensor *x, em_tensor *w, em_tensor *bias, em_conv2d_params p,
                         em_site site);
 /* Gradient of conv2d with respect to its input: grad_out [N, O, Ho, Wo], w [O, C/g, kh, kw] ->
- * [N, C, H, W] where input_hw = {H, W} (needed since several H give one Ho).
- * torch.nn.grad.conv2d_input. */
+ * [N, C, H, W] where input_hw = {H, W} (needed since several H give one Ho). Both gradients take
+ * explicit padding only (padding_mode EM_CONV_PAD_EXPLICIT). torch.nn.grad.conv2d_input. */
 #define em_conv2d_backward_input(g, w, hw, p) em_conv2d_backward_input_at((g), (w), (hw), (p), EM_HERE)
 em_tensor *em_conv2d_backward_input_at(em_tensor *grad_out, em_tensor *w,
                                        const int64_t input_hw[2], em_conv2d_params p,
@@ -830,21 +851,57 @@ typedef struct em_cross_entropy_opts {
   int64_t ignore_index;    /* class-index targets equal to it contribute nothing (-100) */
   double label_smoothing;  /* in [0, 1] (0) */
   em_reduction reduction;  /* (EM_REDUCE_MEAN: over non-ignored targets) */
+  em_tensor *weight;       /* class weights [C] of the logits' dtype, borrowed; NULL (as an
+                            * initialiser that stops at reduction leaves it) or EM_NONE: none */
 } em_cross_entropy_opts;
-#define EM_CROSS_ENTROPY_DEFAULT ((em_cross_entropy_opts){-100, 0.0, EM_REDUCE_MEAN})
+#define EM_CROSS_ENTROPY_DEFAULT ((em_cross_entropy_opts){-100, 0.0, EM_REDUCE_MEAN, NULL})
 /* Cross entropy of logits [N, C] (or [N, C, d...]) against class indices [N] (i64/i32;
- * [N, d...]) or class probabilities with the logits' shape and dtype. F.cross_entropy. */
+ * [N, d...]) or class probabilities with the logits' shape and dtype; a scalar (mean, sum) or
+ * [N, d...] (none), the logits' dtype, owned by the current scope. With class weights, as torch:
+ * index targets give w[t] (-log p[t]) (1 - eps) + eps / C sum_c w_c (-log p_c), and the mean
+ * divides by the sum of w[t] over the counted targets (NaN when it is 0); probability targets
+ * give -sum_c w_c q_c log p_c and the mean divides by the number of examples. Errors: shapes,
+ * dtypes, label_smoothing outside [0, 1], a weight that is not [C] of the logits' dtype, an
+ * unknown reduction, a target out of range. F.cross_entropy(weight=, ignore_index=,
+ * reduction=, label_smoothing=). */
 #define em_cross_entropy(logits, target, opts) em_cross_entropy_at((logits), (target), (opts), EM_HERE)
 em_tensor *em_cross_entropy_at(em_tensor *logits, em_tensor *target, em_cross_entropy_opts opts, em_site site);
 /* Negative log likelihood of log-probabilities [N, C] at class indices [N]. F.nll_loss. */
 #define em_nll_loss(logp, target, ignore_index, reduction) em_nll_loss_at((logp), (target), (ignore_index), (reduction), EM_HERE)
 em_tensor *em_nll_loss_at(em_tensor *logp, em_tensor *target, int64_t ignore_index, em_reduction reduction, em_site site);
+/* Options of em_nll_loss_ex; EM_NLL_LOSS_DEFAULT is PyTorch's default. */
+typedef struct em_nll_loss_opts {
+  int64_t ignore_index;    /* targets equal to it contribute nothing (-100) */
+  em_reduction reduction;  /* (EM_REDUCE_MEAN) */
+  em_tensor *weight;       /* class weights [C] of logp's dtype, borrowed; NULL or EM_NONE: none */
+} em_nll_loss_opts;
+#define EM_NLL_LOSS_DEFAULT ((em_nll_loss_opts){-100, EM_REDUCE_MEAN, NULL})
+/* em_nll_loss with options: -w[t] logp[t] for log-probabilities [N, C] (or [N, C, d...]) at
+ * class indices [N] (i64/i32; [N, d...]), 0 at ignored targets; reduced to a scalar (sum; mean:
+ * divided by the sum of w[t] over the counted targets, NaN when it is 0) or [N, d...] (none).
+ * logp's dtype, owned by the current scope. Errors: as em_nll_loss, and a weight that is not
+ * [C] of logp's dtype. F.nll_loss(weight=, ignore_index=, reduction=). */
+#define em_nll_loss_ex(logp, target, opts) em_nll_loss_ex_at((logp), (target), (opts), EM_HERE)
+em_tensor *em_nll_loss_ex_at(em_tensor *logp, em_tensor *target, em_nll_loss_opts opts, em_site site);
 /* (x - y)^2 with x, y broadcast, reduced. F.mse_loss. */
 #define em_mse_loss(x, y, reduction) em_mse_loss_at((x), (y), (reduction), EM_HERE)
 em_tensor *em_mse_loss_at(em_tensor *x, em_tensor *y, em_reduction reduction, em_site site);
 /* Rows of weight [V, D] at indices [...] (i64/i32) -> [..., D]. F.embedding. */
 #define em_embedding(idx, w) em_embedding_at((idx), (w), EM_HERE)
 em_tensor *em_embedding_at(em_tensor *indices, em_tensor *weight, em_site site);
+/* Options of em_embedding_ex; EM_EMBEDDING_DEFAULT is torch's (no padding_idx). */
+typedef struct em_embedding_opts {
+  bool has_padding_idx; /* whether padding_idx is set (false) */
+  int64_t padding_idx;  /* a row in [-V, V) (negative counts from the end): the positions that
+                         * read it give it no gradient; the forward is unchanged */
+} em_embedding_opts;
+#define EM_EMBEDDING_DEFAULT ((em_embedding_opts){false, 0})
+/* em_embedding with options: rows of weight [V, D] at indices [...] (i64/i32) -> [..., D], dtype
+ * weight's, owned by the current scope. With padding_idx set, weight's gradient at that row is
+ * zero (the row itself is returned as stored). Errors: as em_embedding, and a padding_idx
+ * outside [-V, V). Matches F.embedding(indices, weight, padding_idx=). */
+#define em_embedding_ex(idx, w, opts) em_embedding_ex_at((idx), (w), (opts), EM_HERE)
+em_tensor *em_embedding_ex_at(em_tensor *indices, em_tensor *weight, em_embedding_opts opts, em_site site);
 /* 2-D max and average pooling of x [N, C, H, W] over kernel windows, stride (0: the kernel
  * size), zero padding (average pooling counts padding, as count_include_pad=True).
  * F.max_pool2d, F.avg_pool2d. */
@@ -854,6 +911,33 @@ em_tensor *em_max_pool2d_at(em_tensor *x, int64_t kh, int64_t kw, int64_t sh, in
 #define em_avg_pool2d(x, kh, kw, sh, sw, ph, pw) em_avg_pool2d_at((x), (kh), (kw), (sh), (sw), (ph), (pw), EM_HERE)
 em_tensor *em_avg_pool2d_at(em_tensor *x, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
                             em_site site);
+/* Options of em_max_pool2d_ex and em_avg_pool2d_ex, (height, width) pairs. Start from
+ * EM_POOL2D_DEFAULT(kh, kw), torch's defaults (a zeroed struct has dilation 0, refused). */
+typedef struct em_pool2d_opts {
+  int64_t kernel[2];        /* >= 1 */
+  int64_t stride[2];        /* >= 1; 0: the kernel size (torch's stride=None) */
+  int64_t padding[2];       /* >= 0, at most half the kernel; max pooling pads -inf, average 0 */
+  int64_t dilation[2];      /* >= 1 (1); max pooling only: average pooling has none */
+  bool ceil_mode;           /* output size rounded up (false): the last window may hang past the
+                             * padding, but must start inside the input or its left padding */
+  bool count_include_pad;   /* average pooling divides by the window's size including the
+                             * padding it covers, not past it (true), or by its input elements */
+  int64_t divisor_override; /* average pooling: 0 (none) or every window's divisor */
+} em_pool2d_opts;
+#define EM_POOL2D_DEFAULT(kh, kw) ((em_pool2d_opts){{(kh), (kw)}, {0, 0}, {0, 0}, {1, 1}, false, true, 0})
+/* 2-D max / average pooling of x [N, C, H, W] (f32 or f64) with torch's options ->
+ * [N, C, Ho, Wo], x's dtype, owned by the current scope. Ho = (H + 2 ph - dh (kh - 1) - 1) / sh + 1
+ * rounded down, or up with ceil_mode, less one when that last window would start at or past
+ * H + ph (likewise Wo). Gradients: to the maximum of each window (ties: as em_maximum), or spread
+ * evenly over the window by its divisor. Errors: x not 4-D or not floating, kernel / stride /
+ * dilation < 1, padding < 0 or above half the kernel, dilation for average pooling, no window
+ * fitting the padded input. Match F.max_pool2d(kernel_size, stride, padding, dilation,
+ * ceil_mode) and F.avg_pool2d(kernel_size, stride, padding, ceil_mode, count_include_pad,
+ * divisor_override). */
+#define em_max_pool2d_ex(x, opts) em_max_pool2d_ex_at((x), (opts), EM_HERE)
+em_tensor *em_max_pool2d_ex_at(em_tensor *x, em_pool2d_opts opts, em_site site);
+#define em_avg_pool2d_ex(x, opts) em_avg_pool2d_ex_at((x), (opts), EM_HERE)
+em_tensor *em_avg_pool2d_ex_at(em_tensor *x, em_pool2d_opts opts, em_site site);
 /* softmax(q k^T * scale + mask) v (Vaswani et al. 2017) with q [..., L, E], k [..., S, E],
  * v [..., S, Ev] -> [..., L, Ev]; scale 1/sqrt(E) when scale <= 0; causal masks j > i; dropout
  * on the attention weights when dropout_p > 0. F.scaled_dot_product_attention. */
@@ -875,12 +959,47 @@ em_tensor *em_clamp_at(em_tensor *x, double lo, double hi, em_site site);
  * broadcast, both bounds EM_NONE. */
 #define em_clamp_tensor(x, lo, hi) em_clamp_tensor_at((x), (lo), (hi), EM_HERE)
 em_tensor *em_clamp_tensor_at(em_tensor *x, em_tensor *lo, em_tensor *hi, em_site site);
-/* indices [...] (i64/i32, in [0, n)) -> i64 [..., n] with a 1 at each index. F.one_hot. */
+/* indices [...] (i64/i32, in [0, n)) -> i64 [..., n] with a 1 at each index, owned by the current
+ * scope. n = -1 infers n as max(indices) + 1, as torch's num_classes=-1: that maximum is read
+ * back to the host (a sync; under em_compile a graph break, as the shape depends on it). The
+ * range check reads a count back too. Errors: n < 1 other than -1, an index outside [0, n),
+ * n = -1 with empty indices (nothing to infer from), non-integer indices. F.one_hot. */
 #define em_one_hot(idx, n) em_one_hot_at((idx), (n), EM_HERE)
 em_tensor *em_one_hot_at(em_tensor *indices, int64_t n_classes, em_site site);
 /* x with value where mask (bool, broadcast to x) is true. Tensor.masked_fill. */
 #define em_masked_fill(x, mask, value) em_masked_fill_at((x), (mask), (value), EM_HERE)
 em_tensor *em_masked_fill_at(em_tensor *x, em_tensor *mask, double value, em_site site);
+
+/* ------------------------------------------------------------------------------------------ */
+/* torch's keyword options of the ops above (issue 21). Composites: they run eagerly on every
+ * device, trace into compiled graphs and differentiate as the ops they are built from.        */
+
+/* a + alpha * b and a - alpha * b, a [..] and b [..] broadcast -> [..], dtype as em_add /
+ * em_sub (alpha 1 gives their very bits). alpha must be an integer when the result dtype is an
+ * integer (as torch), and 1 when it is bool (torch would cast alpha to bool). An integer b
+ * joining a float a is scaled in a's dtype. Gradient: g for a, +-alpha g for b. Returns a tensor
+ * owned by the current scope; NULL with an error for a fractional alpha on integers (or one the
+ * integer dtype cannot hold), shapes that do not broadcast, a NULL or EM_NONE operand. Match
+ * torch.add(a, b, alpha=) / torch.sub. */
+#define em_add_alpha(a, b, alpha) em_add_alpha_at((a), (b), (alpha), EM_HERE)
+em_tensor *em_add_alpha_at(em_tensor *a, em_tensor *b, double alpha, em_site site);
+#define em_sub_alpha(a, b, alpha) em_sub_alpha_at((a), (b), (alpha), EM_HERE)
+em_tensor *em_sub_alpha_at(em_tensor *a, em_tensor *b, double alpha, em_site site);
+
+/* torch.div's rounding_mode: None (true division, em_div), 'trunc', 'floor'. */
+typedef enum em_rounding_mode { EM_ROUND_NONE, EM_ROUND_TRUNC, EM_ROUND_FLOOR } em_rounding_mode;
+/* a / b rounded as mode says, a [..] and b [..] broadcast -> [..]. Dtype: EM_ROUND_NONE as
+ * em_div (integers give f32); with a rounding mode, torch.result_type(a, b): integers give the
+ * exact integer quotient in that dtype (all of i64, not through floating point; INT_MIN / -1
+ * wraps), floats trunc(a / b) or torch's floor division (computed as Python's // is:
+ * (a - fmod(a, b)) / b, corrected, which is not always floor(a / b); b = 0 gives a / b).
+ * Integer division by zero is an error, as torch on the CPU: found by the remainder kernel,
+ * which on CUDA reads one flag back (a wait, as em_remainder's). The gradient is zero for both
+ * operands, as torch's. Returns a tensor owned by the current scope; NULL with an error for bool
+ * operands (torch has no kernel either), an unknown mode, shapes that do not broadcast, integer
+ * division by zero, a NULL or EM_NONE operand. Matches torch.div(a, b, rounding_mode=). */
+#define em_div_mode(a, b, mode) em_div_mode_at((a), (b), (mode), EM_HERE)
+em_tensor *em_div_mode_at(em_tensor *a, em_tensor *b, em_rounding_mode mode, em_site site);
 
 /* ------------------------------------------------------------------------------------------ */
 /* nn: parameter initialisation and layers as torch.nn builds them by default                  */
@@ -907,7 +1026,8 @@ bool em_linear_layer_init_at(em_linear_layer *l, int64_t in, int64_t out, bool h
 /* nn.Conv2d(in, out, (kh, kw), ...): weight f32 [out, in/groups, kh, kw] kaiming-uniform with
  * a = sqrt(5), bias [out] U(-1/sqrt(fan_in), 1/sqrt(fan_in)) or EM_NONE. Apply with
  * em_conv2d(x, l.weight, l.bias, l.params). Errors (fields left NULL): groups not dividing the
- * channel counts, kernel < 1, stride or dilation < 1, padding < 0, allocation failure. */
+ * channel counts, kernel < 1, stride or dilation < 1, padding < 0, an unknown padding_mode or
+ * 'same' with a stride other than 1, allocation failure. */
 typedef struct em_conv2d_layer {
   em_tensor *weight, *bias;
   em_conv2d_params params;

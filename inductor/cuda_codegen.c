@@ -247,6 +247,9 @@ static bool render_kernel(ir_sbuf *b, ir_sbuf *helpers, const ir_graph *g, const
  * memory. max and min propagate NaN, as the eager reductions do. */
 static void render_block_reduce(ir_sbuf *h, const char *op) {
   const char *comb = !strcmp(op, "sum") ? "a + b" : !strcmp(op, "max") ? "a != a || a > b ? a : b" : "a != a || a < b ? a : b";
+  /* guarded: a program's output_code (every kernel's source, one after another) stays one
+   * translation unit that compiles, as the tests compile it with NVRTC */
+  ir_sb_printf(h, "#ifndef EM_BLOCK_%s\n#define EM_BLOCK_%s\n", op, op);
   ir_sb_printf(h, "__device__ __forceinline__ float em_r%s(float a, float b) { return %s; }\n", op, comb);
   ir_sb_printf(h,
       "__device__ float em_block_%s(float v, float *sh) {\n"
@@ -271,7 +274,7 @@ static void render_block_reduce(ir_sbuf *h, const char *op) {
       "  v = sh[0];\n"
       "  __syncthreads();\n"
       "  return v;\n"
-      "}\n", op, op, op, op);
+      "}\n#endif\n", op, op, op, op);
 }
 
 static const char *reduce_name(em_prim op) { return op == EM_PRIM_SUM ? "sum" : op == EM_PRIM_AMAX ? "max" : "min"; }
@@ -292,6 +295,7 @@ typedef struct rowgen {
   const bool *kept;        /* [n_values] a persistent kernel keeps it in registers for a later pass */
   int passes, ept;
   uint32_t done;
+  int64_t chunk; /* a split kernel (k->parts): columns a part */
 } rowgen;
 
 /* Loads FULL input i, or reads FULL value v from the registers that keep it. */
@@ -342,6 +346,11 @@ static bool row_passes(rowgen *r, bool persistent, const char *ind) {
     if (persistent)
       ir_sb_printf(r->b, "%s#pragma unroll\n%sfor (int t = 0; t < %d; t++) {\n%s  const int j = threadIdx.x + t * blockDim.x;\n"
                    "%s  if (j < %lld) {\n", ind, ind, r->ept, ind, ind, (long long)k->cols);
+    else if (k->parts)
+      ir_sb_printf(r->b, "%sconst i64 em_end = em_part * %lld + %lld < %lld ? em_part * %lld + %lld : %lld;\n"
+                   "%sfor (i64 j = em_part * %lld + threadIdx.x; j < em_end; j += blockDim.x) {\n", ind,
+                   (long long)r->chunk, (long long)r->chunk, (long long)k->cols, (long long)r->chunk, (long long)r->chunk,
+                   (long long)k->cols, ind, (long long)r->chunk);
     else ir_sb_printf(r->b, "%sfor (int j = threadIdx.x; j < %lld; j += blockDim.x) {\n", ind, (long long)k->cols);
     for (int i = 0; i < k->n_in; i++) row_input(r, i, pass, persistent, ind2);
     for (int i = 0; i < k->n_nodes; i++) {
@@ -378,7 +387,8 @@ static bool row_passes(rowgen *r, bool persistent, const char *ind) {
   for (int o = 0; o < k->n_out; o++) {
     if (r->kind[k->out[o]] == K_FULL) continue;
     vname(k->out[o], nm, sizeof nm);
-    ir_sb_printf(r->b, "%sif (threadIdx.x == 0) o%d[r] = em_to<%s>(%s);\n", ind, o, cu_ctype(g->values[k->out[o]].type.dtype), nm);
+    ir_sb_printf(r->b, "%sif (threadIdx.x == 0) o%d[%s] = em_to<%s>(%s);\n", ind, o, k->parts ? "rr" : "r",
+                 cu_ctype(g->values[k->out[o]].type.dtype), nm);
   }
   return true;
 }
@@ -428,6 +438,10 @@ static bool render_row_kernel(ir_sbuf *b, ir_sbuf *helpers, const ir_graph *g, c
       if (kind[n->out] == K_FULL && a + 1 > passes) passes = a + 1;
     }
   }
+  /* a split kernel (k->parts, asked for by ind_cuda_build_kernels): one pass whose outputs are
+   * all f32 reductions, so that a part's partial results fold into the row's */
+  for (int o = 0; ok && k->parts && o < k->n_out; o++)
+    if (passes != 1 || red_pass[k->out[o]] != 0 || g->values[k->out[o]].type.dtype != EM_F32) k->parts = 0;
   /* what each pass reads: its reductions' operands and the FULL outputs it stores, and the FULL
    * values and inputs they are computed from; a value a later pass reads again is kept (in a
    * persistent kernel: the later pass reads the registers, not what it was computed from) */
@@ -473,8 +487,13 @@ static bool render_row_kernel(ir_sbuf *b, ir_sbuf *helpers, const ir_graph *g, c
                  cu_ctype(g->values[v].type.dtype), i < k->n_out ? "o" : "x", i < k->n_out ? i : i - k->n_out);
   }
   if (ok) {
-    ir_sb_printf(b, ", i64 rows) {\n  __shared__ float em_sh[32];\n");
-    ir_sb_printf(b, "  for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {\n");
+    /* the block reductions' scratch; a row kernel without one (the backward of a softmax whose
+     * row sums are inputs) declares none: NVRTC warns of an unused variable */
+    ir_sb_printf(b, ", i64 rows) {\n%s", have_op[0] || have_op[1] || have_op[2] ? "  __shared__ float em_sh[32];\n" : "");
+    if (k->parts) /* block rr: part rr %% parts of row rr / parts */
+      ir_sb_printf(b, "  for (i64 rr = blockIdx.x; rr < rows * %d; rr += gridDim.x) {\n    const i64 r = rr / %d, em_part = rr %% %d;\n    (void)r;\n",
+                   k->parts, k->parts, k->parts);
+    else ir_sb_printf(b, "  for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {\n");
     /* the row's coordinates, and each FULL buffer's offset from them */
     int first_dim = -1;
     for (int d = 0; d < k->split && first_dim < 0; d++)
@@ -507,10 +526,11 @@ static bool render_row_kernel(ir_sbuf *b, ir_sbuf *helpers, const ir_graph *g, c
       }
       ir_sb_printf(b, "]);\n");
     }
-    rowgen r = {b, helpers, g, k, kind, avail, red_pass, full, inner, need, first, kept, passes, (int)ept, 0};
+    rowgen r = {b, helpers, g, k, kind, avail, red_pass, full, inner, need, first, kept, passes, (int)ept, 0,
+                k->parts ? (k->cols + k->parts - 1) / k->parts : 0};
     bool any_kept = false;
     for (int v = 0; v < nv; v++) any_kept |= kept[v];
-    if (any_kept && ept <= 8) {
+    if (any_kept && ept <= 8 && !k->parts) {
       ir_sb_printf(b, "    if (blockDim.x * %d >= %lld) {\n", (int)ept, (long long)k->cols);
       ok = row_passes(&r, true, "      ");
       ir_sb_printf(b, "    } else {\n");
@@ -524,6 +544,35 @@ static bool render_row_kernel(ir_sbuf *b, ir_sbuf *helpers, const ir_graph *g, c
   if (ok) ir_sb_printf(b, "  }\n}\n");
   free(kind), free(avail), free(red_pass), free(first), free(full), free(kept), free(need), free(inner), free(outer);
   return ok;
+}
+
+/* The second kernel of a split row kernel: row r's result folds its parts' partial results in
+ * order 0, 1, ..., parts - 1, one thread a row, so the sum is the same on every run (no atomics,
+ * no order that depends on which block finishes first). */
+static char *render_combine(const ir_graph *g, const kernel *k, char *name, size_t name_cap) {
+  ir_sbuf b = {0};
+  for (int o = 0; o < k->n_out; o++) ir_sb_printf(&b, "%sfloat *__restrict__ o%d", o ? ", " : "(", o);
+  for (int o = 0; o < k->n_out; o++) ir_sb_printf(&b, ", const float *__restrict__ q%d", o);
+  ir_sb_printf(&b, ", i64 rows) {\n  for (i64 r = blockIdx.x * (i64)blockDim.x + threadIdx.x; r < rows; "
+               "r += (i64)gridDim.x * blockDim.x) {\n");
+  for (int o = 0; o < k->n_out; o++) {
+    em_prim op = EM_PRIM_SUM;
+    for (int i = 0; i < k->n_nodes; i++)
+      if (g->nodes[k->nodes[i]].out == k->out[o]) op = g->nodes[k->nodes[i]].op;
+    const char *comb = op == EM_PRIM_SUM ? "a + b" : op == EM_PRIM_AMAX ? "a != a || a > b ? a : b" : "a != a || a < b ? a : b";
+    ir_sb_printf(&b, "    {\n      float a = q%d[r * %d];\n      for (int c = 1; c < %d; c++) {\n"
+                 "        const float b = q%d[r * %d + c];\n        a = %s;\n      }\n      o%d[r] = a;\n    }\n",
+                 o, k->parts, k->parts, o, k->parts, comb, o);
+  }
+  ir_sb_printf(&b, "  }\n}\n");
+  char *bt = ir_sb_finish(&b);
+  if (!bt) return NULL;
+  snprintf(name, name_cap, "em_ind_c%015llx", (unsigned long long)(fnv1a(bt, strlen(bt)) >> 4));
+  size_t len = strlen(bt) + 64;
+  char *src = malloc(len);
+  if (src) snprintf(src, len, "extern \"C\" __global__ void %s%s", name, bt);
+  free(bt);
+  return src;
 }
 
 /* Renders kernel k for its launch configuration (k->block) as one CUDA C source (*src, the
@@ -540,7 +589,24 @@ static bool kernel_source(ind_program *p, const prim_meta *meta, kernel *k, char
                  "#endif\n");
   bool ok = k->row ? render_row_kernel(&body, &helpers, p->g, meta, p->kind, k, err, cap)
                    : render_kernel(&body, &helpers, p->g, meta, k, 0, err, cap);
-  if (ok && k->vec) ok = render_kernel(&vbody, &helpers, p->g, meta, k, k->vec, err, cap);
+  /* the vector variant's helpers go in once: each render emits the one-line helpers its
+   * expressions use (em_fmod_py, ...), and a second copy in the same source does not compile */
+  ir_sbuf vhelpers = {0};
+  if (ok && k->vec) ok = render_kernel(&vbody, &vhelpers, p->g, meta, k, k->vec, err, cap);
+  char *vh = ir_sb_finish(&vhelpers);
+  for (const char *line = vh; line && *line;) {
+    const char *nl = strchr(line, '\n');
+    size_t n = nl ? (size_t)(nl - line) + 1 : strlen(line);
+    char *one = strndup(line, n);
+    bool seen = false;
+    for (const char *at = helpers.s; one && at && !seen && (at = strstr(at, one)) != NULL; at++)
+      seen = at == helpers.s || at[-1] == '\n';
+    if (!one) helpers.oom = true;
+    else if (!seen) ir_sb_printf(&helpers, "%s", one);
+    free(one);
+    line += n;
+  }
+  free(vh);
   char *bt = ir_sb_finish(&body), *ht = ir_sb_finish(&helpers), *vt = ir_sb_finish(&vbody);
   if (ok && (!bt || !ht || (k->vec && !vt))) ok = ir_fail(err, cap, "out of memory");
   if (ok) {
@@ -559,27 +625,53 @@ static bool kernel_source(ind_program *p, const prim_meta *meta, kernel *k, char
   return ok;
 }
 
-/* Appends kernel source src to p's output_code (EMBER_LOGS=output_code prints the CUDA C). */
-static void log_source(ind_program *p, const char *src) {
+/* Appends kernel source src (and comb, a split row kernel's fold, or NULL) to p's output_code
+ * (EMBER_LOGS=output_code prints the CUDA C). output_code stays one translation unit that
+ * compiles (the tests give it to NVRTC): a one-line helper (cu_render_helpers) an earlier kernel
+ * defined is left out; the block reductions' are guarded (render_block_reduce). */
+static void log_source(ind_program *p, const char *src, const char *comb) {
   ir_sbuf all = {0};
   if (p->ir_text) ir_sb_printf(&all, "%s", p->ir_text);
-  ir_sb_printf(&all, "%s\n", src);
+  const char *body_at = strstr(src, "extern \"C\" __global__");
+  for (const char *line = src; body_at && line < body_at;) {
+    const char *nl = strchr(line, '\n');
+    size_t n = nl ? (size_t)(nl - line) + 1 : strlen(line);
+    char *one = strncmp(line, "__device__ __forceinline__", 26) || !p->ir_text ? NULL : strndup(line, n);
+    bool seen = false;
+    for (const char *at = p->ir_text; one && !seen && (at = strstr(at, one)); at++)
+      seen = at == p->ir_text || at[-1] == '\n';
+    free(one);
+    if (!seen) ir_sb_printf(&all, "%.*s", (int)n, line);
+    line += n;
+  }
+  ir_sb_printf(&all, "%s\n", body_at ? body_at : src);
+  if (comb) ir_sb_printf(&all, "%s\n", comb);
   free(p->ir_text);
   p->ir_text = ir_sb_finish(&all);
 }
 
-/* Renders kernel k (kernel_source), loads it into k->cu_fn (and k->cu_vec) and logs it. */
+/* A split row kernel's fold (render_combine), loaded into k->cu_combine; *comb receives its
+ * source for the log (the caller frees). Nothing for an unsplit kernel. */
+static bool build_combine(ind_program *p, kernel *k, char **comb, char *err, size_t cap) {
+  *comb = NULL;
+  if (!k->parts) return true;
+  if (!(*comb = render_combine(p->g, k, k->combine_name, sizeof k->combine_name))) return ir_fail(err, cap, "out of memory");
+  return (k->cu_combine = cu_source_kernel(*comb, k->combine_name, err, cap)) != NULL;
+}
+
+/* Renders kernel k (kernel_source), loads it into k->cu_fn (and k->cu_vec, k->cu_combine) and
+ * logs it. */
 static bool build_kernel(ind_program *p, const prim_meta *meta, kernel *k, char *err, size_t cap) {
-  char *src, vname_[40];
+  char *src, vname_[40], *comb = NULL;
   bool ok = kernel_source(p, meta, k, &src, vname_, sizeof vname_, err, cap);
   if (ok) {
     const char *names[2] = {k->name, vname_};
     void *fns[2] = {NULL, NULL};
-    ok = cu_source_kernels(src, names, k->vec ? 2 : 1, fns, err, cap);
+    ok = cu_source_kernels(src, names, k->vec ? 2 : 1, fns, err, cap) && build_combine(p, k, &comb, err, cap);
     k->cu_fn = fns[0], k->cu_vec = fns[1];
-    if (ok) log_source(p, src);
+    if (ok) log_source(p, src, comb);
   }
-  free(src);
+  free(src), free(comb);
   return ok;
 }
 
@@ -633,6 +725,27 @@ static void tune_write(const char *key, unsigned block) {
   rt_write_file_whole(path, text, (size_t)n, "", 0); /* best effort: a lost choice is timed again */
 }
 
+/* Split reductions: a row kernel over fewer rows than the device has SMs, each row at least
+ * 8192 columns long, would leave most SMs idle (a block a row); it is split into parts of at
+ * least 4096 columns, about two blocks an SM in all, whose partial results a second kernel
+ * folds in a fixed order (render_combine). The emulator plans for an H100's 132 SMs, so that it
+ * runs the schedule the GPU would. The row kernel keeps the split only when it can
+ * (render_row_kernel: one pass, f32 reductions as its only outputs). Not under max-autotune,
+ * whose timing runs the one kernel. */
+static int split_parts(const ind_program *p, const kernel *k) {
+  if (!k->row || p->opts.autotune || k->cols < 8192 || k->rows < 1 || k->n_out > 32) return 0;
+  int sms = 132;
+  em_cuda_device_properties pr;
+  if (!cu_drv()->emulated) {
+    if (!em_cuda_get_device_properties(0, &pr)) return em_clear_error(), 0;
+    sms = pr.multiprocessors;
+  }
+  if (k->rows >= sms) return 0;
+  int64_t parts = 2 * sms / k->rows, most = k->cols / 4096;
+  if (parts > most) parts = most;
+  return parts >= 2 ? (int)parts : 0;
+}
+
 /* Row kernels' heuristic block: a power of two (the tree halves it) from 32 to 256, about 4
  * columns a thread. */
 static unsigned row_block(const kernel *k) {
@@ -654,13 +767,19 @@ static bool build_all(ind_program *p, const prim_meta *meta, char *err, size_t c
     if (k->has_col) ok = ir_fail(err, cap, "a CUDA schedule with a column reduction");
     if (k->row) k->rows = prefix_numel(&k->shape, k->split), k->cols = k->rows ? numel_of(&k->shape) / k->rows : 0;
     k->block = k->row ? row_block(k) : 256;
+    k->parts = split_parts(p, k);
+    if (k->parts) k->block = 256; /* 4096 columns or more a block */
     ok = ok && kernel_source(p, meta, k, &src[ki], vn[ki], sizeof vn[ki], err, cap);
     if (ok) req[ki] = (cu_module_req){src[ki], {k->name, vn[ki]}, k->vec ? 2 : 1, {NULL, NULL}};
   }
   ok = ok && cu_source_modules(req, n, err, cap);
   for (int ki = 0; ok && ki < n; ki++) {
-    p->kernels[ki].cu_fn = req[ki].fns[0], p->kernels[ki].cu_vec = req[ki].fns[1];
-    log_source(p, src[ki]);
+    kernel *k = &p->kernels[ki];
+    char *comb = NULL;
+    k->cu_fn = req[ki].fns[0], k->cu_vec = req[ki].fns[1];
+    ok = build_combine(p, k, &comb, err, cap);
+    if (ok) log_source(p, src[ki], comb);
+    free(comb);
   }
   for (int ki = 0; src && ki < n; ki++) free(src[ki]);
   free(src), free(vn), free(req);

@@ -63,6 +63,10 @@ typedef struct kernel {
   ir_type shape;          /* iteration shape S */
   int split;              /* row kernel: dims [split, ndim) are reduced */
   int n_spill;            /* row kernel: FULL values kept in scratch between passes over a row */
+  int parts;              /* CUDA row kernel split over its columns (a few long rows, cuda_codegen.c): it writes
+                           * parts partial results a row, cu_combine folds them in order; 0: not split */
+  void *cu_combine;
+  char combine_name[32];
   int64_t rows, cols;     /* the iteration space as the generated loops see it */
   int64_t bytes;          /* bytes read and written, for EMBER_LOGS=schedule */
   char *loop_ir;          /* the loop-level form, printed under EMBER_LOGS=schedule */

@@ -434,12 +434,31 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
           bool vec = k->cu_vec != NULL;
           for (int q = 0; vec && q < nb; q++) vec = ptr[q] % 16 == 0;
           if (vec) n /= k->vec, vector_runs++;
+          em_tensor *part = NULL; /* a split row kernel's partial results (cuda_codegen.c: split_parts) */
+          if (ok && k->parts) {
+            int64_t e = n * k->parts * k->n_out;
+            ok = (part = rt_new_device(EM_F32, 1, &e, EM_CUDA, "em_call", site)) != NULL;
+            for (int o = 0; ok && o < k->n_out; o++) ptr[o] = (uint64_t)(uintptr_t)((float *)rt_data(part) + o * n * k->parts);
+          }
           cu_event *ev = kev ? &kev[2 * st->kernel] : NULL;
           const cu_driver *drv = ev ? cu_drv() : NULL;
           if (ev && (drv->event_create(&ev[0], 0) || drv->event_create(&ev[1], 0) || drv->event_record(ev[0], cu_current_stream())))
             ev = NULL; /* untimed: this kernel is left out of the profile */
-          if (ok) ok = cu_launch_named(vec ? k->cu_vec : k->cu_fn, k->name, k->row ? n * k->block : n, k->block, params, why, sizeof why);
+          if (ok)
+            ok = cu_launch_named(vec ? k->cu_vec : k->cu_fn, k->name, k->row ? n * k->block * (k->parts ? k->parts : 1) : n,
+                                 k->block, params, why, sizeof why);
+          if (ok && part) { /* the fold of the parts, timed with its row kernel */
+            uint64_t cptr[129];
+            void *cparams[129];
+            for (int o = 0; o < k->n_out; o++) {
+              cptr[o] = (uint64_t)(uintptr_t)bufs[o], cptr[k->n_out + o] = ptr[o];
+              cparams[o] = &cptr[o], cparams[k->n_out + o] = &cptr[k->n_out + o];
+            }
+            cparams[2 * k->n_out] = &n;
+            ok = cu_launch_named(k->cu_combine, k->combine_name, n, 128, cparams, why, sizeof why);
+          }
           if (ev && drv->event_record(ev[1], cu_current_stream())) drv->event_destroy(ev[1]), ev[1] = NULL;
+          em_release(part);
           if (ok && t0_) rt_prof_complete("kernel", k->name, t0_, "CUDA launch (asynchronous), %lld elements", (long long)n);
           if (!ok && nb) rt_error(site, "em_call", "%s: %s", k->name, why);
           kernel_runs++;

@@ -364,10 +364,24 @@ static em_tensor *index_target(em_tensor *t, const char *what, const char *name,
   return rt_error(site, name, "%s must be i64 or i32, got %s", what, rt_fmt(b, sizeof b, t));
 }
 
-/* -logp[target] per example with ignore_index masked out; logp [N, C, d...], target [N, d...].
- * Returns the per-example loss [N, d...] and the mask of counted targets (as logp's dtype). */
-static em_tensor *nll_terms(em_tensor *logp, em_tensor *target, int64_t ignore, em_tensor **valid, const char *name,
-                            em_site site) {
+/* The class weights: NULL or EM_NONE (none), else [C] of logp's dtype. *w is set to NULL for
+ * none. */
+static bool weight_arg(em_tensor *weight, em_tensor *logp, em_tensor **w, const char *name, em_site site) {
+  char b0[128], b1[128];
+  *w = weight == EM_NONE ? NULL : weight;
+  if (!*w) return true;
+  if (weight->ndim != 1 || logp->ndim < 2 || weight->sizes[0] != logp->sizes[1] || weight->dtype != logp->dtype)
+    return rt_error(site, name, "weight %s must be %s[C] for input %s (one weight a class)", rt_fmt(b0, sizeof b0, weight),
+                    em_dtype_name(logp->dtype), rt_fmt(b1, sizeof b1, logp)), false;
+  return true;
+}
+
+/* -w[target] logp[target] per example with ignore_index masked out; logp [N, C, d...], target
+ * [N, d...], weight [C] or NULL (all 1). Returns the per-example loss [N, d...], and sets *keep
+ * to the mask of counted targets and *wt to their weights (the divisor of torch's mean: the sum
+ * of the weights of the counted targets), both as logp's dtype. */
+static em_tensor *nll_terms(em_tensor *logp, em_tensor *target, int64_t ignore, em_tensor *weight, em_tensor **keep,
+                            em_tensor **wt, const char *name, em_site site) {
   char b0[128], b1[128];
   if (!logp || !target) return NULL; /* an earlier op failed (its error is recorded) */
   bool ok = logp->ndim >= 2 && target->ndim == logp->ndim - 1 && target->sizes[0] == logp->sizes[0];
@@ -375,23 +389,44 @@ static em_tensor *nll_terms(em_tensor *logp, em_tensor *target, int64_t ignore, 
   if (!ok)
     return rt_error(site, name, "target %s does not match input %s (want [N, d...] for [N, C, d...])",
                     rt_fmt(b0, sizeof b0, target), rt_fmt(b1, sizeof b1, logp));
-  em_tensor *keep = em_ne_scalar_at(target, (double)ignore, site);
+  em_tensor *k = em_ne_scalar_at(target, (double)ignore, site);
   /* ignored targets are redirected to class 0 so the gather stays in bounds */
-  em_tensor *safe = em_where_at(keep, target, num(EM_I64, 0, site), site);
+  em_tensor *safe = em_where_at(k, target, num(EM_I64, 0, site), site);
   em_tensor *picked = em_squeeze_at(em_gather_at(logp, 1, em_unsqueeze_at(safe, 1, site), site), 1, (int64_t[]){1}, site);
-  *valid = em_cast_at(keep, logp->dtype, site);
+  *keep = *wt = em_cast_at(k, logp->dtype, site);
+  em_tensor *l = em_neg_at(picked, site);
+  if (weight && safe) {
+    int64_t flat = -1;
+    em_tensor *w = em_index_select_at(weight, 0, em_reshape_at(safe, 1, &flat, site), site);
+    em_tensor *wr = em_reshape_at(w, target->ndim, target->sizes, site);
+    *wt = em_mul_at(wr, *keep, site);
+    l = em_mul_at(l, wr, site);
+  }
   /* a select, not a product with the mask: with every target ignored the mean divides 0 by 0,
    * and its infinite gradient times a 0 mask gave NaN where torch gives 0 */
-  return em_where_at(keep, em_neg_at(picked, site), num(logp->dtype, 0, site), site);
+  return em_where_at(k, l, num(logp->dtype, 0, site), site);
 }
 
 em_tensor *em_nll_loss_at(em_tensor *logp, em_tensor *target, int64_t ignore_index, em_reduction reduction, em_site site) {
   if (!logp || !target) return NULL;
   if (!float_arg(logp, "em_nll_loss", site) || !reduction_arg(reduction, "em_nll_loss", site)) return NULL;
   BEGIN(site);
-  em_tensor *t = index_target(target, "class-index targets", "em_nll_loss", site), *valid = NULL;
-  em_tensor *l = t ? nll_terms(logp, t, ignore_index, &valid, "em_nll_loss", site) : NULL;
-  END(reduce_loss(l, reduction, valid, site), site);
+  em_tensor *t = index_target(target, "class-index targets", "em_nll_loss", site), *keep = NULL, *wt = NULL;
+  em_tensor *l = t ? nll_terms(logp, t, ignore_index, NULL, &keep, &wt, "em_nll_loss", site) : NULL;
+  END(reduce_loss(l, reduction, wt, site), site);
+}
+
+em_tensor *em_nll_loss_ex_at(em_tensor *logp, em_tensor *target, em_nll_loss_opts o, em_site site) {
+  static const char name[] = "em_nll_loss_ex";
+  RT_ARG(logp, name, site);
+  RT_ARG(target, name, site);
+  em_tensor *w;
+  if (!float_arg(logp, name, site) || !reduction_arg(o.reduction, name, site) || !weight_arg(o.weight, logp, &w, name, site))
+    return NULL;
+  BEGIN(site);
+  em_tensor *t = index_target(target, "class-index targets", name, site), *keep = NULL, *wt = NULL;
+  em_tensor *l = t ? nll_terms(logp, t, o.ignore_index, w, &keep, &wt, name, site) : NULL;
+  END(reduce_loss(l, o.reduction, wt, site), site);
 }
 
 em_tensor *em_cross_entropy_at(em_tensor *logits, em_tensor *target, em_cross_entropy_opts o, em_site site) {
@@ -401,10 +436,12 @@ em_tensor *em_cross_entropy_at(em_tensor *logits, em_tensor *target, em_cross_en
   if (!logits || !target || !(logits = rt_autocast_f32(logits, site)) || !(target = rt_autocast_f32(target, site)))
     return NULL;
   char b0[128], b1[128];
+  em_tensor *w;
   if (!float_arg(logits, name, site) || !reduction_arg(o.reduction, name, site)) return NULL;
   if (logits->ndim < 2) return rt_error(site, name, "logits must be [N, C, ...], got %s", rt_fmt(b0, sizeof b0, logits));
   if (!(o.label_smoothing >= 0 && o.label_smoothing <= 1))
     return rt_error(site, name, "label_smoothing must be in [0, 1], got %g", o.label_smoothing);
+  if (!weight_arg(o.weight, logits, &w, name, site)) return NULL;
   bool soft = ir_is_float(target->dtype); /* class probabilities rather than indices */
   if (soft && (target->ndim != logits->ndim || memcmp(target->sizes, logits->sizes, sizeof(int64_t) * (size_t)logits->ndim)))
     return rt_error(site, name, "probability targets %s must have the logits' shape %s", rt_fmt(b0, sizeof b0, target),
@@ -412,17 +449,29 @@ em_tensor *em_cross_entropy_at(em_tensor *logits, em_tensor *target, em_cross_en
   double eps = o.label_smoothing, c = (double)logits->sizes[1];
   BEGIN(site);
   em_tensor *logp = em_log_softmax_at(logits, 1, site), *l = NULL, *valid = EM_NONE;
+  /* the weights as [1, C, 1...], to scale logp's class axis */
+  int64_t wshape[EM_MAX_DIMS];
+  for (int i = 0; i < logits->ndim; i++) wshape[i] = i == 1 ? logits->sizes[1] : 1;
+  em_tensor *wb = w ? em_reshape_at(w, logits->ndim, wshape, site) : NULL;
   if (soft) {
+    /* torch: -(logp * p * weight).sum(1), the mean over the examples whatever the weights */
     em_tensor *p = eps > 0 ? em_add_scalar_at(em_mul_scalar_at(target, 1 - eps, site), eps / c, site) : target;
-    l = em_neg_at(em_sum_at(em_mul_at(p, logp, site), 1, (int64_t[]){1}, false, site), site);
+    em_tensor *terms = em_mul_at(p, logp, site);
+    if (w) terms = em_mul_at(terms, wb, site);
+    l = em_neg_at(em_sum_at(terms, 1, (int64_t[]){1}, false, site), site);
   } else {
-    em_tensor *t = index_target(target, "class-index targets", name, site);
+    em_tensor *t = index_target(target, "class-index targets", name, site), *keep = NULL;
     valid = NULL;
-    l = t ? nll_terms(logp, t, o.ignore_index, &valid, name, site) : NULL;
+    l = t ? nll_terms(logp, t, o.ignore_index, w, &keep, &valid, name, site) : NULL;
     if (l && eps > 0) {
-      em_tensor *counted = valid ? em_ne_scalar_at(valid, 0, site) : NULL;
-      em_tensor *smooth = em_where_at(counted, em_neg_at(em_mean_at(logp, 1, (int64_t[]){1}, false, site), site),
-                                      num(logits->dtype, 0, site), site);
+      /* torch's smoothing term: -sum_c w_c logp_c / C for each counted target (the mean over
+       * classes without weights), masked by the ignore mask (not weighted by the target's
+       * weight); the mean reduction then divides both terms by the targets' weights. A select,
+       * not a product with the mask, for the all-ignored case (see nll_terms). */
+      em_tensor *smooth = w ? em_div_scalar_at(em_sum_at(em_mul_at(logp, wb, site), 1, (int64_t[]){1}, false, site), c, site)
+                            : em_mean_at(logp, 1, (int64_t[]){1}, false, site);
+      em_tensor *counted = keep ? em_ne_scalar_at(keep, 0, site) : NULL;
+      smooth = em_where_at(counted, em_neg_at(smooth, site), num(logits->dtype, 0, site), site);
       l = em_add_at(em_mul_scalar_at(l, 1 - eps, site), em_mul_scalar_at(smooth, eps, site), site);
     }
   }
@@ -439,73 +488,178 @@ em_tensor *em_mse_loss_at(em_tensor *x, em_tensor *y, em_reduction reduction, em
   END(reduce_loss(em_mul_at(d, d, site), reduction, EM_NONE, site), site);
 }
 
-em_tensor *em_embedding_at(em_tensor *idx, em_tensor *w, em_site site) {
-  RT_ARG(idx, "em_embedding", site);
-  RT_ARG(w, "em_embedding", site);
-  if (!idx || !w) return NULL;
+/* Both public forms: the scope is named for the one called (BEGIN would name this helper). */
+static em_tensor *embedding_at(em_tensor *idx, em_tensor *w, em_embedding_opts o, const char *name, em_site site) {
+  RT_ARG(idx, name, site);
+  RT_ARG(w, name, site);
   char b[128];
-  if (w->ndim != 2) return rt_error(site, "em_embedding", "weight must be [V, D], got %s", rt_fmt(b, sizeof b, w));
+  if (w->ndim != 2) return rt_error(site, name, "weight must be [V, D], got %s", rt_fmt(b, sizeof b, w));
   if (idx->dtype != EM_I64 && idx->dtype != EM_I32)
-    return rt_error(site, "em_embedding", "indices must be i64 or i32, got %s", rt_fmt(b, sizeof b, idx));
-  if (idx->ndim + 1 > EM_MAX_DIMS) return rt_error(site, "em_embedding", "indices have too many dims");
-  BEGIN(site);
+    return rt_error(site, name, "indices must be i64 or i32, got %s", rt_fmt(b, sizeof b, idx));
+  if (idx->ndim + 1 > EM_MAX_DIMS) return rt_error(site, name, "indices have too many dims");
+  int64_t v = w->sizes[0], pad = o.padding_idx;
+  if (o.has_padding_idx && (pad >= v || pad < -v))
+    return rt_error(site, name, "padding_idx %lld is outside the %lld rows of weight %s", (long long)pad, (long long)v,
+                    rt_fmt(b, sizeof b, w));
+  if (pad < 0) pad += v;
+  if (!rt_scope_begin_op(name, site)) return NULL;
   int64_t flat = -1, shape[EM_MAX_DIMS];
   memcpy(shape, idx->sizes, sizeof(int64_t) * (size_t)idx->ndim);
   shape[idx->ndim] = w->sizes[1];
-  em_tensor *rows = em_index_select_at(w, 0, em_reshape_at(idx, 1, &flat, site), site);
+  em_tensor *fi = em_reshape_at(idx, 1, &flat, site);
+  em_tensor *rows = em_index_select_at(w, 0, fi, site);
+  /* torch's padding_idx: the row is read as any other, but the positions that read it pass no
+   * gradient to it (a detached copy of the rows there) */
+  if (o.has_padding_idx && rows && rows->requires_grad)
+    rows = em_where_at(em_unsqueeze_at(em_eq_scalar_at(fi, (double)pad, site), 1, site), em_detach_at(rows, site), rows,
+                       site);
   END(em_reshape_at(rows, idx->ndim + 1, shape, site), site);
+}
+
+em_tensor *em_embedding_at(em_tensor *idx, em_tensor *w, em_site site) {
+  return embedding_at(idx, w, EM_EMBEDDING_DEFAULT, "em_embedding", site);
+}
+
+em_tensor *em_embedding_ex_at(em_tensor *idx, em_tensor *w, em_embedding_opts opts, em_site site) {
+  return embedding_at(idx, w, opts, "em_embedding_ex", site);
 }
 
 /* ---- pooling ---- */
 
-static em_tensor *pool(bool is_max, em_tensor *x, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
-                       const char *name, em_site site) {
+/* One axis of a pooling window, in the coordinates of the input padded on the left by pad:
+ * window o covers [o * stride, o * stride + ext), ext = dilation (kernel - 1) + 1. */
+typedef struct {
+  int64_t k, s, p, d, ext;
+  int64_t out;   /* number of windows */
+  int64_t used;  /* kernel taps that can reach the padded input at all (fewer than k only when a
+                  * ceil_mode window is longer than the padded input): the rest add nothing */
+  int64_t right; /* padding the windows' used taps need on the right (may exceed p in ceil mode) */
+  bool full;     /* every window lies inside the padded input (not so in ceil mode, maybe) */
+} pool_axis;
+
+/* torch's pooling_output_shape: (size + 2 pad - ext) / stride + 1, rounded down or (ceil_mode)
+ * up, less the last window in ceil mode when it would start past the input and its left
+ * padding. False (error recorded) when no window fits or the sizes overflow. */
+static bool pool_axis_size(pool_axis *a, int64_t size, bool ceil_mode, const char *name, em_site site) {
+  int64_t span, padded;
+  if (!ir_mul_ok(a->d, a->k - 1, &span) || !ir_add_ok(span, 1, &a->ext) || !ir_add_ok(size, 2 * a->p, &padded))
+    return rt_error(site, name, "window or padding does not fit in 64 bits"), false;
+  int64_t r = padded - a->ext, q = r / a->s, m = r % a->s; /* no overflow: padded >= 0, ext >= 1 */
+  a->out = (ceil_mode ? q + (m > 0) : q - (m < 0)) + 1;
+  if (ceil_mode && a->out > 1 && (a->out - 1) * a->s >= size + a->p) a->out--;
+  if (a->out < 1) return false;
+  /* (out - 1) s < size + p by the rule above (or <= size + p - ext without ceil_mode) */
+  a->used = padded > 0 && (padded - 1) / a->d + 1 < a->k ? (padded - 1) / a->d + 1 : a->k;
+  int64_t covered;
+  if (!ir_add_ok((a->out - 1) * a->s, (a->used - 1) * a->d + 1, &covered))
+    return rt_error(site, name, "window does not fit in 64 bits"), false;
+  a->right = covered - size - a->p;
+  int64_t end;
+  a->full = ir_add_ok((a->out - 1) * a->s, a->ext, &end) && end <= padded;
+  return true;
+}
+
+/* Per-window divisor of average pooling along one axis, [out] in dt: as torch's avg_pool2d, the
+ * window clipped to the padded input (count_include_pad) or to the input itself. */
+static em_tensor *pool_counts(const pool_axis *a, int64_t size, bool include_pad, em_dtype dt, em_site site) {
+  em_tensor *start = em_sub_scalar_at(em_mul_scalar_at(em_arange_at(dt, 0, (double)a->out, 1, site), (double)a->s, site),
+                                      (double)a->p, site);
+  em_tensor *end = em_minimum_scalar_at(em_add_scalar_at(start, (double)a->k, site), (double)(size + a->p), site);
+  if (include_pad) return em_sub_at(end, start, site);
+  return em_sub_at(em_minimum_scalar_at(end, (double)size, site), em_maximum_scalar_at(start, 0, site), site);
+}
+
+static em_tensor *pool(bool is_max, em_tensor *x, em_pool2d_opts o, const char *name, em_site site) {
   if (!x || !float_arg(x, name, site)) return NULL;
   char b[128];
   if (x->ndim != 4) return rt_error(site, name, "needs x [N, C, H, W], got %s", rt_fmt(b, sizeof b, x));
-  if (sh == 0) sh = kh;
-  if (sw == 0) sw = kw;
+  pool_axis ax[2];
+  for (int i = 0; i < 2; i++)
+    ax[i] = (pool_axis){o.kernel[i], o.stride[i] ? o.stride[i] : o.kernel[i], o.padding[i], o.dilation[i], 0, 0, 0, 0, false};
   /* ph > kh / 2, not 2 * ph > kh: a padding of INT64_MAX overflowed that product, passed, and
    * made a pad that wrote out of bounds (issue 17) */
-  if (kh < 1 || kw < 1 || sh < 1 || sw < 1 || ph < 0 || pw < 0 || ph > kh / 2 || pw > kw / 2)
+  if (ax[0].k < 1 || ax[1].k < 1 || ax[0].s < 1 || ax[1].s < 1 || ax[0].p < 0 || ax[1].p < 0 || ax[0].p > ax[0].k / 2 ||
+      ax[1].p > ax[1].k / 2 || ax[0].d < 1 || ax[1].d < 1)
     return rt_error(site, name, "bad window: kernel %lldx%lld, stride %lldx%lld, padding %lldx%lld (padding at most half "
-                    "the kernel)", (long long)kh, (long long)kw, (long long)sh, (long long)sw, (long long)ph, (long long)pw);
-  int64_t H, W;
-  if (!ir_add_ok(x->sizes[2], 2 * ph, &H) || !ir_add_ok(x->sizes[3], 2 * pw, &W)) /* 2 ph <= kh: no overflow */
-    return rt_error(site, name, "padding %lldx%lld of %s does not fit in 64 bits", (long long)ph, (long long)pw,
-                    rt_fmt(b, sizeof b, x));
-  if (H < kh || W < kw) return rt_error(site, name, "kernel %lldx%lld is larger than the padded input %s", (long long)kh,
-                                        (long long)kw, rt_fmt(b, sizeof b, x));
-  int64_t ho = (H - kh) / sh + 1, wo = (W - kw) / sw + 1;
-  BEGIN(site);
-  if (sh == kh && sw == kw && ph == 0 && pw == 0) {
+                    "the kernel), dilation %lldx%lld", (long long)ax[0].k, (long long)ax[1].k, (long long)ax[0].s,
+                    (long long)ax[1].s, (long long)ax[0].p, (long long)ax[1].p, (long long)ax[0].d, (long long)ax[1].d);
+  if (!is_max && (ax[0].d != 1 || ax[1].d != 1))
+    return rt_error(site, name, "average pooling has no dilation (as torch), got %lldx%lld", (long long)ax[0].d,
+                    (long long)ax[1].d);
+  for (int i = 0; i < 2; i++)
+    if (!pool_axis_size(&ax[i], x->sizes[2 + i], o.ceil_mode, name, site)) {
+      if (!rt_has_error())
+        rt_error(site, name, "kernel %lldx%lld%s is larger than the padded input %s", (long long)ax[0].k,
+                 (long long)ax[1].k, ax[0].d != 1 || ax[1].d != 1 ? " (dilated)" : "", rt_fmt(b, sizeof b, x));
+      return NULL;
+    }
+  int64_t kh = ax[0].k, kw = ax[1].k, ho = ax[0].out, wo = ax[1].out;
+  double div = !is_max && o.divisor_override ? (double)o.divisor_override : (double)kh * (double)kw;
+  /* every window holds kh kw elements of the input or its padding, none past the padding */
+  bool full = ax[0].full && ax[1].full;
+  bool uniform = is_max || o.divisor_override || (full && (o.count_include_pad || (ax[0].p == 0 && ax[1].p == 0)));
+  if (!rt_scope_begin_op(name, site)) return NULL; /* named for the public op, not this helper */
+  if (!is_max && ax[0].s == kh && ax[1].s == kw && ax[0].p == 0 && ax[1].p == 0 && ax[0].d == 1 && ax[1].d == 1 && full) {
     /* Windows tile the input: view it as [N, C, Ho, kh, Wo, kw] (after dropping the rows and
      * columns no window covers) and reduce over the two window axes in one pass. */
     em_tensor *c = em_slice_at(em_slice_at(x, 2, 0, ho * kh, 1, site), 3, 0, wo * kw, 1, site);
     em_tensor *w = em_reshape_at(c, 6, (int64_t[]){x->sizes[0], x->sizes[1], ho, kh, wo, kw}, site);
-    em_tensor *r = is_max ? em_amax_at(w, 2, (int64_t[]){3, 5}, false, site)
-                          : em_div_scalar_at(em_sum_at(w, 2, (int64_t[]){3, 5}, false, site), (double)(kh * kw), site);
-    END(r, site);
+    END(em_div_scalar_at(em_sum_at(w, 2, (int64_t[]){3, 5}, false, site), div, site), site);
   }
-  em_tensor *p = (ph || pw) ? em_pad_at(x, 4, (int64_t[]){pw, pw, ph, ph}, is_max ? -INFINITY : 0, site) : x;
+  /* padded on the left by the padding, on the right by what the windows reach (more than the
+   * padding in ceil mode; the max ignores it as -inf, the average neither adds nor counts it) */
+  int64_t pr[2] = {ax[0].right > 0 ? ax[0].right : 0, ax[1].right > 0 ? ax[1].right : 0};
+  em_tensor *p = ax[0].p || ax[1].p || pr[0] || pr[1]
+                     ? em_pad_at(x, 4, (int64_t[]){ax[1].p, pr[1], ax[0].p, pr[0]}, is_max ? -INFINITY : 0, site)
+                     : x;
   em_tensor *acc = NULL;
-  for (int64_t i = 0; i < kh; i++)
-    for (int64_t j = 0; j < kw; j++) {
-      em_tensor *win = em_slice_at(em_slice_at(p, 2, i, i + sh * (ho - 1) + 1, sh, site), 3, j, j + sw * (wo - 1) + 1, sw, site);
+  for (int64_t i = 0; i < ax[0].used; i++)
+    for (int64_t j = 0; j < ax[1].used; j++) {
+      int64_t r0 = i * ax[0].d, c0 = j * ax[1].d;
+      em_tensor *win = em_slice_at(em_slice_at(p, 2, r0, r0 + ax[0].s * (ho - 1) + 1, ax[0].s, site), 3, c0,
+                                   c0 + ax[1].s * (wo - 1) + 1, ax[1].s, site);
       /* by position, not by acc == NULL: a failed step must stay NULL, not restart the sum */
-      acc = i == 0 && j == 0 ? win : is_max ? em_maximum_at(acc, win, site) : em_add_at(acc, win, site);
+      if (i == 0 && j == 0) acc = win;
+      else if (!is_max) acc = em_add_at(acc, win, site);
+      else /* torch's max_pool2d scan: a later element wins when it is larger or NaN, so a tie
+            * keeps the first maximum and a NaN window the last NaN; a select rather than
+            * maximum (or amax), whose gradients split ties, gives it all the gradient */
+        acc = em_where_at(em_logical_or_at(em_gt_at(win, acc, site), em_ne_at(win, win, site), site), win, acc, site);
     }
-  if (!is_max) acc = em_div_scalar_at(acc, (double)(kh * kw), site);
-  else if (acc && kh * kw == 1) acc = em_clone_at(acc, site);
+  if (!is_max && uniform) {
+    acc = em_div_scalar_at(acc, div, site);
+  } else if (!is_max) {
+    em_device prev = em_set_default_device(x->storage->device);
+    em_tensor *ch = pool_counts(&ax[0], x->sizes[2], o.count_include_pad, x->dtype, site);
+    em_tensor *cw = pool_counts(&ax[1], x->sizes[3], o.count_include_pad, x->dtype, site);
+    em_set_default_device(prev);
+    acc = em_div_at(acc, em_mul_at(em_unsqueeze_at(ch, 1, site), cw, site), site);
+  } else if (acc && ax[0].used * ax[1].used == 1) {
+    acc = em_clone_at(acc, site);
+  }
   END(acc, site);
 }
 
+static em_pool2d_opts pool_opts(int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw) {
+  em_pool2d_opts o = EM_POOL2D_DEFAULT(kh, kw);
+  o.stride[0] = sh, o.stride[1] = sw, o.padding[0] = ph, o.padding[1] = pw;
+  return o;
+}
+
 em_tensor *em_max_pool2d_at(em_tensor *x, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, em_site site) {
-  return pool(true, x, kh, kw, sh, sw, ph, pw, "em_max_pool2d", site);
+  return pool(true, x, pool_opts(kh, kw, sh, sw, ph, pw), "em_max_pool2d", site);
 }
 
 em_tensor *em_avg_pool2d_at(em_tensor *x, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, em_site site) {
-  return pool(false, x, kh, kw, sh, sw, ph, pw, "em_avg_pool2d", site);
+  return pool(false, x, pool_opts(kh, kw, sh, sw, ph, pw), "em_avg_pool2d", site);
+}
+
+em_tensor *em_max_pool2d_ex_at(em_tensor *x, em_pool2d_opts opts, em_site site) {
+  return pool(true, x, opts, "em_max_pool2d_ex", site);
+}
+
+em_tensor *em_avg_pool2d_ex_at(em_tensor *x, em_pool2d_opts opts, em_site site) {
+  return pool(false, x, opts, "em_avg_pool2d_ex", site);
 }
 
 /* ---- attention and small helpers ---- */
@@ -619,16 +773,27 @@ em_tensor *em_frac_at(em_tensor *x, em_site site) {
 
 em_tensor *em_one_hot_at(em_tensor *idx, int64_t n, em_site site) {
   if (!idx) return NULL;
-  if (n < 1) return rt_error(site, "em_one_hot", "needs at least one class, got %lld", (long long)n);
+  char b[128];
+  if (n < 1 && n != -1) return rt_error(site, "em_one_hot", "needs at least one class (or -1), got %lld", (long long)n);
+  if (n == -1 && idx != EM_NONE && idx->numel == 0) /* torch's message, near enough */
+    return rt_error(site, "em_one_hot", "cannot infer the number of classes from empty indices %s", rt_fmt(b, sizeof b, idx));
   BEGIN(site);
   em_tensor *t = index_target(idx, "indices", "em_one_hot", site);
+  if (t && n == -1) {
+    /* torch's num_classes=-1: the largest index + 1, read back to the host (a sync, and a graph
+     * break when traced: the result's shape depends on it) */
+    int64_t top = 0;
+    if (!em_to_buffer_at(em_amax_at(t, 0, NULL, false, site), EM_I64, &top, sizeof top, site)) t = NULL;
+    else if (top == INT64_MAX) t = rt_error(site, "em_one_hot", "index %lld leaves no class count", (long long)top);
+    else n = top + 1; /* a negative largest index makes n < 1: refused below as out of range */
+  }
   /* A count rather than a max, so that empty indices (which have no max) pass. Reading the count
    * back is a sync point, worth it: an out-of-range index would otherwise give a silent zero row. */
   em_tensor *bad = t ? em_logical_or_at(em_lt_scalar_at(t, 0, site), em_ge_scalar_at(t, (double)n, site), site) : NULL;
   double n_bad = bad ? em_item_at(em_sum_at(bad, 0, NULL, false, site), site) : NAN;
-  if (n_bad > 0) {
+  if (n_bad > 0 || (t && n < 1)) {
     em_scope_end_at(site);
-    return rt_error(site, "em_one_hot", "an index is outside [0, %lld)", (long long)n);
+    return rt_error(site, "em_one_hot", "an index is outside [0, %lld)", (long long)(n > 0 ? n : 0));
   }
   em_device prev = em_set_default_device(t ? t->storage->device : EM_CPU);
   em_tensor *r = n_bad == 0 ? em_cast_at(em_eq_at(em_unsqueeze_at(t, -1, site), em_arange_at(EM_I64, 0, (double)n, 1, site),
@@ -658,4 +823,119 @@ em_tensor *em_masked_fill_at(em_tensor *x, em_tensor *mask, double value, em_sit
     return rt_error(site, "em_masked_fill", "value %g cannot fill x %s without overflow", value, rt_fmt(b0, sizeof b0, x));
   BEGIN(site);
   END(em_where_at(mask, num(x->dtype, value, site), x, site), site);
+}
+
+/* ---- torch's keyword options (issue 21): alpha, rounding_mode ---- */
+
+/* torch refuses a fractional alpha where the result is an integer ("For integral input tensors,
+ * argument alpha must not be a floating point number"); a bool result takes alpha 1 only here
+ * (torch would cast alpha to bool, which is rarely what was meant). */
+static em_tensor *alpha_op(bool sub, em_tensor *a, em_tensor *b, double alpha, em_site site) {
+  const char *name = sub ? "em_sub_alpha" : "em_add_alpha";
+  RT_ARG(a, name, site);
+  RT_ARG(b, name, site);
+  char b0[128], b1[128];
+  em_dtype dt = rt_result_type(a, b);
+  if (!ir_is_float(dt) && !(isfinite(alpha) && alpha == trunc(alpha)))
+    return rt_error(site, name, "alpha %g must be an integer for integer operands: a is %s, b is %s", alpha,
+                    rt_fmt(b0, sizeof b0, a), rt_fmt(b1, sizeof b1, b));
+  if (dt == EM_BOOL && alpha != 1)
+    return rt_error(site, name, "bool operands take alpha 1 only, got %g", alpha);
+  if (!ir_is_float(dt) && !ir_value_fits(dt, alpha)) /* as torch: an alpha the result dtype cannot hold */
+    return rt_error(site, name, "alpha %g does not fit the result dtype %s", alpha, em_dtype_name(dt));
+  if (!rt_scope_begin_op(name, site)) return NULL; /* named for the public op, not this helper */
+  em_tensor *s = b;
+  if (alpha != 1) {
+    /* an integer b joining a float a is scaled in a's dtype, as torch computes in the result's
+     * dtype (an integer product could overflow where torch's does not) */
+    if (ir_is_float(a->dtype) && !ir_is_float(b->dtype)) s = em_cast_at(b, a->dtype, site);
+    s = em_mul_scalar_at(s, alpha, site);
+  }
+  END(sub ? em_sub_at(a, s, site) : em_add_at(a, s, site), site);
+}
+
+em_tensor *em_add_alpha_at(em_tensor *a, em_tensor *b, double alpha, em_site site) {
+  return alpha_op(false, a, b, alpha, site);
+}
+
+em_tensor *em_sub_alpha_at(em_tensor *a, em_tensor *b, double alpha, em_site site) {
+  return alpha_op(true, a, b, alpha, site);
+}
+
+/* floor(a / b) of integers, exact for all of i64: the remainder r (the divisor's sign, exact,
+ * and the check that refuses a zero divisor) makes a - r a multiple of b; a quotient q0 from f64
+ * is off by at most a few thousand for |a| near 2^63, so e = a - r - q0 b, computed with
+ * wrapping integer arithmetic, is that small multiple of b exactly, and f64 gives e / b exactly.
+ * Returns the floor quotient and, through *rem, r. All i64. */
+static em_tensor *int_floor_div(em_tensor *a, em_tensor *b, em_tensor **rem, em_site site) {
+  em_tensor *r = em_remainder_at(a, b, site);
+  em_tensor *af = em_cast_at(a, EM_F64, site), *bf = em_cast_at(b, EM_F64, site);
+  em_tensor *q0 = em_cast_at(em_floor_at(em_div_at(af, bf, site), site), EM_I64, site);
+  em_tensor *e = em_sub_at(em_sub_at(a, r, site), em_mul_at(q0, b, site), site);
+  em_tensor *k = em_floor_at(em_add_scalar_at(em_div_at(em_cast_at(e, EM_F64, site), bf, site), 0.5, site), site);
+  *rem = r;
+  return em_add_at(q0, em_cast_at(k, EM_I64, site), site);
+}
+
+/* torch's div_floor_floating: mod = fmod(a, b), (a - mod) / b, less 1 where mod's sign is not
+ * b's, rounded to the nearest integer from its floor; a zero quotient keeps the sign of a / b,
+ * and b = 0 gives a / b. fmod is the remainder taken with a divisor of a's sign (exact: no
+ * correction is needed then). */
+static em_tensor *float_floor_div(em_tensor *a, em_tensor *b, em_site site) {
+  em_dtype dt = a->dtype;
+  em_tensor *q = em_div_at(a, b, site);
+  em_tensor *ab = em_abs_at(b, site);
+  em_tensor *mod = em_remainder_at(a, em_where_at(em_lt_scalar_at(a, 0, site), em_neg_at(ab, site), ab, site), site);
+  em_tensor *d = em_div_at(em_sub_at(a, mod, site), b, site);
+  em_tensor *off = em_logical_and_at(em_ne_scalar_at(mod, 0, site),
+                                     em_ne_at(em_lt_scalar_at(b, 0, site), em_lt_scalar_at(mod, 0, site), site), site);
+  d = em_where_at(off, em_sub_scalar_at(d, 1, site), d, site);
+  em_tensor *fl = em_floor_at(d, site);
+  fl = em_where_at(em_gt_scalar_at(em_sub_at(d, fl, site), 0.5, site), em_add_scalar_at(fl, 1, site), fl, site);
+  /* copysign(0, q): q's sign bit, -0 included (1 / -0 is -inf) */
+  em_tensor *neg = em_logical_or_at(em_lt_scalar_at(q, 0, site),
+                                    em_logical_and_at(em_eq_scalar_at(q, 0, site),
+                                                      em_lt_scalar_at(em_reciprocal_at(q, site), 0, site), site), site);
+  em_tensor *zero = em_where_at(neg, num(dt, -0.0, site), num(dt, 0.0, site), site);
+  fl = em_where_at(em_eq_scalar_at(d, 0, site), zero, fl, site);
+  return em_where_at(em_eq_scalar_at(b, 0, site), q, fl, site);
+}
+
+em_tensor *em_div_mode_at(em_tensor *a, em_tensor *b, em_rounding_mode mode, em_site site) {
+  static const char name[] = "em_div_mode";
+  RT_ARG(a, name, site);
+  RT_ARG(b, name, site);
+  char b0[128], b1[128];
+  if (mode != EM_ROUND_NONE && mode != EM_ROUND_TRUNC && mode != EM_ROUND_FLOOR)
+    return rt_error(site, name, "unknown rounding mode %d", (int)mode);
+  if (mode == EM_ROUND_NONE) {
+    BEGIN(site);
+    END(em_div_at(a, b, site), site);
+  }
+  em_dtype dt = rt_result_type(a, b);
+  if (dt == EM_BOOL) /* torch has no rounding division of bools either */
+    return rt_error(site, name, "needs numeric operands, got a %s and b %s", rt_fmt(b0, sizeof b0, a), rt_fmt(b1, sizeof b1, b));
+  BEGIN(site);
+  em_tensor *ac = a->dtype == dt ? a : em_cast_at(a, dt, site), *bc = b->dtype == dt ? b : em_cast_at(b, dt, site);
+  em_tensor *r = NULL;
+  if (ac && bc && !ir_is_float(dt)) {
+    em_tensor *ai = em_cast_at(ac, EM_I64, site), *bi = em_cast_at(bc, EM_I64, site), *rem = NULL;
+    r = int_floor_div(ai, bi, &rem, site);
+    if (r && mode == EM_ROUND_TRUNC) { /* floor + 1 where the division was inexact and the signs differ */
+      em_tensor *up = em_logical_and_at(em_ne_scalar_at(rem, 0, site),
+                                        em_ne_at(em_lt_scalar_at(ai, 0, site), em_lt_scalar_at(bi, 0, site), site), site);
+      r = em_add_at(r, em_cast_at(up, EM_I64, site), site);
+    }
+    if (r && dt != EM_I64) r = em_cast_at(r, dt, site);
+  } else if (ac && bc && mode == EM_ROUND_TRUNC) { /* torch's div_trunc: trunc(a / b) */
+    r = em_trunc_at(em_div_at(ac, bc, site), site);
+  } else if (ac && bc) {
+    r = float_floor_div(ac, bc, site);
+  }
+  /* The gradient is zero for both operands, as torch's (grad * 0), b = 0 included (where the
+   * floor mode's a / b would pass one): the result is detached, then joined to a + b by a
+   * select that never picks it, which passes zeros and makes the result require grad. */
+  if (r && (em_requires_grad(ac) || em_requires_grad(bc)))
+    r = em_where_at(num(EM_BOOL, 0, site), em_add_at(ac, bc, site), em_detach_at(r, site), site);
+  END(r, site);
 }

@@ -128,7 +128,8 @@ void cu_render_helpers(ir_sbuf *b, const prim_sexpr *e, uint32_t *done) {
     } else if (in->op == SOP_REM && uns) {
       ir_sb_printf(b, "__device__ __forceinline__ %s em_imod_py(%s a, %s b) { return b == 0 ? 0 : a %% b; }\n", C, C, C);
     } else if (in->op == SOP_REM) {
-      ir_sb_printf(b, "__device__ __forceinline__ %s em_imod_py(%s a, %s b) { if (b == 0) return 0; %s r = a %% b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }\n",
+      /* b == -1 as the CPU's imod_py: INT_MIN % -1 overflows (the emulator's host code traps on it) */
+      ir_sb_printf(b, "__device__ __forceinline__ %s em_imod_py(%s a, %s b) { if (b == 0 || b == -1) return 0; %s r = a %% b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }\n",
           C, C, C, C);
     } else if (!is_float(dt)) {
       ir_sb_printf(b, "__device__ __forceinline__ %s em_ipow(%s a, %s b) { %s %s r = 1; while (b) { if (b & 1) r *= a; a *= a; b >>= 1; } return r; }\n",

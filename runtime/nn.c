@@ -116,6 +116,11 @@ bool em_conv2d_layer_init_at(em_conv2d_layer *l, int64_t in, int64_t out, int64_
                     (long long)kh, (long long)kw, (long long)p.stride[0], (long long)p.stride[1],
                     (long long)p.padding[0], (long long)p.padding[1], (long long)p.dilation[0],
                     (long long)p.dilation[1]), false;
+  if (p.padding_mode != EM_CONV_PAD_EXPLICIT && p.padding_mode != EM_CONV_PAD_SAME && p.padding_mode != EM_CONV_PAD_VALID)
+    return rt_error(site, name, "unknown padding_mode %d", (int)p.padding_mode), false;
+  if (p.padding_mode == EM_CONV_PAD_SAME && (p.stride[0] != 1 || p.stride[1] != 1))
+    return rt_error(site, name, "padding 'same' needs stride 1, got (%lld, %lld) (as torch)", (long long)p.stride[0],
+                    (long long)p.stride[1]), false;
   return make_layer(name, &l->weight, &l->bias, 4, (int64_t[]){out, in / p.groups, kh, kw}, out, has_bias, site);
 }
 

@@ -110,6 +110,8 @@ static em_dtype result_type(const em_tensor *a, const em_tensor *b) {
   return ir_dtype(zero->dtype)->cat > ir_dtype(dim->dtype)->cat ? zero->dtype : dim->dtype;
 }
 
+em_dtype rt_result_type(const em_tensor *a, const em_tensor *b) { return result_type(a, b); }
+
 static em_tensor *rt_binary(em_prim op, const char *name, em_tensor *a, em_tensor *b, em_site site) {
   if (!a || !b) return NULL;
   em_tensor *in[2] = {a, b}, *p[2];
@@ -385,11 +387,23 @@ em_tensor *em_slice_scatter_at(em_tensor *x, em_tensor *src, int axis, int64_t s
   return SCOPED("em_slice_scatter", rt_dispatch("em_slice_scatter", EM_PRIM_SLICE_SCATTER, ops, 2, &at, site));
 }
 
+/* As torch.squeeze, a named axis whose size is not 1 is left alone (the SQUEEZE prim stays
+ * strict: it is handed the size-1 axes only); when none is left, the result is a view of x with
+ * its own shape. */
 em_tensor *em_squeeze_at(em_tensor *x, int n_axes, const int64_t *axes, em_site site) {
   if (!x) return NULL;
   if (!shape_arg("em_squeeze", n_axes, axes, site)) return NULL;
-  prim_attrs at = {.n_axes = n_axes};
-  if (n_axes) memcpy(at.axes, axes, sizeof(int64_t) * (size_t)n_axes);
+  prim_attrs at = {.n_axes = 0};
+  bool seen[EM_MAX_DIMS] = {0};
+  char b[128];
+  for (int i = 0; i < n_axes; i++) {
+    int a = ir_norm_axis(axes[i], x->ndim ? x->ndim : 1); /* a 0-dim x takes axis 0 or -1, as torch */
+    if (a < 0) return rt_error(site, "em_squeeze", "axis %lld out of range for %s", (long long)axes[i], rt_fmt(b, sizeof b, x));
+    if (seen[a]) return rt_error(site, "em_squeeze", "axis %d repeated", a);
+    seen[a] = true;
+    if (x->ndim && x->sizes[a] == 1) at.axes[at.n_axes++] = a;
+  }
+  if (n_axes && !at.n_axes) return SCOPED("em_squeeze", rt_reshape(x, x->ndim, x->sizes, "em_squeeze", site));
   return SCOPED("em_squeeze", rt_dispatch("em_squeeze", EM_PRIM_SQUEEZE, &x, 1, &at, site));
 }
 
@@ -407,13 +421,44 @@ em_tensor *em_flip_at(em_tensor *x, int n_axes, const int64_t *axes, em_site sit
   return SCOPED("em_flip", rt_dispatch("em_flip", EM_PRIM_FLIP, &x, 1, &at, site));
 }
 
+/* Negative amounts crop, as torch's constant_pad_nd: x is narrowed first (a view), then padded
+ * by the positive amounts (the PAD prim keeps amounts >= 0). */
 em_tensor *em_pad_at(em_tensor *x, int n_pads, const int64_t *pads, double value, em_site site) {
   if (!x) return NULL;
   if (n_pads < 0 || n_pads > 2 * EM_MAX_DIMS || (n_pads && !pads))
     return rt_error(site, "em_pad", "invalid pad list (%d amounts)", n_pads);
   prim_attrs at = {.n_pads = n_pads, .value = value};
-  if (n_pads) memcpy(at.pads, pads, sizeof(int64_t) * (size_t)n_pads);
-  return SCOPED("em_pad", rt_dispatch("em_pad", EM_PRIM_PAD, &x, 1, &at, site));
+  bool crop = false;
+  for (int i = 0; i < n_pads; i++) {
+    at.pads[i] = pads[i] > 0 ? pads[i] : 0;
+    crop |= pads[i] < 0;
+  }
+  em_tensor *c = em_retain(x);
+  char b[128];
+  if (crop && (n_pads % 2 || n_pads > 2 * x->ndim)) {
+    em_release(c);
+    return rt_error(site, "em_pad", "needs an even number of pads, at most 2 per dim, got %d for %s", n_pads,
+                    rt_fmt(b, sizeof b, x));
+  }
+  for (int i = 0; crop && c && i < n_pads / 2; i++) {
+    int axis = x->ndim - 1 - i;
+    int64_t lo = pads[2 * i], hi = pads[2 * i + 1], n = x->sizes[axis];
+    if (lo >= 0 && hi >= 0) continue;
+    /* compared as lo < -n, never -lo > n: -INT64_MIN overflows */
+    int64_t cut_lo = lo < 0 ? (lo < -n ? n + 1 : -lo) : 0, cut_hi = hi < 0 ? (hi < -n ? n + 1 : -hi) : 0;
+    if (cut_lo + cut_hi > n) {
+      em_release(c);
+      return rt_error(site, "em_pad", "negative pads %lld and %lld crop more than the %lld elements of axis %d of %s",
+                      (long long)lo, (long long)hi, (long long)n, axis, rt_fmt(b, sizeof b, x));
+    }
+    prim_attrs sl = {.n_axes = 1, .axes = {axis}, .start = cut_lo, .stop = n - cut_hi, .step = 1};
+    em_tensor *v = rt_dispatch("em_pad", EM_PRIM_SLICE, &c, 1, &sl, site);
+    em_release(c);
+    c = v;
+  }
+  em_tensor *r = c ? rt_dispatch("em_pad", EM_PRIM_PAD, &c, 1, &at, site) : NULL;
+  em_release(c);
+  return SCOPED("em_pad", r);
 }
 
 em_tensor *em_cat_at(int n, em_tensor *const *xs, int axis, em_site site) {
@@ -575,12 +620,52 @@ static em_tensor *conv(em_prim op, const char *name, em_tensor *a, em_tensor *b,
   return r;
 }
 
+/* padding_mode resolved to amounts, as torch's _convolution_mode: 'same' pads d (k - 1) in all,
+ * the smaller half on both sides by the convolution and the odd one on the right / bottom by an
+ * explicit pad of x first (*extra: {0, right, 0, bottom}, F.pad's order). The prims see explicit
+ * padding only. */
+static bool resolve_padding(em_conv2d_params *p, const em_tensor *w, int64_t extra[4], const char *name, em_site site) {
+  memset(extra, 0, 4 * sizeof(int64_t));
+  em_conv_padding mode = p->padding_mode;
+  p->padding_mode = EM_CONV_PAD_EXPLICIT;
+  if (mode == EM_CONV_PAD_EXPLICIT) return true;
+  if (mode == EM_CONV_PAD_VALID) {
+    p->padding[0] = p->padding[1] = 0;
+    return true;
+  }
+  if (mode != EM_CONV_PAD_SAME) return rt_error(site, name, "unknown padding_mode %d", (int)mode), false;
+  char b[128];
+  if (p->stride[0] != 1 || p->stride[1] != 1)
+    return rt_error(site, name, "padding 'same' needs stride 1, got (%lld, %lld) (as torch)", (long long)p->stride[0],
+                    (long long)p->stride[1]), false;
+  if (w->ndim != 4) return rt_error(site, name, "weight must be [O, C/groups, kh, kw], got %s", rt_fmt(b, sizeof b, w)), false;
+  for (int i = 0; i < 2; i++) {
+    int64_t total;
+    if (p->dilation[i] < 1 || !ir_mul_ok(p->dilation[i], w->sizes[2 + i] - 1, &total))
+      return rt_error(site, name, "bad dilation (%lld, %lld) for weight %s", (long long)p->dilation[0],
+                      (long long)p->dilation[1], rt_fmt(b, sizeof b, w)), false;
+    p->padding[i] = total / 2;
+    extra[3 - 2 * i] = total - total / 2 - total / 2; /* i = 0 (height): F.pad's bottom; 1 (width): right */
+  }
+  return true;
+}
+
 em_tensor *em_conv2d_at(em_tensor *x, em_tensor *w, em_tensor *bias, em_conv2d_params p, em_site site) {
-  if (!bias) return NULL;
-  if (!x || !w || !(x = rt_autocast_low(x, "em_conv2d", site)) || !(w = rt_autocast_low(w, "em_conv2d", site)) ||
+  if (!bias || !x || !w) return NULL;
+  if (!(x = rt_autocast_low(x, "em_conv2d", site)) || !(w = rt_autocast_low(w, "em_conv2d", site)) ||
       !(bias = rt_autocast_low(bias, "em_conv2d", site)))
     return NULL;
-  return SCOPED("em_conv2d", conv(EM_PRIM_CONV2D, "em_conv2d", x, w, bias == EM_NONE ? NULL : bias, NULL, p, site));
+  RT_ARG(w, "em_conv2d", site);
+  int64_t extra[4];
+  if (!resolve_padding(&p, w, extra, "em_conv2d", site)) return NULL;
+  em_tensor *xp = x;
+  if (extra[1] || extra[3]) {
+    prim_attrs pa = {.n_pads = 4, .pads = {extra[0], extra[1], extra[2], extra[3]}, .value = 0};
+    if (!(xp = rt_dispatch("em_conv2d", EM_PRIM_PAD, &x, 1, &pa, site))) return NULL;
+  }
+  em_tensor *r = conv(EM_PRIM_CONV2D, "em_conv2d", xp, w, bias == EM_NONE ? NULL : bias, NULL, p, site);
+  if (xp != x) em_release(xp);
+  return SCOPED("em_conv2d", r);
 }
 
 em_tensor *em_conv2d_backward_input_at(em_tensor *g, em_tensor *w, const int64_t hw[2],
@@ -588,6 +673,7 @@ em_tensor *em_conv2d_backward_input_at(em_tensor *g, em_tensor *w, const int64_t
   static const char name[] = "em_conv2d_backward_input";
   if (!g || !w) return NULL;
   if (!hw) return rt_error(site, name, "input_hw is NULL");
+  if (p.padding_mode != EM_CONV_PAD_EXPLICIT) return rt_error(site, name, "takes explicit padding only");
   if (g->ndim != 4 || w->ndim != 4) {
     char s0[128], s1[128];
     return rt_error(site, name, "needs 4-D grad_out and weight, got %s and %s", rt_fmt(s0, 128, g), rt_fmt(s1, 128, w));
@@ -604,6 +690,7 @@ em_tensor *em_conv2d_backward_weight_at(em_tensor *x, em_tensor *g, const int64_
   static const char name[] = "em_conv2d_backward_weight";
   if (!x || !g) return NULL;
   if (!khw) return rt_error(site, name, "kernel_hw is NULL");
+  if (p.padding_mode != EM_CONV_PAD_EXPLICIT) return rt_error(site, name, "takes explicit padding only");
   if (p.groups < 1) return rt_error(site, name, "groups must be >= 1, got %lld", (long long)p.groups);
   if (g->ndim != 4 || x->ndim != 4) {
     char s0[128], s1[128];

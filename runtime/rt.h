@@ -194,6 +194,8 @@ em_tensor *rt_cast(em_tensor *x, em_dtype dt, const char *name, em_site site);
 em_tensor *rt_expand(em_tensor *x, int ndim, const int64_t *sizes, const char *name, em_site site);
 em_tensor *rt_reshape(em_tensor *x, int ndim, const int64_t *sizes, const char *name, em_site site);
 em_tensor *rt_scalar(em_dtype dt, double v, const char *name, em_site site);
+/* torch.result_type of two tensors, as the binary ops promote (0-dim operands count less). */
+em_dtype rt_result_type(const em_tensor *a, const em_tensor *b);
 
 /* ---- autograd.c: the engine; vjp.c: one vector-Jacobian rule per prim ---------------------- */
 

@@ -174,7 +174,9 @@ bool rt_vjp(rt_node *n, em_tensor *g, em_tensor **grads) {
   }
   case EM_PRIM_REMAINDER: /* a - b floor(a / b) */
     if (need[0]) grads[0] = g;
-    if (need[1]) grads[1] = em_neg_at(em_mul_at(g, em_floor_at(em_div_at(x[0], x[1], s), s), s), s);
+    /* torch's -g * a.div(b, rounding_mode="floor"): its floor division (from fmod) gives NaN
+     * for an infinite a, where floor(a / b) gave an infinity */
+    if (need[1]) grads[1] = em_neg_at(em_mul_at(g, em_div_mode_at(x[0], x[1], EM_ROUND_FLOOR, s), s), s);
     break;
   case EM_PRIM_ATAN2: { /* d/da atan2(a, b) = b / (a^2 + b^2), d/db = -a / (a^2 + b^2) */
     em_tensor *r2 = em_add_at(em_mul_at(x[0], x[0], s), em_mul_at(x[1], x[1], s), s);

@@ -99,6 +99,20 @@ static em_sgd_opts sgd_momentum(double mom) {
   o.momentum = mom;
   return o;
 }
+/* Bad pooling options for img f32[1,3,6,6]; v = 5 is a good one at an extreme (a ceil_mode window
+ * far longer than the input: one window). */
+static em_pool2d_opts pool_bad(int v, bool is_max) {
+  em_pool2d_opts o = EM_POOL2D_DEFAULT(2, 2);
+  switch (v) {
+  case 0: o = (em_pool2d_opts){.kernel = {2, 2}}; break; /* dilation 0 */
+  case 1: o.dilation[1] = is_max ? INT64_MAX : 2; break;
+  case 2: o.kernel[0] = INT64_MAX; break;
+  case 3: o.padding[0] = INT64_MIN; o.ceil_mode = true; break;
+  case 4: o.stride[1] = -1; break;
+  default: o.kernel[0] = INT64_MAX, o.stride[0] = INT64_MAX, o.ceil_mode = true; break;
+  }
+  return o;
+}
 static em_adamw_opts adamw_bad(int v) {
   em_adamw_opts o = EM_ADAMW_DEFAULT(1e-3);
   switch (v) {
@@ -452,6 +466,24 @@ static em_tensor *partner_for(int op, em_dtype dt) {
   X("em_one_hot", 5, FAIL,                                                                                \
     r_t(em_one_hot(v == 3 ? em_zeros(F, EM_SHAPE(2)) : v == 4 ? em_full(EM_I64, EM_SHAPE(2), -1) : em_zeros(EM_I64, EM_SHAPE(2)), \
                    v == 0 ? -2 : v == 1 ? 0 : v == 2 ? INT64_MAX : 3)))                                   \
+  /* torch's keyword options (issue 21) */                                                                \
+  X("em_add_alpha", 5, FAIL,                                                                              \
+    r_t(em_add_alpha(v == 3 ? m : mi, v == 3 ? em_ones(F, EM_SHAPE(4)) : v == 4 ? EM_NONE : mi, v == 0 ? 0.5 : v == 1 ? NAN : v == 2 ? 1e300 : 2))) \
+  X("em_sub_alpha", 2, FAIL, r_t(em_sub_alpha(v ? mb : mi, v ? mb : mi, v ? 2 : -INFINITY)))              \
+  X("em_div_mode", 4, FAIL,                                                                               \
+    r_t(em_div_mode(v == 0 ? mb : v == 3 ? EM_NONE : mi, v == 0 ? mb : v == 2 ? em_zeros(EM_I64, EM_SHAPE(3)) : mi, \
+                    v == 1 ? (em_rounding_mode)-1 : EM_ROUND_FLOOR)))                                     \
+  X("em_embedding_ex", 4, FAIL,                                                                           \
+    r_t(em_embedding_ex(idx, m, ((em_embedding_opts){true, v == 0 ? 2 : v == 1 ? -3 : v == 2 ? INT64_MAX : INT64_MIN})))) \
+  X("em_max_pool2d_ex", 5, FAIL, r_t(em_max_pool2d_ex(img, pool_bad(v, true))))                           \
+  X("em_avg_pool2d_ex", 5, FAIL, r_t(em_avg_pool2d_ex(img, pool_bad(v, false))))                          \
+  X("em_max_pool2d_ex", 1, OK, r_t(em_max_pool2d_ex(img, pool_bad(5, true))))                             \
+  X("em_nll_loss_ex", 3, FAIL,                                                                            \
+    r_t(em_nll_loss_ex(m, idx, ((em_nll_loss_opts){-100, v == 2 ? (em_reduction)9 : EM_REDUCE_MEAN, v == 0 ? v3 : v == 1 ? mi : EM_NONE}))))  \
+  X("em_cross_entropy", 2, FAIL,                                                                          \
+    r_t(em_cross_entropy(m, em_zeros(EM_I64, EM_SHAPE(2)), ((em_cross_entropy_opts){-100, 0, EM_REDUCE_MEAN, v ? m : em_ones(EM_F64, EM_SHAPE(3))})))) \
+  X("em_conv2d", 2, FAIL,                                                                                 \
+    r_t(em_conv2d(img, wt, EM_NONE, ((em_conv2d_params){{v ? 2 : 1, 1}, {0, 0}, {1, 1}, 1, v ? EM_CONV_PAD_SAME : (em_conv_padding)-3})))) \
   X("em_init_uniform_", 3, FAIL, r_t(em_init_uniform_(v == 2 ? mi : m, v == 0 ? 2 : v == 1 ? NAN : 0, 1))) \
   X("em_init_kaiming_uniform_", 2, FAIL, r_t(em_init_kaiming_uniform_(v ? scal : v3, 0)))                 \
   X("em_linear_layer_init", N_BIG, FAIL, r_b(em_linear_layer_init(&(em_linear_layer){0}, 3, BIG[v], true))) \

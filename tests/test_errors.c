@@ -67,11 +67,13 @@ ETEST(errors, bad_input_catalogue) {
   EXPECT_ERROR(em_expand(m, EM_SHAPE(4, 3)), "em_expand: cannot expand f32[2,3] to f32[4,3]");
   EXPECT_ERROR(em_slice(m, 1, 0, 2, 0), "step must be >= 1");
   EXPECT_ERROR(em_slice(m, 4, 0, 2, 1), "axis 4 out of range");
-  EXPECT_ERROR(em_squeeze(m, EM_AXES(0)), "axis 0 of f32[2,3] has size 2, not 1");
+  EXPECT_ERROR(em_squeeze(m, EM_AXES(2)), "em_squeeze: axis 2 out of range for f32[2,3]");
+  EXPECT_ERROR(em_squeeze(m, EM_AXES(1, -1)), "axis 1 repeated");
   EXPECT_ERROR(em_unsqueeze(m, 4), "axis 4 out of range");
   EXPECT_ERROR(em_flip(m, EM_AXES(1, 1)), "repeated");
   EXPECT_ERROR(em_pad(m, 3, (int64_t[]){1, 1, 1}, 0), "even number of pads");
-  EXPECT_ERROR(em_pad(m, 2, (int64_t[]){-1, 1}, 0), ">= 0");
+  EXPECT_ERROR(em_pad(m, 2, (int64_t[]){-2, -2}, 0), "negative pads -2 and -2 crop more than the 3 elements of axis 1");
+  EXPECT_ERROR(em_pad(m, 2, (int64_t[]){INT64_MIN, 1}, 0), "crop more than");
   EXPECT_ERROR(em_cat(2, ((em_tensor *[]){m, v}), 0), "em_cat: operand 1 is f32[4] but operand 0 is f32[2,3]");
   EXPECT_ERROR(em_cat(0, NULL, 0), "at least one tensor");
   EXPECT_ERROR(em_gather(m, 0, em_zeros(F, EM_SHAPE(2, 3))), "index must be i64 or i32, got f32[2,3]");

@@ -574,12 +574,23 @@ ETEST(inductor, sums_of_slice_scatters_become_one_cat) {
   cr_assert_eq(st.scatter_sums, 0, "a gap keeps the sum");
 }
 
-/* Max-pooling and its gradient: the window amax becomes pointwise maxima of strided slices, and
- * the backward's kernels over [N, C, H/2, 2, W/2, 2] gather their broadcast operands instead of
- * running 2-lane vectors. */
+/* Max-pooling and its gradient: max_pool2d is a select chain over strided slices (torch's
+ * routing of the gradient to the first maximum), fused into pointwise kernels. A window amax
+ * written as one (a reshape to [N, C, H/2, 2, W/2, 2] and an amax over the window axes) becomes
+ * pointwise maxima of strided slices, and its backward's kernels gather their broadcast
+ * operands instead of running 2-lane vectors. */
 static int pool_and_grad(em_tensor *const *in, em_tensor **out, void *ctx) {
   em_tensor *x = in[0];
   out[0] = em_max_pool2d(x, 2, 2, 2, 2, 0, 0);
+  em_tensor *loss = em_sum(em_mul(out[0], in[1]), 0, NULL, false);
+  em_grad(1, &loss, NULL, 1, &x, &out[1], false, false);
+  return 2;
+}
+
+static int window_amax_and_grad(em_tensor *const *in, em_tensor **out, void *ctx) {
+  em_tensor *x = in[0];
+  int64_t n = em_size(x, 0), c = em_size(x, 1), h = em_size(x, 2) / 2, w = em_size(x, 3) / 2;
+  out[0] = em_amax(em_reshape(x, 6, (int64_t[]){n, c, h, 2, w, 2}), 2, (int64_t[]){3, 5}, false);
   em_tensor *loss = em_sum(em_mul(out[0], in[1]), 0, NULL, false);
   em_grad(1, &loss, NULL, 1, &x, &out[1], false, false);
   return 2;
@@ -593,8 +604,13 @@ ETEST(inductor, max_pooling_becomes_pointwise_and_its_gradient_gathers) {
   ind_stats st;
   int exact = check(pool_and_grad, (em_tensor *[]){x, w}, NULL, &st, "max_pool2d and its gradient");
   cr_assert_geq(exact, 1, "the pooled values are exact maxima");
-  cr_assert_geq(st.window_reductions, 1, "the window amax became pointwise (%d)", st.window_reductions);
   char *sched = traced_schedule(pool_and_grad, (em_tensor *[]){x, w}, 2);
+  cr_assert(strstr(sched, "where") && !strstr(sched, "= amax"), "%s", sched);
+  free(sched);
+  exact = check(window_amax_and_grad, (em_tensor *[]){x, w}, NULL, &st, "a window amax and its gradient");
+  cr_assert_geq(exact, 1, "the window maxima are exact");
+  cr_assert_geq(st.window_reductions, 1, "the window amax became pointwise (%d)", st.window_reductions);
+  sched = traced_schedule(window_amax_and_grad, (em_tensor *[]){x, w}, 2);
   cr_assert(strstr(sched, "maximum") && !strstr(sched, "= amax"), "%s", sched);
   cr_assert(strstr(sched, "= gather in"), "a backward kernel gathers:\n%s", sched);
   free(sched);

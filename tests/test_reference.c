@@ -62,6 +62,8 @@ static double arg_num(const rcase *c, const char *key) {
   cr_assert(cJSON_IsNumber(a), "case %s: argument %s is not a number", c->id, key);
   return a->valuedouble;
 }
+/* Whether the case gives the optional argument key (absent: PyTorch's default). */
+static bool has_arg(const rcase *c, const char *key) { return cJSON_GetObjectItemCaseSensitive(c->args, key); }
 static int64_t arg_int(const rcase *c, const char *key) { return (int64_t)arg_num(c, key); }
 static bool arg_bool(const rcase *c, const char *key) {
   cJSON *a = arg(c, key);
@@ -101,6 +103,7 @@ static em_outputs one(em_tensor *t) { return EM_OUTPUTS(t); }
 
 /* ---- the op table: how each manifest op calls Ember ---- */
 
+#define FN(f) ((void (*)(void))(f))
 typedef em_tensor *(*unary_at)(em_tensor *, em_site);
 typedef em_tensor *(*binary_at)(em_tensor *, em_tensor *, em_site);
 typedef em_tensor *(*scalar_at)(em_tensor *, double, em_site);
@@ -269,17 +272,24 @@ static em_outputs op_dropout(const rcase *c, em_tensor *const *in) {
   return one(em_dropout(in[0], arg_num(c, "p"), arg_bool(c, "training")));
 }
 static em_outputs op_cross_entropy(const rcase *c, em_tensor *const *in) {
-  em_cross_entropy_opts o = {arg_int(c, "ignore_index"), arg_num(c, "label_smoothing"), reduction_named(c)};
+  em_cross_entropy_opts o = {arg_int(c, "ignore_index"), arg_num(c, "label_smoothing"), reduction_named(c),
+                             IN(c, in, "weight")};
   return one(em_cross_entropy(IN(c, in, "logits"), IN(c, in, "target"), o));
 }
 static em_outputs op_nll_loss(const rcase *c, em_tensor *const *in) {
-  return one(em_nll_loss(IN(c, in, "logp"), IN(c, in, "target"), arg_int(c, "ignore_index"), reduction_named(c)));
+  em_tensor *w = IN(c, in, "weight");
+  if (w == EM_NONE)
+    return one(em_nll_loss(IN(c, in, "logp"), IN(c, in, "target"), arg_int(c, "ignore_index"), reduction_named(c)));
+  em_nll_loss_opts o = {arg_int(c, "ignore_index"), reduction_named(c), w};
+  return one(em_nll_loss_ex(IN(c, in, "logp"), IN(c, in, "target"), o));
 }
 static em_outputs op_mse_loss(const rcase *c, em_tensor *const *in) {
   return one(em_mse_loss(IN(c, in, "x"), IN(c, in, "y"), reduction_named(c)));
 }
 static em_outputs op_embedding(const rcase *c, em_tensor *const *in) {
-  return one(em_embedding(IN(c, in, "indices"), IN(c, in, "weight")));
+  if (!has_arg(c, "padding_idx")) return one(em_embedding(IN(c, in, "indices"), IN(c, in, "weight")));
+  em_embedding_opts o = {true, arg_int(c, "padding_idx")};
+  return one(em_embedding_ex(IN(c, in, "indices"), IN(c, in, "weight"), o));
 }
 static em_outputs op_sdpa(const rcase *c, em_tensor *const *in) {
   return one(em_scaled_dot_product_attention(IN(c, in, "q"), IN(c, in, "k"), IN(c, in, "v"), arg_bool(c, "causal"),
@@ -335,7 +345,97 @@ static em_outputs optimizer_steps(const rcase *c, em_tensor *const *in, bool ada
 static em_outputs op_sgd(const rcase *c, em_tensor *const *in) { return optimizer_steps(c, in, false); }
 static em_outputs op_adamw(const rcase *c, em_tensor *const *in) { return optimizer_steps(c, in, true); }
 
-#define FN(f) ((void (*)(void))(f))
+/* ---- torch's keyword options and the LM ops (issue 21) ---- */
+
+typedef em_tensor *(*alpha_at)(em_tensor *, em_tensor *, double, em_site);
+typedef em_tensor *(*diagonal_at)(em_tensor *, int64_t, em_site);
+
+static em_outputs op_alpha(const rcase *c, em_tensor *const *in) {
+  return one(((alpha_at)c->op->f)(in[0], in[1], arg_num(c, "alpha"), EM_HERE));
+}
+static em_outputs op_div_mode(const rcase *c, em_tensor *const *in) {
+  const char *s = arg_str(c, "rounding_mode");
+  em_rounding_mode mode = !strcmp(s, "trunc") ? EM_ROUND_TRUNC : !strcmp(s, "floor") ? EM_ROUND_FLOOR : EM_ROUND_NONE;
+  cr_assert(mode != EM_ROUND_NONE, "case %s: rounding_mode %s", c->id, s);
+  return one(em_div_mode(in[0], in[1], mode));
+}
+static em_outputs op_diagonal(const rcase *c, em_tensor *const *in) {
+  return one(((diagonal_at)c->op->f)(in[0], arg_int(c, "diagonal"), EM_HERE));
+}
+static em_outputs op_sort(const rcase *c, em_tensor *const *in) {
+  em_tensor *idx = NULL, *v = em_sort(in[0], (int)arg_int(c, "axis"), arg_bool(c, "descending"), &idx);
+  return EM_OUTPUTS(v, idx);
+}
+static em_outputs op_argsort(const rcase *c, em_tensor *const *in) {
+  return one(em_argsort(in[0], (int)arg_int(c, "axis"), arg_bool(c, "descending")));
+}
+static em_outputs op_topk(const rcase *c, em_tensor *const *in) {
+  em_tensor *idx = NULL;
+  em_tensor *v = em_topk(in[0], arg_int(c, "k"), (int)arg_int(c, "axis"), arg_bool(c, "largest"), true, &idx);
+  return EM_OUTPUTS(v, idx);
+}
+/* The pieces, in order (no output at all when Ember refuses: run_once then reads the error). */
+static em_outputs pieces(int n, em_tensor *const *p) {
+  em_outputs o = {0};
+  for (int k = 0; k < n; k++) o.t[o.n++] = p[k];
+  return o;
+}
+static em_outputs op_split(const rcase *c, em_tensor *const *in) {
+  em_tensor *p[MAX_OUT];
+  return pieces(em_split(in[0], arg_int(c, "size"), (int)arg_int(c, "axis"), p, MAX_OUT), p);
+}
+static em_outputs op_chunk(const rcase *c, em_tensor *const *in) {
+  em_tensor *p[MAX_OUT];
+  return pieces(em_chunk(in[0], (int)arg_int(c, "chunks"), (int)arg_int(c, "axis"), p, MAX_OUT), p);
+}
+static em_outputs op_multinomial(const rcase *c, em_tensor *const *in) {
+  return one(em_multinomial(in[0], arg_int(c, "num_samples"), arg_bool(c, "replacement")));
+}
+/* Properties of random draws, which PyTorch's generator and Ember's do not share: the draws
+ * (checked here to be i64 [..., num_samples]) gathered from probs are all > 0 (indices in range,
+ * zero-probability classes never drawn) and, without replacement, the most often drawn class
+ * per row was drawn once (the draws are distinct). */
+static em_outputs op_multinomial_properties(const rcase *c, em_tensor *const *in) {
+  em_tensor *probs = in[0], *d = em_multinomial(probs, arg_int(c, "num_samples"), arg_bool(c, "replacement"));
+  if (!d) return one(NULL);
+  cr_assert_eq(em_dtype_of(d), EM_I64, "case %s: multinomial gives %s, not i64", c->id, em_dtype_name(em_dtype_of(d)));
+  cr_assert(em_ndim(d) == em_ndim(probs) && em_size(d, -1) == arg_int(c, "num_samples"),
+            "case %s: multinomial's draws have the wrong shape", c->id);
+  em_outputs o = EM_OUTPUTS(em_gt_scalar(em_gather(probs, -1, d), 0));
+  if (!arg_bool(c, "replacement")) {
+    int64_t classes = em_size(probs, -1);
+    o.t[o.n++] = em_amax(em_sum(em_one_hot(d, classes), EM_AXES(-2), false), EM_AXES(-1), false);
+  }
+  return o;
+}
+/* The inputs are the gradients: each becomes the .grad of a zero parameter of its shape (by a
+ * backward of sum(p * g)); the outputs are the total norm and the clipped gradients. */
+static em_outputs op_clip_grad_norm_(const rcase *c, em_tensor *const *in) {
+  em_tensor *p[MAX_IN];
+  for (int k = 0; k < c->n_in; k++) {
+    p[k] = em_requires_grad_(em_detach(em_clone(in[k])), true); /* its value does not matter */
+    if (!p[k] || !em_backward(em_sum(em_mul(p[k], in[k]), 0, NULL, false), NULL)) return one(NULL);
+  }
+  em_outputs o = EM_OUTPUTS(em_clip_grad_norm_(c->n_in, p, arg_num(c, "max_norm"), arg_num(c, "norm_type")));
+  for (int k = 0; k < c->n_in; k++) o.t[o.n++] = em_clone(em_get_grad(p[k]));
+  return o;
+}
+/* torch's pool keywords: absent ones take PyTorch's defaults; without any, the plain op. */
+static em_outputs op_pool_ex(const rcase *c, em_tensor *const *in) {
+  if (!has_arg(c, "dilation") && !has_arg(c, "ceil_mode") && !has_arg(c, "count_include_pad") &&
+      !has_arg(c, "divisor_override"))
+    return op_pool(c, in);
+  em_pool2d_opts o = EM_POOL2D_DEFAULT(arg_int(c, "kh"), arg_int(c, "kw"));
+  o.stride[0] = arg_int(c, "sh"), o.stride[1] = arg_int(c, "sw");
+  o.padding[0] = arg_int(c, "ph"), o.padding[1] = arg_int(c, "pw");
+  if (has_arg(c, "dilation")) o.dilation[0] = o.dilation[1] = arg_int(c, "dilation");
+  if (has_arg(c, "ceil_mode")) o.ceil_mode = arg_bool(c, "ceil_mode");
+  if (has_arg(c, "count_include_pad")) o.count_include_pad = arg_bool(c, "count_include_pad");
+  if (has_arg(c, "divisor_override")) o.divisor_override = arg_int(c, "divisor_override");
+  bool max = c->op->f == FN(em_max_pool2d_at);
+  return one(max ? em_max_pool2d_ex(in[0], o) : em_avg_pool2d_ex(in[0], o));
+}
+
 #define UNARY(n) {#n, op_unary, FN(em_##n##_at)}
 #define BINARY(n) {#n, op_binary, FN(em_##n##_at)}
 #define SCALAR(n) {#n "_scalar", op_scalar, FN(em_##n##_scalar_at)}
@@ -373,12 +473,18 @@ static const rop ops[] = {
     {"layer_norm", op_layer_norm, NULL}, {"rms_norm", op_rms_norm, NULL}, {"batch_norm", op_batch_norm, NULL},
     {"linear", op_linear, NULL}, {"dropout", op_dropout, NULL}, {"cross_entropy", op_cross_entropy, NULL},
     {"nll_loss", op_nll_loss, NULL}, {"mse_loss", op_mse_loss, NULL}, {"embedding", op_embedding, NULL},
-    {"max_pool2d", op_pool, FN(em_max_pool2d_at)}, {"avg_pool2d", op_pool, FN(em_avg_pool2d_at)},
+    {"max_pool2d", op_pool_ex, FN(em_max_pool2d_at)}, {"avg_pool2d", op_pool_ex, FN(em_avg_pool2d_at)},
     {"scaled_dot_product_attention", op_sdpa, NULL}, {"clamp", op_clamp, NULL},
     {"clamp_tensor", op_clamp_tensor, NULL}, {"one_hot", op_one_hot, NULL},
     {"masked_fill", op_masked_fill, NULL},
     {"arange", op_arange, NULL}, {"eye", op_eye, NULL}, {"full", op_full, NULL},
     {"sgd", op_sgd, NULL}, {"adamw", op_adamw, NULL},
+    {"add_alpha", op_alpha, FN(em_add_alpha_at)}, {"sub_alpha", op_alpha, FN(em_sub_alpha_at)},
+    {"div_mode", op_div_mode, NULL}, {"cumsum", op_axis, FN(em_cumsum_at)}, {"cumprod", op_axis, FN(em_cumprod_at)},
+    {"sort", op_sort, NULL}, {"argsort", op_argsort, NULL}, {"topk", op_topk, NULL}, {"tril", op_diagonal, FN(em_tril_at)},
+    {"triu", op_diagonal, FN(em_triu_at)}, {"split", op_split, NULL}, {"chunk", op_chunk, NULL},
+    {"multinomial", op_multinomial, NULL}, {"multinomial_properties", op_multinomial_properties, NULL},
+    {"clip_grad_norm_", op_clip_grad_norm_, NULL},
 };
 
 /* ---- the manifest ---- */
@@ -698,7 +804,7 @@ static bool sampled(const manifest *m, int i, run_mode mode) {
 static void run_all(run_mode mode) {
   manifest m;
   manifest_load(&m);
-  const char *filter = getenv("EMBER_REFERENCE_FILTER");
+  const char *filter = getenv("EMBER_REFERENCE_FILTER"), *verbose = getenv("EMBER_REFERENCE_VERBOSE");
   int pass = 0, refused = 0, fail = 0, total = 0, skipped = 0;
   char msg[1024], first[4096] = "";
   struct timespec t0, t1;
@@ -712,6 +818,8 @@ static void run_all(run_mode mode) {
     }
     total++;
     msg[0] = 0;
+    if (verbose && !strcmp(verbose, "1")) /* names the case a crash happened in */
+      fprintf(stderr, "[reference] %s: %s\n", mode_names[mode], c->id), fflush(stderr);
     int r = run_case(&m, c, mode, msg, sizeof msg);
     if (r == 1) pass++;
     if (r == 2) refused++;

@@ -54,34 +54,14 @@ import torch.nn.functional as F
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # Features whose C side is being written on other branches. Their cases are below, ready, but
-# are not written to the manifest until the name is removed from this list (after the merge).
-# What the op table of tests/test_reference.c then needs, by manifest op name (inputs; args):
-#   add_alpha, sub_alpha (a, b; alpha)         a + alpha b, a - alpha b
-#   div_mode (a, b; rounding_mode "trunc" | "floor")
-#   cumsum, cumprod (x; axis)      tril, triu (x; diagonal)
-#   sort (x; axis, descending) -> values, indices (stable: ties keep their order)
-#   topk (x; k, axis, largest) -> values, indices (sorted)
-#   split (x; size, axis), chunk (x; chunks, axis) -> the pieces, in order
-#   multinomial (probs; num_samples, replacement) -> i64 indices (rows one-hot: the draws are certain)
-#   clip_grad_norm_ (x0, x1, ...: the gradients; max_norm, norm_type) -> total norm, clipped gradients
-#   cross_entropy, nll_loss: an optional input "weight" (class weights)
-#   embedding: an optional arg "padding_idx"
-#   max_pool2d: optional args "dilation" (both dims), "ceil_mode"; avg_pool2d: "ceil_mode",
-#     "count_include_pad", "divisor_override" (absent: PyTorch's defaults)
-# and no change for the others (negative pads, squeeze of a dim that is not 1).
+# are not written to the manifest until the name is removed from this list (after the merge);
+# a case names its feature with case(...).
 # Enabled since: round, trunc, frac, clamp_tensor, zero gradients of sign/floor/ceil, 0-dim type
-# promotion, prod's gradient at zeros, logsumexp over size-0 dims (features of "parity", merged).
-PENDING_OPS = [
-    "add_alpha",
-    "div_mode",
-    "pad_negative",                    # negative pad amounts crop
-    "squeeze_noop",                    # squeeze of a dim whose size is not 1 leaves it
-    "embedding_padding_idx",           # that row gets no gradient
-    "pool_options",
-    "loss_weights",
-    "cumsum", "cumprod", "sort", "topk", "tril", "triu", "split", "chunk", "multinomial",
-    "clip_grad_norm_",
-]
+# promotion, prod's gradient at zeros, logsumexp over size-0 dims (features of "parity", merged);
+# add/sub alpha, div rounding_mode, negative pads, squeeze of a dim that is not 1, embedding
+# padding_idx, pool options, class weights of the losses, cumsum, cumprod, sort, topk, tril, triu,
+# split, chunk, multinomial, clip_grad_norm_ (issue 21, merged).
+PENDING_OPS = []
 
 DTYPES = {"f32": torch.float32, "f64": torch.float64, "i32": torch.int32, "i64": torch.int64,
           "bool": torch.bool}
@@ -449,7 +429,7 @@ OPS.update({
     "adamw": Op(lambda i, a: optimizer_steps(i, a, lambda ps, a: torch.optim.AdamW(
         ps, lr=a["lr"], betas=(a["beta1"], a["beta2"]), eps=a["eps"], weight_decay=a["weight_decay"],
         amsgrad=a["amsgrad"], foreach=False)), ("param", "grads"), "reduce"),
-    # pending (see PENDING_OPS)
+    # torch's keyword options and the LM ops (issue 21)
     "clamp_tensor": Op(lambda i, a: torch.clamp(i["x"], i.get("lo"), i.get("hi")), ("x", "lo", "hi")),
     "add_alpha": Op(lambda i, a: torch.add(i["a"], i["b"], alpha=pyscalar(a["alpha"])), ("a", "b"), "arith"),
     "sub_alpha": Op(lambda i, a: torch.sub(i["a"], i["b"], alpha=pyscalar(a["alpha"])), ("a", "b"), "arith"),
@@ -457,6 +437,7 @@ OPS.update({
     "cumsum": Op(lambda i, a: torch.cumsum(i["x"], a["axis"]), tol="reduce"),
     "cumprod": Op(lambda i, a: torch.cumprod(i["x"], a["axis"]), tol="reduce"),
     "sort": Op(lambda i, a: tuple(torch.sort(i["x"], dim=a["axis"], descending=a["descending"], stable=True))),
+    "argsort": Op(lambda i, a: torch.argsort(i["x"], dim=a["axis"], descending=a["descending"], stable=True)),
     "topk": Op(lambda i, a: tuple(torch.topk(i["x"], a["k"], dim=a["axis"], largest=a["largest"], sorted=True))),
     "tril": Op(lambda i, a: torch.tril(i["x"], a["diagonal"])),
     "triu": Op(lambda i, a: torch.triu(i["x"], a["diagonal"])),
@@ -464,6 +445,9 @@ OPS.update({
     "chunk": Op(lambda i, a: tuple(torch.chunk(i["x"], a["chunks"], a["axis"]))),
     # one-hot probability rows make the draws certain, so PyTorch's generator and Ember's agree
     "multinomial": Op(lambda i, a: torch.multinomial(i["probs"], a["num_samples"], a["replacement"]), ("probs",)),
+    # random draws, whose values PyTorch's generator and Ember's do not share: their properties
+    "multinomial_properties": Op(lambda i, a: multinomial_properties(i["probs"], a["num_samples"], a["replacement"]),
+                                 ("probs",)),
     "clip_grad_norm_": Op(lambda i, a: clip_grad_norm(list(i.values()), a["max_norm"], a["norm_type"]), "*", "reduce"),
 })
 
@@ -478,6 +462,17 @@ def optimizer_steps(i, a, make):
         p.grad = g.detach().clone()
         opt.step()
     return p.detach()
+
+
+def multinomial_properties(probs, num_samples, replacement):
+    """What holds for every draw of torch.multinomial: each drawn class has a probability > 0
+    (the indices are in range, zero-probability classes never come), and without replacement
+    the most often drawn class of a row was drawn once (the draws are distinct)."""
+    d = torch.multinomial(probs, num_samples, replacement)
+    out = (probs.gather(-1, d) > 0,)
+    if not replacement:
+        out += (F.one_hot(d, probs.shape[-1]).sum(-2).amax(-1),)
+    return out
 
 
 def clip_grad_norm(grads, max_norm, norm_type):
@@ -653,18 +648,29 @@ def add_pointwise():
         case(name, "i64_0dim_f64", [I(3, lo=1, hi=5), R(dt="f64")])
         case(name, "f64_0dim_f32_dims", [R(2, 3, dt="f64"), R(dt="f32")])
     for name, alpha in (("add_alpha", 2.5), ("sub_alpha", -0.5)):
-        case(name, "f32", [R(3, 4), R(3, 4)], alpha=alpha, pending="add_alpha")
-        case(name, "f64_bcast", [R(3, 1, dt="f64"), R(4, dt="f64")], alpha=alpha, pending="add_alpha")
-        case(name, "i64", [I(3, 4, lo=-4, hi=5), I(3, 4, lo=-4, hi=5)], alpha=3.0, pending="add_alpha")
+        case(name, "f32", [R(3, 4), R(3, 4)], alpha=alpha)
+        case(name, "f64_bcast", [R(3, 1, dt="f64"), R(4, dt="f64")], alpha=alpha)
+        case(name, "i64", [I(3, 4, lo=-4, hi=5), I(3, 4, lo=-4, hi=5)], alpha=3.0)
     for mode in ("trunc", "floor"):
-        case("div_mode", mode + "_f32", [R(3, 4), P(3, 4, lo=0.3)], rounding_mode=mode, pending="div_mode")
+        case("div_mode", mode + "_f32", [R(3, 4), P(3, 4, lo=0.3)], rounding_mode=mode)
         case("div_mode", mode + "_f64_signs", [V([7.0, -7.0, 7.0, -7.0, 0.5], dt="f64"),
                                                V([2.0, 2.0, -2.0, -2.0, -1.0], dt="f64")],
-             rounding_mode=mode, pending="div_mode")
-        case("div_mode", mode + "_i64", [I(3, 4, lo=-9, hi=10), I(3, 4, lo=1, hi=4)], rounding_mode=mode,
-             pending="div_mode")
+             rounding_mode=mode)
+        case("div_mode", mode + "_i64", [I(3, 4, lo=-9, hi=10), I(3, 4, lo=1, hi=4)], rounding_mode=mode)
         case("div_mode", mode + "_i32_negative", [V([7, -7, 7, -7], dt="i32"), V([2, 2, -2, -2], dt="i32")],
-             rounding_mode=mode, pending="div_mode")
+             rounding_mode=mode)
+        case("div_mode", mode + "_f32_special", [S(8), V([2.0, -3.0, 0.0, -0.0, math.inf, -math.inf, math.nan, 0.5])],
+             rounding_mode=mode)
+        case("div_mode", mode + "_f32_zero_divisor", [V([1.0, -1.0, 0.0, math.inf]), V([0.0, -0.0, 0.0, 0.0])],
+             rounding_mode=mode)
+        case("div_mode", mode + "_f64_inexact", [V([1.0, -1.0, 5.3, -5.3, 1e300, 0.3], dt="f64"),
+                                                  V([0.1, 0.1, 0.1, 0.1, 1e-10, -0.1], dt="f64")],
+             rounding_mode=mode)
+        case("div_mode", mode + "_i64_by_f32", [I(3, 4, lo=-9, hi=10), P(4, lo=0.3)], rounding_mode=mode)
+    for name, alpha in (("add_alpha", 0.3), ("sub_alpha", 2.0)):
+        case(name, "f32_special_transposed", [S(3, 4), R(3, 4).T()], alpha=alpha)
+        case(name, "f32_int_b", [R(3, 4), I(3, 4, lo=-4, hi=5)], alpha=alpha)
+    case("add_alpha", "bool", [B(3, 4), B(3, 4)], alpha=1.0)
 
     # scalar forms
     for name in SCALAR_OPS:
@@ -837,8 +843,8 @@ def add_movement():
     case("squeeze", "f32_one", [R(1, 3, 1, 2)], axes=[-2])
     case("squeeze", "f64_two", [R(1, 3, 1, dt="f64")], axes=[0, 2])
     case("squeeze", "f32_0dim", [R()], axes=[])
-    case("squeeze", "f32_not_one", [R(2, 3)], axes=[0], pending="squeeze_noop")
-    case("squeeze", "f32_mixed", [R(1, 3)], axes=[0, 1], pending="squeeze_noop")
+    case("squeeze", "f32_not_one", [R(2, 3)], axes=[0])
+    case("squeeze", "f32_mixed", [R(1, 3)], axes=[0, 1])
     case("unsqueeze", "f32_front", [R(3, 4)], axis=0)
     case("unsqueeze", "f32_back_negative", [R(3, 4)], axis=-1)
     case("unsqueeze", "f64_0dim", [R(dt="f64")], axis=0)
@@ -859,8 +865,8 @@ def add_movement():
     case("pad", "i64", [I(2, 3)], pads=[2, 1], value=7.0)
     case("pad", "f32_empty", [R(0, 2)], pads=[1, 1, 1, 1], value=3.0)
     case("pad", "f32_zero_amounts", [R(2, 2)], pads=[0, 0], value=3.0)
-    case("pad", "f32_negative", [R(3, 5)], pads=[-1, 2, 0, -1], value=0.0, pending="pad_negative")
-    case("pad", "f64_negative_all", [R(4, 4, dt="f64")], pads=[-1, -1, -2, -1], value=0.0, pending="pad_negative")
+    case("pad", "f32_negative", [R(3, 5)], pads=[-1, 2, 0, -1], value=0.0)
+    case("pad", "f64_negative_all", [R(4, 4, dt="f64")], pads=[-1, -1, -2, -1], value=0.0)
     case("cat", "f32_axis0", [R(2, 3), R(1, 3), R(3, 3)], axis=0)
     case("cat", "f64_axis_negative", [R(2, 3, dt="f64"), R(2, 1, dt="f64")], axis=-1)
     case("cat", "f32_views", [R(3, 4).T(), R(2, 4).step(1), R(2, 4).bcast(0)], axis=0)
@@ -924,38 +930,57 @@ def add_movement():
     case("full", "bool", [], dtype="bool", shape=[3], value=1.0)
     case("full", "f32_0dim_nan", [], dtype="f32", shape=[], value=math.nan)
 
-    # pending: cumsum, cumprod, sort, topk, tril, triu, split, chunk
+    # cumsum, cumprod, sort, topk, tril, triu, split, chunk
     for name in ("cumsum", "cumprod"):
-        case(name, "f32_axis1", [R(3, 4)], axis=1, pending=name)
-        case(name, "f64_axis0", [R(3, 4, dt="f64")], axis=0, pending=name)
-        case(name, "f32_transposed_negative", [R(3, 4).T()], axis=-1, pending=name)
-        case(name, "i32", [I(3, 4, lo=-3, hi=4, dt="i32")], axis=1, pending=name)
-        case(name, "f32_special", [S(8)], axis=0, pending=name)
-        case(name, "f32_empty", [R(0, 3)], axis=0, pending=name)
-        case(name, "f32_0dim", [R()], axis=0, pending=name)
-    case("cumprod", "f32_zeros", [V([2.0, 0.0, 3.0, 0.0, 4.0])], axis=0, pending="cumprod")
+        case(name, "f32_axis1", [R(3, 4)], axis=1)
+        case(name, "f64_axis0", [R(3, 4, dt="f64")], axis=0)
+        case(name, "f32_transposed_negative", [R(3, 4).T()], axis=-1)
+        case(name, "i32", [I(3, 4, lo=-3, hi=4, dt="i32")], axis=1)
+        case(name, "f32_special", [S(8)], axis=0)
+        case(name, "f32_empty", [R(0, 3)], axis=0)
+        case(name, "f32_0dim", [R()], axis=0)
+    case("cumprod", "f32_zeros", [V([2.0, 0.0, 3.0, 0.0, 4.0])], axis=0)
+    case("cumsum", "bool", [V([True, False, True, True], dt="bool")], axis=0)
+    case("cumprod", "i64_wide", [V([1 << 20, 1 << 20, 1 << 20, 3], dt="i64")], axis=0)
     for name in ("sort",):
-        case(name, "f32_ascending", [R(3, 5)], axis=1, descending=False, pending=name)
-        case(name, "f64_descending_axis0", [R(4, 3, dt="f64")], axis=0, descending=True, pending=name)
-        case(name, "f32_ties_stable", [V([2.0, 1.0, 2.0, 1.0, 0.0, 2.0])], axis=0, descending=False, pending=name)
-        case(name, "f32_nan", [V([2.0, math.nan, -1.0, math.inf, -math.inf])], axis=0, descending=False,
-             pending=name)
-        case(name, "i64_transposed", [I(3, 4, lo=-5, hi=5).T()], axis=-1, descending=True, pending=name)
-    case("topk", "f32_largest", [R(3, 6)], k=2, axis=1, largest=True, pending="topk")
-    case("topk", "f64_smallest_axis0", [R(5, 3, dt="f64")], k=3, axis=0, largest=False, pending="topk")
-    case("topk", "f32_transposed", [R(3, 4).T()], k=1, axis=-1, largest=True, pending="topk")
-    case("topk", "i32_k0", [I(3, 4, dt="i32")], k=0, axis=1, largest=True, pending="topk")
+        case(name, "f32_ascending", [R(3, 5)], axis=1, descending=False)
+        case(name, "f64_descending_axis0", [R(4, 3, dt="f64")], axis=0, descending=True)
+        case(name, "f32_ties_stable", [V([2.0, 1.0, 2.0, 1.0, 0.0, 2.0])], axis=0, descending=False)
+        case(name, "f32_nan", [V([2.0, math.nan, -1.0, math.inf, -math.inf])], axis=0, descending=False)
+        case(name, "i64_transposed", [I(3, 4, lo=-5, hi=5).T()], axis=-1, descending=True)
+    case("sort", "f32_nan_signed_zeros_descending", [V([0.0, math.nan, -0.0, 1.0, math.nan, -1.0, 0.0])], axis=0,
+         descending=True)
+    case("sort", "bool", [V([True, False, True, False, False], dt="bool")], axis=0, descending=True)
+    case("argsort", "f32", [R(3, 5)], axis=1, descending=False)
+    case("argsort", "f32_nan_ties_descending", [V([2.0, math.nan, 1.0, 2.0, -0.0, 0.0])], axis=0, descending=True)
+    case("argsort", "f32_nan_ties_ascending", [V([2.0, math.nan, 1.0, 2.0, -0.0, 0.0])], axis=0, descending=False)
+    case("argsort", "i32_transposed_axis0", [I(3, 4, lo=-2, hi=2, dt="i32").T()], axis=0, descending=False)
+    case("argsort", "bool", [V([True, False, True, False], dt="bool")], axis=0, descending=False)
+    case("topk", "f32_largest", [R(3, 6)], k=2, axis=1, largest=True)
+    case("topk", "f64_smallest_axis0", [R(5, 3, dt="f64")], k=3, axis=0, largest=False)
+    case("topk", "f32_transposed", [R(3, 4).T()], k=1, axis=-1, largest=True)
+    case("topk", "i32_k0", [I(3, 4, dt="i32")], k=0, axis=1, largest=True)
+    # no ties: torch.topk's order among equal elements is unspecified (its CPU kernel does not keep
+    # them in index order), Ember's keeps the first first
+    case("topk", "f32_nan_largest", [V([2.0, math.nan, -1.0, math.inf, -math.inf])], k=2, axis=0, largest=True)
+    case("topk", "f32_nan_smallest", [V([2.0, math.nan, -1.0, math.inf, -math.inf])], k=3, axis=0, largest=False)
+    case("topk", "f64_k_all", [R(2, 4, dt="f64")], k=4, axis=1, largest=False)
     for name in ("tril", "triu"):
-        case(name, "f32", [R(3, 4)], diagonal=0, pending=name)
-        case(name, "f64_batched_positive", [R(2, 3, 3, dt="f64")], diagonal=1, pending=name)
-        case(name, "f32_transposed_negative", [R(4, 3).T()], diagonal=-1, pending=name)
-        case(name, "i64", [I(3, 3)], diagonal=0, pending=name)
-    case("split", "f32_even", [R(6, 2)], size=2, axis=0, pending="split")
-    case("split", "f64_uneven_negative", [R(2, 5, dt="f64")], size=2, axis=-1, pending="split")
-    case("split", "f32_transposed", [R(3, 4).T()], size=3, axis=0, pending="split")
-    case("chunk", "f32_even", [R(6, 2)], chunks=3, axis=0, pending="chunk")
-    case("chunk", "f64_uneven", [R(2, 5, dt="f64")], chunks=2, axis=1, pending="chunk")
-    case("chunk", "f32_more_chunks_than_size", [R(2, 3)], chunks=5, axis=1, pending="chunk")
+        case(name, "f32", [R(3, 4)], diagonal=0)
+        case(name, "f64_batched_positive", [R(2, 3, 3, dt="f64")], diagonal=1)
+        case(name, "f32_transposed_negative", [R(4, 3).T()], diagonal=-1)
+        case(name, "i64", [I(3, 3)], diagonal=0)
+    case("tril", "bool_wide", [B(3, 5)], diagonal=2)
+    case("triu", "f32_diagonal_past_the_end", [R(3, 4)], diagonal=-5)
+    case("split", "f32_even", [R(6, 2)], size=2, axis=0)
+    case("split", "f32_size_past_the_end", [R(3, 2)], size=5, axis=0)
+    case("split", "f32_empty", [R(0, 3)], size=2, axis=0)
+    case("chunk", "f32_empty", [R(0, 3)], chunks=2, axis=0)
+    case("split", "f64_uneven_negative", [R(2, 5, dt="f64")], size=2, axis=-1)
+    case("split", "f32_transposed", [R(3, 4).T()], size=3, axis=0)
+    case("chunk", "f32_even", [R(6, 2)], chunks=3, axis=0)
+    case("chunk", "f64_uneven", [R(2, 5, dt="f64")], chunks=2, axis=1)
+    case("chunk", "f32_more_chunks_than_size", [R(2, 3)], chunks=5, axis=1)
 
 
 def add_extern():
@@ -1058,22 +1083,27 @@ def add_nn():
                                                V([2, 0], dt="i64"), None], ignore_index=-100, label_smoothing=0.0,
          reduction="none")
     case("cross_entropy", "f32_weights", [R(4, 3), I(4, lo=0, hi=3), P(3).nograd()], ignore_index=-100,
-         label_smoothing=0.0, reduction="mean", pending="loss_weights")
+         label_smoothing=0.0, reduction="mean")
     case("cross_entropy", "f64_weights_smoothing_ignore", [R(4, 3, dt="f64"), V([0, 2, -1, 1], dt="i64"),
                                                             P(3, dt="f64").nograd()],
-         ignore_index=-1, label_smoothing=0.2, reduction="mean", pending="loss_weights")
+         ignore_index=-1, label_smoothing=0.2, reduction="mean")
     case("cross_entropy", "f32_weights_probs", [R(3, 4), P(3, 4).nograd(), P(4).nograd()], ignore_index=-100,
-         label_smoothing=0.0, reduction="sum", pending="loss_weights")
+         label_smoothing=0.0, reduction="sum")
+    case("cross_entropy", "f32_weights_none_spatial", [R(2, 3, 4), I(2, 4, lo=0, hi=3), P(3).nograd()],
+         ignore_index=-100, label_smoothing=0.1, reduction="none")
+    case("cross_entropy", "f64_weights_all_ignored", [R(2, 3, dt="f64"), V([1, 1], dt="i64"), P(3, dt="f64").nograd()],
+         ignore_index=1, label_smoothing=0.0, reduction="mean")
     for red in ("mean", "sum", "none"):
         case("nll_loss", "f32_" + red, [R(4, 5), I(4, lo=0, hi=5), None], ignore_index=-100, reduction=red)
     case("nll_loss", "f64_ignore", [R(4, 3, dt="f64"), V([0, 1, 1, 2], dt="i64"), None], ignore_index=1,
          reduction="mean")
     case("nll_loss", "f32_transposed", [R(3, 4).T(), I(3, lo=0, hi=4), None], ignore_index=-100, reduction="mean")
     case("nll_loss", "f32_weights", [R(4, 3), I(4, lo=0, hi=3), P(3).nograd()], ignore_index=-100,
-         reduction="mean", pending="loss_weights")
+         reduction="mean")
     case("nll_loss", "f64_weights_ignore_sum", [R(4, 3, dt="f64"), V([0, 1, 1, 2], dt="i64"),
-                                                P(3, dt="f64").nograd()], ignore_index=1, reduction="sum",
-         pending="loss_weights")
+                                                P(3, dt="f64").nograd()], ignore_index=1, reduction="sum")
+    case("nll_loss", "f32_weights_none_i32", [R(4, 3), V([2, 0, 1, 2], dt="i32"), P(3).nograd()], ignore_index=0,
+         reduction="none")
     for red in ("mean", "sum", "none"):
         case("mse_loss", "f32_" + red, [R(3, 4), R(3, 4)], reduction=red)
     case("mse_loss", "f64_views", [R(3, 4, dt="f64").T(), R(3, 4, dt="f64").bcast(0)], reduction="mean")
@@ -1082,10 +1112,8 @@ def add_nn():
     case("embedding", "f64_repeated_i32", [V([1, 1, 0, 1], dt="i32"), R(3, 2, dt="f64")])
     case("embedding", "f32_0dim_index", [I(lo=0, hi=4), R(4, 3)])
     case("embedding", "f32_transposed_weight", [I(3, lo=0, hi=4), R(3, 4).T()])
-    case("embedding", "f32_padding_idx", [V([0, 2, 0, 1], dt="i64"), R(3, 2)], padding_idx=0,
-         pending="embedding_padding_idx")
-    case("embedding", "f64_padding_idx_negative", [V([2, 2, 1], dt="i64"), R(3, 2, dt="f64")], padding_idx=-1,
-         pending="embedding_padding_idx")
+    case("embedding", "f32_padding_idx", [V([0, 2, 0, 1], dt="i64"), R(3, 2)], padding_idx=0)
+    case("embedding", "f64_padding_idx_negative", [V([2, 2, 1], dt="i64"), R(3, 2, dt="f64")], padding_idx=-1)
     W = dict(sh=0, sw=0, ph=0, pw=0)
     for name in ("max_pool2d", "avg_pool2d"):
         case(name, "f32_2x2", [R(2, 3, 4, 4)], kh=2, kw=2, **W)
@@ -1097,16 +1125,23 @@ def add_nn():
         case(name, "f32_pad_negative_values", [P(1, 1, 3, 3, lo=-3.0, hi=-1.0)], kh=2, kw=2, sh=2, sw=2, ph=1, pw=1)
         case(name, "f32_floor_remainder", [R(1, 1, 5, 5)], kh=2, kw=2, **W)
     case("max_pool2d", "f32_ties", [V([1.0, 1.0, 0.0, 1.0] * 4, [1, 1, 4, 4])], kh=2, kw=2, sh=1, sw=1, ph=0, pw=0)
-    case("max_pool2d", "f32_dilation", [R(1, 1, 6, 6)], kh=2, kw=2, sh=1, sw=1, ph=0, pw=0, dilation=2,
-         pending="pool_options")
-    case("max_pool2d", "f32_ceil_mode", [R(1, 2, 5, 5)], kh=2, kw=2, sh=2, sw=2, ph=0, pw=0, ceil_mode=True,
-         pending="pool_options")
+    case("max_pool2d", "f32_dilation", [R(1, 1, 6, 6)], kh=2, kw=2, sh=1, sw=1, ph=0, pw=0, dilation=2)
+    case("max_pool2d", "f32_ceil_mode", [R(1, 2, 5, 5)], kh=2, kw=2, sh=2, sw=2, ph=0, pw=0, ceil_mode=True)
     case("avg_pool2d", "f32_exclude_pad", [R(1, 1, 5, 5)], kh=3, kw=3, sh=2, sw=2, ph=1, pw=1,
-         count_include_pad=False, pending="pool_options")
+         count_include_pad=False)
     case("avg_pool2d", "f64_ceil_mode", [R(1, 2, 5, 5, dt="f64")], kh=2, kw=2, sh=2, sw=2, ph=0, pw=0,
-         ceil_mode=True, pending="pool_options")
-    case("avg_pool2d", "f32_divisor", [R(1, 1, 4, 4)], kh=2, kw=2, sh=2, sw=2, ph=0, pw=0, divisor_override=3,
-         pending="pool_options")
+         ceil_mode=True)
+    case("avg_pool2d", "f32_divisor", [R(1, 1, 4, 4)], kh=2, kw=2, sh=2, sw=2, ph=0, pw=0, divisor_override=3)
+    case("max_pool2d", "f64_dilation_pad_ceil", [R(1, 2, 7, 7, dt="f64")], kh=3, kw=2, sh=2, sw=3, ph=1, pw=1,
+         dilation=2, ceil_mode=True)
+    case("max_pool2d", "f32_ceil_mode_last_window_dropped", [R(1, 1, 5, 5)], kh=2, kw=2, sh=2, sw=2, ph=1, pw=1,
+         ceil_mode=True)
+    case("avg_pool2d", "f32_ceil_mode_pad_include", [R(1, 1, 5, 5)], kh=3, kw=3, sh=2, sw=2, ph=1, pw=1,
+         ceil_mode=True, count_include_pad=True)
+    case("avg_pool2d", "f32_ceil_mode_pad_exclude", [R(1, 2, 6, 5)], kh=3, kw=2, sh=2, sw=2, ph=1, pw=1,
+         ceil_mode=True, count_include_pad=False)
+    case("avg_pool2d", "f64_divisor_pad_transposed", [R(1, 1, 5, 4, dt="f64").T()], kh=3, kw=3, sh=1, sw=1, ph=1,
+         pw=1, divisor_override=2)
     sd = "scaled_dot_product_attention"
     case(sd, "f32", [R(2, 3, 4), R(2, 5, 4), R(2, 5, 3)], causal=False, scale=0.0)
     case(sd, "f32_causal", [R(2, 4, 4), R(2, 4, 4), R(2, 4, 4)], causal=True, scale=0.0)
@@ -1139,15 +1174,26 @@ def add_nn():
          **dict(adamw, beta1=0.8, beta2=0.9, amsgrad=True))
     case("adamw", "no_decay_f32_transposed", [R(3, 4).T(), R(2, 3, 4)], grad=False, **dict(adamw, weight_decay=0.0))
 
-    # pending: multinomial (draws made certain), clip_grad_norm_
+    # multinomial (draws made certain, or their properties), clip_grad_norm_
     case("multinomial", "one_hot_rows", [V([0.0, 1.0, 0.0, 0.0, 0.0, 2.0], [2, 3], dt="f32")], num_samples=3,
-         replacement=True, grad=False, pending="multinomial")
+         replacement=True, grad=False)
     case("multinomial", "without_replacement_full", [V([0.0, 1.0, 0.0], [3], dt="f64")], num_samples=1,
-         replacement=False, grad=False, pending="multinomial")
-    case("clip_grad_norm_", "clipped", [R(3, 4).nograd(), R(5).nograd()], max_norm=1.0, norm_type=2.0,
-         pending="clip_grad_norm_")
+         replacement=False, grad=False)
+    case("multinomial_properties", "f32_replacement_zeros", [V([0.0, 3.0, 0.0, 1.0, 0.5, 2.0, 0.0, 0.0, 1.0, 0.0],
+                                                               [2, 5], dt="f32")], num_samples=40, replacement=True,
+         grad=False)
+    case("multinomial_properties", "f64_without_replacement_zeros",
+         [V([0.5, 0.0, 2.0, 1.0, 0.0, 0.1, 0.0, 0.0, 1.0, 1.0, 3.0, 0.0, 4.0, 0.2, 0.3, 0.0, 0.0, 1.0], [3, 6],
+            dt="f64")], num_samples=3, replacement=False, grad=False)
+    case("multinomial_properties", "f32_without_replacement_every_class", [P(4, 8)], num_samples=8,
+         replacement=False, grad=False)
+    case("multinomial_properties", "f32_1d_without_replacement_all_nonzero", [V([1.0, 0.0, 2.0, 0.0, 0.5])],
+         num_samples=3, replacement=False, grad=False)
+    case("clip_grad_norm_", "clipped", [R(3, 4).nograd(), R(5).nograd()], max_norm=1.0, norm_type=2.0)
     case("clip_grad_norm_", "unclipped_inf_norm", [R(2, 2, dt="f64").nograd()], max_norm=100.0,
-         norm_type=math.inf, pending="clip_grad_norm_")
+         norm_type=math.inf)
+    case("clip_grad_norm_", "mixed_dtypes_l1", [R(3).nograd(), R(2, dt="f64").nograd()], max_norm=1.0, norm_type=1.0)
+    case("clip_grad_norm_", "p3_transposed", [R(3, 4).T().nograd()], max_norm=0.5, norm_type=3.0)
 
 
 # ---- writing -----------------------------------------------------------------------------------
