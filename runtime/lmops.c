@@ -175,6 +175,12 @@ em_tensor *em_multinomial_at(em_tensor *probs, int64_t num_samples, bool replace
   if (!replacement && num_samples > c)
     return rt_error(site, name, "cannot draw %lld samples without replacement from %lld categories (probs %s)",
                     (long long)num_samples, (long long)c, rt_fmt(b, sizeof b, probs));
+  /* the draws sort beside the categories ([N, s + c]): that must be a shape at all (s near
+   * INT64_MAX overflowed s + c: found by UBSan on the bad-argument table) */
+  int64_t rows = probs->ndim == 2 ? probs->sizes[0] : 1, width;
+  if (!ir_add_ok(num_samples, c, &width) || !ir_shape_fits(2, (int64_t[]){rows, width}))
+    return rt_error(site, name, "cannot draw %lld samples from probs %s: too many to hold", (long long)num_samples,
+                    rt_fmt(b, sizeof b, probs));
   if (!rt_scope_begin_op(__func__, site)) return NULL;
   em_tensor *p = em_cast_at(probs->ndim == 1 ? em_unsqueeze_at(probs, 0, site) : probs, EM_F64, site);
   if (!p || !probs_ok(p, num_samples, replacement, site)) return end_op(NULL, site);
