@@ -530,7 +530,9 @@ static bool render_row_kernel(ir_sbuf *b, ir_sbuf *helpers, const ir_graph *g, c
                 k->parts ? (k->cols + k->parts - 1) / k->parts : 0};
     bool any_kept = false;
     for (int v = 0; v < nv; v++) any_kept |= kept[v];
-    if (any_kept && ept <= 8 && !k->parts) {
+    /* not for empty rows (ept 0): "blockDim.x * 0 >= 0" is an NVRTC warning, and a warning fails
+     * the compile (an amax over an empty extent ran op by op on an H200) */
+    if (any_kept && ept >= 1 && ept <= 8 && !k->parts) {
       ir_sb_printf(b, "    if (blockDim.x * %d >= %lld) {\n", (int)ept, (long long)k->cols);
       ok = row_passes(&r, true, "      ");
       ir_sb_printf(b, "    } else {\n");
