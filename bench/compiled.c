@@ -32,21 +32,6 @@ static void fail(const char *what) {
   exit(1);
 }
 
-typedef struct step_ctx {
-  em_model_fn loss_fn;
-  net *m;
-  em_optimizer *opt;
-} step_ctx;
-
-/* A whole training step: loss, backward, update; returns the loss. */
-static em_outputs train_step(void *ctx, em_tensor *const *in, int n) {
-  step_ctx *s = ctx;
-  em_tensor *loss = s->loss_fn(s->m, in, n).t[0];
-  em_optimizer_zero_grad(s->opt);
-  if (!loss || !em_backward(loss, NULL) || !em_optimizer_step(s->opt)) return EM_OUTPUTS(NULL);
-  return EM_OUTPUTS(loss);
-}
-
 /* On the device: a clone of x (bytes read and written once); returns ms. */
 static double device_copy_ms(em_tensor *x) {
   em_scope_begin();
@@ -181,9 +166,9 @@ static void run(const char *name, em_model_fn fn, void *ctx, em_tensor *const *i
 
 static void train(const char *name, em_model_fn loss_fn, net *m, em_tensor *x, em_tensor *y) {
   if (only && strcmp(only, name)) return;
-  step_ctx s = {loss_fn, m, em_sgd_new(m->n_params, m->params, ((em_sgd_opts){0.01, 0.9, 0, 0, false}))};
+  model_step_ctx s = {loss_fn, m, em_sgd_new(m->n_params, m->params, ((em_sgd_opts){0.01, 0.9, 0, 0, false}))};
   if (!s.opt) fail("optimizer");
-  run(name, train_step, &s, (em_tensor *[]){x, y}, 2, 0);
+  run(name, model_train_step, &s, (em_tensor *[]){x, y}, 2, 0);
   em_optimizer_free(s.opt);
 }
 

@@ -57,24 +57,10 @@ static void stop_busy(pid_t pid) {
 
 /* ---- workloads ------------------------------------------------------------------------------ */
 
-typedef struct {
-  em_model_fn loss_fn;
-  net *m;
-  em_optimizer *opt;
-} step_ctx;
-
-static em_outputs train_step(void *ctx, em_tensor *const *in, int n) {
-  step_ctx *s = ctx;
-  em_tensor *loss = s->loss_fn(s->m, in, n).t[0];
-  em_optimizer_zero_grad(s->opt);
-  if (!loss || !em_backward(loss, NULL) || !em_optimizer_step(s->opt)) return EM_OUTPUTS(NULL);
-  return EM_OUTPUTS(loss);
-}
-
 /* A model's compiled training step and what it runs on. */
 typedef struct {
   em_compiled *c;
-  step_ctx s;
+  model_step_ctx s;
   em_tensor *in[2];
 } model;
 
@@ -99,12 +85,12 @@ static double lenet_once(workloads *w) { return step_once(&w->lenet); }
  * every step but the first). */
 static void model_init(model *m, const char *name, em_model_fn loss_fn, net *params, em_tensor *x, em_tensor *y) {
   em_sgd_opts sgd = {0.01, 0.9, 0, 0, false};
-  m->s = (step_ctx){loss_fn, params, em_sgd_new(params->n_params, params->params, sgd)};
+  m->s = (model_step_ctx){loss_fn, params, em_sgd_new(params->n_params, params->params, sgd)};
   m->in[0] = x, m->in[1] = y;
   if (!m->s.opt || !x || !y) fail("setup");
-  m->c = em_compile(train_step, &(em_compile_options){.backend = "inductor", .name = name});
+  m->c = em_compile(model_train_step, &(em_compile_options){.backend = "inductor", .name = name});
   if (!m->c) fail("em_compile");
-  train_step(&m->s, m->in, 2);
+  model_train_step(&m->s, m->in, 2);
 }
 
 static void model_free(model *m) {

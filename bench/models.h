@@ -132,4 +132,20 @@ static inline void models_transformer(net *m) {
   for (int i = 0; i < 2 * LAYERS + 1; i++) add_ln(m, i, DM);
 }
 
+/* A whole training step of a model (loss, backward, optimizer update) as one model function,
+ * to run eagerly or compile; returns the loss. Shared by the benches that time steps. */
+typedef struct model_step_ctx {
+  em_model_fn loss_fn;
+  net *m;
+  em_optimizer *opt;
+} model_step_ctx;
+
+static inline em_outputs model_train_step(void *ctx, em_tensor *const *in, int n) {
+  model_step_ctx *s = ctx;
+  em_tensor *loss = s->loss_fn(s->m, in, n).t[0];
+  em_optimizer_zero_grad(s->opt);
+  if (!loss || !em_backward(loss, NULL) || !em_optimizer_step(s->opt)) return EM_OUTPUTS(NULL);
+  return EM_OUTPUTS(loss);
+}
+
 #endif

@@ -928,8 +928,9 @@ typedef struct em_pool2d_opts {
 /* 2-D max / average pooling of x [N, C, H, W] (f32 or f64) with torch's options ->
  * [N, C, Ho, Wo], x's dtype, owned by the current scope. Ho = (H + 2 ph - dh (kh - 1) - 1) / sh + 1
  * rounded down, or up with ceil_mode, less one when that last window would start at or past
- * H + ph (likewise Wo). Gradients: to the maximum of each window (ties: as em_maximum), or spread
- * evenly over the window by its divisor. Errors: x not 4-D or not floating, kernel / stride /
+ * H + ph (likewise Wo). Gradients: all of it to the first maximum of each window in row-major
+ * order (to its last NaN when it holds NaN), as torch's max_pool2d indices, or spread evenly over
+ * the window by its divisor. Errors: x not 4-D or not floating, kernel / stride /
  * dilation < 1, padding < 0 or above half the kernel, dilation for average pooling, no window
  * fitting the padded input. Match F.max_pool2d(kernel_size, stride, padding, dilation,
  * ceil_mode) and F.avg_pool2d(kernel_size, stride, padding, ceil_mode, count_include_pad,

@@ -1047,7 +1047,7 @@ typedef struct mod_job {
 } mod_job;
 typedef struct mod_jobs {
   mod_job *j;
-  int *todo, n;
+  int *pending, n;
   pthread_mutex_t lock;
   int next;
 } mod_jobs;
@@ -1056,7 +1056,7 @@ static void *compile_worker(void *arg) {
   mod_jobs *c = arg;
   for (;;) {
     pthread_mutex_lock(&c->lock);
-    int i = c->next < c->n ? c->todo[c->next++] : -1;
+    int i = c->next < c->n ? c->pending[c->next++] : -1;
     pthread_mutex_unlock(&c->lock);
     if (i < 0) return NULL;
     mod_job *m = &c->j[i];
@@ -1066,8 +1066,8 @@ static void *compile_worker(void *arg) {
 
 bool cu_source_modules(cu_module_req *req, int n, char *err, size_t cap) {
   mod_job *jobs = calloc((size_t)(n > 0 ? n : 1), sizeof *jobs);
-  int *todo = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1)), n_todo = 0, failed = 0, first_bad = -1;
-  if (!jobs || !todo) return free(jobs), free(todo), snprintf(err, cap, "out of memory"), false;
+  int *pending = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1)), n_pending = 0, failed = 0, first_bad = -1;
+  if (!jobs || !pending) return free(jobs), free(pending), snprintf(err, cap, "out of memory"), false;
   pthread_mutex_lock(&kc.lock);
   kc_dir();
   for (int i = 0; i < n; i++) { /* in memory, on disk, or to compile */
@@ -1090,20 +1090,20 @@ bool cu_source_modules(cu_module_req *req, int n, char *err, size_t cap) {
       continue;
     }
     if (jobs[i].path[0]) jobs[i].img = disk_read(jobs[i].path, jobs[i].src, &jobs[i].size);
-    if (!jobs[i].img) todo[n_todo++] = i;
+    if (!jobs[i].img) pending[n_pending++] = i;
   }
   pthread_mutex_unlock(&kc.lock);
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   int nt = compile_threads_set > 0 ? compile_threads_set : cores < 4 ? (int)(cores > 1 ? cores : 1) : 4;
-  if (nt > n_todo) nt = n_todo;
-  mod_jobs c = {jobs, todo, n_todo, PTHREAD_MUTEX_INITIALIZER, 0};
+  if (nt > n_pending) nt = n_pending;
+  mod_jobs c = {jobs, pending, n_pending, PTHREAD_MUTEX_INITIALIZER, 0};
   pthread_t th[8];
   int started = 0;
   for (int t = 1; t < nt && t < 8; t++) started += !pthread_create(&th[started], NULL, compile_worker, &c);
   compile_worker(&c); /* this thread too; the others' failures to start leave it the work */
   for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
-  compile_stats.compiled += n_todo;
-  if (started + 1 > compile_stats.max_threads && n_todo) compile_stats.max_threads = started + 1;
+  compile_stats.compiled += n_pending;
+  if (started + 1 > compile_stats.max_threads && n_pending) compile_stats.max_threads = started + 1;
   pthread_mutex_lock(&kc.lock);
   for (int i = 0; i < n; i++) { /* load in order */
     cu_module_req *r = &req[i];
@@ -1114,7 +1114,7 @@ bool cu_source_modules(cu_module_req *req, int n, char *err, size_t cap) {
       snprintf(m->err, sizeof m->err, "%s", jobs[m->same - 1].err);
     } else if (m->ok && m->src) {
       bool from_disk = true;
-      for (int t = 0; t < n_todo; t++) from_disk &= todo[t] != i;
+      for (int t = 0; t < n_pending; t++) from_disk &= pending[t] != i;
       m->ok = load_image(m->src, m->path, m->img, m->size, from_disk, r->names, r->n_names, r->fns, m->err, sizeof m->err);
       m->img = NULL;
       for (int q = 0; m->ok && q < r->n_names; q++) sk_add(r->names[q], r->fns[q]);
@@ -1125,7 +1125,7 @@ bool cu_source_modules(cu_module_req *req, int n, char *err, size_t cap) {
   pthread_mutex_unlock(&kc.lock);
   if (failed > 1) snprintf(err, cap, "%s (and %d more of the %d kernels failed)", jobs[first_bad].err, failed - 1, n);
   else if (failed) snprintf(err, cap, "%s", jobs[first_bad].err);
-  free(jobs), free(todo);
+  free(jobs), free(pending);
   return !failed;
 }
 
