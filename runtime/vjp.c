@@ -193,7 +193,14 @@ bool rt_vjp(rt_node *n, em_tensor *g, em_tensor **grads) {
   case EM_PRIM_CONVERT: grads[0] = em_cast_at(g, n->in_meta[0].dtype, s); break;
   case EM_PRIM_SUM: grads[0] = unreduce(n, g, s); break;
   case EM_PRIM_PROD: { /* torch's prod_backward: finite with zeros in x */
-    if (at->n_axes == 1 && x[0]->ndim > 0) {
+    /* one axis that leaves some other dim of size > 1 standing: torch's prod(x, dim). A
+     * reduction over everything takes the full rule below however its axes are written (the
+     * eager backend's graph lists the one axis of a 1-D tensor that eager left implicit, and the
+     * two rules round differently: the fuzzer found gradients 1 ulp apart) */
+    bool all = true;
+    for (int d = 0; d < x[0]->ndim; d++)
+      all = all && (x[0]->sizes[d] == 1 || ir_norm_axis(at->axes[0], x[0]->ndim) == d);
+    if (at->n_axes == 1 && !all) {
       grads[0] = prod_axis_vjp(x[0], unreduce(n, g, s), rereduce(n, x[0], s), ir_norm_axis(at->axes[0], x[0]->ndim), s);
       break;
     }

@@ -25,3 +25,19 @@ ETEST(fuzz, random_programs_agree_with_eager_on_every_backend, .timeout = 600) {
   cr_assert_eq(failures, 0, "%d of %ld programs differ from eager (printed on stderr)", failures, n);
   cr_assert_eq(skipped, 0, "%d programs were rejected by eager (printed on stderr): fix the generator", skipped);
 }
+
+/* Programs the long campaigns found, replayed on every run. 3979, 4163, 4286 (and 12 more from
+ * the same campaign): a prod over every element of a 1-D tensor; the eager backend's graph
+ * writes its one axis out where eager left it implicit, and prod's gradient took torch's
+ * one-axis rule there and the full rule in eager: gradients 1 ulp apart where the eager
+ * backend promises eager's bits. */
+ETEST(fuzz, programs_the_long_campaigns_found) {
+  static const uint64_t seeds[] = {3979, 4163, 4286, 5335, 9231};
+  int failures = 0;
+  for (size_t i = 0; i < sizeof seeds / sizeof *seeds; i++) {
+    bool skip;
+    failures += fz_check(seeds[i], ~0u, stderr, &skip);
+    cr_assert(!skip, "program %llu was rejected by eager", (unsigned long long)seeds[i]);
+  }
+  cr_assert_eq(failures, 0, "%d found programs differ from eager again (printed on stderr)", failures);
+}
