@@ -6,7 +6,7 @@
 # (EMBER_CUDA_EMULATE=1: the same generated kernels built by the host C++ compiler), and says so.
 set -euo pipefail
 bin=$1
-if [ -z "${EMBER_CUDA_EMULATE:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1'; then
+if [ -z "${EMBER_CUDA_EMULATE:-}" ] && ! ldconfig -p 2>/dev/null | grep 'libcuda\.so\.1' >/dev/null; then
   echo "# NO GPU: the --device cuda runs use the host CUDA emulator; a GPU run is still needed"
   export EMBER_CUDA_EMULATE=1
 fi

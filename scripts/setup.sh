@@ -11,7 +11,7 @@ pkgs=(meson ninja-build pkg-config gcc g++ llvm-19-dev libcriterion-dev libdnnl-
 [ "${1:-}" = "--fuzz" ] && pkgs+=(clang libclang-rt-dev libomp-dev)
 missing=()
 for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep "install ok installed" >/dev/null || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"

@@ -9,16 +9,19 @@ build=$(cd "$1" && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 meson install -C "$build" --no-rebuild --destdir "$tmp/root" --quiet >/dev/null
-pc=$(find "$tmp/root" -name ember.pc | head -n 1)
+pc=$(find "$tmp/root" -name ember.pc -print -quit)
 [ -n "$pc" ] || { echo "install_check: meson install put no ember.pc under $tmp/root"; exit 1; }
-hdr=$(find "$tmp/root" -name ember.h | head -n 1)
-lib=$(find "$tmp/root" -name 'libember.so*' | head -n 1)
+hdr=$(find "$tmp/root" -name ember.h -print -quit)
+lib=$(find "$tmp/root" -name 'libember.so*' -print -quit)
 [ -n "$hdr" ] && [ -n "$lib" ] || { echo "install_check: ember.h or libember.so missing from the install"; exit 1; }
 export PKG_CONFIG_PATH=$(dirname "$pc") PKG_CONFIG_SYSROOT_DIR="$tmp/root"
 flags=$(pkg-config --cflags --libs ember)
 echo "pkg-config --cflags --libs ember: $flags"
 extra=()
-if ldd "$lib" | grep -q libasan; then extra=(-fsanitize=address,undefined); fi
+# ldd's output is read whole first: under pipefail, `ldd | grep -q` fails whenever grep exits on
+# its first match before ldd has written the rest (SIGPIPE), and the sanitizer flags went missing.
+deps=$(ldd "$lib")
+if [[ $deps == *libasan* ]]; then extra=(-fsanitize=address,undefined); fi
 mkdir "$tmp/app"
 cat > "$tmp/app/main.c" <<'C'
 #include <ember.h>
