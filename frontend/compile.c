@@ -99,8 +99,18 @@ typedef struct entry {
   int (*gb)[2];      /* epilogue: source gb[i][0]'s .grad = graph output gb[i][1], or none when < 0 */
   int n_host;
   host_guard *host;  /* host values fn declared with em_guard_value */
-  const ir_graph *traced; /* no breaks: the graph as traced (owned by the graph cache), for checks */
+  const ir_graph *traced; /* no breaks: the graph as traced (owned by the graph cache), for checks;
+                          * NULL for a dynamic entry (its template holds the graph) */
   int64_t calls;     /* calls this entry served, for replay validation */
+  bool has_backward; /* fn ran em_backward under the trace (the graph holds its own backward) */
+  /* dynamic shapes (dynamic.c): the template the graph of each call is specialized from, the
+   * symbol of each input dim (-1: a fixed size), each symbol's range, and the symbol values
+   * e->graph was specialized for */
+  fe_dyn *dyn;
+  int n_syms;
+  int8_t (*sym_of)[EM_MAX_DIMS];
+  int64_t sym_min[FE_DYN_MAX_SYMS], sym_max[FE_DYN_MAX_SYMS];
+  int64_t graph_syms[FE_DYN_MAX_SYMS];
 } entry;
 
 
@@ -141,6 +151,10 @@ struct em_compiled {
                              * and every Nth call of an entry */
   bool accuracy;            /* each compiled graph run is checked against the reference (repro.c) */
   char partitioner_name[16];
+  em_dynamic dynamic;       /* em_compile_options.dynamic */
+  uint8_t *auto_dims;       /* [auto_n] automatic dynamic: per input, the dims whose size changed */
+  int auto_n;
+  char dyn_refused[384];    /* why probing found no formulas (then no later entry probes again) */
 };
 
 /* State of one traced run of fn, passed to on_break. */
@@ -156,6 +170,8 @@ typedef struct run_state {
   em_graph_break_info breaks[64];
   em_site site;
   bool refused;            /* a break under fullgraph: the call fails */
+  const ir_graph *check_traced; /* replay validation: the graph the entry replays for this call */
+  bool probe;              /* a probe trace (dynamic shapes): no graph runs, a break fails it */
 } run_state;
 
 static double now_ms(void) {
@@ -215,6 +231,8 @@ static void entry_free(entry *e) {
     if (e->src[i].kind == SRC_CONST) em_release(e->src[i].t);
   for (int i = 0; i < e->n_out; i++) free(e->out[i].links);
   free(e->src), free(e->in), free(e->alias), free(e->stor), free(e->wb), free(e->gb), free(e->host);
+  fe_dyn_free(e->dyn);
+  free(e->sym_of);
   free(e);
 }
 
@@ -277,6 +295,40 @@ static void fmt_host(char *buf, size_t cap, const unsigned char *b, size_t n) {
 
 static const char *autocast_name(em_dtype dt) { return dt == EM_F32 ? "off" : em_dtype_name(dt); }
 
+/* A dynamic entry's guard on input k: dtype, device, rank and requires_grad as traced, every
+ * fixed dim as traced, every symbolic dim binding its symbol (syms[j] < 0: unbound) or equal to
+ * it, and contiguous strides (the entry was traced from contiguous inputs). */
+static bool dyn_input_fails(const entry *e, int k, const em_tensor *t, int64_t *syms, char *why, size_t cap) {
+  const tguard *g = &e->in[k];
+  if (g->dtype != t->dtype || g->device != t->storage->device || g->ndim != t->ndim || g->requires_grad != t->requires_grad) {
+    char what[32];
+    snprintf(what, sizeof what, "inputs[%d]", k);
+    tguard fixed = *g; /* report it as the static guard would */
+    memcpy(fixed.sizes, t->sizes, sizeof(int64_t) * (size_t)t->ndim);
+    memcpy(fixed.strides, t->strides, sizeof(int64_t) * (size_t)t->ndim);
+    return guard_fails(&fixed, t, what, why, cap);
+  }
+  for (int d = 0; d < g->ndim; d++) {
+    int j = e->sym_of[k][d];
+    if (j < 0) {
+      if (t->sizes[d] != g->sizes[d])
+        return snprintf(why, cap, "inputs[%d].sizes[%d]: expected %lld, got %lld", k, d, (long long)g->sizes[d],
+                        (long long)t->sizes[d]), true;
+    } else if (syms[j] < 0) {
+      if (t->sizes[d] < e->sym_min[j] || t->sizes[d] > e->sym_max[j])
+        return snprintf(why, cap, "inputs[%d].sizes[%d] = %lld: expected %lld <= s%d <= %lld", k, d, (long long)t->sizes[d],
+                        (long long)e->sym_min[j], j, (long long)e->sym_max[j]), true;
+      syms[j] = t->sizes[d];
+    } else if (t->sizes[d] != syms[j]) {
+      return snprintf(why, cap, "inputs[%d].sizes[%d] = %lld: expected s%d = %lld (the dims shared a size when traced)",
+                      k, d, (long long)t->sizes[d], j, (long long)syms[j]), true;
+    }
+  }
+  if (!ir_is_contiguous(t->ndim, t->sizes, t->strides))
+    return snprintf(why, cap, "inputs[%d] is not contiguous (a dynamic entry is traced from contiguous inputs)", k), true;
+  return false;
+}
+
 /* Which guard of e fails for this call, into why; false when all pass. */
 static bool entry_fails(const entry *e, void *ctx, em_tensor *const *in, int n_in, char *why, size_t cap) {
   if (e->dead) return snprintf(why, cap, "%s", e->dead_reason), true;
@@ -296,9 +348,10 @@ static bool entry_fails(const entry *e, void *ctx, em_tensor *const *in, int n_i
     return snprintf(why, cap, "%s:%d %s changed (%s -> %s)", h->site.file, h->site.line, h->what, was, now), true;
   }
   char what[32];
+  int64_t syms[FE_DYN_MAX_SYMS] = {-1, -1, -1};
   for (int k = 0; k < n_in; k++) {
     snprintf(what, sizeof what, "inputs[%d]", k);
-    if (guard_fails(&e->in[k], in[k], what, why, cap)) return true;
+    if (e->dyn ? dyn_input_fails(e, k, in[k], syms, why, cap) : guard_fails(&e->in[k], in[k], what, why, cap)) return true;
     int j = 0;
     while (in[j] != in[k]) j++;
     if (j != e->alias[k])
@@ -322,7 +375,7 @@ static bool entry_fails(const entry *e, void *ctx, em_tensor *const *in, int n_i
 }
 
 static int entry_guard_lines(const entry *e, char ***lines_out) {
-  int n = 4 + e->n_in + e->n_src + e->n_host;
+  int n = 4 + e->n_in + e->n_src + e->n_host + FE_DYN_MAX_SYMS;
   char **lines = calloc((size_t)n, sizeof(char *));
   if (!lines) return 0;
   int k = 0;
@@ -350,6 +403,23 @@ static int entry_guard_lines(const entry *e, char ***lines_out) {
                e->stor[i] < e->n_in ? e->stor[i] : e->stor[i] - e->n_in);
     else snprintf(what, sizeof what, "inputs[%d]", i);
     fmt_guard(buf, sizeof buf, what, &e->in[i]);
+    if (e->dyn) { /* sizes as symbols, strides as "contiguous" */
+      tguard g = e->in[i];
+      char sz[200];
+      size_t m = (size_t)snprintf(sz, sizeof sz, "[");
+      for (int d = 0; d < g.ndim && m < sizeof sz; d++) {
+        int j = e->sym_of[i][d];
+        m += j < 0 ? (size_t)snprintf(sz + m, sizeof sz - m, "%s%lld", d ? "," : "", (long long)g.sizes[d])
+                   : (size_t)snprintf(sz + m, sizeof sz - m, "%ss%d", d ? "," : "", j);
+      }
+      if (m < sizeof sz) snprintf(sz + m, sizeof sz - m, "]");
+      snprintf(buf, sizeof buf, "%s: %s%s contiguous on %s, requires_grad=%s", what, em_dtype_name(g.dtype), sz,
+               g.device == EM_CPU ? "cpu" : "cuda", g.requires_grad ? "true" : "false");
+    }
+    lines[k++] = strdup(buf);
+  }
+  for (int j = 0; e->dyn && j < e->n_syms; j++) {
+    snprintf(buf, sizeof buf, "%lld <= s%d <= %lld", (long long)e->sym_min[j], j, (long long)e->sym_max[j]);
     lines[k++] = strdup(buf);
   }
   for (int i = 0; i < e->n_src; i++) {
@@ -740,8 +810,8 @@ static bool run_graph_so_far(run_state *rs, rt_trace *tr, em_site site, final_in
     return cg ? (rt_error(site, "em_compile", "out of memory"), false) : false;
   }
   note_graph(rs, cg->g);
-  if (rs->check && !rs->check_diff[0] && cg != rs->check->graph)
-    describe_diff(rs->check->traced, g, rs->check_diff, sizeof rs->check_diff);
+  if (rs->check && !rs->check_diff[0] && rs->check_traced && !ir_graph_same_structure(rs->check_traced, g))
+    describe_diff(rs->check_traced, g, rs->check_diff, sizeof rs->check_diff);
   /* live views of lifted tensors the graph writes: after the write-back they are rebuilt as
    * views of those tensors, so aliasing stays as in eager */
   final_info al = {0};
@@ -808,6 +878,7 @@ static bool run_graph_so_far(run_state *rs, rt_trace *tr, em_site site, final_in
 static bool on_break(rt_trace *tr, const char *op, const char *reason, em_site site, void *ctx) {
   run_state *rs = ctx;
   em_compiled *c = rs->c;
+  if (rs->probe) return rt_error(site, op, "a graph break (%s)", reason), false;
   if (c->fullgraph)
     return rs->refused = true, rt_error(site, op, "graph break in %s compiled with fullgraph: %s (in %s)", c->name, reason,
                     site.func ? site.func : "?"), false;
@@ -889,6 +960,7 @@ static entry *make_entry(em_compiled *c, const rt_trace *tr, const final_info *f
   }
   for (int k = 0; k < n_in; k++) e->stor[k] = storage_class(e, in, n_in, k);
   if (has_breaks) return e;
+  e->has_backward = tr->has_backward;
   e->graph = fi->cg;
   for (int i = 0; i < c->n_graphs && !e->traced; i++)
     if (c->graphs[i].compiled == fi->cg) e->traced = c->graphs[i].traced;
@@ -1066,9 +1138,415 @@ static bool run_traced_impl(em_compiled *c, void *ctx, em_tensor *const *in, int
   return ok;
 }
 
+/* ---- dynamic shapes (see ember.h, "Dynamic shapes", and dynamic.c) ---- */
+
+/* Which dims of the inputs are symbolic in the entry traced now: marked dynamic, or changed
+ * size since an earlier entry (automatic), or all (EM_DYNAMIC_ALWAYS); never a marked-static
+ * dim or a size below 2. Dims of equal size share a symbol (duck sizing). Fills sym_of (-1:
+ * fixed) and the symbols' sizes and ranges; returns the number of symbols, 0 for none, or -1
+ * when there would be more than FE_DYN_MAX_SYMS (then the entry specializes). */
+static int plan_symbols(const em_compiled *c, em_tensor *const *in, int n_in, int8_t (*sym_of)[EM_MAX_DIMS], int64_t *size,
+                        int64_t *lo, int64_t *hi) {
+  int n = 0;
+  for (int k = 0; k < n_in; k++) {
+    const em_tensor *t = in[k];
+    const rt_dyn_marks *m = t->marks;
+    for (int d = 0; d < EM_MAX_DIMS; d++) sym_of[k][d] = -1;
+    if (c->dynamic == EM_DYNAMIC_NEVER) continue;
+    for (int d = 0; d < t->ndim; d++) {
+      bool marked = m && (m->dynamic >> d & 1), fixed = m && (m->fixed >> d & 1);
+      bool want = marked || c->dynamic == EM_DYNAMIC_ALWAYS || (k < c->auto_n && (c->auto_dims[k] >> d & 1));
+      int64_t mn = marked ? m->min[d] : 2, mx = marked ? m->max[d] : 65536;
+      if (!want || fixed || t->sizes[d] < 2 || t->sizes[d] < mn || t->sizes[d] > mx) continue;
+      int j = 0;
+      while (j < n && size[j] != t->sizes[d]) j++;
+      if (j == n) {
+        if (n == FE_DYN_MAX_SYMS) return -1;
+        size[n] = t->sizes[d], lo[n] = mn, hi[n] = mx, n++;
+      } else { /* a shared symbol takes the tighter range */
+        if (mn > lo[j]) lo[j] = mn;
+        if (mx < hi[j]) hi[j] = mx;
+      }
+      sym_of[k][d] = (int8_t)j;
+    }
+  }
+  return n;
+}
+
+/* The automatic half of EM_DYNAMIC_AUTO: entry e failed for this call; when it was made for the
+ * same ctx, grad mode and input ranks and dtypes, the dims whose sizes differ become symbolic in
+ * the next trace (torch's automatic_dynamic_shapes). */
+static void note_changed_sizes(em_compiled *c, const entry *e, void *ctx, em_tensor *const *in, int n_in) {
+  if (c->dynamic != EM_DYNAMIC_AUTO || e->dead || e->ctx != ctx || e->n_in != n_in || e->grad_mode != rt_grad_enabled() ||
+      e->has_breaks)
+    return;
+  for (int k = 0; k < n_in; k++)
+    if (e->in[k].ndim != in[k]->ndim || e->in[k].dtype != in[k]->dtype || e->in[k].device != in[k]->storage->device)
+      return;
+  if (c->auto_n < n_in) {
+    uint8_t *p = realloc(c->auto_dims, (size_t)n_in);
+    if (!p) return;
+    memset(p + c->auto_n, 0, (size_t)(n_in - c->auto_n));
+    c->auto_dims = p, c->auto_n = n_in;
+  }
+  for (int k = 0; k < n_in; k++)
+    for (int d = 0; d < in[k]->ndim; d++) {
+      bool fixed = !e->dyn || e->sym_of[k][d] < 0;
+      if (fixed && e->in[k].sizes[d] != in[k]->sizes[d]) c->auto_dims[k] |= (uint8_t)(1u << d);
+    }
+}
+
+/* Data-less stand-ins for the inputs at probe sizes: rt_new_external over no memory of its own
+ * (a probe trace reads no data: a break fails it first). */
+static unsigned char probe_bytes[64];
+static void probe_release(void *ctx) { (void)ctx; } /* nothing to free; not Ember's bytes either */
+
+/* Releases the stand-ins among pin[0..n) (an input passed twice has one). */
+static void release_stand_ins(em_tensor **pin, em_tensor *const *in, int n) {
+  for (int k = 0; k < n; k++) {
+    bool first = pin[k] != in[k];
+    for (int j = 0; j < k && first; j++) first = pin[j] != pin[k];
+    if (first) em_release(pin[k]);
+  }
+}
+
+/* What a traced tensor is, across traces: input k (through its stand-in) as -1 - k, else its
+ * address (a parameter reached through ctx), as an integer. */
+static intptr_t identity(const em_tensor *t, em_tensor *const *pin, int n_in) {
+  for (int k = 0; k < n_in; k++)
+    if (pin[k] == t) return -1 - (intptr_t)k;
+  return (intptr_t)t;
+}
+
+/* Traces fn on stand-ins of the inputs with symbol j's dims at hints[j], without running
+ * anything, and returns the graph as run_graph_so_far would hand it to the backend, or NULL
+ * with the reason in why. The trace must read the same tensors, return the same outputs and set
+ * the same gradients as the entry's trace; fn's effects on tensors are only recorded (an
+ * in-place update is functionalized), and .grad fields it sets are restored. */
+static ir_graph *probe_trace(em_compiled *c, const entry *e, const ir_graph *base, void *ctx, em_tensor *const *in,
+                             int n_in, const int64_t *hints, char *why, size_t cap, em_site site) {
+  em_tensor *small_pin[16], **pin = n_in <= 16 ? small_pin : calloc((size_t)n_in, sizeof(em_tensor *));
+  em_tensor *small_old[16], **old = e->n_gb <= 16 ? small_old : calloc((size_t)e->n_gb, sizeof(em_tensor *));
+  if (!pin || !old) {
+    if (pin != small_pin) free(pin);
+    if (old != small_old) free(old);
+    return snprintf(why, cap, "out of memory"), NULL;
+  }
+  ir_graph *out = NULL;
+  rt_trace tr = {0};
+  for (int k = 0; k < n_in; k++) {
+    pin[k] = in[k];
+    bool sym = false;
+    int64_t sz[EM_MAX_DIMS];
+    for (int d = 0; d < in[k]->ndim; d++) {
+      sz[d] = e->sym_of[k][d] >= 0 ? hints[e->sym_of[k][d]] : in[k]->sizes[d];
+      sym |= e->sym_of[k][d] >= 0;
+    }
+    for (int j = 0; j < k && sym; j++)
+      if (in[j] == in[k]) pin[k] = pin[j], sym = false;
+    if (!sym) continue;
+    int64_t numel = 1;
+    for (int d = 0; d < in[k]->ndim; d++) ir_mul_ok(numel, sz[d], &numel);
+    pin[k] = rt_new_external(in[k]->dtype, in[k]->ndim, sz, NULL, 0, in[k]->storage->device, probe_bytes,
+                             (size_t)numel * ir_dtype(in[k]->dtype)->size, probe_release, NULL, "em_call", site);
+    if (!pin[k]) {
+      pin[k] = in[k];
+      release_stand_ins(pin, in, k);
+      snprintf(why, cap, "%s", em_last_error() ? em_last_error() : "no stand-in");
+      goto done;
+    }
+    pin[k]->requires_grad = in[k]->requires_grad;
+  }
+  /* the gradients fn's backward will set: the real ones, kept aside */
+  for (int i = 0; i < e->n_gb; i++) {
+    const source *sr = &e->src[e->gb[i][0]];
+    em_tensor *leaf = sr->kind == SRC_ARG ? in[sr->arg] : sr->t;
+    old[i] = em_retain(leaf->grad);
+  }
+  run_state rs = {.c = c, .site = site, .probe = true};
+  if (!rt_trace_begin(&tr, c->name, on_break, &rs, site)) {
+    snprintf(why, cap, "out of memory");
+    goto restore;
+  }
+  tr.max_nodes = base->n_nodes + 1;
+  c->stats.probe_traces++;
+  em_scope_begin_at(site);
+  em_outputs o = c->fn(ctx, pin, n_in);
+  bool ok = !rt_has_error() && o.n == e->n_out;
+  if (!ok) snprintf(why, cap, "%s", rt_has_error() ? em_last_error() : "fn returned another number of outputs");
+  int fo_val[EM_MAX_OUTPUTS];
+  int n_kept = 0;
+  for (int i = 0; ok && i < o.n; i++) {
+    if (!o.t[i]) ok = (snprintf(why, cap, "fn returned NULL"), false);
+    else fo_val[i] = rt_trace_value_of(&tr, em_retain(o.t[i])), n_kept = i + 1;
+  }
+  int gv[64];
+  int n_gl = tr.n_grad_leaves;
+  for (int j = 0; ok && j < n_gl && j < 64; j++) {
+    em_tensor *gr = tr.grad_leaves[j]->grad;
+    gv[j] = !gr ? -1 : rt_trace_value_of(&tr, gr) >= 0 ? rt_trace_value_of(&tr, gr) : -2;
+  }
+  if (ok && n_gl > 64) ok = (snprintf(why, cap, "more than 64 gradients"), false);
+  em_scope_end_at(site);
+  ir_graph *g = tr.g;
+  if (ok) { /* the graph as run_graph_so_far completes it */
+    rt_trace_drop_history(&tr);
+    ok = rt_trace_output_live(&tr);
+    for (int i = 0; ok && i < tr.n_lifted; i++)
+      if (tr.lifted_mutated[i]) ok = ir_add_output(g, tr.lifted_value[i]);
+    if (!ok) snprintf(why, cap, "out of memory");
+  }
+  /* the same tensors in, the same outputs and gradients out */
+  if (ok && tr.n_lifted != base->n_inputs) ok = (snprintf(why, cap, "fn reads other tensors at other sizes"), false);
+  for (int i = 0; ok && i < tr.n_lifted; i++) {
+    const source *sr = &e->src[i];
+    intptr_t want = sr->kind == SRC_ARG ? -1 - (intptr_t)sr->arg : (intptr_t)sr->t;
+    if (identity(tr.lifted[i], pin, n_in) != want) ok = (snprintf(why, cap, "fn reads other tensors at other sizes"), false);
+  }
+  for (int i = 0; ok && i < o.n; i++) {
+    const outmap *m = &e->out[i];
+    bool same = m->from_graph ? m->index < g->n_outputs && g->outputs[m->index] == fo_val[i]
+                              : fo_val[i] < 0 && identity(o.t[i], pin, n_in) == (e->src[m->index].kind == SRC_ARG
+                                                                                    ? -1 - (intptr_t)e->src[m->index].arg
+                                                                                    : (intptr_t)e->src[m->index].t);
+    if (!same) ok = (snprintf(why, cap, "fn returns other tensors at other sizes (output %d)", i), false);
+  }
+  int n_set = 0;
+  for (int j = 0; ok && j < n_gl; j++) {
+    if (gv[j] == -2) continue;
+    n_set++;
+    int k = -1;
+    for (int m = 0; gv[j] >= 0 && m < g->n_outputs && k < 0; m++)
+      if (g->outputs[m] == gv[j]) k = m;
+    bool found = false;
+    for (int i = 0; i < e->n_gb && !found; i++) {
+      const source *sr = &e->src[e->gb[i][0]];
+      intptr_t want = sr->kind == SRC_ARG ? -1 - (intptr_t)sr->arg : (intptr_t)sr->t;
+      found = identity(tr.grad_leaves[j], pin, n_in) == want && e->gb[i][1] == k;
+    }
+    if (!found) ok = (snprintf(why, cap, "fn sets other gradients at other sizes"), false);
+  }
+  if (ok && n_set != e->n_gb) ok = (snprintf(why, cap, "fn sets other gradients at other sizes"), false);
+  if (ok && !(out = ir_graph_clone(g))) snprintf(why, cap, "out of memory");
+  for (int i = 0; i < n_kept; i++) em_release(o.t[i]);
+  em_clear_error(); /* make_dynamic probes only with no error recorded: this one is the probe's */
+restore:
+  for (int i = 0; i < e->n_gb; i++) { /* the real gradients back, before the trace ends */
+    const source *sr = &e->src[e->gb[i][0]];
+    em_tensor *leaf = sr->kind == SRC_ARG ? in[sr->arg] : sr->t;
+    em_release(leaf->grad);
+    leaf->grad = old[i];
+  }
+  if (tr.g) rt_trace_end(&tr);
+  release_stand_ins(pin, in, n_in);
+done:
+  if (pin != small_pin) free(pin);
+  if (old != small_old) free(old);
+  return out;
+}
+
+/* One try at the formulas of the symbols in sym_of (k of them, of sizes size): the corners,
+ * the interpolation, the three checks. e->sym_of is set to sym_of for the probes. Returns the
+ * template, or NULL with why. */
+static fe_dyn *try_symbols(em_compiled *c, entry *e, void *ctx, em_tensor *const *in, int n_in,
+                           int8_t (*sym_of)[EM_MAX_DIMS], int k, const int64_t *size, int *n_probes, char *why, size_t cap,
+                           em_site site) {
+  static const int64_t delta[FE_DYN_MAX_SYMS] = {1009, 1013, 1019};
+  /* sizes unrelated to the corners: small, middling, large (distinct primes where room) */
+  static const int64_t check[3][FE_DYN_MAX_SYMS] = {{2, 3, 5}, {97, 89, 83}, {65521, 65519, 65497}};
+  const ir_graph *base = e->traced;
+  ir_graph *g[1 << FE_DYN_MAX_SYMS] = {0};
+  fe_dyn *d = NULL;
+  int n = 1 << k;
+  why[0] = 0;
+  memcpy(e->sym_of, sym_of, sizeof *e->sym_of * (size_t)n_in);
+  e->n_syms = k;
+  g[0] = (ir_graph *)base;
+  for (int m = 1; !why[0] && m < n; m++) {
+    int64_t h[FE_DYN_MAX_SYMS];
+    for (int j = 0; j < k; j++) h[j] = size[j] + (m >> j & 1 ? delta[j] : 0);
+    g[m] = probe_trace(c, e, base, ctx, in, n_in, h, why, cap, site);
+    (*n_probes)++;
+  }
+  if (!why[0]) d = fe_dyn_decode((const ir_graph *const *)g, k, size, delta, why, cap);
+  for (int p = 0; d && !why[0] && p < 3; p++) {
+    int64_t h[FE_DYN_MAX_SYMS];
+    for (int j = 0; j < k; j++) h[j] = check[p][j];
+    ir_graph *v = probe_trace(c, e, base, ctx, in, n_in, h, why, cap, site);
+    (*n_probes)++;
+    if (v && !fe_dyn_check(d, v, h, why, cap) && !why[0]) snprintf(why, cap, "a check failed");
+    ir_graph_free(v);
+  }
+  for (int m = 1; m < n; m++) ir_graph_free(g[m]);
+  if (why[0]) fe_dyn_free(d), d = NULL;
+  return d;
+}
+
+/* sym_of restricted to the symbols in mask, renumbered in order; returns how many. */
+static int restrict_symbols(int8_t (*sym_of)[EM_MAX_DIMS], int n_in, int mask, int8_t (*out)[EM_MAX_DIMS],
+                            const int64_t *size, const int64_t *lo, const int64_t *hi, int64_t *osize, int64_t *olo,
+                            int64_t *ohi) {
+  int map[FE_DYN_MAX_SYMS], k = 0;
+  for (int j = 0; j < FE_DYN_MAX_SYMS; j++) {
+    map[j] = mask >> j & 1 ? k : -1;
+    if (map[j] >= 0) osize[k] = size[j], olo[k] = lo[j], ohi[k] = hi[j], k++;
+  }
+  for (int a = 0; a < n_in; a++)
+    for (int d = 0; d < EM_MAX_DIMS; d++) out[a][d] = (int8_t)(sym_of[a][d] < 0 ? -1 : map[sym_of[a][d]]);
+  return k;
+}
+
+/* Makes entry e (just traced, no breaks) dynamic in the symbols plan_symbols chose. When they
+ * fail together, each is tried alone and the ones that work are kept (so EM_DYNAMIC_ALWAYS,
+ * which also offers dims a weight's shape pins, ends with the symbols that can vary, as
+ * PyTorch specializes a symbol a shape rule fixes). On failure e stays specialized and the
+ * reason is logged (and kept: later entries do not probe again). */
+static void make_dynamic(em_compiled *c, entry *e, void *ctx, em_tensor *const *in, int n_in, int8_t (*sym_of)[EM_MAX_DIMS],
+                         int n_syms, const int64_t *size, const int64_t *lo, const int64_t *hi, em_site site) {
+  char why[384] = "", w1[384];
+  double t0 = now_ms();
+  const ir_graph *base = e->traced;
+  bool had_error = rt_has_error();
+  fe_dyn *d = NULL;
+  int n_probes = 0;
+  if (!base) snprintf(why, sizeof why, "no graph");
+  if (had_error) snprintf(why, sizeof why, "an error is recorded (%s)", em_last_error());
+  for (int i = 0; !why[0] && i < e->n_src; i++)
+    if (e->src[i].kind == SRC_CONST) snprintf(why, sizeof why, "fn makes a tensor from host data (a constant of the trace)");
+  for (int i = 0; !why[0] && i < e->n_out; i++)
+    if (e->out[i].n_links) snprintf(why, sizeof why, "an output is a view of an input fn writes in place");
+  for (int i = 0; base && !why[0] && i < base->n_nodes; i++)
+    if (prim_get(base->nodes[i].op)->flags & P_RANDOM) snprintf(why, sizeof why, "the graph draws random numbers");
+  for (int k = 0; !why[0] && k < n_in; k++)
+    for (int dd = 0; dd < in[k]->ndim && !why[0]; dd++)
+      if (sym_of[k][dd] >= 0 && !ir_is_contiguous(in[k]->ndim, in[k]->sizes, in[k]->strides))
+        snprintf(why, sizeof why, "inputs[%d] is not contiguous", k);
+  int8_t (*sub)[EM_MAX_DIMS] = malloc(sizeof *sub * (size_t)(n_in ? n_in : 1));
+  if (!why[0] && (!sub || !(e->sym_of = malloc(sizeof *e->sym_of * (size_t)(n_in ? n_in : 1)))))
+    snprintf(why, sizeof why, "out of memory");
+  int64_t ss[FE_DYN_MAX_SYMS], sl[FE_DYN_MAX_SYMS], sh[FE_DYN_MAX_SYMS];
+  int kept = (1 << n_syms) - 1, k = n_syms;
+  if (!why[0]) {
+    k = restrict_symbols(sym_of, n_in, kept, sub, size, lo, hi, ss, sl, sh);
+    d = try_symbols(c, e, ctx, in, n_in, sub, k, ss, &n_probes, why, sizeof why, site);
+  }
+  if (!d && n_syms > 1 && e->sym_of) { /* which symbols can vary on their own? */
+    int good = 0;
+    for (int j = 0; j < n_syms; j++) {
+      int kk = restrict_symbols(sym_of, n_in, 1 << j, sub, size, lo, hi, ss, sl, sh);
+      fe_dyn *dj = try_symbols(c, e, ctx, in, n_in, sub, kk, ss, &n_probes, w1, sizeof w1, site);
+      if (dj) good |= 1 << j;
+      else fe_log(FE_LOG_DYNAMIC, "%s: symbol %d alone: %s", c->name, j, w1);
+      fe_dyn_free(dj);
+    }
+    if (good) {
+      kept = good;
+      k = restrict_symbols(sym_of, n_in, kept, sub, size, lo, hi, ss, sl, sh);
+      d = try_symbols(c, e, ctx, in, n_in, sub, k, ss, &n_probes, w1, sizeof w1, site);
+      if (d) fe_log(FE_LOG_DYNAMIC, "%s: %d of %d symbols kept; the others specialize: %s", c->name, k, n_syms, why);
+    }
+  }
+  if (!had_error && rt_has_error()) em_clear_error(); /* a probe's failure is not the call's */
+  if (!d) {
+    free(e->sym_of), free(sub);
+    e->sym_of = NULL, e->n_syms = 0;
+    snprintf(c->dyn_refused, sizeof c->dyn_refused, "%s", why);
+    fe_log(FE_LOG_DYNAMIC, "%s: sizes stay specialized: %s", c->name, why);
+    fe_log(FE_LOG_RECOMPILES, "%s: no dynamic shapes: %s", c->name, why);
+    return;
+  }
+  memcpy(e->sym_of, sub, sizeof *sub * (size_t)n_in);
+  free(sub);
+  e->dyn = d;
+  e->n_syms = k;
+  for (int j = 0; j < k; j++) e->sym_min[j] = sl[j], e->sym_max[j] = sh[j], e->graph_syms[j] = ss[j];
+  e->traced = NULL; /* the template's base is the graph as traced */
+  c->stats.dynamic_entries++;
+  if (fe_log_on(FE_LOG_DYNAMIC)) {
+    char *text = fe_dyn_describe(d, 40);
+    fe_log(FE_LOG_DYNAMIC, "%s: %d symbol(s), %d formulas found from %d probe traces in %.1f ms:\n%s", c->name, k,
+           fe_dyn_slots(d), n_probes, now_ms() - t0, text ? text : "");
+    free(text);
+  }
+}
+
+/* The graph a dynamic entry runs for these inputs: specialized to their sizes and compiled
+ * (cached), pinned as e->graph until another size comes. */
+static bool dyn_graph(em_compiled *c, entry *e, em_tensor *const *in, int n_in, em_site site) {
+  int64_t syms[FE_DYN_MAX_SYMS] = {-1, -1, -1};
+  for (int k = 0; k < n_in; k++)
+    for (int d = 0; d < in[k]->ndim; d++)
+      if (e->sym_of[k][d] >= 0) syms[e->sym_of[k][d]] = in[k]->sizes[d];
+  if (e->graph && !memcmp(syms, e->graph_syms, sizeof(int64_t) * (size_t)e->n_syms)) return true;
+  char why[384];
+  ir_graph *spec = fe_dyn_specialize(e->dyn, syms, why, sizeof why);
+  if (!spec) return rt_error(site, "em_call", "%s: %s", c->name, why), false;
+  const ir_graph *base = spec;
+  em_tensor *small[16] = {0}, **gin = base->n_inputs <= 16 ? small : malloc(sizeof(em_tensor *) * (size_t)base->n_inputs);
+  if (!gin) {
+    ir_graph_free(spec);
+    return rt_error(site, "em_call", "out of memory"), false;
+  }
+  for (int i = 0; i < base->n_inputs; i++) gin[i] = e->src[i].kind == SRC_ARG ? in[e->src[i].arg] : e->src[i].t;
+  const fe_graph *fg = lookup_or_compile(c, spec, gin, e->has_backward, site);
+  if (gin != small) free(gin);
+  ir_graph_free(spec);
+  if (!fg) return false;
+  e->graph = fg;
+  memcpy(e->graph_syms, syms, sizeof syms);
+  return true;
+}
+
+void em_mark_dynamic_at(em_tensor *x, int dim, int64_t min, int64_t max, em_site site) {
+  if (!rt_tensor_arg(x, "em_mark_dynamic", site)) return;
+  char b[128];
+  if (dim < -x->ndim || dim >= x->ndim) {
+    rt_error(site, "em_mark_dynamic", "dim %d out of range for %s", dim, rt_fmt(b, sizeof b, x));
+    return;
+  }
+  if (dim < 0) dim += x->ndim;
+  if (min < 2 || max < min) {
+    rt_error(site, "em_mark_dynamic", "range [%lld, %lld] of dim %d of %s: sizes 0 and 1 always specialize, so min >= 2 "
+             "and max >= min", (long long)min, (long long)max, dim, rt_fmt(b, sizeof b, x));
+    return;
+  }
+  if (x->marks && (x->marks->fixed >> dim & 1)) {
+    rt_error(site, "em_mark_dynamic", "dim %d of %s is marked static", dim, rt_fmt(b, sizeof b, x));
+    return;
+  }
+  if (!x->marks && !(x->marks = rt_alloc(sizeof *x->marks, 16))) {
+    rt_error(site, "em_mark_dynamic", "out of memory");
+    return;
+  }
+  if (!(x->marks->dynamic | x->marks->fixed)) memset(x->marks, 0, sizeof *x->marks);
+  x->marks->dynamic |= (uint8_t)(1u << dim);
+  x->marks->min[dim] = min, x->marks->max[dim] = max;
+}
+
+void em_mark_static_at(em_tensor *x, int dim, em_site site) {
+  if (!rt_tensor_arg(x, "em_mark_static", site)) return;
+  char b[128];
+  if (dim < -x->ndim || dim >= x->ndim) {
+    rt_error(site, "em_mark_static", "dim %d out of range for %s", dim, rt_fmt(b, sizeof b, x));
+    return;
+  }
+  if (dim < 0) dim += x->ndim;
+  if (x->marks && (x->marks->dynamic >> dim & 1)) {
+    rt_error(site, "em_mark_static", "dim %d of %s is marked dynamic", dim, rt_fmt(b, sizeof b, x));
+    return;
+  }
+  if (!x->marks && !(x->marks = rt_alloc(sizeof *x->marks, 16))) {
+    rt_error(site, "em_mark_static", "out of memory");
+    return;
+  }
+  if (!(x->marks->dynamic | x->marks->fixed)) memset(x->marks, 0, sizeof *x->marks);
+  x->marks->fixed |= (uint8_t)(1u << dim);
+}
+
 /* ---- replay ---- */
 
-static bool replay(em_compiled *c, entry *e, em_tensor *const *in, em_outputs *res, em_site site) {
+static bool replay(em_compiled *c, entry *e, em_tensor *const *in, int n_in, em_outputs *res, em_site site) {
+  if (e->dyn && !dyn_graph(c, e, in, n_in, site)) return false;
   /* fn that made no node (it returns inputs or tensors it reaches through ctx) has no graph:
    * its outputs all come from sources (the fuzzer's first crash: its second call read NULL) */
   static const ir_graph no_graph;
@@ -1192,6 +1670,11 @@ em_compiled *em_compile_at(em_model_fn fn, const em_compile_options *opts, em_si
   c->inductor = !strcmp(backend, "inductor");
   c->partitioner = strcmp(part, "default") ? AOT_PARTITION_MIN_CUT : AOT_PARTITION_DEFAULT;
   c->fullgraph = o.fullgraph;
+  if ((unsigned)o.dynamic > EM_DYNAMIC_NEVER) {
+    free(c);
+    return rt_error(site, "em_compile", "unknown dynamic setting %d (EM_DYNAMIC_AUTO, _ALWAYS or _NEVER)", (int)o.dynamic);
+  }
+  c->dynamic = o.dynamic;
   c->limit = o.recompile_limit > 0 ? o.recompile_limit : 8;
   c->check_every = o.check_every < 0 ? 0 : o.check_every == 0 ? 1 : o.check_every;
   const char *acc = getenv("EMBER_COMPILE_ACCURACY");
@@ -1216,7 +1699,7 @@ void em_compiled_free(em_compiled *c) {
   if (!c) return;
   for (int i = 0; i < c->n_entries; i++) entry_free(c->entries[i]);
   for (int i = 0; i < c->n_graphs; i++) ir_graph_free(c->graphs[i].traced), fe_graph_free(c->graphs[i].compiled);
-  free(c->entries), free(c->graphs);
+  free(c->entries), free(c->graphs), free(c->auto_dims);
   pthread_mutex_destroy(&c->lock);
   free(c);
 }
@@ -1258,7 +1741,7 @@ static em_outputs call(em_compiled *c, void *ctx, em_tensor *const *in, int n_in
  * it) is traced again and compared with e rather than replayed: the first (the function's
  * second call), and with check_every N > 1 every Nth. */
 static bool check_due(const em_compiled *c, const entry *e) {
-  if (c->check_every <= 0 || !e->traced) return false;
+  if (c->check_every <= 0 || (!e->traced && !e->dyn)) return false;
   return e->calls == 1 || (c->check_every > 1 && e->calls % c->check_every == 0);
 }
 
@@ -1302,9 +1785,20 @@ static em_outputs call(em_compiled *c, void *ctx, em_tensor *const *in, int n_in
     em_outputs r = failed_outputs(0);
     e->calls++;
     if (!e->has_breaks && check_due(c, e)) { /* replay validation: trace again, compare */
-      run_state rs = {.c = c, .site = site, .check = e};
+      run_state rs = {.c = c, .site = site, .check = e, .check_traced = e->traced};
+      ir_graph *spec = NULL;
+      if (e->dyn) { /* the graph the entry would replay at these sizes */
+        int64_t syms[FE_DYN_MAX_SYMS] = {-1, -1, -1};
+        char w2[384];
+        for (int k = 0; k < n_in; k++)
+          for (int d = 0; d < in[k]->ndim; d++)
+            if (e->sym_of[k][d] >= 0) syms[e->sym_of[k][d]] = in[k]->sizes[d];
+        if (!(spec = fe_dyn_specialize(e->dyn, syms, w2, sizeof w2))) return rt_error(site, "em_call", "%s: %s", c->name, w2), failed_outputs(0);
+        rs.check_traced = spec;
+      }
       c->stats.checks++;
       bool ok = run_traced(c, ctx, in, n_in, &rs, false, NULL, &r, site);
+      ir_graph_free(spec);
       if (ok && rs.check_diff[0]) {
         for (int j = 0; j < r.n; j++) em_release(r.t[j]), r.t[j] = NULL;
         e->dead = true;
@@ -1317,13 +1811,14 @@ static em_outputs call(em_compiled *c, void *ctx, em_tensor *const *in, int n_in
       return to_scope(r, site);
     }
     if (!e->has_breaks) {
-      replay(c, e, in, &r, site);
+      replay(c, e, in, n_in, &r, site);
     } else {
       run_state rs = {.c = c, .site = site};
       run_traced(c, ctx, in, n_in, &rs, false, NULL, &r, site);
     }
     return to_scope(r, site);
   }
+  for (int i = 0; i < c->n_entries; i++) note_changed_sizes(c, c->entries[i], ctx, in, n_in);
   drop_dead_entries(c);
   if (c->n_entries >= c->limit) {
     if (!c->limit_warned) {
@@ -1344,10 +1839,22 @@ static em_outputs call(em_compiled *c, void *ctx, em_tensor *const *in, int n_in
     fe_log(FE_LOG_RECOMPILES, "Recompiling %s (compiled at %s:%d), called from %s:%d: guard failed: %s", c->name,
            c->site.file, c->site.line, site.file, site.line, why[0] ? why : "an entry was dropped");
   }
+  int8_t small_sym[8][EM_MAX_DIMS], (*sym_of)[EM_MAX_DIMS] = n_in <= 8 ? small_sym : malloc(sizeof *sym_of * (size_t)n_in);
+  int64_t sym_size[FE_DYN_MAX_SYMS], sym_lo[FE_DYN_MAX_SYMS], sym_hi[FE_DYN_MAX_SYMS];
+  int n_syms = sym_of ? plan_symbols(c, in, n_in, sym_of, sym_size, sym_lo, sym_hi) : 0;
+  if (n_syms < 0) fe_log(FE_LOG_DYNAMIC, "%s: more than %d distinct symbolic sizes; sizes stay specialized", c->name, FE_DYN_MAX_SYMS);
   run_state rs = {.c = c, .site = site};
   entry *e = NULL;
   em_outputs r;
-  if (!run_traced(c, ctx, in, n_in, &rs, true, &e, &r, site)) return r;
+  if (!run_traced(c, ctx, in, n_in, &rs, true, &e, &r, site)) {
+    if (sym_of != small_sym) free(sym_of);
+    return r;
+  }
+  if (e && !e->has_breaks && n_syms > 0) {
+    if (c->dyn_refused[0]) fe_log(FE_LOG_DYNAMIC, "%s: sizes stay specialized (found before: %s)", c->name, c->dyn_refused);
+    else make_dynamic(c, e, ctx, in, n_in, sym_of, n_syms, sym_size, sym_lo, sym_hi, site);
+  }
+  if (sym_of != small_sym) free(sym_of);
   if (!e) return to_scope(r, site); /* an unstable trace: not cached */
   if (c->n_entries == c->cap_entries) {
     int cap = c->cap_entries ? 2 * c->cap_entries : 4;

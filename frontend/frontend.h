@@ -17,6 +17,7 @@ typedef enum fe_artifact {
   FE_LOG_SCHEDULE,
   FE_LOG_OUTPUT_CODE,
   FE_LOG_PERF,
+  FE_LOG_DYNAMIC,
   FE_LOG_COUNT
 } fe_artifact;
 
@@ -55,5 +56,34 @@ void fe_repro_done(const char *dir);
 /* Runs g on in through backend and through the reference; 0 when they agree, 1 when they
  * differ or the backend fails, -1 when the reference fails. report: what happened. */
 int fe_check_graph(const ir_graph *g, em_tensor *const *in, int n_in, const char *backend, char *report, size_t cap);
+
+/* ---- dynamic.c: symbolic sizes recovered from probe traces (see ember.h, "Dynamic shapes") ----
+ *
+ * A graph traced at the real sizes (the base) and at the corners of a box of probe sizes (each
+ * symbol k at r[k] or r[k] + delta[k]) determines every number in the graph that depends on the
+ * sizes as a polynomial linear in each symbol: multilinear interpolation over the corners. The
+ * template is the base graph plus one formula per such number (a slot); specializing it writes
+ * each formula's value at given symbol values into a copy of the base. A template is only
+ * trusted after fe_dyn_check agrees with traces at unrelated sizes. */
+
+enum { FE_DYN_MAX_SYMS = 3 };
+typedef struct fe_dyn fe_dyn;
+
+/* The template from corner graphs g[mask] (bit k of mask: symbol k at r[k] + delta[k]; g[0] is
+ * the base), or NULL with the reason (naming the node and the user's line) in why: the graphs'
+ * structure differs, or a number is not such a polynomial with integer coefficients. */
+fe_dyn *fe_dyn_decode(const ir_graph *const *g, int n_syms, const int64_t *r, const int64_t *delta, char *why,
+                      size_t cap);
+void fe_dyn_free(fe_dyn *d);
+int fe_dyn_slots(const fe_dyn *d);
+/* A copy of the base with every slot evaluated at syms (caller frees), or NULL with why (a
+ * formula out of range there, out of memory). */
+ir_graph *fe_dyn_specialize(const fe_dyn *d, const int64_t *syms, char *why, size_t cap);
+/* Whether g (traced at symbol values syms) is what the template specializes to there; else
+ * false with the first difference in why. */
+bool fe_dyn_check(const fe_dyn *d, const ir_graph *g, const int64_t *syms, char *why, size_t cap);
+/* "%12 = reshape shape[0] = s0*64  (model.c:41)", one line per slot (at most max lines, then a
+ * count), malloc'd. */
+char *fe_dyn_describe(const fe_dyn *d, int max);
 
 #endif /* EMBER_FRONTEND_H */

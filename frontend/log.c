@@ -8,7 +8,7 @@
 #include <string.h>
 
 static const char *const names[FE_LOG_COUNT] = {"graph", "guards", "recompiles", "graph_breaks",
-                                                "aot", "schedule", "output_code", "perf"};
+                                                "aot", "schedule", "output_code", "perf", "dynamic"};
 static int enabled = -1; /* bit mask; -1 until read */
 static int dump_counter;
 

@@ -1446,6 +1446,18 @@ typedef struct em_outputs {
  * tensors. It returns tensors owned by the current scope, as any op does. */
 typedef em_outputs (*em_model_fn)(void *ctx, em_tensor *const *inputs, int n_inputs);
 
+/* Dynamic shapes, as torch.compile's `dynamic` argument. A size that is symbolic in a compiled
+ * entry is a run-time value of it: one entry serves every value in its range, where a specialized
+ * size makes a new entry (a recompile) for each value. */
+typedef enum em_dynamic {
+  EM_DYNAMIC_AUTO = 0, /* the first trace specializes; when an entry's guards then fail only
+                        * because input sizes changed, the recompile makes exactly those dims
+                        * symbolic (automatic dynamic shapes), and dims marked with
+                        * em_mark_dynamic are symbolic from the first trace */
+  EM_DYNAMIC_ALWAYS,   /* every input dim of size >= 2 that is not marked static is symbolic */
+  EM_DYNAMIC_NEVER,    /* every size is a constant of its entry; marks are ignored */
+} em_dynamic;
+
 typedef struct em_compile_options {
   const char *backend; /* "inductor" (default; NULL), "aot_eager" or "eager" */
   bool fullgraph;      /* a graph break is an error instead */
@@ -1476,6 +1488,10 @@ typedef struct em_compile_options {
                         * choice on disk (with the kernel cache), then as "reduce-overhead";
                         * "max-autotune-no-cudagraphs": the timing only. On the CPU all modes
                         * run as "default". Errors: an unknown mode. */
+  em_dynamic dynamic;  /* dynamic shapes (see "Dynamic shapes" below): EM_DYNAMIC_AUTO
+                        * (default, torch.compile's dynamic=None), EM_DYNAMIC_ALWAYS
+                        * (dynamic=True: every input dim of size >= 2 symbolic from the first
+                        * trace) or EM_DYNAMIC_NEVER (dynamic=False: every size specialized) */
 } em_compile_options;
 
 typedef struct em_compiled em_compiled;
@@ -1523,6 +1539,8 @@ typedef struct em_compile_stats {
                             * fn: fn stored a tensor it made into state outside it (ctx, a
                             * static), or an op failed while tracing (its error must be raised
                             * on every call) */
+  int64_t dynamic_entries; /* entries made with symbolic sizes */
+  int64_t probe_traces;    /* traces of fn at probe sizes, made to find symbolic formulas */
 } em_compile_stats;
 /* The counters of c (all zero for NULL). */
 em_compile_stats em_compiled_stats(const em_compiled *c);
@@ -1577,6 +1595,43 @@ void em_explanation_free(em_explanation *e);
 /* An explicit graph break (torch._dynamo.graph_break). Does nothing outside a trace. */
 #define em_graph_break() em_graph_break_at(EM_HERE)
 void em_graph_break_at(em_site site);
+
+/* Dynamic shapes (frontend/dynamic.c). A symbolic dimension of an input gets a symbol s0, s1,
+ * ...; dims of equal size share one (duck sizing, as in PyTorch), so x [B, 784] and labels [B]
+ * give one s0. Sizes 0 and 1 always specialize. The entry's guards become relations: each
+ * symbolic dim equals its symbol, each symbol lies in its range (2..65536 unless marked
+ * otherwise), dims that shared a symbol stay equal; EMBER_LOGS=guards and em_explain print them.
+ *
+ * How a C function's sizes become symbolic. C has no operator overloading, so an integer the
+ * function computes from em_size (B * T for a reshape, T for a slice or an arange) cannot carry
+ * its formula the way PyTorch's SymInt does. Ember recovers the formulas instead: after the real
+ * trace it traces fn again, without data, at probe sizes (each symbol moved by a different
+ * prime, alone and together), and solves for every size and every size-like attribute of the
+ * graph (shapes, slice bounds, pads, integral scalars such as a mean's divisor) as a polynomial
+ * in the symbols, linear in each (s0*s1*64 + s1 - 1). The formulas are then checked against
+ * three more traces at unrelated sizes (2-4, about 90 and about 65500), so a size-dependent
+ * branch in fn, a divisibility (T/2), or anything nonlinear (T*T) shows up as a mismatch and the
+ * entry stays specialized, with the reason logged (EMBER_LOGS=dynamic) naming the user's line.
+ * What it costs: 2^k + 2 extra traces of fn (k symbols, at most 3) at the recompile that makes
+ * an entry dynamic, and fn's host side effects happen in each (as in any trace; a replay runs
+ * none). Not made dynamic: functions with graph breaks, random ops, constants created from host
+ * data inside fn, or non-contiguous inputs in a symbolic dim. Every call of a dynamic entry
+ * binds the symbols from its inputs; each distinct size is compiled once (kernels specialized to
+ * it, kept in the graph cache and the disk cache) and later calls with that size replay it.
+ * em_compile_stats.dynamic_entries counts entries with symbols. */
+
+/* Marks dim of x symbolic for the next trace that receives x as an input
+ * (torch._dynamo.mark_dynamic), with the range [min, max] its size may take in that entry (a
+ * size outside it recompiles); em_mark_dynamic uses 2..65536. The mark lives on this tensor
+ * (not its views). Errors: dim out of range for x, min < 2, max < min, a dim also marked
+ * static. */
+#define em_mark_dynamic(x, dim) em_mark_dynamic_at((x), (dim), 2, 65536, EM_HERE)
+#define em_mark_dynamic_range(x, dim, min, max) em_mark_dynamic_at((x), (dim), (min), (max), EM_HERE)
+void em_mark_dynamic_at(em_tensor *x, int dim, int64_t min, int64_t max, em_site site);
+/* Marks dim of x as always specialized (torch._dynamo.mark_static), even under
+ * EM_DYNAMIC_ALWAYS or after a size change. Errors: dim out of range, a dim marked dynamic. */
+#define em_mark_static(x, dim) em_mark_static_at((x), (dim), EM_HERE)
+void em_mark_static_at(em_tensor *x, int dim, em_site site);
 
 /* When a compiled result is wrong (frontend/repro.c). EMBER_COMPILE_ACCURACY=1 (or
  * em_compile_options.accuracy) runs every compiled graph also on the reference (the graph as

@@ -246,6 +246,22 @@ static uint64_t mix_double(uint64_t h, double d) {
   return mix(h, v);
 }
 
+int ir_attr_sizes(em_prim op, prim_attrs *a, ir_attr_size *out) {
+  int n = 0;
+  if (has(op, "shape"))
+    for (int i = 0; i < a->shape.ndim && i < EM_MAX_DIMS; i++) out[n++] = (ir_attr_size){&a->shape.sizes[i], NULL, "shape", i};
+  if (has(op, "start")) {
+    out[n++] = (ir_attr_size){&a->start, NULL, "start", -1};
+    out[n++] = (ir_attr_size){&a->stop, NULL, "stop", -1};
+    out[n++] = (ir_attr_size){&a->step, NULL, "step", -1};
+  }
+  if (has(op, "pads"))
+    for (int i = 0; i < a->n_pads && i < 2 * EM_MAX_DIMS; i++) out[n++] = (ir_attr_size){&a->pads[i], NULL, "pads", i};
+  if (has(op, "value")) out[n++] = (ir_attr_size){NULL, &a->value, "value", -1};
+  if (has(op, "value2")) out[n++] = (ir_attr_size){NULL, &a->value2, "value2", -1};
+  return n;
+}
+
 uint64_t ir_attrs_hash(em_prim op, const prim_attrs *a, uint64_t h) {
   if (has(op, "axes")) {
     h = mix(h, (uint64_t)a->n_axes);

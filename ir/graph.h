@@ -115,6 +115,19 @@ bool ir_type_equal(const ir_type *a, const ir_type *b);
 /* Attributes a prim reads, compared and hashed field by field according to its schema. */
 bool ir_attrs_equal(em_prim op, const prim_attrs *a, const prim_attrs *b);
 uint64_t ir_attrs_hash(em_prim op, const prim_attrs *a, uint64_t h);
+/* The attributes of op a size can flow into from the function that traced it (dynamic shapes,
+ * frontend/dynamic.c): shape sizes, slice start/stop/step, pads (integers), and full, pad and
+ * iota values (doubles; a mean's divisor is one). Writes pointers into a, one field each, into
+ * out (room for IR_ATTR_SIZES_MAX) and returns how many. Every other attribute (axes, dtypes,
+ * counts, RNG keys, conv parameters) is part of the graph's structure. */
+enum { IR_ATTR_SIZES_MAX = 3 * EM_MAX_DIMS + 5 };
+typedef struct ir_attr_size {
+  int64_t *i; /* one of these two is set */
+  double *d;
+  const char *name; /* the attribute, as the printer names it */
+  int at;           /* its element, or -1 for a scalar attribute */
+} ir_attr_size;
+int ir_attr_sizes(em_prim op, prim_attrs *a, ir_attr_size *out);
 /* Number of uses of each value (operands and outputs) into uses[n_values]. */
 void ir_count_uses(const ir_graph *g, int *uses);
 /* Removes nodes with keep[i] false (their values must be unused) and renumbers values densely:

@@ -220,6 +220,8 @@ int rt_trace_inplace(rt_trace *tr, const char *name, em_prim op, em_tensor *cons
     if (ids[i] < 0) return -1;
   }
   ir_type ty = ir_type_of_meta(&m, out->storage->device);
+  if (tr->max_nodes > 0 && tr->g->n_nodes >= tr->max_nodes)
+    return rt_error(site, name, "the trace grew past %d nodes", tr->max_nodes), -1;
   int v = ir_add_node(tr->g, op, ids, n_in, at, &ty, site, name);
   if (v < 0) return rt_error(site, name, "out of memory recording a graph node"), -1;
   int w = rt_trace_write(tr, out, v, site);
@@ -336,6 +338,8 @@ em_tensor *rt_trace_dispatch(rt_trace *tr, const char *name, em_prim op, em_tens
     }
   }
   ir_type ty = ir_type_of_meta(&out_meta, dev);
+  if (tr->max_nodes > 0 && tr->g->n_nodes >= tr->max_nodes)
+    return rt_error(site, name, "the trace grew past %d nodes", tr->max_nodes);
   int v = ir_add_node(tr->g, op, ids, n_in, at, &ty, site, name);
   if (v < 0) return rt_error(site, name, "out of memory recording a graph node");
   tr->n_ops++;

@@ -90,6 +90,12 @@ typedef struct rt_storage {
 
 typedef struct rt_node rt_node;
 
+/* Per-dim marks a user put on a tensor for em_compile's dynamic shapes (bit d: dim d). */
+typedef struct rt_dyn_marks {
+  uint8_t dynamic, fixed;
+  int64_t min[EM_MAX_DIMS], max[EM_MAX_DIMS]; /* the range of each dim marked dynamic */
+} rt_dyn_marks;
+
 struct em_tensor {
   int64_t refcount;             /* owners: scopes, views' bases do not count (views hold storage) */
   rt_storage *storage;          /* shared with views */
@@ -109,6 +115,7 @@ struct em_tensor {
   int proxy_slot;
   uint32_t proxy_trace;
   bool watched;                 /* some compiled entry holds a weak reference (trace.c) */
+  rt_dyn_marks *marks;          /* em_mark_dynamic / em_mark_static (owned), or NULL */
   /* functionalization (trace.c): a proxy made by a view prim remembers its base (owned ref) and
    * the node that made it, in graph view_graph of its trace, so a write into it can be written
    * back into the base */
@@ -304,6 +311,8 @@ struct rt_trace {
    * unspecialized floats); a ring of the latest */
   double item_values[16];
   int n_item_values;
+  int max_nodes;            /* > 0: recording a node past this many fails the op (probe traces
+                             * of dynamic shapes stop a size-dependent loop early) */
 };
 
 /* Whether t may be used where a tensor is required: false for NULL (an earlier failure, already

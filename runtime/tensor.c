@@ -58,6 +58,7 @@ void em_release(em_tensor *t) {
     rt_node_release(t->grad_fn);
     storage_release(t->storage);
     rt_count_tensor(-1);
+    rt_free(t->marks);
     rt_free(t);
   }
 }

@@ -86,7 +86,8 @@ static em_outputs double_it(void *ctx, em_tensor *const *in, int n) {
 }
 
 ETEST(compile, guards_recompile_on_each_kind_of_change) {
-  em_compiled *c = em_compile(double_it, NULL);
+  /* sizes specialized here; symbolic sizes are test_dynamic's */
+  em_compiled *c = em_compile(double_it, &(em_compile_options){.dynamic = EM_DYNAMIC_NEVER});
   em_tensor *a = em_ones(EM_F32, EM_SHAPE(3, 4));
   em_call(c, NULL, a);
   em_call(c, NULL, em_ones(EM_F32, EM_SHAPE(3, 4))); /* another tensor, same guards: a hit */
@@ -110,7 +111,7 @@ ETEST(compile, guards_recompile_on_each_kind_of_change) {
 }
 
 ETEST(compile, recompile_limit_falls_back_to_eager) {
-  em_compiled *c = em_compile(double_it, &(em_compile_options){.recompile_limit = 2});
+  em_compiled *c = em_compile(double_it, &(em_compile_options){.recompile_limit = 2, .dynamic = EM_DYNAMIC_NEVER});
   for (int n = 1; n <= 5; n++) {
     em_outputs o = em_call(c, NULL, em_ones(EM_F32, EM_SHAPE(n)));
     EXPECT_ALL(o.t[0], EM_F32, SHAPE(n), 0, 2);
@@ -780,7 +781,7 @@ static void *call_many(void *arg) {
 }
 
 ETEST(compile, calls_from_several_threads_are_serialized) {
-  shared_fn = em_compile(double_it, NULL);
+  shared_fn = em_compile(double_it, &(em_compile_options){.dynamic = EM_DYNAMIC_NEVER});
   pthread_t th[4];
   for (long t = 0; t < 4; t++) cr_assert_eq(pthread_create(&th[t], NULL, call_many, (void *)t), 0);
   for (int t = 0; t < 4; t++) {
