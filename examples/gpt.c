@@ -76,8 +76,8 @@ static void usage(FILE *f) {
 }
 
 static bool parse(int argc, char **argv, options *o) {
-  *o = (options){.steps = 600, .batch = 32, .block = 64, .n_layer = 2, .n_head = 4, .d_model = 96, .warmup = 40,
-                 .eval_every = 100, .eval_batches = 8, .gen_chars = 200, .top_k = 10, .lr = 6e-3, .min_lr = NAN,
+  *o = (options){.steps = 2000, .batch = 32, .block = 64, .n_layer = 4, .n_head = 4, .d_model = 128, .warmup = 100,
+                 .eval_every = 250, .eval_batches = 8, .gen_chars = 200, .top_k = 10, .lr = 6e-3, .min_lr = NAN,
                  .weight_decay = 0.1, .clip = 1.0, .temperature = 0.8, .seed = 0, .threads = 0, .compile = true,
                  .compile_decode = true, .data = "/usr/share/games/fortunes", .device = "cpu", .backend = "inductor",
                  .prompt = "The meaning of life is ", .json = NULL, .loss_log = NULL};
