@@ -31,7 +31,8 @@
  *
  * A progress bar goes to stderr on a terminal; validation losses, the samples and a summary go
  * to stdout; --json FILE writes the configuration, the loss curve, the validation losses, the
- * timings and the sample as one JSON object. */
+ * timings and the sample as one JSON object (the sample's bytes above 0x7e as \u00XX escapes, one a
+ * byte, since a sampled UTF-8 sequence may be cut). */
 #define _POSIX_C_SOURCE 200809L
 #include "gpt_model.h"
 
@@ -219,7 +220,7 @@ static void json_string(FILE *f, const char *s, int64_t n) {
     unsigned char c = (unsigned char)s[i];
     if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
     else if (c == '\n') fputs("\\n", f);
-    else if (c < 0x20 || c == 0x7f) fprintf(f, "\\u%04x", c);
+    else if (c < 0x20 || c >= 0x7f) fprintf(f, "\\u%04x", c); /* a byte: a UTF-8 sequence may be cut */
     else fputc(c, f);
   }
   fputc('"', f);
@@ -262,8 +263,9 @@ static bool decode(decoder *d, int64_t token) {
   in[0] = em_from_data(&token, EM_I64, EM_SHAPE(1, 1));
   if (in[0] && d->dev != EM_CPU) in[0] = em_to(in[0], d->dev);
   for (int64_t l = 0; l < L; l++) in[1 + l] = d->k[l], in[1 + L + l] = d->v[l];
-  em_outputs o = d->decode ? em_call_n(d->decode, d->m, (int)(1 + 2 * L), in) : gpt_decode_fn(d->m, in, (int)(1 + 2 * L));
-  bool ok = o.n == 1 + 2 * L;
+  int n = (int)(1 + 2 * L);
+  em_outputs o = d->decode ? em_call_n(d->decode, d->m, n, in) : gpt_decode_fn(d->m, in, n);
+  bool ok = o.n == n;
   for (int i = 0; ok && i < o.n; i++) ok = o.t[i] != NULL;
   if (ok) decoder_set(d, o.t[0], o.t + 1, o.t + 1 + L);
   em_scope_end();
@@ -282,215 +284,257 @@ static int64_t sample(em_tensor *logits, double temperature, int64_t top_k) {
   return t;
 }
 
-int main(int argc, char **argv) {
+/* ---- the run: corpus, model, training, generation ---- */
+
+typedef struct {
   options o;
-  if (!parse(argc, argv, &o)) return 2;
-  if (o.threads > 0) em_set_num_threads(o.threads);
-  em_device dev = strcmp(o.device, "cuda") ? EM_CPU : EM_CUDA;
-  em_scope_begin();
-
-  /* corpus, vocabulary, unigram entropy */
-  int64_t len;
-  int n_files;
-  unsigned char *text = read_corpus(o.data, &len, &n_files);
-  if (!text) return 1;
-  int64_t count[256] = {0}, id_of[256], vocab = 0;
+  em_device dev;
+  /* corpus: bytes, their token ids, the vocabulary both ways, the split */
+  unsigned char *text;
+  int64_t len, *ids, id_of[256], vocab, n_train, n_val;
   unsigned char byte_of[256];
-  for (int64_t i = 0; i < len; i++) count[text[i]]++;
-  double entropy = 0;
-  for (int c = 0; c < 256; c++) {
-    id_of[c] = -1;
-    if (!count[c]) continue;
-    double p = (double)count[c] / (double)len;
-    entropy -= p * log(p);
-    byte_of[vocab] = (unsigned char)c, id_of[c] = vocab++;
-  }
-  int64_t *ids = malloc(sizeof *ids * (size_t)len);
-  if (!ids) fail("out of memory");
-  for (int64_t i = 0; i < len; i++) ids[i] = id_of[text[i]];
-  int64_t n_train = len - len / 10, n_val = len / 10, T = o.block, B = o.batch;
-  if (n_val < T + 2) {
-    fprintf(stderr, "gpt: the corpus (%lld bytes) is too small for block %lld\n", (long long)len, (long long)T);
-    return 1;
-  }
-  int64_t n_prompt = (int64_t)strlen(o.prompt), *gen = malloc(sizeof *gen * (size_t)(n_prompt + o.gen_chars));
-  if (!gen) fail("out of memory");
-  for (int64_t i = 0; i < n_prompt; i++)
-    if ((gen[i] = id_of[(unsigned char)o.prompt[i]]) < 0) {
-      fprintf(stderr, "gpt: the prompt's byte 0x%02x is not in the corpus\n", (unsigned char)o.prompt[i]);
-      return 1;
-    }
-
-  gpt_config cfg = {vocab, T, o.n_layer, o.n_head, o.d_model};
-  const char *bad = gpt_config_check(cfg);
-  if (bad) {
-    fprintf(stderr, "gpt: %s\n", bad);
-    return 2;
-  }
-  em_manual_seed(o.seed);
+  int n_files;
+  double entropy; /* of the corpus's byte frequencies, nats */
   gpt_model m;
   gpt_trainer tr;
-  if (!gpt_init(&m, cfg, dev)) fail("initialising the model");
-  if (!gpt_trainer_init(&tr, &m, o.lr, o.weight_decay, o.clip)) fail("creating the optimizers");
-  em_compile_options copts = {.backend = o.backend, .name = "gpt_step"};
-  em_compiled *step_c = o.compile ? em_compile(gpt_step_fn, &copts) : NULL;
-  copts.name = "gpt_val_loss";
-  em_compiled *val_c = o.compile ? em_compile(gpt_loss_fn, &copts) : NULL;
-  copts.name = "gpt_decode";
-  em_compiled *decode_c = o.compile_decode ? em_compile(gpt_decode_fn, &copts) : NULL;
-  if ((o.compile && (!step_c || !val_c)) || (o.compile_decode && !decode_c)) fail("em_compile");
-  printf("gpt: corpus %s: %d files, %lld bytes, %lld distinct (the vocabulary); unigram entropy %.4f nats/char\n",
-         o.data, n_files, (long long)len, (long long)vocab, entropy);
-  printf("gpt: %lld layers, d_model %lld, %lld heads, block %lld, %lld parameters; batch %lld, %lld steps, AdamW lr "
-         "%g -> %g (warmup %lld, cosine), %s, %s, %d threads\n",
-         (long long)o.n_layer, (long long)o.d_model, (long long)o.n_head, (long long)T, (long long)gpt_param_count(&m),
-         (long long)B, (long long)o.steps, o.lr, o.min_lr, (long long)o.warmup, o.device,
-         o.compile ? "whole step em_compile'd" : "eager", em_get_num_threads());
-  fflush(stdout);
+  em_compiled *step_c, *val_c, *decode_c;
+  /* per step, per validation; batch buffers */
+  double *loss, *ms, *val_loss, train_s, val_s, step_ms, tok_s, gen_s;
+  int64_t *val_step, n_val_done, *offsets, *scratch;
+  /* the prompt then the generated tokens */
+  int64_t *gen, n_gen;
+} run;
 
-  FILE *loss_log = o.loss_log ? fopen(o.loss_log, "w") : NULL;
-  if (o.loss_log && !loss_log) fail("opening --loss-log");
-  double *loss = malloc(sizeof(double) * (size_t)o.steps), *ms = malloc(sizeof(double) * (size_t)o.steps);
-  int64_t n_evals = o.steps / o.eval_every + 2, evals = 0, *eval_step = malloc(sizeof(int64_t) * (size_t)n_evals);
-  double *eval_loss = malloc(sizeof(double) * (size_t)n_evals);
-  int64_t *offsets = malloc(sizeof(int64_t) * (size_t)B), *scratch = malloc(sizeof(int64_t) * (size_t)(2 * B * T));
-  if (!loss || !ms || !eval_step || !eval_loss || !offsets || !scratch) fail("out of memory");
-  uint64_t rng = o.seed;
+static bool load_corpus(run *r) {
+  if (!(r->text = read_corpus(r->o.data, &r->len, &r->n_files))) return false;
+  int64_t count[256] = {0};
+  for (int64_t i = 0; i < r->len; i++) count[r->text[i]]++;
+  for (int c = 0; c < 256; c++) {
+    r->id_of[c] = -1;
+    if (!count[c]) continue;
+    double p = (double)count[c] / (double)r->len;
+    r->entropy -= p * log(p);
+    r->byte_of[r->vocab] = (unsigned char)c, r->id_of[c] = r->vocab++;
+  }
+  if (!(r->ids = malloc(sizeof *r->ids * (size_t)r->len))) fail("out of memory");
+  for (int64_t i = 0; i < r->len; i++) r->ids[i] = r->id_of[r->text[i]];
+  r->n_val = r->len / 10, r->n_train = r->len - r->n_val;
+  if (r->n_val < r->o.block + 2) {
+    fprintf(stderr, "gpt: the corpus (%lld bytes) is too small for block %lld\n", (long long)r->len,
+            (long long)r->o.block);
+    return false;
+  }
+  return true;
+}
+
+/* Mean loss over the same eval_batches batches every time, evenly spread over the held-out 10%. */
+static double validate(run *r) {
+  int64_t B = r->o.batch, T = r->o.block, n = r->o.eval_batches * B;
+  double sum = 0;
+  em_no_grad_begin();
+  for (int64_t e = 0; e < r->o.eval_batches; e++) {
+    em_scope_begin();
+    for (int64_t b = 0; b < B; b++) r->offsets[b] = r->n_train + (r->n_val - T - 1) * (e * B + b) / (n > 1 ? n - 1 : 1);
+    em_tensor *x, *y;
+    batch(r->ids, r->offsets, B, T, r->dev, r->scratch, &x, &y);
+    em_tensor *l = r->val_c ? em_call(r->val_c, &r->m, x, y).t[0] : gpt_loss(&r->m, x, y);
+    if (!l) fail("validation loss");
+    sum += em_item(l);
+    em_scope_end();
+  }
+  em_no_grad_end();
+  return sum / (double)r->o.eval_batches;
+}
+
+static void progress(run *r, int64_t done, double elapsed) {
+  int64_t width = 30, bar = width * done / r->o.steps;
+  double rate = (double)done / elapsed;
+  fprintf(stderr, "\rstep %lld/%lld [%.*s%*s] loss %.4f %.1f steps/s ETA %.0fs ", (long long)done,
+          (long long)r->o.steps, (int)bar, "##############################", (int)(width - bar), "", r->loss[done - 1],
+          rate, (double)(r->o.steps - done) / rate);
+}
+
+static void train(run *r) {
+  const options *o = &r->o;
+  int64_t B = o->batch, T = o->block;
+  FILE *loss_log = o->loss_log ? fopen(o->loss_log, "w") : NULL;
+  if (o->loss_log && !loss_log) fail("opening --loss-log");
+  uint64_t rng = o->seed;
   bool tty = isatty(STDERR_FILENO);
-  double t_train = now(), t_eval = 0;
-
-  for (int64_t step = 0; step <= o.steps; step++) {
-    /* validation: the same eval_batches batches every time, evenly spread over the held-out 10% */
-    if (step % o.eval_every == 0 || step == o.steps) {
-      double t0 = now(), sum = 0;
-      em_no_grad_begin();
-      for (int64_t e = 0; e < o.eval_batches; e++) {
-        em_scope_begin();
-        for (int64_t b = 0; b < B; b++)
-          offsets[b] = n_train + (n_val - T - 1) * (e * B + b) / (o.eval_batches * B - 1 > 0 ? o.eval_batches * B - 1 : 1);
-        em_tensor *x, *y;
-        batch(ids, offsets, B, T, dev, scratch, &x, &y);
-        em_tensor *l = val_c ? em_call(val_c, &m, x, y).t[0] : gpt_loss(&m, x, y);
-        if (!l) fail("validation loss");
-        sum += em_item(l);
-        em_scope_end();
-      }
-      em_no_grad_end();
-      eval_step[evals] = step, eval_loss[evals++] = sum / (double)o.eval_batches;
-      t_eval += now() - t0;
+  double t_train = now();
+  for (int64_t step = 0; step <= o->steps; step++) {
+    if (step % o->eval_every == 0 || step == o->steps) {
+      double t0 = now(), v = validate(r);
+      r->val_step[r->n_val_done] = step, r->val_loss[r->n_val_done++] = v;
+      r->val_s += now() - t0;
       if (tty) fprintf(stderr, "\r%*s\r", 100, "");
-      printf("step %5lld: val loss %.4f (%.3f of the unigram entropy)%s", (long long)step, eval_loss[evals - 1],
-             eval_loss[evals - 1] / entropy, step ? "" : "\n");
-      if (step) printf(", train loss %.4f, lr %.2e, %.1f ms/step\n", loss[step - 1], gpt_lr_at(step - 1, o.warmup, o.steps, o.lr, o.min_lr), ms[step - 1]);
+      printf("step %5lld: val loss %.4f (%.3f of the unigram entropy)", (long long)step, v, v / r->entropy);
+      if (step)
+        printf(", train loss %.4f, lr %.2e, %.1f ms/step", r->loss[step - 1],
+               gpt_lr_at(step - 1, o->warmup, o->steps, o->lr, o->min_lr), r->ms[step - 1]);
+      printf("\n");
       fflush(stdout);
     }
-    if (step == o.steps) break;
+    if (step == o->steps) break;
     double t0 = now();
     em_scope_begin();
-    for (int64_t b = 0; b < B; b++) offsets[b] = (int64_t)(splitmix64(&rng) % (uint64_t)(n_train - T - 1));
+    for (int64_t b = 0; b < B; b++) r->offsets[b] = (int64_t)(splitmix64(&rng) % (uint64_t)(r->n_train - T - 1));
     em_tensor *x, *y;
-    batch(ids, offsets, B, T, dev, scratch, &x, &y);
-    gpt_trainer_set_lr(&tr, gpt_lr_at(step, o.warmup, o.steps, o.lr, o.min_lr));
-    em_outputs out = step_c ? em_call(step_c, &tr, x, y) : gpt_step_fn(&tr, (em_tensor *[]){x, y}, 2);
+    batch(r->ids, r->offsets, B, T, r->dev, r->scratch, &x, &y);
+    gpt_trainer_set_lr(&r->tr, gpt_lr_at(step, o->warmup, o->steps, o->lr, o->min_lr));
+    em_outputs out = r->step_c ? em_call(r->step_c, &r->tr, x, y) : gpt_step_fn(&r->tr, (em_tensor *[]){x, y}, 2);
     if (!out.t[0]) fail("training step");
-    loss[step] = em_item(out.t[0]);
+    r->loss[step] = em_item(out.t[0]);
     em_scope_end();
-    ms[step] = 1e3 * (now() - t0);
-    if (loss_log) fprintf(loss_log, "%a\n", loss[step]);
-    if (tty) {
-      int64_t done = step + 1, width = 30, bar = width * done / o.steps;
-      double el = now() - t_train - t_eval, rate = (double)done / el;
-      fprintf(stderr, "\rstep %lld/%lld [%.*s%*s] loss %.4f %.1f steps/s ETA %.0fs ", (long long)done, (long long)o.steps,
-              (int)bar, "##############################", (int)(width - bar), "", loss[step], rate,
-              (double)(o.steps - done) / rate);
-    }
+    r->ms[step] = 1e3 * (now() - t0);
+    if (loss_log) fprintf(loss_log, "%a\n", r->loss[step]);
+    if (tty) progress(r, step + 1, now() - t_train - r->val_s);
   }
-  double train_s = now() - t_train - t_eval;
+  r->train_s = now() - t_train - r->val_s;
   if (loss_log) fclose(loss_log);
-  double med = mean_from(ms, 10, o.steps), tok_s = (double)(B * T) / (med / 1e3);
-  double train_mean_last = 0;
-  int64_t last = o.steps < 50 ? o.steps : 50;
-  for (int64_t i = o.steps - last; i < o.steps; i++) train_mean_last += loss[i] / (double)last;
-  printf("gpt: trained %lld steps in %.1f s (validation %.1f s more); %.1f ms/step (mean past step 10), %.0f tokens/s; first step "
-         "%.0f ms; train loss (mean of the last %lld steps) %.4f, val loss %.4f = %.3f of the unigram entropy %.4f\n",
-         (long long)o.steps, train_s, t_eval, med, tok_s, ms[0], (long long)last, train_mean_last, eval_loss[evals - 1],
-         eval_loss[evals - 1] / entropy, entropy);
-  if (step_c) {
-    em_compile_stats s = em_compiled_stats(step_c);
-    printf("em_compile(gpt_step): %lld calls, %lld traced, %lld replayed, %lld graphs compiled, %lld graph breaks, "
-           "%lld eager fallbacks\n",
-           (long long)s.calls, (long long)s.traces, (long long)s.replays, (long long)s.graphs_compiled,
-           (long long)s.breaks, (long long)s.eager_calls);
-  }
+  r->step_ms = mean_from(r->ms, 10, o->steps), r->tok_s = (double)(B * T) / (r->step_ms / 1e3);
+}
 
-  /* generation */
-  em_manual_seed(o.seed);
-  decoder d = {.m = &m, .decode = decode_c, .dev = dev};
-  int64_t n = n_prompt;
-  double t_gen = now();
+/* gen_chars tokens after the prompt (r->gen[0..n_gen) holds the prompt) */
+static void generate(run *r) {
+  int64_t T = r->o.block;
+  em_manual_seed(r->o.seed);
+  decoder d = {.m = &r->m, .decode = r->decode_c, .dev = r->dev};
+  double t0 = now();
   em_no_grad_begin();
-  int64_t start = n > T ? n - T : 0;
-  if (!prefill(&d, gen + start, n - start)) fail("prefill");
-  for (int64_t i = 0; i < o.gen_chars; i++) {
-    int64_t t = sample(d.logits, o.temperature, o.top_k);
+  int64_t start = r->n_gen > T ? r->n_gen - T : 0;
+  if (!prefill(&d, r->gen + start, r->n_gen - start)) fail("prefill");
+  for (int64_t i = 0; i < r->o.gen_chars; i++) {
+    int64_t t = sample(d.logits, r->o.temperature, r->o.top_k);
     if (t < 0) fail("sampling");
-    gen[n++] = t;
-    if (i + 1 == o.gen_chars) break;
-    bool ok = em_size(d.k[0], 2) < T ? decode(&d, t) : prefill(&d, gen + n - T / 2, T / 2);
+    r->gen[r->n_gen++] = t;
+    if (i + 1 == r->o.gen_chars) break;
+    bool ok = em_size(d.k[0], 2) < T ? decode(&d, t) : prefill(&d, r->gen + r->n_gen - T / 2, T / 2);
     if (!ok) fail("decoding");
   }
   em_no_grad_end();
-  t_gen = now() - t_gen;
-  char *sample_text = malloc((size_t)n + 1);
-  if (!sample_text) fail("out of memory");
-  for (int64_t i = 0; i < n; i++) sample_text[i] = (char)byte_of[gen[i]];
-  sample_text[n] = 0;
-  printf("gpt: sample (temperature %g, top-k %lld, %lld characters in %.2f s, decoding step %s):\n%s\n", o.temperature,
-         (long long)o.top_k, (long long)o.gen_chars, t_gen, decode_c ? "em_compile'd" : "eager", sample_text);
-  if (decode_c) {
-    em_compile_stats s = em_compiled_stats(decode_c);
-    printf("em_compile(gpt_decode): %lld calls, %lld traced, %lld replayed, %lld eager after the recompile limit\n",
-           (long long)s.calls, (long long)s.traces, (long long)s.replays, (long long)s.eager_calls);
-  }
-
-  if (o.json) {
-    FILE *f = fopen(o.json, "w");
-    if (!f) fail("opening --json");
-    fprintf(f, "{\"config\": {\"steps\": %lld, \"batch_size\": %lld, \"block\": %lld, \"n_layer\": %lld, \"n_head\": %lld, "
-               "\"d_model\": %lld, \"vocab\": %lld, \"params\": %lld, \"lr\": %g, \"min_lr\": %g, \"warmup\": %lld, "
-               "\"weight_decay\": %g, \"clip\": %g, \"seed\": %llu, \"threads\": %d, \"device\": \"%s\", "
-               "\"compile\": %s, \"compile_decode\": %s, \"backend\": \"%s\"},\n",
-            (long long)o.steps, (long long)B, (long long)T, (long long)o.n_layer, (long long)o.n_head,
-            (long long)o.d_model, (long long)vocab, (long long)gpt_param_count(&m), o.lr, o.min_lr, (long long)o.warmup,
-            o.weight_decay, o.clip, (unsigned long long)o.seed, em_get_num_threads(), o.device,
-            o.compile ? "true" : "false", o.compile_decode ? "true" : "false", o.backend);
-    fprintf(f, " \"corpus\": {\"dir\": ");
-    json_string(f, o.data, (int64_t)strlen(o.data));
-    fprintf(f, ", \"files\": %d, \"bytes\": %lld, \"train_bytes\": %lld, \"val_bytes\": %lld, "
-               "\"unigram_entropy_nats\": %.6f},\n",
-            n_files, (long long)len, (long long)n_train, (long long)n_val, entropy);
-    fprintf(f, " \"train_loss\": [");
-    for (int64_t i = 0; i < o.steps; i++) fprintf(f, "%s%.6f", i ? ", " : "", loss[i]);
-    fprintf(f, "],\n \"step_ms\": [");
-    for (int64_t i = 0; i < o.steps; i++) fprintf(f, "%s%.3f", i ? ", " : "", ms[i]);
-    fprintf(f, "],\n \"val\": [");
-    for (int64_t i = 0; i < evals; i++)
-      fprintf(f, "%s{\"step\": %lld, \"loss\": %.6f}", i ? ", " : "", (long long)eval_step[i], eval_loss[i]);
-    fprintf(f, "],\n \"timings\": {\"train_s\": %.3f, \"val_s\": %.3f, \"step_ms_mean_after_10\": %.3f, \"first_step_ms\": %.3f, "
-               "\"tokens_per_s\": %.1f, \"generate_s\": %.3f},\n \"sample\": ",
-            train_s, t_eval, med, ms[0], tok_s, t_gen);
-    json_string(f, sample_text, n);
-    fprintf(f, "}\n");
-    fclose(f);
-  }
-
-  for (int64_t l = 0; l < m.cfg.n_layer; l++) em_release(d.k[l]), em_release(d.v[l]);
+  r->gen_s = now() - t0;
+  for (int64_t l = 0; l < r->m.cfg.n_layer; l++) em_release(d.k[l]), em_release(d.v[l]);
   em_release(d.logits);
-  em_compiled_free(step_c), em_compiled_free(val_c), em_compiled_free(decode_c);
-  gpt_trainer_free(&tr);
-  gpt_free(&m);
-  free(text), free(ids), free(gen), free(loss), free(ms), free(eval_step), free(eval_loss), free(offsets), free(scratch);
-  free(sample_text);
+}
+
+static void write_json(run *r, const char *sample_text) {
+  const options *o = &r->o;
+  FILE *f = fopen(o->json, "w");
+  if (!f) fail("opening --json");
+  fprintf(f, "{\"config\": {\"steps\": %lld, \"batch_size\": %lld, \"block\": %lld, \"n_layer\": %lld, "
+             "\"n_head\": %lld, \"d_model\": %lld, \"vocab\": %lld, \"params\": %lld, \"lr\": %g, \"min_lr\": %g, "
+             "\"warmup\": %lld, \"weight_decay\": %g, \"clip\": %g, \"seed\": %llu, \"threads\": %d, "
+             "\"device\": \"%s\", \"compile\": %s, \"compile_decode\": %s, \"backend\": \"%s\"},\n",
+          (long long)o->steps, (long long)o->batch, (long long)o->block, (long long)o->n_layer, (long long)o->n_head,
+          (long long)o->d_model, (long long)r->vocab, (long long)gpt_param_count(&r->m), o->lr, o->min_lr,
+          (long long)o->warmup, o->weight_decay, o->clip, (unsigned long long)o->seed, em_get_num_threads(),
+          o->device, o->compile ? "true" : "false", o->compile_decode ? "true" : "false", o->backend);
+  fprintf(f, " \"corpus\": {\"dir\": ");
+  json_string(f, o->data, (int64_t)strlen(o->data));
+  fprintf(f, ", \"files\": %d, \"bytes\": %lld, \"train_bytes\": %lld, \"val_bytes\": %lld, "
+             "\"unigram_entropy_nats\": %.6f},\n \"train_loss\": [",
+          r->n_files, (long long)r->len, (long long)r->n_train, (long long)r->n_val, r->entropy);
+  for (int64_t i = 0; i < o->steps; i++) fprintf(f, "%s%.6f", i ? ", " : "", r->loss[i]);
+  fprintf(f, "],\n \"step_ms\": [");
+  for (int64_t i = 0; i < o->steps; i++) fprintf(f, "%s%.3f", i ? ", " : "", r->ms[i]);
+  fprintf(f, "],\n \"val\": [");
+  for (int64_t i = 0; i < r->n_val_done; i++)
+    fprintf(f, "%s{\"step\": %lld, \"loss\": %.6f}", i ? ", " : "", (long long)r->val_step[i], r->val_loss[i]);
+  fprintf(f, "],\n \"timings\": {\"train_s\": %.3f, \"val_s\": %.3f, \"step_ms_mean_after_10\": %.3f, "
+             "\"first_step_ms\": %.3f, \"tokens_per_s\": %.1f, \"generate_s\": %.3f},\n \"sample\": ",
+          r->train_s, r->val_s, r->step_ms, r->ms[0], r->tok_s, r->gen_s);
+  json_string(f, sample_text, r->n_gen);
+  fprintf(f, "}\n");
+  fclose(f);
+}
+
+static void print_stats(const char *name, em_compiled *c) {
+  em_compile_stats s = em_compiled_stats(c);
+  printf("em_compile(%s): %lld calls, %lld traced, %lld replayed, %lld graphs compiled, %lld graph breaks, "
+         "%lld run eagerly after the recompile limit\n",
+         name, (long long)s.calls, (long long)s.traces, (long long)s.replays, (long long)s.graphs_compiled,
+         (long long)s.breaks, (long long)s.eager_calls);
+}
+
+/* The model, its optimizers and the compiled functions. */
+static void setup(run *r) {
+  const options *o = &r->o;
+  gpt_config cfg = {r->vocab, o->block, o->n_layer, o->n_head, o->d_model};
+  const char *bad = gpt_config_check(cfg);
+  if (bad) {
+    fprintf(stderr, "gpt: %s\n", bad);
+    exit(2);
+  }
+  em_manual_seed(o->seed);
+  if (!gpt_init(&r->m, cfg, r->dev)) fail("initialising the model");
+  if (!gpt_trainer_init(&r->tr, &r->m, o->lr, o->weight_decay, o->clip)) fail("creating the optimizers");
+  em_compile_options copts = {.backend = o->backend, .name = "gpt_step"};
+  if (o->compile && !(r->step_c = em_compile(gpt_step_fn, &copts))) fail("em_compile");
+  copts.name = "gpt_val_loss";
+  if (o->compile && !(r->val_c = em_compile(gpt_loss_fn, &copts))) fail("em_compile");
+  copts.name = "gpt_decode";
+  if (o->compile_decode && !(r->decode_c = em_compile(gpt_decode_fn, &copts))) fail("em_compile");
+  int64_t n_evals = o->steps / o->eval_every + 2, n_prompt = (int64_t)strlen(o->prompt);
+  r->loss = malloc(sizeof(double) * (size_t)o->steps), r->ms = malloc(sizeof(double) * (size_t)o->steps);
+  r->val_step = malloc(sizeof(int64_t) * (size_t)n_evals), r->val_loss = malloc(sizeof(double) * (size_t)n_evals);
+  r->offsets = malloc(sizeof(int64_t) * (size_t)o->batch);
+  r->scratch = malloc(sizeof(int64_t) * (size_t)(2 * o->batch * o->block));
+  r->gen = malloc(sizeof(int64_t) * (size_t)(n_prompt + o->gen_chars));
+  if (!r->loss || !r->ms || !r->val_step || !r->val_loss || !r->offsets || !r->scratch || !r->gen)
+    fail("out of memory");
+  for (int64_t i = 0; i < n_prompt; i++)
+    if ((r->gen[r->n_gen++] = r->id_of[(unsigned char)o->prompt[i]]) < 0) {
+      fprintf(stderr, "gpt: the prompt's byte 0x%02x is not in the corpus\n", (unsigned char)o->prompt[i]);
+      exit(1);
+    }
+}
+
+int main(int argc, char **argv) {
+  static run r; /* zeroed */
+  if (!parse(argc, argv, &r.o)) return 2;
+  const options *o = &r.o;
+  if (o->threads > 0) em_set_num_threads(o->threads);
+  r.dev = strcmp(o->device, "cuda") ? EM_CPU : EM_CUDA;
+  em_scope_begin();
+  if (!load_corpus(&r)) return 1;
+  setup(&r);
+  printf("gpt: corpus %s: %d files, %lld bytes, %lld distinct (the vocabulary); unigram entropy %.4f nats/char\n",
+         o->data, r.n_files, (long long)r.len, (long long)r.vocab, r.entropy);
+  printf("gpt: %lld layers, d_model %lld, %lld heads, block %lld, %lld parameters; batch %lld, %lld steps, AdamW lr "
+         "%g -> %g (warmup %lld, cosine), %s, %s, %d threads\n",
+         (long long)o->n_layer, (long long)o->d_model, (long long)o->n_head, (long long)o->block,
+         (long long)gpt_param_count(&r.m), (long long)o->batch, (long long)o->steps, o->lr, o->min_lr,
+         (long long)o->warmup, o->device, o->compile ? "whole step em_compile'd" : "eager", em_get_num_threads());
+  fflush(stdout);
+
+  train(&r);
+  double train_last = 0, val = r.val_loss[r.n_val_done - 1];
+  int64_t last = o->steps < 50 ? o->steps : 50;
+  for (int64_t i = o->steps - last; i < o->steps; i++) train_last += r.loss[i] / (double)last;
+  printf("gpt: trained %lld steps in %.1f s (validation %.1f s more); %.1f ms/step (mean past step 10), %.0f tokens/s; "
+         "first step %.0f ms; train loss (mean of the last %lld steps) %.4f, val loss %.4f = %.3f of the unigram "
+         "entropy %.4f\n",
+         (long long)o->steps, r.train_s, r.val_s, r.step_ms, r.tok_s, r.ms[0], (long long)last, train_last, val,
+         val / r.entropy, r.entropy);
+  if (r.step_c) print_stats("gpt_step", r.step_c);
+
+  generate(&r);
+  char *sample_text = malloc((size_t)r.n_gen + 1);
+  if (!sample_text) fail("out of memory");
+  for (int64_t i = 0; i < r.n_gen; i++) sample_text[i] = (char)r.byte_of[r.gen[i]];
+  sample_text[r.n_gen] = 0;
+  printf("gpt: sample (temperature %g, top-k %lld, %lld characters in %.2f s, decoding step %s):\n%s\n",
+         o->temperature, (long long)o->top_k, (long long)o->gen_chars, r.gen_s, r.decode_c ? "em_compile'd" : "eager",
+         sample_text);
+  if (r.decode_c) print_stats("gpt_decode", r.decode_c);
+  if (o->json) write_json(&r, sample_text);
+
+  em_compiled_free(r.step_c), em_compiled_free(r.val_c), em_compiled_free(r.decode_c);
+  gpt_trainer_free(&r.tr);
+  gpt_free(&r.m);
+  free(r.text), free(r.ids), free(r.gen), free(r.loss), free(r.ms), free(r.val_step), free(r.val_loss);
+  free(r.offsets), free(r.scratch), free(sample_text);
   em_scope_end();
   em_thread_cleanup();
   return 0;

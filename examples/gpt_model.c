@@ -105,8 +105,8 @@ static em_tensor *heads(gpt_config c, em_tensor *qkv, int64_t c0) {
  * not NULL: [B, H, S, D/H]) followed by this block's own; with a past, the T queries (T = 1 in
  * decoding) attend over every key (causal masking would align the mask's corner with key 0, as
  * torch's is_causal does, and hide the past). */
-static em_tensor *block(gpt_config c, gpt_layer *L, em_tensor *x, em_tensor *past_k, em_tensor *past_v, em_tensor **k_out,
-                        em_tensor **v_out) {
+static em_tensor *block(gpt_config c, gpt_layer *L, em_tensor *x, em_tensor *past_k, em_tensor *past_v,
+                        em_tensor **k_out, em_tensor **v_out) {
   if (!x) return NULL;
   int64_t B = em_size(x, 0), T = em_size(x, 1), D = c.d_model;
   em_tensor *qkv = em_linear(em_layer_norm(x, 1, L->ln1_w, L->ln1_b, LN_EPS), L->w_qkv, L->b_qkv);
