@@ -200,5 +200,5 @@ double gpt_lr_at(int64_t step, int64_t warmup, int64_t total, double lr_max, dou
   if (step < warmup) return lr_max * (double)(step + 1) / (double)warmup;
   if (step >= total) return lr_min;
   double progress = (double)(step - warmup) / (double)(total - warmup > 0 ? total - warmup : 1);
-  return lr_min + 0.5 * (lr_max - lr_min) * (1 + cos(M_PI * progress));
+  return lr_min + 0.5 * (lr_max - lr_min) * (1 + cos(3.14159265358979323846 * progress));
 }
