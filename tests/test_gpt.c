@@ -1,6 +1,7 @@
 /* tests/test_gpt.c: the GPT of examples/gpt_model.h on a tiny config and a short made-up text:
  * training lowers the loss, the em_compile'd whole step gives eager's losses and parameters
- * (traced once while the learning rate changes every step), and decoding with a KV cache gives
+ * (one cache entry replayed while the learning rate changes every step: were the rate baked into
+ * the graph, the parameters would part from eager's), and decoding with a KV cache gives
  * the logits of a full forward pass over the whole context, eagerly and through em_compile. */
 #include "../examples/gpt_model.h"
 #include "common.h"
@@ -21,7 +22,7 @@ static gpt_config tiny(void) {
   return (gpt_config){VOCAB, T, 2, 2, 16};
 }
 
-/* x, y [B, T]: windows of the text at offsets b * 7 + step */
+/* x, y [B, T]: windows of the text at offsets 7 b + 3 step */
 static void batch(int64_t step, em_tensor **x, em_tensor **y) {
   int64_t xs[B * T], ys[B * T], n = (int64_t)sizeof text - 1;
   for (int64_t b = 0; b < B; b++)
