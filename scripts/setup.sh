@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 pkgs=(meson ninja-build pkg-config gcc g++ llvm-19-dev libcriterion-dev libdnnl-dev
-      libopenblas-dev libsleef-dev zlib1g-dev dataset-fashion-mnist
+      libopenblas-dev libsleef-dev zlib1g-dev dataset-fashion-mnist fortunes
       libcjson-dev python3-numpy)
 [ "${1:-}" = "--fuzz" ] && pkgs+=(clang libclang-rt-dev libomp-dev)
 missing=()
