@@ -1514,11 +1514,11 @@ void em_mark_dynamic_at(em_tensor *x, int dim, int64_t min, int64_t max, em_site
     rt_error(site, "em_mark_dynamic", "dim %d of %s is marked static", dim, rt_fmt(b, sizeof b, x));
     return;
   }
-  if (!x->marks && !(x->marks = rt_alloc(sizeof *x->marks, 16))) {
+  if (!x->marks && (x->marks = rt_alloc(sizeof *x->marks, 16))) memset(x->marks, 0, sizeof *x->marks);
+  if (!x->marks) {
     rt_error(site, "em_mark_dynamic", "out of memory");
     return;
   }
-  if (!(x->marks->dynamic | x->marks->fixed)) memset(x->marks, 0, sizeof *x->marks);
   x->marks->dynamic |= (uint8_t)(1u << dim);
   x->marks->min[dim] = min, x->marks->max[dim] = max;
 }
@@ -1535,11 +1535,11 @@ void em_mark_static_at(em_tensor *x, int dim, em_site site) {
     rt_error(site, "em_mark_static", "dim %d of %s is marked dynamic", dim, rt_fmt(b, sizeof b, x));
     return;
   }
-  if (!x->marks && !(x->marks = rt_alloc(sizeof *x->marks, 16))) {
+  if (!x->marks && (x->marks = rt_alloc(sizeof *x->marks, 16))) memset(x->marks, 0, sizeof *x->marks);
+  if (!x->marks) {
     rt_error(site, "em_mark_static", "out of memory");
     return;
   }
-  if (!(x->marks->dynamic | x->marks->fixed)) memset(x->marks, 0, sizeof *x->marks);
   x->marks->fixed |= (uint8_t)(1u << dim);
 }
 
