@@ -1223,8 +1223,11 @@ static intptr_t identity(const em_tensor *t, em_tensor *const *pin, int n_in) {
  * with the reason in why. The trace must read the same tensors, return the same outputs and set
  * the same gradients as the entry's trace; fn's effects on tensors are only recorded (an
  * in-place update is functionalized), and .grad fields it sets are restored. */
+static bool probe_errored; /* the last probe failed because fn raised an error (a size it cannot take) */
+
 static ir_graph *probe_trace(em_compiled *c, const entry *e, const ir_graph *base, void *ctx, em_tensor *const *in,
                              int n_in, const int64_t *hints, char *why, size_t cap, em_site site) {
+  probe_errored = false;
   em_tensor *small_pin[16], **pin = n_in <= 16 ? small_pin : calloc((size_t)n_in, sizeof(em_tensor *));
   em_tensor *small_old[16], **old = e->n_gb <= 16 ? small_old : calloc((size_t)e->n_gb, sizeof(em_tensor *));
   if (!pin || !old) {
@@ -1273,6 +1276,7 @@ static ir_graph *probe_trace(em_compiled *c, const entry *e, const ir_graph *bas
   em_scope_begin_at(site);
   em_outputs o = c->fn(ctx, pin, n_in);
   bool ok = !rt_has_error() && o.n == e->n_out;
+  probe_errored = rt_has_error();
   if (!ok) snprintf(why, cap, "%s", rt_has_error() ? em_last_error() : "fn returned another number of outputs");
   int fo_val[EM_MAX_OUTPUTS];
   int n_kept = 0;
@@ -1349,12 +1353,11 @@ done:
  * the interpolation, the three checks. e->sym_of is set to sym_of for the probes. Returns the
  * template, or NULL with why. */
 static fe_dyn *try_symbols(em_compiled *c, entry *e, void *ctx, em_tensor *const *in, int n_in,
-                           int8_t (*sym_of)[EM_MAX_DIMS], int k, const int64_t *size, int *n_probes, char *why, size_t cap,
+                           int8_t (*sym_of)[EM_MAX_DIMS], int k, const int64_t *size, const int64_t *delta,
+                           const int64_t (*check)[FE_DYN_MAX_SYMS], bool *errored, int *n_probes, char *why, size_t cap,
                            em_site site) {
-  static const int64_t delta[FE_DYN_MAX_SYMS] = {1009, 1013, 1019};
-  /* sizes unrelated to the corners: small, middling, large (distinct primes where room) */
-  static const int64_t check[3][FE_DYN_MAX_SYMS] = {{2, 3, 5}, {97, 89, 83}, {65521, 65519, 65497}};
   const ir_graph *base = e->traced;
+  *errored = false;
   ir_graph *g[1 << FE_DYN_MAX_SYMS] = {0};
   fe_dyn *d = NULL;
   int n = 1 << k;
@@ -1366,6 +1369,7 @@ static fe_dyn *try_symbols(em_compiled *c, entry *e, void *ctx, em_tensor *const
     int64_t h[FE_DYN_MAX_SYMS];
     for (int j = 0; j < k; j++) h[j] = size[j] + (m >> j & 1 ? delta[j] : 0);
     g[m] = probe_trace(c, e, base, ctx, in, n_in, h, why, cap, site);
+    *errored |= probe_errored;
     (*n_probes)++;
   }
   if (!why[0]) d = fe_dyn_decode((const ir_graph *const *)g, k, size, delta, why, cap);
@@ -1373,12 +1377,63 @@ static fe_dyn *try_symbols(em_compiled *c, entry *e, void *ctx, em_tensor *const
     int64_t h[FE_DYN_MAX_SYMS];
     for (int j = 0; j < k; j++) h[j] = check[p][j];
     ir_graph *v = probe_trace(c, e, base, ctx, in, n_in, h, why, cap, site);
+    *errored |= probe_errored;
     (*n_probes)++;
     if (v && !fe_dyn_check(d, v, h, why, cap) && !why[0]) snprintf(why, cap, "a check failed");
     ir_graph_free(v);
   }
   for (int m = 1; m < n; m++) ir_graph_free(g[m]);
   if (why[0]) fe_dyn_free(d), d = NULL;
+  return d;
+}
+
+/* Probes at the default sizes (corners 1009 past the real sizes, checks up to 65521) suit a
+ * function that takes any size. One that cannot (a position table of 64 rows sliced at T) errors
+ * there: then the corners move in only as far as fn still runs (the largest step D <= 1008 at
+ * which a trace at size + D succeeds, by bisection), the checks lie inside [2, size + D], and
+ * the symbols' range ends at size + D. Returns the template or NULL; *hi_out: the range's end. */
+static fe_dyn *try_fitted(em_compiled *c, entry *e, void *ctx, em_tensor *const *in, int n_in, int8_t (*sub)[EM_MAX_DIMS],
+                          int k, const int64_t *size, const int64_t *hi, int64_t *hi_out, int *n_probes, char *why,
+                          size_t cap, em_site site) {
+  static const int64_t delta[FE_DYN_MAX_SYMS] = {1009, 1013, 1019};
+  /* sizes unrelated to the corners: small, middling, large (distinct primes where room) */
+  static const int64_t check[3][FE_DYN_MAX_SYMS] = {{2, 3, 5}, {97, 89, 83}, {65521, 65519, 65497}};
+  bool errored;
+  for (int j = 0; j < k; j++) hi_out[j] = hi[j];
+  bool fits = true;
+  for (int j = 0; j < k; j++) fits &= size[j] + delta[j] <= hi[j] && check[2][j] <= hi[j];
+  if (fits) {
+    fe_dyn *d = try_symbols(c, e, ctx, in, n_in, sub, k, size, delta, check, &errored, n_probes, why, cap, site);
+    if (d || !errored) return d;
+  }
+  memcpy(e->sym_of, sub, sizeof *e->sym_of * (size_t)n_in);
+  e->n_syms = k;
+  int64_t lo_d = 0, hi_d = 1009; /* fn runs at size + lo_d (0: the real trace), not at size + hi_d */
+  for (int j = 0; j < k; j++)
+    if (hi[j] - size[j] + 1 < hi_d) hi_d = hi[j] - size[j] + 1;
+  while (hi_d - lo_d > 1) {
+    int64_t mid = (lo_d + hi_d) / 2, h[FE_DYN_MAX_SYMS];
+    for (int j = 0; j < k; j++) h[j] = size[j] + mid;
+    char w[384];
+    ir_graph *g = probe_trace(c, e, e->traced, ctx, in, n_in, h, w, sizeof w, site);
+    (*n_probes)++;
+    if (g) lo_d = mid;
+    else hi_d = mid;
+    ir_graph_free(g);
+  }
+  if (lo_d == 0) return snprintf(why, cap, "fn runs at no size above the traced one: %s", why[0] ? why : "?"), NULL;
+  int64_t dl[FE_DYN_MAX_SYMS], ck[3][FE_DYN_MAX_SYMS];
+  for (int j = 0; j < k; j++) {
+    dl[j] = lo_d;
+    hi_out[j] = size[j] + lo_d;
+    ck[0][j] = 2 + j < hi_out[j] ? 2 + j : 2;
+    ck[1][j] = (2 + size[j]) / 2 + j;
+    ck[2][j] = size[j] + (lo_d + 1) / 2 - j > 2 ? size[j] + (lo_d + 1) / 2 - j : 2;
+  }
+  fe_dyn *d = try_symbols(c, e, ctx, in, n_in, sub, k, size, dl, (const int64_t(*)[FE_DYN_MAX_SYMS])ck, &errored, n_probes,
+                          why, cap, site);
+  if (d) fe_log(FE_LOG_DYNAMIC, "%s: fn errors at the default probe sizes; symbols range up to %lld", c->name,
+                (long long)hi_out[0]);
   return d;
 }
 
@@ -1424,17 +1479,18 @@ static void make_dynamic(em_compiled *c, entry *e, void *ctx, em_tensor *const *
   int8_t (*sub)[EM_MAX_DIMS] = malloc(sizeof *sub * (size_t)(n_in ? n_in : 1));
   if (!why[0] && (!sub || !(e->sym_of = malloc(sizeof *e->sym_of * (size_t)(n_in ? n_in : 1)))))
     snprintf(why, sizeof why, "out of memory");
-  int64_t ss[FE_DYN_MAX_SYMS], sl[FE_DYN_MAX_SYMS], sh[FE_DYN_MAX_SYMS];
+  int64_t ss[FE_DYN_MAX_SYMS], sl[FE_DYN_MAX_SYMS], sh[FE_DYN_MAX_SYMS], shi[FE_DYN_MAX_SYMS];
   int kept = (1 << n_syms) - 1, k = n_syms;
   if (!why[0]) {
     k = restrict_symbols(sym_of, n_in, kept, sub, size, lo, hi, ss, sl, sh);
-    d = try_symbols(c, e, ctx, in, n_in, sub, k, ss, &n_probes, why, sizeof why, site);
+    d = try_fitted(c, e, ctx, in, n_in, sub, k, ss, sh, shi, &n_probes, why, sizeof why, site);
   }
   if (!d && n_syms > 1 && e->sym_of) { /* which symbols can vary on their own? */
     int good = 0;
     for (int j = 0; j < n_syms; j++) {
       int kk = restrict_symbols(sym_of, n_in, 1 << j, sub, size, lo, hi, ss, sl, sh);
-      fe_dyn *dj = try_symbols(c, e, ctx, in, n_in, sub, kk, ss, &n_probes, w1, sizeof w1, site);
+      w1[0] = 0;
+      fe_dyn *dj = try_fitted(c, e, ctx, in, n_in, sub, kk, ss, sh, shi, &n_probes, w1, sizeof w1, site);
       if (dj) good |= 1 << j;
       else fe_log(FE_LOG_DYNAMIC, "%s: symbol %d alone: %s", c->name, j, w1);
       fe_dyn_free(dj);
@@ -1442,7 +1498,8 @@ static void make_dynamic(em_compiled *c, entry *e, void *ctx, em_tensor *const *
     if (good) {
       kept = good;
       k = restrict_symbols(sym_of, n_in, kept, sub, size, lo, hi, ss, sl, sh);
-      d = try_symbols(c, e, ctx, in, n_in, sub, k, ss, &n_probes, w1, sizeof w1, site);
+      w1[0] = 0;
+      d = try_fitted(c, e, ctx, in, n_in, sub, k, ss, sh, shi, &n_probes, w1, sizeof w1, site);
       if (d) fe_log(FE_LOG_DYNAMIC, "%s: %d of %d symbols kept; the others specialize: %s", c->name, k, n_syms, why);
     }
   }
@@ -1459,7 +1516,7 @@ static void make_dynamic(em_compiled *c, entry *e, void *ctx, em_tensor *const *
   free(sub);
   e->dyn = d;
   e->n_syms = k;
-  for (int j = 0; j < k; j++) e->sym_min[j] = sl[j], e->sym_max[j] = sh[j], e->graph_syms[j] = ss[j];
+  for (int j = 0; j < k; j++) e->sym_min[j] = sl[j], e->sym_max[j] = shi[j], e->graph_syms[j] = ss[j];
   e->traced = NULL; /* the template's base is the graph as traced */
   c->stats.dynamic_entries++;
   if (fe_log_on(FE_LOG_DYNAMIC)) {

@@ -277,6 +277,13 @@ ETEST(dynamic, size_dependent_programs_stay_specialized_and_right) {
       em_scope_end();
     }
     em_compile_stats s = em_compiled_stats(c);
+    if (k == 0) { /* the branch: 12 gets an entry for 2..20, where the program is one (above 20 it grows a node,
+                   * the probes narrow to the sizes that trace alike); 40 and 30 specialize */
+      cr_assert_eq(s.dynamic_entries, 1, "case 0: %lld dynamic entries", (long long)s.dynamic_entries);
+      cr_assert_eq(s.traces, 4, "case 0: %lld traces", (long long)s.traces);
+      em_compiled_free(c);
+      continue;
+    }
     cr_assert_eq(s.dynamic_entries, 0, "case %d made a dynamic entry", k);
     cr_assert_eq(s.traces, 5, "case %d: one entry per size, %lld traces", k, (long long)s.traces);
     em_compiled_free(c);
