@@ -14,7 +14,14 @@
  *    against a replay of the same call;
  *  - transformer_adamw_*: the benchmarks' transformer (bench/models.h) trained with AdamW and a
  *    learning rate that changes every step, the whole step compiled: ms per step compiled and
- *    eager, and the traces and graph breaks it took (2 and 0 when nothing recompiles).
+ *    eager, and the traces and graph breaks it took (2 and 0 when nothing recompiles);
+ *  - dyn_*: dynamic shapes (issue 18). The MLP's whole training step (SGD) over batch sizes 1..256
+ *    in a shuffled order, twice: traces, dynamic entries, graphs compiled (one per distinct size:
+ *    kernels are specialized per size), the median ms of a call at a size not seen before and at
+ *    one seen before, the whole sweep against EM_DYNAMIC_NEVER (which hits the recompile limit and
+ *    runs eagerly); the step at batch 128 replayed through the dynamic entry against a specialized
+ *    entry (their kernels are the same code, so near 1.0); decoding 512 tokens with a KV cache
+ *    that grows a row a call, compiled against eager, and the traces it took.
  * Pass --json for one JSON object per figure. */
 #define MODELS_FULL_SIZE
 #include "bench.h"
@@ -148,6 +155,115 @@ static void transformer_adamw(void) {
   for (int k = 0; k < 2; k++) em_optimizer_free(s[k].opt);
 }
 
+
+/* ---- dynamic shapes ---- */
+
+static em_outputs decode_step(void *ctx, em_tensor *const *in, int n) {
+  /* one head of attention for a new token over a cache [T, 64] that grows by its row */
+  em_tensor **w = ctx;
+  em_tensor *q = em_matmul(in[1], w[0]), *kv = em_matmul(in[1], w[1]);
+  em_tensor *parts[2] = {in[0], kv};
+  em_tensor *cache = em_cat(2, parts, 0);
+  em_tensor *a = em_softmax(em_mul_scalar(em_matmul(q, em_transpose(cache, 0, 1)), 0.125), 1);
+  return EM_OUTPUTS(cache, em_matmul(a, cache));
+}
+
+static void dynamic_shapes(void) {
+  enum { NB = 256 };
+  net m = {0};
+  em_manual_seed(9);
+  models_mlp(&m, 784, 512, 512, 10);
+  em_optimizer *opt = em_sgd_new(m.n_params, m.params, EM_SGD_DEFAULT(1e-3));
+  model_step_ctx sc = {mlp_fn, &m, opt};
+  int order[NB];
+  for (int i = 0; i < NB; i++) order[i] = i + 1;
+  uint64_t r = 88172645463325252ull;
+  for (int i = NB - 1; i > 0; i--) { /* a fixed shuffle (xorshift) */
+    r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+    int j = (int)(r % (uint64_t)(i + 1)), t = order[i];
+    order[i] = order[j], order[j] = t;
+  }
+  em_tensor *xs = em_rand(EM_F32, EM_SHAPE(NB, 784)), *ys = em_randint(0, 10, EM_SHAPE(NB));
+  double total[2] = {0};
+  em_compile_stats st[2];
+  double first[NB], again[NB];
+  for (int mode = 0; mode < 2; mode++) {
+    em_compiled *c = em_compile(model_train_step, &(em_compile_options){
+                                                      .name = "dyn_mlp_step", .dynamic = mode ? EM_DYNAMIC_NEVER : EM_DYNAMIC_AUTO});
+    for (int pass = 0; pass < 2; pass++)
+      for (int i = 0; i < NB; i++) {
+        em_scope_begin();
+        em_tensor *x = em_slice(xs, 0, 0, order[i], 1), *y = em_slice(ys, 0, 0, order[i], 1);
+        double t0 = bench_now();
+        if (!em_call(c, &sc, x, y).t[0]) fail("dynamic sweep");
+        double dt = 1e3 * (bench_now() - t0);
+        em_scope_end();
+        total[mode] += dt;
+        if (mode == 0) (pass ? again : first)[i] = dt;
+      }
+    st[mode] = em_compiled_stats(c);
+    em_compiled_free(c);
+  }
+  bench_report("dyn_mlp_sweep_traces", (double)st[0].traces, "traces", "batch 1..256 twice, shuffled");
+  bench_report("dyn_mlp_sweep_dynamic_entries", (double)st[0].dynamic_entries, "entries", NULL);
+  bench_report("dyn_mlp_sweep_graphs_compiled", (double)st[0].graphs_compiled, "graphs", "one per distinct size");
+  bench_report("dyn_mlp_sweep_probe_traces", (double)st[0].probe_traces, "traces", NULL);
+  bench_report("dyn_mlp_new_size_ms", bench_median(first, NB), "ms", "median call at a size not seen before");
+  bench_report("dyn_mlp_seen_size_ms", bench_median(again, NB), "ms", "median call at a size seen before");
+  char note[96];
+  snprintf(note, sizeof note, "EM_DYNAMIC_NEVER: %.0f ms, %lld traces, %lld calls eager", total[1], (long long)st[1].traces,
+           (long long)st[1].eager_calls);
+  bench_report("dyn_mlp_sweep_total_ms", total[0], "ms", note);
+
+  /* batch 128 through a dynamic entry and through a specialized one */
+  em_compiled *dyn = em_compile(model_train_step, &(em_compile_options){.name = "dyn128"});
+  em_compiled *fix = em_compile(model_train_step, &(em_compile_options){.name = "fix128", .dynamic = EM_DYNAMIC_NEVER});
+  em_tensor *x128 = em_slice(xs, 0, 0, 128, 1), *y128 = em_slice(ys, 0, 0, 128, 1);
+  em_tensor *x64 = em_slice(xs, 0, 0, 64, 1), *y64 = em_slice(ys, 0, 0, 64, 1);
+  em_call(dyn, &sc, x64, y64), em_call(dyn, &sc, x128, y128); /* the second size makes it dynamic */
+  double td[31], tf[31];
+  for (int k = -3; k < 31; k++)
+    for (int w = 0; w < 2; w++) {
+      em_scope_begin();
+      double t0 = bench_now();
+      if (!em_call(w ? fix : dyn, &sc, x128, y128).t[0]) fail("b128");
+      double dt = 1e3 * (bench_now() - t0);
+      em_scope_end();
+      if (k >= 0) (w ? tf : td)[k] = dt;
+    }
+  if (em_compiled_stats(dyn).dynamic_entries != 1) fail("no dynamic entry at batch 128");
+  double a = bench_median(td, 31), b = bench_median(tf, 31);
+  snprintf(note, sizeof note, "specialized entry %.3f ms: %.2fx", b, a / b);
+  bench_report("dyn_mlp_b128_step_ms", a, "ms", note);
+  em_compiled_free(dyn), em_compiled_free(fix);
+  em_optimizer_free(opt);
+
+  /* decoding 512 tokens, the cache growing a row a call */
+  em_tensor *w[2] = {em_mul_scalar(em_randn(EM_F32, EM_SHAPE(64, 64)), 0.1), em_mul_scalar(em_randn(EM_F32, EM_SHAPE(64, 64)), 0.1)};
+  double dec[2];
+  em_compiled *dc = em_compile(decode_step, &(em_compile_options){.name = "decode"});
+  for (int k = 0; k < 2; k++) {
+    em_tensor *cache = em_retain(em_randn(EM_F32, EM_SHAPE(2, 64)));
+    double t0 = bench_now();
+    for (int step = 0; step < 512; step++) {
+      em_scope_begin();
+      em_tensor *tok = em_randn(EM_F32, EM_SHAPE(1, 64));
+      em_outputs o = k ? em_call(dc, w, cache, tok) : decode_step(w, (em_tensor *[]){cache, tok}, 2);
+      if (!o.t[0]) fail("decode");
+      em_release(cache);
+      cache = em_retain(o.t[0]);
+      em_scope_end();
+    }
+    dec[k] = 1e3 * (bench_now() - t0);
+    em_release(cache);
+  }
+  em_compile_stats ds = em_compiled_stats(dc);
+  snprintf(note, sizeof note, "eager %.0f ms; %lld traces, %lld graphs compiled", dec[0], (long long)ds.traces,
+           (long long)ds.graphs_compiled);
+  bench_report("dyn_decode_512_ms", dec[1], "ms", note);
+  em_compiled_free(dc);
+}
+
 int main(int argc, char **argv) {
   bench_init("compile", argc, argv);
   em_scope_begin();
@@ -244,6 +360,7 @@ int main(int argc, char **argv) {
     em_scope_end();
   }
   transformer_adamw();
+  dynamic_shapes();
   em_scope_end();
   em_thread_cleanup();
   return 0;

@@ -1476,8 +1476,8 @@ static void make_dynamic(em_compiled *c, entry *e, void *ctx, em_tensor *const *
     for (int dd = 0; dd < in[k]->ndim && !why[0]; dd++)
       if (sym_of[k][dd] >= 0 && !ir_is_contiguous(in[k]->ndim, in[k]->sizes, in[k]->strides))
         snprintf(why, sizeof why, "inputs[%d] is not contiguous", k);
-  int8_t (*sub)[EM_MAX_DIMS] = malloc(sizeof *sub * (size_t)(n_in ? n_in : 1));
-  if (!why[0] && (!sub || !(e->sym_of = malloc(sizeof *e->sym_of * (size_t)(n_in ? n_in : 1)))))
+  int8_t (*sub)[EM_MAX_DIMS] = malloc(sizeof *sub * (size_t)(n_in > 0 ? n_in : 1));
+  if (!why[0] && (!sub || !(e->sym_of = malloc(sizeof *e->sym_of * (size_t)(n_in > 0 ? n_in : 1)))))
     snprintf(why, sizeof why, "out of memory");
   int64_t ss[FE_DYN_MAX_SYMS], sl[FE_DYN_MAX_SYMS], sh[FE_DYN_MAX_SYMS], shi[FE_DYN_MAX_SYMS];
   int kept = (1 << n_syms) - 1, k = n_syms;
@@ -1896,7 +1896,7 @@ static em_outputs call(em_compiled *c, void *ctx, em_tensor *const *in, int n_in
     fe_log(FE_LOG_RECOMPILES, "Recompiling %s (compiled at %s:%d), called from %s:%d: guard failed: %s", c->name,
            c->site.file, c->site.line, site.file, site.line, why[0] ? why : "an entry was dropped");
   }
-  int8_t small_sym[8][EM_MAX_DIMS], (*sym_of)[EM_MAX_DIMS] = n_in <= 8 ? small_sym : malloc(sizeof *sym_of * (size_t)n_in);
+  int8_t small_sym[8][EM_MAX_DIMS], (*sym_of)[EM_MAX_DIMS] = n_in <= 8 ? small_sym : malloc(sizeof *sym_of * (size_t)(n_in > 0 ? n_in : 1));
   int64_t sym_size[FE_DYN_MAX_SYMS], sym_lo[FE_DYN_MAX_SYMS], sym_hi[FE_DYN_MAX_SYMS];
   int n_syms = sym_of ? plan_symbols(c, in, n_in, sym_of, sym_size, sym_lo, sym_hi) : 0;
   if (n_syms < 0) fe_log(FE_LOG_DYNAMIC, "%s: more than %d distinct symbolic sizes; sizes stay specialized", c->name, FE_DYN_MAX_SYMS);
@@ -1980,6 +1980,17 @@ em_explanation *em_explain_at(em_model_fn fn, void *ctx, em_tensor *const *in, i
   }
   if (!run_traced(c, ctx, in, n_in, rs, true, &e, &r, site)) goto fail;
   for (int i = 0; i < r.n; i++) em_release(r.t[i]);
+  if (!e) {
+    rt_error(site, "em_explain", "the trace is not cacheable (see EMBER_LOGS=recompiles)");
+    goto fail;
+  }
+  if (!e->has_breaks && n_in > 0) { /* dims marked dynamic: the formulas the entry would have */
+    int8_t(*sym_of)[EM_MAX_DIMS] = malloc(sizeof *sym_of * (size_t)n_in);
+    int64_t sz[FE_DYN_MAX_SYMS], lo[FE_DYN_MAX_SYMS], hi[FE_DYN_MAX_SYMS];
+    int k = sym_of ? plan_symbols(c, in, n_in, sym_of, sz, lo, hi) : 0;
+    if (k > 0) make_dynamic(c, e, ctx, in, n_in, sym_of, k, sz, lo, hi, site);
+    free(sym_of);
+  }
   x->n_graphs = rs->n_graphs;
   x->n_breaks = rs->n_breaks;
   int ng = rs->n_graphs < 256 ? rs->n_graphs : 256, nb = rs->n_breaks < 64 ? rs->n_breaks : 64;
@@ -2001,6 +2012,13 @@ em_explanation *em_explain_at(em_model_fn fn, void *ctx, em_tensor *const *in, i
                x->breaks[i].func ? x->breaks[i].func : "?", x->breaks[i].op, x->breaks[i].reason);
   t = append(t, &n, "  guards%s:\n", e->has_breaks ? " (an entry with breaks re-runs fn; lifted tensors are not guarded)" : "");
   for (int i = 0; i < x->n_guards; i++) t = append(t, &n, "    %s\n", x->guards[i]);
+  if (e->dyn) {
+    char *f = fe_dyn_describe(e->dyn, 30);
+    t = append(t, &n, "  symbolic sizes (%d formulas):\n%s", fe_dyn_slots(e->dyn), f ? f : "");
+    free(f);
+  } else if (c->dyn_refused[0]) {
+    t = append(t, &n, "  sizes stay specialized: %s\n", c->dyn_refused);
+  }
   if (!t) goto oom;
   x->text = t;
   fputs(t, stderr);

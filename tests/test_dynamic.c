@@ -367,3 +367,25 @@ ETEST(dynamic, guards_are_relations) {
   cr_assert(strstr(text, "shape[0] = s0"), "the formulas are logged: %s", text);
   em_compiled_free(c);
 }
+
+/* em_explain with a dim marked dynamic shows the symbolic guards and the formulas with the
+ * user's lines; a size-dependent program says why its sizes stay specialized. */
+ETEST(dynamic, explain_shows_symbols_and_refusals) {
+  mlp m;
+  em_manual_seed(7);
+  mlp_init(&m);
+  em_tensor *x = em_randn(EM_F32, EM_SHAPE(6, 20)), *y = em_randint(0, 5, EM_SHAPE(6));
+  em_mark_dynamic(x, 0), em_mark_dynamic(y, 0);
+  em_explanation *ex = em_explain(mlp_forward, &m, x, y);
+  cr_assert_not_null(ex, "%s", em_last_error() ? em_last_error() : "");
+  cr_assert(strstr(ex->text, "inputs[0]: f32[s0,20] contiguous"), "%s", ex->text);
+  cr_assert(strstr(ex->text, "symbolic sizes"), "%s", ex->text);
+  cr_assert(strstr(ex->text, "test_dynamic.c:"), "formulas name the user's lines: %s", ex->text);
+  em_explanation_free(ex);
+  em_tensor *z = em_randn(EM_F32, EM_SHAPE(12));
+  em_mark_dynamic(z, 0);
+  ex = em_explain(halves, NULL, z);
+  cr_assert_not_null(ex);
+  cr_assert(strstr(ex->text, "sizes stay specialized"), "%s", ex->text);
+  em_explanation_free(ex);
+}
