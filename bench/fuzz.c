@@ -101,7 +101,7 @@ static void log_program(uint64_t seed, const char *what) {
     fflush(log);
     em_scope_begin();
     fz_inputs x;
-    if (fz_make_inputs(seed, 0, false, false, &x)) fz_model(&t, x.in, x.n);
+    if (fz_make_inputs(seed, 0, false, false, 0, false, &x)) fz_model(&t, x.in, x.n);
     fprintf(log, "%s", t.text ? t.text : "(no text)\n");
     fclose(log);
     _exit(0);

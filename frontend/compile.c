@@ -1421,7 +1421,14 @@ static fe_dyn *try_fitted(em_compiled *c, entry *e, void *ctx, em_tensor *const 
     else hi_d = mid;
     ir_graph_free(g);
   }
-  if (lo_d == 0) return snprintf(why, cap, "fn runs at no size above the traced one: %s", why[0] ? why : "?"), NULL;
+  if (lo_d == 0) {
+    if (strncmp(why, "fn runs at no size", 18)) {
+      char w[384];
+      snprintf(w, sizeof w, "%s", why[0] ? why : "?");
+      snprintf(why, cap, "fn runs at no size above the traced one: %s", w);
+    }
+    return NULL;
+  }
   int64_t dl[FE_DYN_MAX_SYMS], ck[3][FE_DYN_MAX_SYMS];
   for (int j = 0; j < k; j++) {
     dl[j] = lo_d;
@@ -1470,8 +1477,6 @@ static void make_dynamic(em_compiled *c, entry *e, void *ctx, em_tensor *const *
     if (e->src[i].kind == SRC_CONST) snprintf(why, sizeof why, "fn makes a tensor from host data (a constant of the trace)");
   for (int i = 0; !why[0] && i < e->n_out; i++)
     if (e->out[i].n_links) snprintf(why, sizeof why, "an output is a view of an input fn writes in place");
-  for (int i = 0; base && !why[0] && i < base->n_nodes; i++)
-    if (prim_get(base->nodes[i].op)->flags & P_RANDOM) snprintf(why, sizeof why, "the graph draws random numbers");
   for (int k = 0; !why[0] && k < n_in; k++)
     for (int dd = 0; dd < in[k]->ndim && !why[0]; dd++)
       if (sym_of[k][dd] >= 0 && !ir_is_contiguous(in[k]->ndim, in[k]->sizes, in[k]->strides))

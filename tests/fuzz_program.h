@@ -71,6 +71,9 @@ typedef struct fz_program {
   size_t len, cap;
   int data;         /* which data set fills the inputs (0: the first call's, 1, 2: new data) */
   bool cuda;        /* inputs, and what the program creates, on the GPU (a compiled configuration) */
+  bool dense;
+  int grow;         /* dynamic shapes (fz_check_dynamic): every input size >= 2 grows by this much, and */
+                    /* inputs are contiguous and unshared (no transposed, strided or expanded views) */
 } fz_program;
 
 static void fz_log(fz_program *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -411,7 +414,7 @@ typedef struct fz_inputs {
 
 /* The program's inputs for data set `data`: shapes and layouts from the seed, values from the
  * seed and the data set. Owned by the current scope. truth: cast to f64. */
-static bool fz_make_inputs(uint64_t seed, int data, bool truth, bool cuda, fz_inputs *x) {
+static bool fz_make_inputs(uint64_t seed, int data, bool truth, bool cuda, int grow, bool dense, fz_inputs *x) {
   fz_rng r = {seed * 104729 + 11};
   em_dtype dt = truth ? EM_F64 : fz_dtype(seed);
   x->n = 1 + fz_pick(&r, FZ_MAX_IN);
@@ -420,7 +423,9 @@ static bool fz_make_inputs(uint64_t seed, int data, bool truth, bool cuda, fz_in
     int nd = fz_pick(&r, 4);
     int64_t s[EM_MAX_DIMS];
     for (int d = 0; d < nd; d++) s[d] = sizes[fz_pick(&r, fz_pick(&r, 12) ? 6 : 7)]; /* size 0: rarely */
+    for (int d = 0; d < nd; d++) s[d] += s[d] >= 2 ? grow : 0;
     int layout = fz_pick(&r, 5); /* 0, 1: contiguous; 2: transposed; 3: strided; 4: expanded */
+    if (dense) layout = 0;
     if (nd < 2 && layout == 2) layout = 0;
     if (nd < 1 && layout >= 3) layout = 0;
     em_manual_seed(seed * 31 + (uint64_t)data * 1000003 + (uint64_t)i);
@@ -436,7 +441,7 @@ static bool fz_make_inputs(uint64_t seed, int data, bool truth, bool cuda, fz_in
     bool rg = fz_pick(&r, 4) != 0; /* most inputs require grad, not all */
     if (!leaf || !em_requires_grad_(leaf, rg)) return false;
     em_tensor *v = leaf;
-    if (i > 0 && fz_pick(&r, 5) == 0) { /* a view overlapping an earlier input's storage */
+    if (i > 0 && fz_pick(&r, 5) == 0 && !dense) { /* a view overlapping an earlier input's storage */
       em_tensor *o = x->leaf[i - 1];
       x->leaf[i] = o;
       x->in[i] = em_ndim(o) >= 2 ? em_transpose(o, 0, 1) : em_ndim(o) == 1 && em_size(o, 0) > 1 ? em_slice(o, 0, 1, em_size(o, 0), 1) : o;
@@ -506,7 +511,7 @@ static bool fz_run(fz_program *p, em_compiled *c, int data, bool backward, fz_re
   em_scope_begin();
   if (p->cuda) em_set_default_device(EM_CUDA); /* the program's own tensors too */
   fz_inputs x;
-  bool ok = fz_make_inputs(p->seed, data, p->truth, p->cuda, &x);
+  bool ok = fz_make_inputs(p->seed, data, p->truth, p->cuda, p->grow, p->dense, &x);
   em_outputs o = {0};
   if (ok) {
     em_manual_seed(p->seed + 7); /* the program's random ops draw the same numbers every run */
@@ -640,7 +645,7 @@ static int fz_check(uint64_t seed, unsigned mask, FILE *out, bool *skipped) {
           fz_program t = {.seed = seed, .n_ops = p.n_ops, .cap = 1};
           em_scope_begin();
           fz_inputs x;
-          if (fz_make_inputs(seed, 0, false, false, &x)) fz_model(&t, x.in, x.n);
+          if (fz_make_inputs(seed, 0, false, false, 0, false, &x)) fz_model(&t, x.in, x.n);
           em_clear_error();
           em_scope_end();
           fprintf(out, "program %llu, %s, call %d%s: %s%s%s\n%s", (unsigned long long)seed, cf->name, d + 1,
@@ -655,6 +660,93 @@ static int fz_check(uint64_t seed, unsigned mask, FILE *out, bool *skipped) {
     if (cf->no_remat) unsetenv("EMBER_INDUCTOR_REMAT");
   }
   for (int d = 0; d < 3; d++) fz_result_free(&want[d]), fz_result_free(&truth[d]);
+  return failures;
+}
+
+/* Dynamic shapes: program `seed` called through one compiled function at its sizes, then with
+ * every input size >= 2 grown by 3, by 5, by 3 again (a replay) and back, with new data each
+ * call: under the eager backend with EM_DYNAMIC_ALWAYS (symbolic from the first call, bit for
+ * bit) and under the inductor with EM_DYNAMIC_AUTO (a static entry, then a dynamic one, within
+ * tolerance). The program's op choices follow the sizes, so where they change with them the
+ * probes must notice and specialize; either way every result must be eager's at that size.
+ * Returns the number of failures, described on out. */
+static int64_t fz_dynamic_entries; /* dynamic entries fz_check_dynamic's compiled functions made */
+__attribute__((unused)) static int fz_check_dynamic(uint64_t seed, FILE *out, bool *skipped) {
+  static const int grows[] = {0, 3, 5, 3, 0};
+  enum { NG = sizeof grows / sizeof grows[0] };
+  fz_program p = {.seed = seed, .n_ops = 4 + (int)(seed % 27), .dense = true};
+  bool backward = fz_backward(seed), f64 = fz_dtype(seed) == EM_F64;
+  char err[512];
+  fz_result want[NG];
+  *skipped = false;
+  for (int d = 0; d < NG; d++) {
+    p.grow = grows[d];
+    if (!fz_run(&p, NULL, d % 3, backward, &want[d], err, sizeof err)) {
+      for (int e = 0; e < d; e++) fz_result_free(&want[e]);
+      if (out) fprintf(out, "program %llu (sizes +%d): eager failed: %s\n", (unsigned long long)seed, grows[d], err);
+      *skipped = true;
+      return 0;
+    }
+  }
+  int failures = 0;
+  for (int ci = 0; ci < 2; ci++) {
+    const char *backend = ci ? "inductor" : "eager";
+    em_compiled *c = em_compile(fz_model, &(em_compile_options){.backend = backend, .name = "fuzz_dyn", .recompile_limit = 16,
+                                                               .dynamic = ci ? EM_DYNAMIC_AUTO : EM_DYNAMIC_ALWAYS});
+    for (int d = 0; d < NG && c; d++) {
+      p.grow = grows[d];
+      fz_result got;
+      const char *bad = NULL;
+      char where[160] = "";
+      if (!fz_run(&p, c, d % 3, backward, &got, err, sizeof err)) bad = err;
+      else if (got.n_out != want[d].n_out) bad = "a different number of outputs";
+      for (int s = 0; s < FZ_MAX_OUT + FZ_MAX_IN && !bad; s++) {
+        if (!want[d].v[s] && !got.v[s]) continue;
+        if (!want[d].v[s] || !got.v[s] || want[d].numel[s] != got.numel[s]) {
+          bad = "a different shape or a missing gradient";
+          break;
+        }
+        double global = 0;
+        for (int u = 0; u < FZ_MAX_OUT + FZ_MAX_IN; u++)
+          for (int64_t i = 0; want[d].v[u] && i < want[d].numel[u]; i++)
+            if (isfinite(want[d].v[u][i]) && fabs(want[d].v[u][i]) > global) global = fabs(want[d].v[u][i]);
+        int64_t e = fz_first_difference(got.v[s], want[d].v[s], NULL, got.numel[s], f64, !ci, global);
+        if (e >= 0 && ci && !f64) { /* conditioning: judge against the f64 run */
+          fz_program t = p;
+          t.truth = true;
+          fz_result tr;
+          if (fz_run(&t, NULL, d % 3, backward, &tr, err, sizeof err) && tr.v[s] && tr.numel[s] == got.numel[s])
+            e = fz_first_difference(got.v[s], want[d].v[s], tr.v[s], got.numel[s], f64, false, global);
+          fz_result_free(&tr);
+        }
+        if (e >= 0) {
+          bad = "values differ";
+          snprintf(where, sizeof where, "%s %d element %lld: %.9g, eager %.9g", s < FZ_MAX_OUT ? "output" : "gradient",
+                   s < FZ_MAX_OUT ? s : s - FZ_MAX_OUT, (long long)e, got.v[s][e], want[d].v[s][e]);
+        }
+      }
+      fz_result_free(&got);
+      if (bad) {
+        failures++;
+        if (out) {
+          fz_program t = {.seed = seed, .n_ops = p.n_ops, .cap = 1, .grow = grows[d]};
+          em_scope_begin();
+          fz_inputs x;
+          if (fz_make_inputs(seed, 0, false, false, grows[d], true, &x)) fz_model(&t, x.in, x.n);
+          em_clear_error();
+          em_scope_end();
+          fprintf(out, "program %llu, %s with dynamic shapes, call %d (sizes +%d)%s: %s%s%s\n%s", (unsigned long long)seed,
+                  backend, d + 1, grows[d], backward ? " (with backward)" : "", bad, where[0] ? ": " : "", where,
+                  t.text ? t.text : "");
+          free(t.text);
+        }
+        break;
+      }
+    }
+    if (c) fz_dynamic_entries += em_compiled_stats(c).dynamic_entries;
+    em_compiled_free(c);
+  }
+  for (int d = 0; d < NG; d++) fz_result_free(&want[d]);
   return failures;
 }
 

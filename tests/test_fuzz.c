@@ -41,3 +41,24 @@ ETEST(fuzz, programs_the_long_campaigns_found) {
   }
   cr_assert_eq(failures, 0, "%d found programs differ from eager again (printed on stderr)", failures);
 }
+
+/* Dynamic shapes: each program called at growing and shrinking sizes through one compiled
+ * function (fz_check_dynamic). EMBER_FUZZ_DYNAMIC_PROGRAMS=N (default 150; 30 under the
+ * sanitizers). */
+ETEST(fuzz, random_programs_at_changing_sizes_agree_with_eager, .timeout = 600) {
+  const char *e = getenv("EMBER_FUZZ_DYNAMIC_PROGRAMS");
+  long n = e ? atol(e) : FZ_DEFAULT_PROGRAMS * 3 / 8;
+  int failures = 0, skipped = 0;
+  for (long i = 0; i < n; i++) {
+    bool skip;
+    failures += fz_check_dynamic((uint64_t)i, stderr, &skip);
+    skipped += skip;
+  }
+  cr_log_info("%ld programs at changing sizes, %d failures, %d rejected by eager, %lld dynamic entries", n, failures,
+              skipped, (long long)fz_dynamic_entries);
+  /* most programs' op choices do not depend on their sizes: the probes must find formulas for
+   * them, or this test would only exercise the specializing fallback */
+  cr_assert_geq(fz_dynamic_entries, n / 2, "only %lld dynamic entries over %ld programs", (long long)fz_dynamic_entries, n);
+  cr_assert_eq(failures, 0, "%d of %ld programs differ from eager at changing sizes (printed on stderr)", failures, n);
+  cr_assert_eq(skipped, 0, "%d programs were rejected by eager (printed on stderr)", skipped);
+}
