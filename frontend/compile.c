@@ -1423,9 +1423,9 @@ static fe_dyn *try_fitted(em_compiled *c, entry *e, void *ctx, em_tensor *const 
   }
   if (lo_d == 0) {
     if (strncmp(why, "fn runs at no size", 18)) {
-      char w[384];
+      char w[300];
       snprintf(w, sizeof w, "%s", why[0] ? why : "?");
-      snprintf(why, cap, "fn runs at no size above the traced one: %s", w);
+      snprintf(why, cap, "fn runs at no size above the traced one: %.300s", w);
     }
     return NULL;
   }
