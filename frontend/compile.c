@@ -111,6 +111,8 @@ typedef struct entry {
   int8_t (*sym_of)[EM_MAX_DIMS];
   int64_t sym_min[FE_DYN_MAX_SYMS], sym_max[FE_DYN_MAX_SYMS];
   int64_t graph_syms[FE_DYN_MAX_SYMS];
+  struct { int64_t syms[FE_DYN_MAX_SYMS]; int count; } *seen; /* calls at each size (count_size) */
+  int n_seen;
 } entry;
 
 
@@ -232,7 +234,7 @@ static void entry_free(entry *e) {
   for (int i = 0; i < e->n_out; i++) free(e->out[i].links);
   free(e->src), free(e->in), free(e->alias), free(e->stor), free(e->wb), free(e->gb), free(e->host);
   fe_dyn_free(e->dyn);
-  free(e->sym_of);
+  free(e->sym_of), free(e->seen);
   free(e);
 }
 
@@ -535,12 +537,13 @@ static bool unalias_outputs(const fe_graph *fg, em_tensor *const *in, int n_in, 
  * builds the joint graph and partitions it (aot_autograd/); a failure there falls back to the
  * plain graph with eager autograd, logged. */
 static fe_graph *backend_compile(em_compiled *c, const ir_graph *traced, const bool *in_rg, bool any_rg,
-                                 bool has_backward, em_site site) {
+                                 bool has_backward, bool op_by_op, em_site site) {
   double t0 = now_ms();
   fe_graph *fg = calloc(1, sizeof *fg);
   ir_graph *g = fg ? ir_graph_clone(traced) : NULL;
   char err[512];
-  if (!g || ir_pass_dce(g) < 0 || !ir_graph_compact(g, NULL, NULL) || (c->aot && !ir_optimize(g, NULL))) {
+  bool aot = c->aot && !op_by_op;
+  if (!g || ir_pass_dce(g) < 0 || !ir_graph_compact(g, NULL, NULL) || (aot && !ir_optimize(g, NULL))) {
     ir_graph_free(g), free(fg);
     return rt_error(site, "em_compile", "out of memory compiling a graph of %s", c->name);
   }
@@ -552,6 +555,12 @@ static fe_graph *backend_compile(em_compiled *c, const ir_graph *traced, const b
   if (!ir_verify(g, 0, err, sizeof err)) {
     fe_graph_free(fg);
     return rt_error(site, "em_compile", "internal error: the graph captured from %s does not verify: %s", c->name, err);
+  }
+  if (op_by_op) { /* a dynamic entry's first calls at a size: the graph on the eager kernels, as backend eager */
+    fg->no_grad = has_backward;
+    fg->serial = (int)c->stats.graphs_compiled;
+    c->stats.dynamic_op_by_op++;
+    return fg;
   }
   c->stats.graphs_compiled++;
   if (fe_log_on(FE_LOG_GRAPH)) {
@@ -682,12 +691,13 @@ static void evict_graph(em_compiled *c) {
 
 /* The compiled graph for traced with these inputs, from the cache or newly compiled into it. */
 static const fe_graph *lookup_or_compile(em_compiled *c, const ir_graph *traced, em_tensor *const *inputs,
-                                         bool has_backward, em_site site) {
+                                         bool has_backward, bool op_by_op, em_site site) {
   uint64_t h = ir_graph_hash(traced);
   int n = traced->n_inputs;
   bool small[64], *in_rg = n <= 64 ? small : malloc(sizeof(bool) * (size_t)n), any_rg = false;
   if (!in_rg) return rt_error(site, "em_compile", "out of memory");
-  uint64_t variant = (rt_grad_enabled() ? 0x9e3779b97f4a7c15ull : 0x51ed270b27ull) ^ (has_backward ? 0xb5ull : 0);
+  uint64_t variant = (rt_grad_enabled() ? 0x9e3779b97f4a7c15ull : 0x51ed270b27ull) ^ (has_backward ? 0xb5ull : 0) ^
+                     (op_by_op ? 0x6a09e667f3bcc909ull : 0);
   for (int i = 0; i < n; i++) {
     in_rg[i] = inputs[i]->requires_grad;
     any_rg |= in_rg[i];
@@ -709,7 +719,7 @@ static const fe_graph *lookup_or_compile(em_compiled *c, const ir_graph *traced,
   }
   if (!found && c->n_graphs < c->cap_graphs) {
     ir_graph *copy = ir_graph_clone(traced);
-    fe_graph *compiled = copy ? backend_compile(c, traced, in_rg, any_rg, has_backward, site) : NULL;
+    fe_graph *compiled = copy ? backend_compile(c, traced, in_rg, any_rg, has_backward, op_by_op, site) : NULL;
     if (compiled) {
       compiled->traced = copy;
       c->graphs[c->n_graphs++] = (cached_graph){h, copy, variant, compiled, c->uses};
@@ -802,7 +812,7 @@ static bool run_graph_so_far(run_state *rs, rt_trace *tr, em_site site, final_in
     free(wbl), free(wbo);
     return true;
   }
-  const fe_graph *cg = lookup_or_compile(rs->c, g, tr->lifted, tr->has_backward, site);
+  const fe_graph *cg = lookup_or_compile(rs->c, g, tr->lifted, tr->has_backward, false, site);
   em_tensor **outs = cg ? calloc((size_t)(g->n_outputs ? g->n_outputs : 1), sizeof(em_tensor *)) : NULL;
   em_tensor **mat = fi && cg ? calloc((size_t)(tr->live_proxies + 1), sizeof(em_tensor *)) : NULL;
   if (!cg || !outs || (fi && !mat)) {
@@ -1532,6 +1542,28 @@ static void make_dynamic(em_compiled *c, entry *e, void *ctx, em_tensor *const *
   }
 }
 
+/* How many calls of e have had these symbol values, this one included (a table of the latest
+ * 1024 sizes; a size that falls out of it counts from 1 again). */
+static int count_size(entry *e, const int64_t *syms) {
+  for (int i = 0; i < e->n_seen; i++)
+    if (!memcmp(e->seen[i].syms, syms, sizeof(int64_t) * (size_t)e->n_syms)) return ++e->seen[i].count;
+  if (!e->seen && !(e->seen = calloc(1024, sizeof *e->seen))) return 1;
+  int slot = e->n_seen < 1024 ? e->n_seen++ : (int)(e->calls % 1024);
+  memcpy(e->seen[slot].syms, syms, sizeof e->seen[slot].syms);
+  e->seen[slot].count = 1;
+  return 1;
+}
+
+static int compile_after(void) {
+  static int n = -1;
+  if (n < 0) {
+    const char *v = getenv("EMBER_DYNAMIC_COMPILE_AFTER");
+    n = v && *v ? atoi(v) : 3;
+    if (n < 1) n = 1;
+  }
+  return n;
+}
+
 /* The graph a dynamic entry runs for these inputs: specialized to their sizes and compiled
  * (cached), pinned as e->graph until another size comes. */
 static bool dyn_graph(em_compiled *c, entry *e, em_tensor *const *in, int n_in, em_site site) {
@@ -1550,7 +1582,11 @@ static bool dyn_graph(em_compiled *c, entry *e, em_tensor *const *in, int n_in, 
     return rt_error(site, "em_call", "out of memory"), false;
   }
   for (int i = 0; i < base->n_inputs; i++) gin[i] = e->src[i].kind == SRC_ARG ? in[e->src[i].arg] : e->src[i].t;
-  const fe_graph *fg = lookup_or_compile(c, spec, gin, e->has_backward, site);
+  /* tiered: a size's first calls run the specialized graph op by op on the eager kernels (no
+   * compile: a size seen once, a decoding step's cache length, costs what eager costs); the
+   * call that sees it the EMBER_DYNAMIC_COMPILE_AFTER-th time (default 3) compiles it */
+  int seen = count_size(e, syms);
+  const fe_graph *fg = lookup_or_compile(c, spec, gin, e->has_backward, seen < compile_after(), site);
   if (gin != small) free(gin);
   ir_graph_free(spec);
   if (!fg) return false;

@@ -1541,6 +1541,8 @@ typedef struct em_compile_stats {
                             * on every call) */
   int64_t dynamic_entries; /* entries made with symbolic sizes */
   int64_t probe_traces;    /* traces of fn at probe sizes, made to find symbolic formulas */
+  int64_t dynamic_op_by_op; /* graphs of a dynamic entry run op by op at a size not yet called
+                            * EMBER_DYNAMIC_COMPILE_AFTER times (default 3), not compiled */
 } em_compile_stats;
 /* The counters of c (all zero for NULL). */
 em_compile_stats em_compiled_stats(const em_compiled *c);

@@ -52,8 +52,9 @@ static void mlp_init(mlp *m) {
 }
 
 /* Batch sizes 2..40 in a shuffled order: one specialized entry (the first size), then one
- * dynamic entry for every other size; every result is eager's. */
-ETEST(dynamic, batch_sweep_compiles_twice_and_matches_eager) {
+ * dynamic entry for every other size; every result is eager's. A size's first calls run op by
+ * op (each size comes once here); batch_sweep_compiled_kernels compiles every size at once. */
+static void batch_sweep(void) {
   for (int bi = 0; bi < 3; bi++) {
     em_manual_seed(1);
     mlp m;
@@ -79,8 +80,18 @@ ETEST(dynamic, batch_sweep_compiles_twice_and_matches_eager) {
     cr_assert_eq(s.eager_calls, 0);
     cr_assert_eq(s.probe_traces, 4, "one corner and three checks for one symbol, got %lld", (long long)s.probe_traces);
     cr_assert_eq(s.replays + s.checks + s.traces, 39);
+    bool compiled_at_once = getenv("EMBER_DYNAMIC_COMPILE_AFTER") != NULL;
+    /* the trace and the validating call compile their sizes; the other 36 sizes are new */
+    cr_assert_eq(s.dynamic_op_by_op, compiled_at_once ? 0 : 36, "%lld", (long long)s.dynamic_op_by_op);
     em_compiled_free(c);
   }
+}
+
+ETEST(dynamic, batch_sweep_compiles_twice_and_matches_eager) { batch_sweep(); }
+
+ETEST(dynamic, batch_sweep_compiled_kernels) {
+  setenv("EMBER_DYNAMIC_COMPILE_AFTER", "1", 1); /* read once per process: each test has its own */
+  batch_sweep();
 }
 
 /* em_mark_dynamic: symbolic from the first trace; sizes 0 and 1 still specialize; a size outside
@@ -198,7 +209,7 @@ static void lm_free(lm *a) {
 
 /* Batch and sequence length both vary (two symbols, B * T among the formulas); training steps
  * keep the parameters equal to eager training's. */
-ETEST(dynamic, transformer_batch_and_length_sweep_with_training) {
+static void transformer_sweep(void) {
   for (int bi = 0; bi < 3; bi++)
     for (int train = 0; train < 2; train++) {
       lm a[2];
@@ -228,6 +239,13 @@ ETEST(dynamic, transformer_batch_and_length_sweep_with_training) {
       em_compiled_free(c);
       lm_free(&a[0]), lm_free(&a[1]);
     }
+}
+
+ETEST(dynamic, transformer_batch_and_length_sweep_with_training) { transformer_sweep(); }
+
+ETEST(dynamic, transformer_sweep_compiled_kernels) {
+  setenv("EMBER_DYNAMIC_COMPILE_AFTER", "1", 1);
+  transformer_sweep();
 }
 
 /* ---- what stays specialized, and stays right ---- */
