@@ -65,6 +65,8 @@ typedef struct fe_graph {
   const ir_graph *traced; /* as traced (owned by the graph cache): the accuracy reference, repros */
   int serial;             /* graphs_compiled when it was made: its name in messages */
   bool ran;               /* has run once (the crash repro is prepared for the first run) */
+  bool op_by_op;          /* a dynamic entry's graph at a size not compiled yet (dyn_graph) */
+  uint64_t uid;           /* unique in the process: a pointer to an evicted graph may come back as another */
 } fe_graph;
 
 /* A host value fn declared with em_guard_value: its address, bytes at trace time, and where. */
@@ -111,8 +113,13 @@ typedef struct entry {
   int8_t (*sym_of)[EM_MAX_DIMS];
   int64_t sym_min[FE_DYN_MAX_SYMS], sym_max[FE_DYN_MAX_SYMS];
   int64_t graph_syms[FE_DYN_MAX_SYMS];
-  struct { int64_t syms[FE_DYN_MAX_SYMS]; int count; } *seen; /* calls at each size (count_size) */
-  int n_seen;
+  struct {
+    int64_t syms[FE_DYN_MAX_SYMS];
+    int count;          /* calls at these sizes */
+    const fe_graph *g;  /* the graph last used for them (owned by the graph cache; may be evicted) */
+    uint64_t uid;       /* g's uid: g counts only while a cached graph has both */
+  } *seen;              /* count_size */
+  int n_seen, last_seen;
 } entry;
 
 
@@ -539,7 +546,9 @@ static bool unalias_outputs(const fe_graph *fg, em_tensor *const *in, int n_in, 
 static fe_graph *backend_compile(em_compiled *c, const ir_graph *traced, const bool *in_rg, bool any_rg,
                                  bool has_backward, bool op_by_op, em_site site) {
   double t0 = now_ms();
+  static uint64_t uids;
   fe_graph *fg = calloc(1, sizeof *fg);
+  if (fg) fg->uid = __atomic_add_fetch(&uids, 1, __ATOMIC_RELAXED);
   ir_graph *g = fg ? ir_graph_clone(traced) : NULL;
   char err[512];
   bool aot = c->aot && !op_by_op;
@@ -557,6 +566,7 @@ static fe_graph *backend_compile(em_compiled *c, const ir_graph *traced, const b
     return rt_error(site, "em_compile", "internal error: the graph captured from %s does not verify: %s", c->name, err);
   }
   if (op_by_op) { /* a dynamic entry's first calls at a size: the graph on the eager kernels, as backend eager */
+    fg->op_by_op = true;
     fg->no_grad = has_backward;
     fg->serial = (int)c->stats.graphs_compiled;
     c->stats.dynamic_op_by_op++;
@@ -1542,16 +1552,18 @@ static void make_dynamic(em_compiled *c, entry *e, void *ctx, em_tensor *const *
   }
 }
 
-/* How many calls of e have had these symbol values, this one included (a table of the latest
- * 1024 sizes; a size that falls out of it counts from 1 again). */
+/* The row of e's table of sizes (the latest 1024) for these symbol values, its count of calls
+ * bumped (a size that fell out of the table counts from 1 again); -1 when out of memory. */
 static int count_size(entry *e, const int64_t *syms) {
+  size_t n = sizeof(int64_t) * (size_t)e->n_syms;
+  if (e->last_seen < e->n_seen && !memcmp(e->seen[e->last_seen].syms, syms, n)) return e->seen[e->last_seen].count++, e->last_seen;
   for (int i = 0; i < e->n_seen; i++)
-    if (!memcmp(e->seen[i].syms, syms, sizeof(int64_t) * (size_t)e->n_syms)) return ++e->seen[i].count;
-  if (!e->seen && !(e->seen = calloc(1024, sizeof *e->seen))) return 1;
+    if (!memcmp(e->seen[i].syms, syms, n)) return e->seen[i].count++, e->last_seen = i;
+  if (!e->seen && !(e->seen = calloc(1024, sizeof *e->seen))) return -1;
   int slot = e->n_seen < 1024 ? e->n_seen++ : (int)(e->calls % 1024);
   memcpy(e->seen[slot].syms, syms, sizeof e->seen[slot].syms);
-  e->seen[slot].count = 1;
-  return 1;
+  e->seen[slot].count = 1, e->seen[slot].g = NULL;
+  return e->last_seen = slot;
 }
 
 static int compile_after(void) {
@@ -1571,7 +1583,22 @@ static bool dyn_graph(em_compiled *c, entry *e, em_tensor *const *in, int n_in, 
   for (int k = 0; k < n_in; k++)
     for (int d = 0; d < in[k]->ndim; d++)
       if (e->sym_of[k][d] >= 0) syms[e->sym_of[k][d]] = in[k]->sizes[d];
-  if (e->graph && !memcmp(syms, e->graph_syms, sizeof(int64_t) * (size_t)e->n_syms)) return true;
+  bool same = e->graph && !memcmp(syms, e->graph_syms, sizeof(int64_t) * (size_t)e->n_syms);
+  if (same && !e->graph->op_by_op) return true;
+  /* tiered: a size's first calls run the specialized graph op by op on the eager kernels (no
+   * compile: a size seen once, a decoding step's cache length, costs what eager costs); the
+   * call that sees it the EMBER_DYNAMIC_COMPILE_AFTER-th time (default 3) compiles it */
+  int row = count_size(e, syms);
+  bool compile = row < 0 || e->seen[row].count >= compile_after();
+  const fe_graph *known = row >= 0 ? e->seen[row].g : NULL;
+  for (int i = 0; known && i <= c->n_graphs; i++) /* still in the graph cache? */
+    if (i == c->n_graphs) known = NULL;
+    else if (c->graphs[i].compiled == known && known->uid == e->seen[row].uid) break;
+  if (known && (!known->op_by_op || !compile)) {
+    e->graph = known;
+    memcpy(e->graph_syms, syms, sizeof syms);
+    return true;
+  }
   char why[384];
   ir_graph *spec = fe_dyn_specialize(e->dyn, syms, why, sizeof why);
   if (!spec) return rt_error(site, "em_call", "%s: %s", c->name, why), false;
@@ -1582,15 +1609,12 @@ static bool dyn_graph(em_compiled *c, entry *e, em_tensor *const *in, int n_in, 
     return rt_error(site, "em_call", "out of memory"), false;
   }
   for (int i = 0; i < base->n_inputs; i++) gin[i] = e->src[i].kind == SRC_ARG ? in[e->src[i].arg] : e->src[i].t;
-  /* tiered: a size's first calls run the specialized graph op by op on the eager kernels (no
-   * compile: a size seen once, a decoding step's cache length, costs what eager costs); the
-   * call that sees it the EMBER_DYNAMIC_COMPILE_AFTER-th time (default 3) compiles it */
-  int seen = count_size(e, syms);
-  const fe_graph *fg = lookup_or_compile(c, spec, gin, e->has_backward, seen < compile_after(), site);
+  const fe_graph *fg = lookup_or_compile(c, spec, gin, e->has_backward, !compile, site);
   if (gin != small) free(gin);
   ir_graph_free(spec);
   if (!fg) return false;
   e->graph = fg;
+  if (row >= 0) e->seen[row].g = fg, e->seen[row].uid = fg->uid;
   memcpy(e->graph_syms, syms, sizeof syms);
   return true;
 }

@@ -407,3 +407,55 @@ ETEST(dynamic, explain_shows_symbols_and_refusals) {
   cr_assert(strstr(ex->text, "sizes stay specialized"), "%s", ex->text);
   em_explanation_free(ex);
 }
+
+/* Tiers: at a size new to a dynamic entry the first two calls run op by op, the third compiles
+ * it, and later calls replay the compiled graph; a size that alternates with another keeps its
+ * graph. */
+ETEST(dynamic, a_recurring_size_is_compiled_at_its_third_call) {
+  em_manual_seed(8);
+  mlp m;
+  mlp_init(&m);
+  em_compiled *c = em_compile(mlp_forward, &(em_compile_options){.backend = "inductor"});
+  int64_t sizes[] = {4, 5, 9, 9, 9, 9, 11, 9, 11, 11, 9};
+  for (int i = 0; i < 11; i++) {
+    em_scope_begin();
+    em_tensor *x = em_randn(EM_F32, EM_SHAPE(sizes[i], 20)), *y = em_randint(0, 5, EM_SHAPE(sizes[i]));
+    em_outputs e = mlp_forward(&m, (em_tensor *[]){x, y}, 2);
+    expect_close(em_call(c, &m, x, y).t[0], e.t[0], "inductor", "loss");
+    em_scope_end();
+  }
+  em_compile_stats s = em_compiled_stats(c);
+  cr_assert_eq(s.traces, 2);
+  /* 9: its first call is the entry's validating call (traced again, compiled), its next two run
+   * op by op (one graph), the third finds the compiled graph; 11: op by op twice, compiled at
+   * its third call */
+  cr_assert_eq(s.dynamic_op_by_op, 2, "%lld op-by-op graphs", (long long)s.dynamic_op_by_op);
+  cr_assert_eq(s.graphs_compiled, 4, "4 and 5 (the traces) and 9 and 11: %lld", (long long)s.graphs_compiled);
+  em_compiled_free(c);
+}
+
+/* More sizes than the graph cache holds (64), each called twice: graphs are evicted and their
+ * memory reused for graphs of other sizes; a size's remembered graph must not be taken for
+ * another's (a pointer to an evicted graph came back as a graph of another size: the bench's
+ * sweep failed an input check; the check is the graph's unique id). */
+ETEST(dynamic, sizes_beyond_the_graph_cache_keep_their_own_graphs) {
+  em_manual_seed(9);
+  mlp m;
+  mlp_init(&m);
+  em_compiled *c = em_compile(mlp_forward, &(em_compile_options){.backend = "eager"});
+  for (int pass = 0; pass < 2; pass++)
+    for (int64_t b = 2; b < 102; b++) {
+      em_scope_begin();
+      int64_t n = 2 + (b * 37) % 100;
+      em_tensor *x = em_randn(EM_F32, EM_SHAPE(n, 20)), *y = em_randint(0, 5, EM_SHAPE(n));
+      em_outputs e = mlp_forward(&m, (em_tensor *[]){x, y}, 2);
+      em_outputs o = em_call(c, &m, x, y);
+      cr_assert_not_null(o.t[0], "size %lld: %s", (long long)n, em_last_error() ? em_last_error() : "");
+      expect_close(o.t[1], e.t[1], "eager", "logits");
+      em_scope_end();
+    }
+  em_compile_stats s = em_compiled_stats(c);
+  cr_assert_eq(s.traces, 2);
+  cr_assert(s.graph_cache_evictions > 0, "the cache must have evicted graphs for this test to mean anything");
+  em_compiled_free(c);
+}
