@@ -22,13 +22,17 @@
  *    against EM_DYNAMIC_NEVER (which hits the recompile limit and runs eagerly); the step at batch
  *    128 replayed through the dynamic entry against a specialized entry (the same kernels: near
  *    1.0); decoding 512 tokens with a KV cache that grows a row a call, compiled against eager,
- *    and the traces it took.
+ *    and the traces it took; the GPT example's whole training step (2 layers, d_model 128,
+ *    batch 8) over context lengths 16..256 (every 16th, interleaved, each 5 times), compiled
+ *    against eager: traces and ms per step, over all calls (a length's third call compiles it) and
+ *    over the last pass, when every length is compiled.
  * Pass --json for one JSON object per figure. */
 #define MODELS_FULL_SIZE
 #include "bench.h"
 #include "models.h"
 #include "../runtime/rt.h"
 #include "../ir/graph.h"
+#include "../examples/gpt_model.h"
 
 #include <ember.h>
 
@@ -265,6 +269,44 @@ static void dynamic_shapes(void) {
   em_compiled_free(dc);
 }
 
+/* The GPT example's training step over context lengths 16..256. */
+static void dynamic_context(void) {
+  enum { NT = 16, REP = 5 };
+  gpt_model m[2];
+  gpt_trainer t[2];
+  for (int k = 0; k < 2; k++) {
+    em_manual_seed(11);
+    if (!gpt_init(&m[k], (gpt_config){.vocab = 96, .block = 256, .n_layer = 2, .n_head = 4, .d_model = 128}, EM_CPU) ||
+        !gpt_trainer_init(&t[k], &m[k], 1e-3, 0.1, 1.0))
+      fail("gpt init");
+  }
+  int order[NT * REP];
+  for (int i = 0; i < NT * REP; i++) order[i] = 16 * (1 + (i * 7) % NT); /* each length REP times, interleaved */
+  em_compiled *c = em_compile(gpt_step_fn, &(em_compile_options){.name = "gpt_step"});
+  double ms[2] = {0}, last[2] = {0}; /* all calls; the last pass over the lengths (all compiled by then) */
+  for (int i = 0; i < NT * REP; i++)
+    for (int k = 0; k < 2; k++) {
+      em_scope_begin();
+      em_manual_seed(100 + (uint64_t)i);
+      em_tensor *x = em_randint(0, 96, EM_SHAPE(8, order[i])), *y = em_randint(0, 96, EM_SHAPE(8, order[i]));
+      double t0 = bench_now();
+      em_outputs o = k ? em_call(c, &t[1], x, y) : gpt_step_fn(&t[0], (em_tensor *[]){x, y}, 2);
+      if (!o.t[0]) fail("gpt step");
+      ms[k] += 1e3 * (bench_now() - t0);
+      if (i >= NT * (REP - 1)) last[k] += 1e3 * (bench_now() - t0);
+      em_scope_end();
+    }
+  em_compile_stats st = em_compiled_stats(c);
+  char note[128];
+  snprintf(note, sizeof note, "eager %.1f ms; %lld traces, %lld dynamic, %lld graphs compiled, %lld op by op", ms[0] / (NT * REP),
+           (long long)st.traces, (long long)st.dynamic_entries, (long long)st.graphs_compiled, (long long)st.dynamic_op_by_op);
+  bench_report("dyn_gpt_context_16_256_step_ms", ms[1] / (NT * REP), "ms", note);
+  snprintf(note, sizeof note, "the 5th pass over the lengths, every length compiled: eager %.1f ms", last[0] / NT);
+  bench_report("dyn_gpt_context_steady_step_ms", last[1] / NT, "ms", note);
+  em_compiled_free(c);
+  for (int k = 0; k < 2; k++) gpt_trainer_free(&t[k]), gpt_free(&m[k]);
+}
+
 int main(int argc, char **argv) {
   bench_init("compile", argc, argv);
   em_scope_begin();
@@ -362,6 +404,7 @@ int main(int argc, char **argv) {
   }
   transformer_adamw();
   dynamic_shapes();
+  dynamic_context();
   em_scope_end();
   em_thread_cleanup();
   return 0;
