@@ -112,6 +112,7 @@ typedef struct entry {
   int n_syms;
   int8_t (*sym_of)[EM_MAX_DIMS];
   int64_t sym_min[FE_DYN_MAX_SYMS], sym_max[FE_DYN_MAX_SYMS];
+  char range_why[256];  /* why the symbols' range ends below the default, with fn's line ("" if not) */
   int64_t graph_syms[FE_DYN_MAX_SYMS];
   struct {
     int64_t syms[FE_DYN_MAX_SYMS];
@@ -325,8 +326,9 @@ static bool dyn_input_fails(const entry *e, int k, const em_tensor *t, int64_t *
                         (long long)t->sizes[d]), true;
     } else if (syms[j] < 0) {
       if (t->sizes[d] < e->sym_min[j] || t->sizes[d] > e->sym_max[j])
-        return snprintf(why, cap, "inputs[%d].sizes[%d] = %lld: expected %lld <= s%d <= %lld", k, d, (long long)t->sizes[d],
-                        (long long)e->sym_min[j], j, (long long)e->sym_max[j]), true;
+        return snprintf(why, cap, "inputs[%d].sizes[%d] = %lld: expected %lld <= s%d <= %lld%s%s%s", k, d,
+                        (long long)t->sizes[d], (long long)e->sym_min[j], j, (long long)e->sym_max[j],
+                        e->range_why[0] ? " (fn fails " : "", e->range_why, e->range_why[0] ? ")" : ""), true;
       syms[j] = t->sizes[d];
     } else if (t->sizes[d] != syms[j]) {
       return snprintf(why, cap, "inputs[%d].sizes[%d] = %lld: expected s%d = %lld (the dims shared a size when traced)",
@@ -428,7 +430,8 @@ static int entry_guard_lines(const entry *e, char ***lines_out) {
     lines[k++] = strdup(buf);
   }
   for (int j = 0; e->dyn && j < e->n_syms; j++) {
-    snprintf(buf, sizeof buf, "%lld <= s%d <= %lld", (long long)e->sym_min[j], j, (long long)e->sym_max[j]);
+    snprintf(buf, sizeof buf, "%lld <= s%d <= %lld%s%s%s", (long long)e->sym_min[j], j, (long long)e->sym_max[j],
+             e->range_why[0] ? " (fn fails " : "", e->range_why, e->range_why[0] ? ")" : "");
     lines[k++] = strdup(buf);
   }
   for (int i = 0; i < e->n_src; i++) {
@@ -1412,9 +1415,12 @@ static fe_dyn *try_symbols(em_compiled *c, entry *e, void *ctx, em_tensor *const
  * there: then the corners move in only as far as fn still runs (the largest step D <= 1008 at
  * which a trace at size + D succeeds, by bisection), the checks lie inside [2, size + D], and
  * the symbols' range ends at size + D. Returns the template or NULL; *hi_out: the range's end. */
+static char fitted_limit[256]; /* why the last fitted range ends where it does (fn's error one size above) */
+
 static fe_dyn *try_fitted(em_compiled *c, entry *e, void *ctx, em_tensor *const *in, int n_in, int8_t (*sub)[EM_MAX_DIMS],
                           int k, const int64_t *size, const int64_t *hi, int64_t *hi_out, int *n_probes, char *why,
                           size_t cap, em_site site) {
+  fitted_limit[0] = 0;
   static const int64_t delta[FE_DYN_MAX_SYMS] = {1009, 1013, 1019};
   /* sizes unrelated to the corners: small, middling, large (distinct primes where room) */
   static const int64_t check[3][FE_DYN_MAX_SYMS] = {{2, 3, 5}, {97, 89, 83}, {65521, 65519, 65497}};
@@ -1438,7 +1444,7 @@ static fe_dyn *try_fitted(em_compiled *c, entry *e, void *ctx, em_tensor *const 
     ir_graph *g = probe_trace(c, e, e->traced, ctx, in, n_in, h, w, sizeof w, site);
     (*n_probes)++;
     if (g) lo_d = mid;
-    else hi_d = mid;
+    else hi_d = mid, snprintf(fitted_limit, sizeof fitted_limit, "at %lld: %.200s", (long long)(size[0] + mid), w);
     ir_graph_free(g);
   }
   if (lo_d == 0) {
@@ -1542,6 +1548,7 @@ static void make_dynamic(em_compiled *c, entry *e, void *ctx, em_tensor *const *
   e->dyn = d;
   e->n_syms = k;
   for (int j = 0; j < k; j++) e->sym_min[j] = sl[j], e->sym_max[j] = shi[j], e->graph_syms[j] = ss[j];
+  snprintf(e->range_why, sizeof e->range_why, "%s", shi[0] < sh[0] ? fitted_limit : "");
   e->traced = NULL; /* the template's base is the graph as traced */
   c->stats.dynamic_entries++;
   if (fe_log_on(FE_LOG_DYNAMIC)) {

@@ -459,3 +459,39 @@ ETEST(dynamic, sizes_beyond_the_graph_cache_keep_their_own_graphs) {
   cr_assert(s.graph_cache_evictions > 0, "the cache must have evicted graphs for this test to mean anything");
   em_compiled_free(c);
 }
+
+/* A function that only runs up to a size (a position table of 16 rows sliced at T): the probes
+ * fit below the first size it fails at, the range ends there, and the guard says why with the
+ * user's line. */
+static em_outputs positional(void *ctx, em_tensor *const *in, int n) {
+  int64_t T = em_size(in[0], 0);
+  return EM_OUTPUTS(em_add(in[0], em_slice((em_tensor *)ctx, 0, 0, T, 1)));
+}
+
+ETEST(dynamic, a_bounded_function_gets_a_fitted_range) {
+  em_tensor *table = em_randn(EM_F32, EM_SHAPE(16, 4));
+  em_compiled *c = em_compile(positional, &(em_compile_options){.backend = "eager"});
+  int64_t ts[] = {5, 6, 9, 16, 2, 12};
+  for (int i = 0; i < 6; i++) {
+    em_scope_begin();
+    em_tensor *x = em_randn(EM_F32, EM_SHAPE(ts[i], 4));
+    expect_close(em_call(c, table, x).t[0], positional(table, (em_tensor *[]){x}, 1).t[0], "eager", "positional");
+    em_scope_end();
+  }
+  em_compile_stats s = em_compiled_stats(c);
+  cr_assert_eq(s.traces, 2, "%lld traces", (long long)s.traces);
+  cr_assert_eq(s.dynamic_entries, 1);
+  /* 17 is past the table: eager's error, through a recompile whose log names the fitted range */
+  em_tensor *x = em_randn(EM_F32, EM_SHAPE(17, 4));
+  cr_assert_null(em_call(c, table, x).t[0]);
+  cr_assert(em_last_error() != NULL);
+  em_clear_error();
+  em_explanation *ex = NULL;
+  em_tensor *y = em_randn(EM_F32, EM_SHAPE(6, 4));
+  em_mark_dynamic(y, 0);
+  ex = em_explain(positional, table, y);
+  cr_assert_not_null(ex);
+  cr_assert(strstr(ex->text, "<= s0 <= 16 (fn fails at 17: ") && strstr(ex->text, "test_dynamic.c:"), "%s", ex->text);
+  em_explanation_free(ex);
+  em_compiled_free(c);
+}
