@@ -546,8 +546,14 @@ static bool unalias_outputs(const fe_graph *fg, em_tensor *const *in, int n_in, 
  * bits. "aot_eager" optimises the graph and, when grad mode is on and some input requires grad,
  * builds the joint graph and partitions it (aot_autograd/); a failure there falls back to the
  * plain graph with eager autograd, logged. */
+/* How a graph is made: as the backend compiles it; op by op on the eager kernels (a dynamic
+ * entry's first calls at a size); compiled with sizes as kernel arguments (a dynamic entry's
+ * sizes: the kernels of every size are one module, found in the kernel cache). */
+enum { TIER_STATIC, TIER_OP_BY_OP, TIER_DYNAMIC };
+
 static fe_graph *backend_compile(em_compiled *c, const ir_graph *traced, const bool *in_rg, bool any_rg,
-                                 bool has_backward, bool op_by_op, em_site site) {
+                                 bool has_backward, int tier, em_site site) {
+  bool op_by_op = tier == TIER_OP_BY_OP;
   double t0 = now_ms();
   static uint64_t uids;
   fe_graph *fg = calloc(1, sizeof *fg);
@@ -586,6 +592,7 @@ static fe_graph *backend_compile(em_compiled *c, const ir_graph *traced, const b
   fg->no_grad = has_backward;
   fg->inductor = c->inductor;
   fg->ind.opts = c->ind_opts;
+  fg->ind.opts.sizes_as_args = tier == TIER_DYNAMIC;
   fg->serial = (int)c->stats.graphs_compiled - 1;
   if (c->inductor) fe_plant(g); /* EMBER_DEBUG_PLANT_BUG: tests of the accuracy checker */
   if (c->aot && any_rg && rt_grad_enabled() && !has_backward) {
@@ -601,7 +608,7 @@ static fe_graph *backend_compile(em_compiled *c, const ir_graph *traced, const b
               saved_err ? saved_err : "?");
       free(saved_err);
     } else {
-      aot_set_inductor(fg->aot, c->inductor, &c->ind_opts);
+      aot_set_inductor(fg->aot, c->inductor, &fg->ind.opts);
       c->stats.aot_graphs++;
       c->stats.aot_saved_bytes = aot_get_split(fg->aot)->saved_bytes;
       log_aot(c, fg->aot);
@@ -704,7 +711,8 @@ static void evict_graph(em_compiled *c) {
 
 /* The compiled graph for traced with these inputs, from the cache or newly compiled into it. */
 static const fe_graph *lookup_or_compile(em_compiled *c, const ir_graph *traced, em_tensor *const *inputs,
-                                         bool has_backward, bool op_by_op, em_site site) {
+                                         bool has_backward, int tier, em_site site) {
+  bool op_by_op = tier == TIER_OP_BY_OP;
   uint64_t h = ir_graph_hash(traced);
   int n = traced->n_inputs;
   bool small[64], *in_rg = n <= 64 ? small : malloc(sizeof(bool) * (size_t)n), any_rg = false;
@@ -732,7 +740,7 @@ static const fe_graph *lookup_or_compile(em_compiled *c, const ir_graph *traced,
   }
   if (!found && c->n_graphs < c->cap_graphs) {
     ir_graph *copy = ir_graph_clone(traced);
-    fe_graph *compiled = copy ? backend_compile(c, traced, in_rg, any_rg, has_backward, op_by_op, site) : NULL;
+    fe_graph *compiled = copy ? backend_compile(c, traced, in_rg, any_rg, has_backward, tier, site) : NULL;
     if (compiled) {
       compiled->traced = copy;
       c->graphs[c->n_graphs++] = (cached_graph){h, copy, variant, compiled, c->uses};
@@ -825,7 +833,7 @@ static bool run_graph_so_far(run_state *rs, rt_trace *tr, em_site site, final_in
     free(wbl), free(wbo);
     return true;
   }
-  const fe_graph *cg = lookup_or_compile(rs->c, g, tr->lifted, tr->has_backward, false, site);
+  const fe_graph *cg = lookup_or_compile(rs->c, g, tr->lifted, tr->has_backward, TIER_STATIC, site);
   em_tensor **outs = cg ? calloc((size_t)(g->n_outputs ? g->n_outputs : 1), sizeof(em_tensor *)) : NULL;
   em_tensor **mat = fi && cg ? calloc((size_t)(tr->live_proxies + 1), sizeof(em_tensor *)) : NULL;
   if (!cg || !outs || (fi && !mat)) {
@@ -1616,7 +1624,7 @@ static bool dyn_graph(em_compiled *c, entry *e, em_tensor *const *in, int n_in, 
     return rt_error(site, "em_call", "out of memory"), false;
   }
   for (int i = 0; i < base->n_inputs; i++) gin[i] = e->src[i].kind == SRC_ARG ? in[e->src[i].arg] : e->src[i].t;
-  const fe_graph *fg = lookup_or_compile(c, spec, gin, e->has_backward, !compile, site);
+  const fe_graph *fg = lookup_or_compile(c, spec, gin, e->has_backward, compile ? TIER_DYNAMIC : TIER_OP_BY_OP, site);
   if (gin != small) free(gin);
   ir_graph_free(spec);
   if (!fg) return false;

@@ -62,6 +62,57 @@ static LLVMValueRef splat(cg *c, LLVMValueRef s, int w) {
 
 static LLVMValueRef fconst(cg *c, double v, int w) { return splat(c, LLVMConstReal(c->f32, v), w); }
 
+/* A number the kernel's loops and offsets use that comes from the graph's sizes: an immediate,
+ * or with sizes_as_args (cg.args) the next entry of the kernel's table, read at run time, so the
+ * same kernel at other sizes is the same code. 0 and 1 stay immediates: the code's shape
+ * depends on them (a broadcast, a contiguous row), so a value that is 0 or 1 at one size and not
+ * at another gives other code, never wrong code. */
+static LLVMValueRef kint(cg *c, int64_t v) {
+  if (!c->args || v == 0 || v == 1) return LLVMConstInt(c->i64, (unsigned long long)v, 0);
+  if (c->n_table == c->cap_table) {
+    int cap = c->cap_table ? 2 * c->cap_table : 32;
+    int64_t *t = realloc(c->table, sizeof(int64_t) * (size_t)cap);
+    if (!t) {
+      c->oom = true;
+      return LLVMConstInt(c->i64, (unsigned long long)v, 0);
+    }
+    c->table = t, c->cap_table = cap;
+  }
+  c->table[c->n_table] = v;
+  LLVMValueRef idx = LLVMConstInt(c->i64, (unsigned long long)c->n_table++, 0);
+  LLVMValueRef x = LLVMBuildLoad2(c->b, c->i64, LLVMBuildGEP2(c->b, c->i64, c->tab, &idx, 1, ""), "");
+  LLVMSetAlignment(x, 8);
+  return x;
+}
+
+/* The same as a 32-bit integer (the gathers' lane offsets). */
+static LLVMValueRef kint32(cg *c, int64_t v) {
+  LLVMTypeRef i32 = LLVMInt32TypeInContext(c->ctx);
+  if (!c->args || v == 0 || v == 1) return LLVMConstInt(i32, (unsigned long long)v, 0);
+  return LLVMBuildTrunc(c->b, kint(c, v), i32, "");
+}
+
+/* Starts a kernel's table: its address, bufs[nb], loaded in the entry block. */
+static void table_begin(cg *c, LLVMValueRef bufs, int nb) {
+  c->n_table = 0;
+  c->tab = NULL;
+  if (!c->args) return;
+  LLVMValueRef idx = LLVMConstInt(c->i64, (unsigned long long)nb, 0);
+  c->tab = LLVMBuildLoad2(c->b, c->ptr, LLVMBuildGEP2(c->b, c->ptr, bufs, &idx, 1, ""), "table");
+}
+
+/* Hands the table's values to kernel k (run.c passes them as bufs[n_out + n_in]). */
+static bool table_end(cg *c, kernel *k, char *err, size_t cap) {
+  free(k->table);
+  k->table = NULL, k->n_table = 0;
+  if (c->oom) return ir_fail(err, cap, "out of memory");
+  if (!c->args || !c->n_table) return true;
+  if (!(k->table = malloc(sizeof(int64_t) * (size_t)c->n_table))) return ir_fail(err, cap, "out of memory");
+  memcpy(k->table, c->table, sizeof(int64_t) * (size_t)c->n_table);
+  k->n_table = c->n_table;
+  return true;
+}
+
 static LLVMValueRef call_fn(cg *c, const char *name, LLVMTypeRef ret, LLVMValueRef *args, int n) {
   LLVMTypeRef at[3];
   for (int i = 0; i < n; i++) at[i] = LLVMTypeOf(args[i]);
@@ -239,9 +290,9 @@ static LLVMValueRef gather_offsets(cg *c, const buf_access *a, LLVMValueRef j, i
   LLVMValueRef off = LLVMConstNull(vt);
   for (int d = 0; d < a->gather; d++) {
     if (a->gstride[d] == 0 || a->gsize[d] == 1) continue;
-    LLVMValueRef q = a->gdiv[d] == 1 ? f : LLVMBuildUDiv(b, f, splat(c, LLVMConstInt(i32, (unsigned long long)a->gdiv[d], 0), w), "");
-    if (d > 0) q = LLVMBuildURem(b, q, splat(c, LLVMConstInt(i32, (unsigned long long)a->gsize[d], 0), w), "");
-    off = LLVMBuildAdd(b, off, LLVMBuildMul(b, q, splat(c, LLVMConstInt(i32, (unsigned long long)a->gstride[d], 0), w), ""), "");
+    LLVMValueRef q = a->gdiv[d] == 1 ? f : LLVMBuildUDiv(b, f, splat(c, kint32(c, a->gdiv[d]), w), "");
+    if (d > 0) q = LLVMBuildURem(b, q, splat(c, kint32(c, a->gsize[d]), w), "");
+    off = LLVMBuildAdd(b, off, LLVMBuildMul(b, q, splat(c, kint32(c, a->gstride[d]), w), ""), "");
   }
   return LLVMBuildZExt(b, off, w == 1 ? c->i64 : LLVMVectorType(c->i64, (unsigned)w), "");
 }
@@ -341,7 +392,7 @@ static void column_offsets(cg *c, const buf_access *acc, int nb, int inner, LLVM
   for (int bi = 0; bi < nb; bi++)
     off[bi] = acc[bi].strides[inner]
                   ? LLVMBuildAdd(c->b, row[bi],
-                                 LLVMBuildMul(c->b, j, LLVMConstInt(c->i64, (unsigned long long)acc[bi].strides[inner], 0), ""), "")
+                                 LLVMBuildMul(c->b, j, kint(c, acc[bi].strides[inner]), ""), "")
                   : row[bi];
 }
 
@@ -510,6 +561,7 @@ bool ind_emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const sign
     LLVMValueRef pp = LLVMBuildGEP2(b, c->ptr, bufs, &idx, 1, "");
     base[bi] = LLVMBuildLoad2(b, c->ptr, pp, "");
   }
+  table_begin(c, bufs, nb);
   LLVMBuildBr(b, ohdr);
   LLVMValueRef zero = LLVMConstInt(c->i64, 0, 0), one = LLVMConstInt(c->i64, 1, 0);
   /* outer: r in [0, outer) */
@@ -521,12 +573,11 @@ bool ind_emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const sign
   for (int bi = 0; bi < nb; bi++) row[bi] = zero;
   LLVMValueRef rem = r;
   for (int d = inner - 1; d >= 0; d--) { /* r's index in each leading dim (sizes are constants) */
-    LLVMValueRef sz = LLVMConstInt(c->i64, (unsigned long long)sizes[d], 0);
+    LLVMValueRef sz = d > 0 ? kint(c, sizes[d]) : NULL;
     LLVMValueRef id = d > 0 ? LLVMBuildURem(b, rem, sz, "") : rem;
     if (d > 0) rem = LLVMBuildUDiv(b, rem, sz, "");
     for (int bi = 0; bi < nb; bi++)
-      if (acc[bi].strides[d])
-        row[bi] = LLVMBuildAdd(b, row[bi], LLVMBuildMul(b, id, LLVMConstInt(c->i64, (unsigned long long)acc[bi].strides[d], 0), ""), "");
+      if (acc[bi].strides[d]) row[bi] = LLVMBuildAdd(b, row[bi], LLVMBuildMul(b, id, kint(c, acc[bi].strides[d]), ""), "");
   }
   LLVMBuildBr(b, vhdr);
   /* vector loop: j in steps of LANES while j + LANES <= cols */
@@ -569,7 +620,7 @@ bool ind_emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const sign
   LLVMPositionBuilderAtEnd(b, exitb);
   LLVMBuildRetVoid(b);
   free(vals);
-  return true;
+  return table_end(c, k, err, cap);
 }
 
 /* ---- row kernels ----
@@ -615,7 +666,7 @@ static LLVMValueRef combine(cg *c, em_prim op, LLVMValueRef a, LLVMValueRef x) {
  * scratch in v's own element type (bytes for bool) made a bool row overlap the float rows
  * before it (issue 15: a comparison spilled beside a float corrupted that float's row). */
 static LLVMValueRef scratch_row(rowgen *r, int v) {
-  LLVMValueRef off = LLVMConstInt(r->c->i64, (unsigned long long)((int64_t)r->spill[v] * r->k->cols), 0);
+  LLVMValueRef off = kint(r->c, (int64_t)r->spill[v] * r->k->cols);
   return LLVMBuildGEP2(r->c->b, r->c->f32, r->scratch, &off, 1, "");
 }
 
@@ -629,7 +680,7 @@ static LLVMValueRef row_get(rowgen *r, int v, int pass, LLVMValueRef j, int w) {
   if (r->kind[v] == K_ROW || (bi >= 0 && !r->is_full_buf[bi] && !r->kind[v])) {
     x = splat(c, r->rowval[v], w);
   } else if (!r->kind[v]) { /* an external FULL input */
-    LLVMValueRef off = r->inner[bi] ? LLVMBuildAdd(c->b, r->rowoff[bi], LLVMBuildMul(c->b, j, LLVMConstInt(c->i64, (unsigned long long)r->inner[bi], 0), ""), "")
+    LLVMValueRef off = r->inner[bi] ? LLVMBuildAdd(c->b, r->rowoff[bi], LLVMBuildMul(c->b, j, kint(c, r->inner[bi]), ""), "")
                                     : r->rowoff[bi];
     x = load_elem(c, r->base[bi], off, g->values[v].type.dtype, w, r->inner[bi] == 1);
   } else {
@@ -832,14 +883,15 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
     LLVMValueRef idx = LLVMConstInt(c->i64, (unsigned long long)bi, 0);
     r.base[bi] = LLVMBuildLoad2(b, c->ptr, LLVMBuildGEP2(b, c->ptr, bufs, &idx, 1, ""), "");
   }
+  table_begin(c, bufs, nb);
   for (int a = 0; a < r.n_acc; a++) {
     for (int u = 0; u < UNROLL; u++) r.acc_v[a][u] = LLVMBuildAlloca(b, c->vf32, "accv");
     r.acc_s[a] = LLVMBuildAlloca(b, c->f32, "accs");
   }
   LLVMValueRef jslot = LLVMBuildAlloca(b, c->i64, "j");
+  LLVMValueRef ncols = kint(c, k->cols), lanes = LLVMConstInt(c->i64, LANES, 0); /* in the entry block */
   LLVMBuildBr(b, ohdr);
   LLVMValueRef zero = LLVMConstInt(c->i64, 0, 0), one = LLVMConstInt(c->i64, 1, 0);
-  LLVMValueRef ncols = LLVMConstInt(c->i64, (unsigned long long)k->cols, 0), lanes = LLVMConstInt(c->i64, LANES, 0);
   LLVMPositionBuilderAtEnd(b, ohdr);
   LLVMValueRef row = LLVMBuildPhi(b, c->i64, "r");
   LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, row, r1, ""), obody, exitb);
@@ -849,12 +901,12 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
   LLVMValueRef rem = row;
   for (int d = k->split - 1; d >= 0; d--) {
     if (S->sizes[d] == 1) continue;
-    LLVMValueRef sz = LLVMConstInt(c->i64, (unsigned long long)S->sizes[d], 0);
+    LLVMValueRef sz = d > 0 ? kint(c, S->sizes[d]) : NULL;
     LLVMValueRef id = d > 0 ? LLVMBuildURem(b, rem, sz, "") : rem;
     if (d > 0) rem = LLVMBuildUDiv(b, rem, sz, "");
     for (int bi = 0; bi < nb; bi++)
       if (r.is_full_buf[bi] && outer[bi][d])
-        r.rowoff[bi] = LLVMBuildAdd(b, r.rowoff[bi], LLVMBuildMul(b, id, LLVMConstInt(c->i64, (unsigned long long)outer[bi][d], 0), ""), "");
+        r.rowoff[bi] = LLVMBuildAdd(b, r.rowoff[bi], LLVMBuildMul(b, id, kint(c, outer[bi][d]), ""), "");
   }
   for (int i = 0; i < k->n_in; i++) { /* per-row inputs: row r is element r in row-major order */
     int bi = k->n_out + i, v = k->in[i];
@@ -863,9 +915,8 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
     LLVMValueRef off = zero, q = row;
     for (int d = m->ndim - 1; d >= 0; d--) {
       if (m->sizes[d] == 1) continue;
-      LLVMValueRef sz = LLVMConstInt(c->i64, (unsigned long long)m->sizes[d], 0);
-      if (m->strides[d])
-        off = LLVMBuildAdd(b, off, LLVMBuildMul(b, LLVMBuildURem(b, q, sz, ""), LLVMConstInt(c->i64, (unsigned long long)m->strides[d], 0), ""), "");
+      LLVMValueRef sz = kint(c, m->sizes[d]);
+      if (m->strides[d]) off = LLVMBuildAdd(b, off, LLVMBuildMul(b, LLVMBuildURem(b, q, sz, ""), kint(c, m->strides[d]), ""), "");
       q = LLVMBuildUDiv(b, q, sz, "");
     }
     r.rowval[v] = load_elem(c, r.base[bi], off, g->values[v].type.dtype, 1, false);
@@ -948,6 +999,7 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
   LLVMAddIncoming(row, rin, rbb, 2);
   LLVMPositionBuilderAtEnd(b, exitb);
   LLVMBuildRetVoid(b);
+  ok = table_end(c, k, err, cap);
 done:
   free(r.avail), free(r.red_pass), free(r.spill), free(r.buf), free(r.is_full_buf), free(r.inner), free(outer);
   free(r.base), free(r.rowoff), free(r.rowval), free(r.vals), free(mine);

@@ -17,7 +17,7 @@ void ind_free(ind_program *p) {
   ind_release_kernels(p);
   for (int k = 0; k < p->n_kernels; k++) ind_cuda_tune_free(&p->kernels[k]);
   for (int k = 0; k < p->n_kernels; k++)
-    free(p->kernels[k].nodes), free(p->kernels[k].in), free(p->kernels[k].out), free(p->kernels[k].loop_ir);
+    free(p->kernels[k].nodes), free(p->kernels[k].in), free(p->kernels[k].out), free(p->kernels[k].loop_ir), free(p->kernels[k].table);
   for (int s = 0; s < p->n_steps; s++) free(p->steps[s].release);
   for (int e = 0; e < p->n_epis; e++) free(p->epis[e].nodes), free(p->epis[e].reads);
   free(p->epis), free(p->gemm);

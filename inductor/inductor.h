@@ -87,6 +87,10 @@ typedef struct ind_options {
   bool cuda_graphs; /* "reduce-overhead": a CUDA program's calls replay one CUDA graph (cudagraph.c) */
   bool autotune;    /* "max-autotune": CUDA kernels' launch configurations and GEMMs' cuBLASLt algorithms
                      * timed, the fastest kept */
+  bool sizes_as_args; /* CPU kernels read every size, stride and scalar constant of the graph from a
+                     * table passed at run time instead of having them as immediates: the same
+                     * graph at another size (a dynamic entry) emits the same LLVM IR, so its
+                     * module is found in the kernel cache instead of compiled again */
 } ind_options;
 
 /* Compiles g for inputs with these layouts. NULL with a reason in err when something is not

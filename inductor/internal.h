@@ -70,6 +70,8 @@ typedef struct kernel {
   int64_t rows, cols;     /* the iteration space as the generated loops see it */
   int64_t bytes;          /* bytes read and written, for EMBER_LOGS=schedule */
   char *loop_ir;          /* the loop-level form, printed under EMBER_LOGS=schedule */
+  int64_t *table;         /* sizes_as_args: the numbers its code reads at run time (bufs[n_out + n_in]) */
+  int n_table;
   double prof_ms;         /* EMBER_INDUCTOR_PROFILE: time in this kernel, all runs */
   int64_t prof_runs;
 } kernel;
@@ -221,6 +223,12 @@ typedef struct cg {
   LLVMModuleRef mod;
   LLVMBuilderRef b;
   LLVMTypeRef f32, i1, i8, i64, ptr, vf32, vi8;
+  /* sizes_as_args: the kernel being emitted reads its numbers from a table (bufs[n_buffers]) */
+  bool args;
+  LLVMValueRef tab;        /* the table's address, loaded in the kernel's entry block */
+  int64_t *table;          /* its values, in the order the code reads them */
+  int n_table, cap_table;
+  bool oom;
 } cg;
 
 /* elf.c */

@@ -4,6 +4,7 @@
 #include "internal.h"
 #include "llvm_guard.h"
 
+#include <llvm-c/Analysis.h>
 #include <llvm-c/Error.h>
 #include <llvm-c/LLJIT.h>
 #include <llvm-c/Orc.h>
@@ -366,12 +367,22 @@ static void emit_module(void *arg) {
   c->f32 = LLVMFloatTypeInContext(c->ctx), c->i1 = LLVMInt1TypeInContext(c->ctx), c->i8 = LLVMInt8TypeInContext(c->ctx);
   c->i64 = LLVMInt64TypeInContext(c->ctx), c->ptr = LLVMPointerTypeInContext(c->ctx, 0);
   c->vf32 = LLVMVectorType(c->f32, (unsigned)LANES), c->vi8 = LLVMVectorType(c->i8, (unsigned)LANES);
+  c->args = p->opts.sizes_as_args, c->table = NULL, c->n_table = c->cap_table = 0, c->oom = false;
   b->ok = true;
   for (int k = 0; b->ok && k < p->n_kernels; k++)
     b->ok = p->kernels[k].row ? ind_emit_row_kernel(c, p->g, b->meta, p->kind, &p->kernels[k], b->err, b->cap)
                               : ind_emit_kernel(c, p->g, b->meta, p->kind, &p->kernels[k], b->err, b->cap);
+  free(c->table);
+  c->table = NULL;
   LLVMDisposeBuilder(c->b);
   if (!b->ok) return;
+  char *bad = NULL; /* a code generator bug: the graph runs op by op instead of LLVM crashing on it */
+  if (LLVMVerifyModule(c->mod, LLVMReturnStatusAction, &bad)) {
+    b->ok = ir_fail(b->err, b->cap, "internal error: the kernels' LLVM IR does not verify: %.300s", bad ? bad : "?");
+    LLVMDisposeMessage(bad);
+    return;
+  }
+  LLVMDisposeMessage(bad);
   char *text = LLVMPrintModuleToString(c->mod); /* strdup'd: may be NULL */
   if (!text) {
     b->ok = ir_fail(b->err, b->cap, "out of memory printing the kernels' module");

@@ -377,7 +377,9 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
       }
     } else {
       const kernel *k = &p->kernels[st->kernel];
-      char *small[32], **bufs = k->n_out + k->n_in <= 32 ? small : rt_alloc(sizeof(char *) * (size_t)(k->n_out + k->n_in), 16);
+      /* the buffers, then the kernel's table of sizes (sizes_as_args; codegen.c) */
+      char *small[33], **bufs = k->n_out + k->n_in < 33 ? small : rt_alloc(sizeof(char *) * (size_t)(k->n_out + k->n_in + 1), 16);
+      if (bufs) bufs[k->n_out + k->n_in] = (char *)k->table;
       if (!bufs) {
         ok = (rt_error(site, "em_call", "out of memory"), false);
         break;

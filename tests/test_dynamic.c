@@ -495,3 +495,32 @@ ETEST(dynamic, a_bounded_function_gets_a_fitted_range) {
   em_explanation_free(ex);
   em_compiled_free(c);
 }
+
+/* Kernels of a dynamic entry read their sizes from a table at run time: the graph compiled at
+ * other sizes is the same LLVM IR, found in the kernel cache instead of compiled again. Rows of
+ * softmax and a layer norm (row kernels) and pointwise ops over [s0, 40]. */
+static em_outputs rows_fn(void *ctx, em_tensor *const *in, int n) {
+  em_tensor *h = em_softmax(em_mul_scalar(in[0], 0.5), 1);
+  h = em_layer_norm(em_add(h, em_tanh(in[0])), 1, EM_NONE, EM_NONE, 1e-5);
+  return EM_OUTPUTS(em_sum(em_mul(h, in[0]), EM_AXES(1), false));
+}
+
+ETEST(dynamic, sizes_as_kernel_arguments_share_one_module) {
+  setenv("EMBER_DYNAMIC_COMPILE_AFTER", "1", 1);
+  em_compiled *c = em_compile(rows_fn, &(em_compile_options){.backend = "inductor"});
+  int64_t sizes[] = {37, 50, 41, 77, 123, 64, 90, 200};
+  int64_t modules = 0;
+  for (int i = 0; i < 8; i++) {
+    em_scope_begin();
+    em_tensor *x = em_randn(EM_F32, EM_SHAPE(sizes[i], 40));
+    expect_close(em_call(c, NULL, x).t[0], rows_fn(NULL, (em_tensor *[]){x}, 1).t[0], "inductor", "rows");
+    em_scope_end();
+    if (i == 3) modules = em_kernel_cache_info().modules; /* the trace, the check, two sizes as arguments */
+  }
+  em_compile_stats s = em_compiled_stats(c);
+  cr_assert_eq(s.dynamic_entries, 1);
+  cr_assert_eq(s.graphs_compiled, 8, "every size compiled (EMBER_DYNAMIC_COMPILE_AFTER=1): %lld", (long long)s.graphs_compiled);
+  cr_assert_eq(em_kernel_cache_info().modules, modules, "four more sizes loaded %lld new kernel modules",
+               (long long)(em_kernel_cache_info().modules - modules));
+  em_compiled_free(c);
+}
