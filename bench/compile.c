@@ -25,7 +25,8 @@
  *    and the traces it took; the GPT example's whole training step (2 layers, d_model 128,
  *    batch 8) over context lengths 16..256 (every 16th, interleaved, each 5 times), compiled
  *    against eager: traces and ms per step, over all calls (a length's third call compiles it) and
- *    over the last pass, when every length is compiled.
+ *    over the last pass, when every length is compiled; then at T = 128 the dynamic entry's
+ *    kernels (sizes read at run time) against a specialized entry's.
  * Pass --json for one JSON object per figure. */
 #define MODELS_FULL_SIZE
 #include "bench.h"
@@ -308,6 +309,24 @@ static void dynamic_context(void) {
   bench_report("dyn_gpt_context_16_256_step_ms", ms[1] / (NT * REP), "ms", note);
   snprintf(note, sizeof note, "the 5th pass over the lengths, every length compiled: eager %.1f ms", last[0] / NT);
   bench_report("dyn_gpt_context_steady_step_ms", last[1] / NT, "ms", note);
+  /* the same step at T = 128: the dynamic entry's kernels (sizes read from a table) against a
+   * specialized entry's (sizes as immediates), alternating */
+  em_compiled *fix = em_compile(gpt_step_fn, &(em_compile_options){.name = "gpt_fixed", .dynamic = EM_DYNAMIC_NEVER});
+  double td[21], tf[21];
+  for (int r = -4; r < 21; r++)
+    for (int w = 0; w < 2; w++) {
+      em_scope_begin();
+      em_tensor *x = em_randint(0, 96, EM_SHAPE(8, 128)), *y = em_randint(0, 96, EM_SHAPE(8, 128));
+      double t0 = bench_now();
+      if (!em_call(w ? fix : c, &t[1], x, y).t[0]) fail("gpt step at 128");
+      double dt = 1e3 * (bench_now() - t0);
+      em_scope_end();
+      if (r >= 0) (w ? tf : td)[r] = dt;
+    }
+  double a = bench_median(td, 21), b = bench_median(tf, 21);
+  snprintf(note, sizeof note, "specialized entry %.2f ms: %.2fx", b, a / b);
+  bench_report("dyn_gpt_t128_step_ms", a, "ms", note);
+  em_compiled_free(fix);
   em_compiled_free(c);
   for (int k = 0; k < 2; k++) gpt_trainer_free(&t[k]), gpt_free(&m[k]);
 }

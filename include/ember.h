@@ -1618,9 +1618,12 @@ void em_graph_break_at(em_site site);
  * an entry dynamic, and fn's host side effects happen in each (as in any trace; a replay runs
  * none). Not made dynamic: functions with graph breaks, random ops, constants created from host
  * data inside fn, or non-contiguous inputs in a symbolic dim. Every call of a dynamic entry
- * binds the symbols from its inputs; each distinct size is compiled once (kernels specialized to
- * it, kept in the graph cache and the disk cache) and later calls with that size replay it.
- * em_compile_stats.dynamic_entries counts entries with symbols. */
+ * binds the symbols from its inputs and specializes the graph to them; a size's first calls run
+ * it op by op on the eager kernels, and the EMBER_DYNAMIC_COMPILE_AFTER-th call (default 3)
+ * compiles it, into CPU kernels that read their sizes from a table at run time, so every size
+ * whose schedule has the same shape shares one kernel module (no LLVM compile after the first).
+ * em_compile_stats.dynamic_entries counts entries with symbols, .dynamic_op_by_op the graphs run
+ * op by op. */
 
 /* Marks dim of x symbolic for the next trace that receives x as an input
  * (torch._dynamo.mark_dynamic), with the range [min, max] its size may take in that entry (a
