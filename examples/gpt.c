@@ -250,6 +250,8 @@ static bool prefill(decoder *d, const int64_t *ids, int64_t n) {
   em_tensor *idx = em_from_data(ids, EM_I64, EM_SHAPE(1, n));
   if (idx && d->dev != EM_CPU) idx = em_to(idx, d->dev);
   em_tensor *logits = gpt_forward(d->m, idx, k, v);
+  for (int64_t l = 0; logits && l < d->m->cfg.n_layer; l++) /* the heads' views made contiguous, as the */
+    k[l] = em_contiguous(k[l]), v[l] = em_contiguous(v[l]); /* decoding step's caches are (one dynamic entry) */
   if (logits) decoder_set(d, em_reshape(em_slice(logits, 1, n - 1, n, 1), EM_SHAPE(1, d->m->cfg.vocab)), k, v);
   em_scope_end();
   return logits != NULL;
