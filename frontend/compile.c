@@ -1254,7 +1254,7 @@ static intptr_t identity(const em_tensor *t, em_tensor *const *pin, int n_in) {
  * with the reason in why. The trace must read the same tensors, return the same outputs and set
  * the same gradients as the entry's trace; fn's effects on tensors are only recorded (an
  * in-place update is functionalized), and .grad fields it sets are restored. */
-static bool probe_errored; /* the last probe failed because fn raised an error (a size it cannot take) */
+static _Thread_local bool probe_errored; /* the last probe failed because fn raised an error (a size it cannot take) */
 
 static ir_graph *probe_trace(em_compiled *c, const entry *e, const ir_graph *base, void *ctx, em_tensor *const *in,
                              int n_in, const int64_t *hints, char *why, size_t cap, em_site site) {
@@ -1423,7 +1423,7 @@ static fe_dyn *try_symbols(em_compiled *c, entry *e, void *ctx, em_tensor *const
  * there: then the corners move in only as far as fn still runs (the largest step D <= 1008 at
  * which a trace at size + D succeeds, by bisection), the checks lie inside [2, size + D], and
  * the symbols' range ends at size + D. Returns the template or NULL; *hi_out: the range's end. */
-static char fitted_limit[256]; /* why the last fitted range ends where it does (fn's error one size above) */
+static _Thread_local char fitted_limit[256]; /* why the last fitted range ends where it does (fn's error one size above) */
 
 static fe_dyn *try_fitted(em_compiled *c, entry *e, void *ctx, em_tensor *const *in, int n_in, int8_t (*sub)[EM_MAX_DIMS],
                           int k, const int64_t *size, const int64_t *hi, int64_t *hi_out, int *n_probes, char *why,
