@@ -1,7 +1,7 @@
 /* bench/fuzz.c: long campaigns of the differential fuzzer (tests/fuzz_program.h), which the CI
  * slice (tests/test_fuzz.c) runs only a few hundred programs of.
  *
- *   build/bench/fuzz [--programs N] [--start S] [--minutes M] [--jobs J] [--log FILE]
+ *   build/bench/fuzz [--programs N] [--start S] [--minutes M] [--jobs J] [--log FILE] [--dynamic]
  *   build/bench/fuzz --only SEED
  *
  * Programs S .. S+N-1 (default 0 .. 99999) are checked in batches of 50, each batch in a child
@@ -10,7 +10,9 @@
  * runs past 5 minutes is killed the same way (a hang). Every failure (mismatch, crash, hang, or
  * a program eager rejected) is appended to the log (default fuzz-failures.log) with its seed,
  * configuration and program text; --only SEED checks one program in this process and prints
- * it. Progress goes to stderr every 30 s; the last line is the summary:
+ * it. --dynamic checks each program at changing sizes through one compiled function instead
+ * (fz_check_dynamic: dynamic shapes, every size compiled at its first call). Progress goes to
+ * stderr every 30 s; the last line is the summary:
  *   fuzz: 100000 programs in 41.2 min: 0 mismatches, 0 crashes, 0 hangs, 0 rejected by eager */
 #define _POSIX_C_SOURCE 200809L /* fork, kill, fdopen */
 #include "bench.h"
@@ -31,6 +33,7 @@ typedef struct job {
 } job;
 
 static const char *log_path = "fuzz-failures.log";
+static bool dynamic; /* --dynamic */
 
 /* Checks programs [first, first + n) in this process, failures appended to the log; writes the
  * counts to fd. */
@@ -41,7 +44,7 @@ static void run_batch(uint64_t first, uint64_t n, int fd) {
   long fails = 0, skipped = 0;
   for (uint64_t s = first; s < first + n; s++) {
     bool skip;
-    fails += fz_check(s, ~0u, log, &skip) > 0;
+    fails += (dynamic ? fz_check_dynamic(s, log, &skip) : fz_check(s, ~0u, log, &skip)) > 0;
     skipped += skip;
   }
   dprintf(fd, "%llu %ld %ld\n", (unsigned long long)n, fails, skipped);
@@ -128,8 +131,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--minutes") && v) minutes = atof(v), i++;
     else if (!strcmp(a, "--jobs") && v) jobs = atoi(v), i++;
     else if (!strcmp(a, "--log") && v) log_path = v, i++;
+    else if (!strcmp(a, "--dynamic")) dynamic = true, setenv("EMBER_DYNAMIC_COMPILE_AFTER", "1", 0);
     else if (strcmp(a, "--json")) {
-      fprintf(stderr, "usage: fuzz [--programs N] [--start S] [--minutes M] [--jobs J] [--log FILE] | --only SEED\n");
+      fprintf(stderr, "usage: fuzz [--programs N] [--start S] [--minutes M] [--jobs J] [--log FILE] [--dynamic] | --only SEED\n");
       return 2;
     }
   }
