@@ -181,6 +181,8 @@ typedef struct run_state {
   em_site site;
   bool refused;            /* a break under fullgraph: the call fails */
   const ir_graph *check_traced; /* replay validation: the graph the entry replays for this call */
+  int tier;                /* how run_graph_so_far has its graphs made (TIER_*): a dynamic entry's
+                            * validation at a new size runs them op by op */
   bool probe;              /* a probe trace (dynamic shapes): no graph runs, a break fails it */
 } run_state;
 
@@ -833,7 +835,7 @@ static bool run_graph_so_far(run_state *rs, rt_trace *tr, em_site site, final_in
     free(wbl), free(wbo);
     return true;
   }
-  const fe_graph *cg = lookup_or_compile(rs->c, g, tr->lifted, tr->has_backward, TIER_STATIC, site);
+  const fe_graph *cg = lookup_or_compile(rs->c, g, tr->lifted, tr->has_backward, rs->tier, site);
   em_tensor **outs = cg ? calloc((size_t)(g->n_outputs ? g->n_outputs : 1), sizeof(em_tensor *)) : NULL;
   em_tensor **mat = fi && cg ? calloc((size_t)(tr->live_proxies + 1), sizeof(em_tensor *)) : NULL;
   if (!cg || !outs || (fi && !mat)) {
@@ -1567,6 +1569,13 @@ static void make_dynamic(em_compiled *c, entry *e, void *ctx, em_tensor *const *
   }
 }
 
+/* How many calls of e have had these symbol values (0: none it remembers). */
+static int seen_count(const entry *e, const int64_t *syms) {
+  for (int i = 0; i < e->n_seen; i++)
+    if (!memcmp(e->seen[i].syms, syms, sizeof(int64_t) * (size_t)e->n_syms)) return e->seen[i].count;
+  return 0;
+}
+
 /* The row of e's table of sizes (the latest 1024) for these symbol values, its count of calls
  * bumped (a size that fell out of the table counts from 1 again); -1 when out of memory. */
 static int count_size(entry *e, const int64_t *syms) {
@@ -1921,21 +1930,40 @@ static em_outputs call(em_compiled *c, void *ctx, em_tensor *const *in, int n_in
     }
     em_outputs r = failed_outputs(0);
     e->calls++;
-    if (!e->has_breaks && check_due(c, e)) { /* replay validation: trace again, compare */
+    /* a dynamic entry at sizes it has not run at yet: the formulas were found from probes, so
+     * the first call at every size traces fn for real (its graph run op by op) and compares
+     * with the graph the template gives there, as replay validation does */
+    int64_t syms[FE_DYN_MAX_SYMS] = {-1, -1, -1};
+    bool new_size = false;
+    if (e->dyn) {
+      for (int k = 0; k < n_in; k++)
+        for (int d = 0; d < in[k]->ndim; d++)
+          if (e->sym_of[k][d] >= 0) syms[e->sym_of[k][d]] = in[k]->sizes[d];
+      new_size = seen_count(e, syms) == 0;
+    }
+    if (!e->has_breaks && (new_size || check_due(c, e))) { /* replay validation: trace again, compare */
       run_state rs = {.c = c, .site = site, .check = e, .check_traced = e->traced};
       ir_graph *spec = NULL;
       if (e->dyn) { /* the graph the entry would replay at these sizes */
-        int64_t syms[FE_DYN_MAX_SYMS] = {-1, -1, -1};
         char w2[384];
-        for (int k = 0; k < n_in; k++)
-          for (int d = 0; d < in[k]->ndim; d++)
-            if (e->sym_of[k][d] >= 0) syms[e->sym_of[k][d]] = in[k]->sizes[d];
         if (!(spec = fe_dyn_specialize(e->dyn, syms, w2, sizeof w2))) return rt_error(site, "em_call", "%s: %s", c->name, w2), failed_outputs(0);
         rs.check_traced = spec;
+        rs.tier = compile_after() <= 1 ? TIER_DYNAMIC : TIER_OP_BY_OP; /* this call is the size's first */
+        count_size(e, syms);
       }
       c->stats.checks++;
       bool ok = run_traced(c, ctx, in, n_in, &rs, false, NULL, &r, site);
       ir_graph_free(spec);
+      if (ok && rs.check_diff[0] && e->dyn) { /* the probes missed how the program depends on the sizes */
+        e->dead = true;
+        snprintf(e->dead_reason, sizeof e->dead_reason, "at new sizes the program differs from its formulas");
+        snprintf(c->dyn_refused, sizeof c->dyn_refused, "at new sizes the program differed from the formulas the probes "
+                 "found: %.300s", rs.check_diff);
+        c->stats.dynamic_misses++;
+        fe_log(FE_LOG_DYNAMIC, "%s: %s", c->name, c->dyn_refused);
+        fe_log(FE_LOG_RECOMPILES, "%s: dropping a dynamic entry: %s", c->name, c->dyn_refused);
+        return to_scope(r, site); /* this call's results are the real trace's: right */
+      }
       if (ok && rs.check_diff[0]) {
         for (int j = 0; j < r.n; j++) em_release(r.t[j]), r.t[j] = NULL;
         e->dead = true;

@@ -1541,6 +1541,9 @@ typedef struct em_compile_stats {
                             * on every call) */
   int64_t dynamic_entries; /* entries made with symbolic sizes */
   int64_t probe_traces;    /* traces of fn at probe sizes, made to find symbolic formulas */
+  int64_t dynamic_misses;  /* dynamic entries dropped because fn, traced at a new size, differed
+                            * from the formulas the probes found (the call's results are the
+                            * trace's; later entries specialize) */
   int64_t dynamic_op_by_op; /* graphs of a dynamic entry run op by op at a size not yet called
                             * EMBER_DYNAMIC_COMPILE_AFTER times (default 3), not compiled */
 } em_compile_stats;

@@ -81,8 +81,11 @@ static void batch_sweep(void) {
     cr_assert_eq(s.probe_traces, 4, "one corner and three checks for one symbol, got %lld", (long long)s.probe_traces);
     cr_assert_eq(s.replays + s.checks + s.traces, 39);
     bool compiled_at_once = getenv("EMBER_DYNAMIC_COMPILE_AFTER") != NULL;
-    /* the trace and the validating call compile their sizes; the other 36 sizes are new */
-    cr_assert_eq(s.dynamic_op_by_op, compiled_at_once ? 0 : 36, "%lld", (long long)s.dynamic_op_by_op);
+    /* every size after the two traced ones is new: its call traces fn again and compares with
+     * the template (a check), its graph run op by op, or compiled at once */
+    cr_assert_eq(s.checks, 37, "%lld checks", (long long)s.checks);
+    cr_assert_eq(s.dynamic_op_by_op, compiled_at_once ? 0 : 37, "%lld", (long long)s.dynamic_op_by_op);
+    cr_assert_eq(s.dynamic_misses, 0);
     em_compiled_free(c);
   }
 }
@@ -522,5 +525,30 @@ ETEST(dynamic, sizes_as_kernel_arguments_share_one_module) {
   cr_assert_eq(s.graphs_compiled, 8, "every size compiled (EMBER_DYNAMIC_COMPILE_AFTER=1): %lld", (long long)s.graphs_compiled);
   cr_assert_eq(em_kernel_cache_info().modules, modules, "four more sizes loaded %lld new kernel modules",
                (long long)(em_kernel_cache_info().modules - modules));
+  em_compiled_free(c);
+}
+
+/* What no probe can see (a branch taken at one size only): the first call at every new size
+ * traces fn for real and compares, so the miss is found there, with that call's results right;
+ * the entry is dropped and the function specializes from then on. */
+static em_outputs nine(void *ctx, em_tensor *const *in, int n) {
+  int64_t T = em_size(in[0], 0);
+  return EM_OUTPUTS(T == 9 ? em_neg(in[0]) : em_mul_scalar(in[0], 3));
+}
+
+ETEST(dynamic, a_branch_the_probes_miss_is_caught_at_its_size) {
+  em_compiled *c = em_compile(nine, &(em_compile_options){.backend = "eager"});
+  int64_t ts[] = {4, 5, 6, 9, 7, 9, 12};
+  for (int i = 0; i < 7; i++) {
+    em_scope_begin();
+    em_tensor *x = em_randn(EM_F32, EM_SHAPE(ts[i]));
+    em_outputs o = em_call(c, NULL, x);
+    cr_assert_not_null(o.t[0], "size %lld: %s", (long long)ts[i], em_last_error() ? em_last_error() : "");
+    expect_close(o.t[0], nine(NULL, (em_tensor *[]){x}, 1).t[0], "eager", "nine");
+    em_scope_end();
+  }
+  em_compile_stats s = em_compiled_stats(c);
+  cr_assert_eq(s.dynamic_entries, 1);
+  cr_assert_eq(s.dynamic_misses, 1, "%lld misses", (long long)s.dynamic_misses);
   em_compiled_free(c);
 }
