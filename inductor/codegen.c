@@ -62,6 +62,16 @@ static LLVMValueRef splat(cg *c, LLVMValueRef s, int w) {
 
 static LLVMValueRef fconst(cg *c, double v, int w) { return splat(c, LLVMConstReal(c->f32, v), w); }
 
+/* f32 and f64 kernels: the value types by dtype (bool buffers hold bytes), w lanes. A kernel that
+ * holds an f64 value runs LANES / 2 lanes (one register of doubles); an f32-only kernel LANES. */
+static bool is_float(em_dtype d) { return d == EM_F32 || d == EM_F64; }
+static LLVMTypeRef elem_type(cg *c, em_dtype d) { return d == EM_BOOL ? c->i8 : d == EM_F64 ? c->f64 : c->f32; }
+static LLVMTypeRef lanes_of(LLVMTypeRef t, int w) { return w == 1 ? t : LLVMVectorType(t, (unsigned)w); }
+static unsigned elem_align(em_dtype d) { return d == EM_BOOL ? 1 : d == EM_F64 ? 8 : 4; }
+static LLVMValueRef dconst(cg *c, em_dtype d, double v, int w) {
+  return splat(c, LLVMConstReal(d == EM_F64 ? c->f64 : c->f32, v), w);
+}
+
 /* A number the kernel's loops and offsets use that comes from the graph's sizes: an immediate,
  * or with sizes_as_args (cg.args) the next entry of the kernel's table, read at run time, so the
  * same kernel at other sizes is the same code. 0 and 1 stay immediates: the code's shape
@@ -130,7 +140,7 @@ static LLVMValueRef intrinsic(cg *c, const char *name, LLVMValueRef x) {
 }
 
 /* ---- the LLVM renderer of pointwise expressions ----
- * A fused kernel computes in f32 (floats) and i1 (bools), w lanes at a time. Each pointwise node
+ * A fused kernel computes in f32 and f64 (floats) and i1 (bools), w lanes at a time. Each pointwise node
  * is its prim's scalar expression from the prim table (prims.def), instantiated for the node's
  * dtypes (prim_scalar_expr) and rendered instruction by instruction; a node whose expression uses
  * a scalar op this renderer lacks for its dtypes (integer pow, remainder, arithmetic on bools)
@@ -141,30 +151,50 @@ static LLVMValueRef intrinsic(cg *c, const char *name, LLVMValueRef x) {
  * SLEEF's u35 function (3.5 ULP): the u10 one evaluates in double-float arithmetic and costs 1.06
  * ns an element on one Zen 4 core against 0.34, which made a tanh GELU kernel compute-bound (1.5
  * ms over [16,128,1024] where its bytes take 0.6). A few ULP is what XLA's f32 tanh gives too;
- * tests hold compiled tanh to eager's within 1e-5. */
-static LLVMValueRef transcendental(cg *c, prim_sop op, LLVMValueRef *x, int n, int w) {
+ * tests hold compiled tanh to eager's within 1e-5.
+ * f64 (dt): SLEEF's f64 u10 functions over LANES / 2 lanes, tanh included: eager f64 runs glibc's
+ * libm (under 1 ULP), and u10 is the class that matches it. An f32 value in a kernel of f64
+ * lanes (w below LANES) goes through the same LANES-wide f32 function, its lanes widened and
+ * then narrowed again, so its bits are those of an f32 kernel. */
+static LLVMValueRef transcendental(cg *c, prim_sop op, LLVMValueRef *x, int n, int w, em_dtype dt) {
   const char *base = prim_sop_name(op);
   char name[64];
   LLVMValueRef r;
+  bool f64 = dt == EM_F64;
+  LLVMTypeRef et = f64 ? c->f64 : c->f32;
 #ifdef EMBER_HAVE_SLEEF
   /* the scalar tail calls the same vector function on a broadcast and takes lane 0, so an
    * element's result does not depend on whether it fell in the vector body or the tail (with
    * libm in the tail, 1-ULP differences between neighbours of one row turned a comparison
    * of equal values around: found by the random programs) */
-  snprintf(name, sizeof name, "Sleef_%sf%d_%s", base, LANES, op == SOP_TANH ? "u35" : "u10");
+  int vw = f64 ? LANES / 2 : LANES;
+  if (f64) snprintf(name, sizeof name, "Sleef_%sd%d_u10", base, vw);
+  else snprintf(name, sizeof name, "Sleef_%sf%d_%s", base, LANES, op == SOP_TANH ? "u35" : "u10");
   LLVMValueRef args[2];
-  for (int k = 0; k < n; k++) args[k] = w == 1 ? splat(c, x[k], LANES) : x[k];
-  r = call_fn(c, name, c->vf32, args, n);
-  if (w == 1) r = LLVMBuildExtractElement(c->b, r, LLVMConstInt(c->i64, 0, 0), "");
-  return r;
+  if (w == 1 || w == vw) {
+    for (int k = 0; k < n; k++) args[k] = w == 1 ? splat(c, x[k], vw) : x[k];
+    r = call_fn(c, name, lanes_of(et, vw), args, n);
+    if (w == 1) r = LLVMBuildExtractElement(c->b, r, LLVMConstInt(c->i64, 0, 0), "");
+    return r;
+  }
+  /* w lanes, 1 < w < vw: widened (lane l of the wide vector is lane l % w), then narrowed */
+  LLVMTypeRef i32 = LLVMInt32TypeInContext(c->ctx);
+  LLVMValueRef wide[64], narrow[64];
+  for (int l = 0; l < vw; l++) wide[l] = LLVMConstInt(i32, (unsigned)(l % w), 0);
+  for (int l = 0; l < w; l++) narrow[l] = LLVMConstInt(i32, (unsigned)l, 0);
+  for (int k = 0; k < n; k++)
+    args[k] = LLVMBuildShuffleVector(c->b, x[k], LLVMGetUndef(LLVMTypeOf(x[k])), LLVMConstVector(wide, (unsigned)vw),
+                                     "");
+  r = call_fn(c, name, lanes_of(et, vw), args, n);
+  return LLVMBuildShuffleVector(c->b, r, LLVMGetUndef(LLVMTypeOf(r)), LLVMConstVector(narrow, (unsigned)w), "");
 #else
-  snprintf(name, sizeof name, "%sf", base);
-  if (w == 1) return call_fn(c, name, c->f32, x, n);
-  r = LLVMGetUndef(c->vf32);
+  snprintf(name, sizeof name, f64 ? "%s" : "%sf", base);
+  if (w == 1) return call_fn(c, name, et, x, n);
+  r = LLVMGetUndef(lanes_of(et, w));
   for (int l = 0; l < w; l++) {
     LLVMValueRef lanes[2], at = LLVMConstInt(c->i64, (unsigned)l, 0);
     for (int k = 0; k < n; k++) lanes[k] = LLVMBuildExtractElement(c->b, x[k], at, "");
-    r = LLVMBuildInsertElement(c->b, r, call_fn(c, name, c->f32, lanes, n), at, "");
+    r = LLVMBuildInsertElement(c->b, r, call_fn(c, name, et, lanes, n), at, "");
   }
   return r;
 #endif
@@ -173,14 +203,14 @@ static LLVMValueRef transcendental(cg *c, prim_sop op, LLVMValueRef *x, int n, i
 /* Whether the renderer has scalar op in (of expression e) for its dtypes. */
 static bool llvm_renders(const prim_sexpr *e, const prim_sinst *in) {
   em_dtype d = in->dtype, x = in->n_in ? e->ins[in->in[0]].dtype : d;
-  bool f32 = d == EM_F32;
+  bool fl = is_float(d);
   switch (in->op) {
-  case SOP_ARG: case SOP_CONST: return f32 || d == EM_BOOL;
-  case SOP_CAST: return (f32 && x == EM_BOOL) || (d == EM_BOOL && x == EM_F32);
+  case SOP_ARG: case SOP_CONST: return fl || d == EM_BOOL;
+  case SOP_CAST: return (fl && x == EM_BOOL) || (d == EM_BOOL && is_float(x)) || (fl && is_float(x));
   case SOP_NEG: case SOP_ABS: case SOP_EXP: case SOP_LOG: case SOP_LOG1P: case SOP_EXPM1: case SOP_SQRT:
   case SOP_SIN: case SOP_COS: case SOP_TANH: case SOP_ERF: case SOP_FLOOR: case SOP_CEIL:
   case SOP_ADD: case SOP_SUB: case SOP_MUL: case SOP_DIV: case SOP_ATAN2:
-    return f32;
+    return fl;
   case SOP_EQ: case SOP_NE: case SOP_LT: case SOP_LE: case SOP_GT: case SOP_GE: case SOP_ISNAN:
   case SOP_AND: case SOP_OR: case SOP_NOT: case SOP_SELECT:
     return true;
@@ -209,7 +239,20 @@ bool ind_renders(const ir_graph *g, const ir_node *n) {
   return true;
 }
 
-/* One node's value from its operands' (f32 as float, bool as i1), w lanes. */
+bool ind_dtype_blocks(const ir_graph *g, const ir_node *n) {
+  if (!(prim_get(n->op)->flags & P_POINTWISE) || !ir_type_concrete(&g->values[n->out].type)) return false;
+  prim_sexpr e;
+  if (!node_expr(g, n, &e)) return false;
+  bool blocked = false;
+  for (int i = 0; i < e.n; i++) {
+    if (llvm_renders(&e, &e.ins[i])) continue;
+    if (e.ins[i].op == SOP_POW || e.ins[i].op == SOP_REM) return false; /* not rendered for f32 either */
+    blocked = true;
+  }
+  return blocked;
+}
+
+/* One node's value from its operands' (f32 as float, f64 as double, bool as i1), w lanes. */
 static LLVMValueRef emit_node(cg *c, const ir_graph *g, const ir_node *n, LLVMValueRef *v, int w) {
   LLVMBuilderRef b = c->b;
   const int *o = ir_operands(g, n);
@@ -223,15 +266,19 @@ static LLVMValueRef emit_node(cg *c, const ir_graph *g, const ir_node *n, LLVMVa
   for (int i = 0; i < e.n; i++) {
     const prim_sinst *in = &e.ins[i];
     LLVMValueRef x = in->n_in > 0 ? r[in->in[0]] : NULL, y = in->n_in > 1 ? r[in->in[1]] : NULL;
-    bool xf = in->n_in > 0 && e.ins[in->in[0]].dtype == EM_F32;
+    em_dtype xd = in->n_in > 0 ? e.ins[in->in[0]].dtype : in->dtype;
+    bool xf = in->n_in > 0 && is_float(xd);
     switch (in->op) {
     case SOP_ARG: r[i] = v[o[in->arg]]; break;
     case SOP_CONST:
-      r[i] = in->dtype == EM_BOOL ? splat(c, LLVMConstInt(c->i1, in->value != 0, 0), w) : fconst(c, in->value, w);
+      r[i] = in->dtype == EM_BOOL ? splat(c, LLVMConstInt(c->i1, in->value != 0, 0), w)
+                                   : dconst(c, in->dtype, in->value, w);
       break;
-    case SOP_CAST: /* f32 <-> bool: (bool)x is x != 0 */
-      r[i] = in->dtype == EM_BOOL ? LLVMBuildFCmp(b, LLVMRealUNE, x, fconst(c, 0, w), "")
-                                   : LLVMBuildUIToFP(b, x, w == 1 ? c->f32 : c->vf32, "");
+    case SOP_CAST: /* float <-> bool: (bool)x is x != 0; f32 <-> f64 rounds to nearest, as C's casts */
+      if (in->dtype == EM_BOOL) r[i] = LLVMBuildFCmp(b, LLVMRealUNE, x, dconst(c, xd, 0, w), "");
+      else if (xd == EM_BOOL) r[i] = LLVMBuildUIToFP(b, x, lanes_of(elem_type(c, in->dtype), w), "");
+      else if (in->dtype == EM_F64) r[i] = LLVMBuildFPExt(b, x, lanes_of(c->f64, w), "");
+      else r[i] = LLVMBuildFPTrunc(b, x, lanes_of(c->f32, w), "");
       break;
     case SOP_NEG: r[i] = LLVMBuildFNeg(b, x, ""); break;
     case SOP_ABS: r[i] = intrinsic(c, "llvm.fabs", x); break;
@@ -240,7 +287,7 @@ static LLVMValueRef emit_node(cg *c, const ir_graph *g, const ir_node *n, LLVMVa
     case SOP_CEIL: r[i] = intrinsic(c, "llvm.ceil", x); break;
     case SOP_EXP: case SOP_LOG: case SOP_LOG1P: case SOP_EXPM1: case SOP_SIN: case SOP_COS: case SOP_TANH:
     case SOP_ERF: case SOP_ATAN2:
-      r[i] = transcendental(c, in->op, (LLVMValueRef[]){x, y}, in->n_in, w);
+      r[i] = transcendental(c, in->op, (LLVMValueRef[]){x, y}, in->n_in, w, in->dtype);
       break;
     case SOP_ADD: r[i] = LLVMBuildFAdd(b, x, y, ""); break;
     case SOP_SUB: r[i] = LLVMBuildFSub(b, x, y, ""); break;
@@ -301,25 +348,25 @@ static LLVMValueRef gather_offsets(cg *c, const buf_access *a, LLVMValueRef j, i
 static LLVMValueRef gather_load(cg *c, LLVMValueRef base, LLVMValueRef rowoff, const buf_access *a, LLVMValueRef j, int w) {
   LLVMBuilderRef b = c->b;
   bool is_bool = a->dtype == EM_BOOL;
-  LLVMTypeRef et = is_bool ? c->i8 : c->f32;
+  LLVMTypeRef et = elem_type(c, a->dtype);
   LLVMValueRef off = LLVMBuildAdd(b, gather_offsets(c, a, j, w), splat(c, rowoff, w), "");
   LLVMValueRef x;
   if (w == 1) {
     x = LLVMBuildLoad2(b, et, LLVMBuildGEP2(b, et, base, &off, 1, ""), "");
-    LLVMSetAlignment(x, is_bool ? 1 : 4);
+    LLVMSetAlignment(x, elem_align(a->dtype));
   } else {
     LLVMValueRef ptrs = LLVMBuildGEP2(b, et, base, &off, 1, "");
-    LLVMTypeRef vt = is_bool ? c->vi8 : c->vf32, tys[2] = {vt, LLVMTypeOf(ptrs)};
+    LLVMTypeRef vt = lanes_of(et, w), tys[2] = {vt, LLVMTypeOf(ptrs)};
     const char *nm = "llvm.masked.gather";
     unsigned id = LLVMLookupIntrinsicID(nm, strlen(nm));
     LLVMValueRef fn = LLVMGetIntrinsicDeclaration(c->mod, id, tys, 2);
     LLVMValueRef ones[64];
     for (int l = 0; l < w; l++) ones[l] = LLVMConstInt(c->i1, 1, 0);
-    LLVMValueRef args[4] = {ptrs, LLVMConstInt(LLVMInt32TypeInContext(c->ctx), is_bool ? 1 : 4, 0),
+    LLVMValueRef args[4] = {ptrs, LLVMConstInt(LLVMInt32TypeInContext(c->ctx), elem_align(a->dtype), 0),
                             LLVMConstVector(ones, (unsigned)w), LLVMGetUndef(vt)};
     x = LLVMBuildCall2(b, LLVMIntrinsicGetType(c->ctx, id, tys, 2), fn, args, 4, "");
   }
-  if (is_bool) x = LLVMBuildICmp(b, LLVMIntNE, x, LLVMConstNull(w == 1 ? c->i8 : c->vi8), "");
+  if (is_bool) x = LLVMBuildICmp(b, LLVMIntNE, x, LLVMConstNull(lanes_of(c->i8, w)), "");
   return x;
 }
 
@@ -332,27 +379,27 @@ static LLVMValueRef combine(cg *c, em_prim op, LLVMValueRef a, LLVMValueRef x);
 static LLVMValueRef load_elem(cg *c, LLVMValueRef base, LLVMValueRef off, em_dtype dt, int w, bool contiguous) {
   LLVMBuilderRef b = c->b;
   bool is_bool = dt == EM_BOOL;
-  LLVMTypeRef et = is_bool ? c->i8 : c->f32;
+  LLVMTypeRef et = elem_type(c, dt);
   LLVMValueRef p = LLVMBuildGEP2(b, et, base, &off, 1, "");
   LLVMValueRef x;
   if (w > 1 && contiguous) {
-    x = LLVMBuildLoad2(b, is_bool ? c->vi8 : c->vf32, p, "");
-    LLVMSetAlignment(x, is_bool ? 1 : 4);
+    x = LLVMBuildLoad2(b, lanes_of(et, w), p, "");
+    LLVMSetAlignment(x, elem_align(dt));
   } else {
     x = LLVMBuildLoad2(b, et, p, "");
-    LLVMSetAlignment(x, is_bool ? 1 : 4);
+    LLVMSetAlignment(x, elem_align(dt));
     x = splat(c, x, w);
   }
-  if (is_bool) x = LLVMBuildICmp(b, LLVMIntNE, x, LLVMConstNull(w == 1 ? c->i8 : c->vi8), "");
+  if (is_bool) x = LLVMBuildICmp(b, LLVMIntNE, x, LLVMConstNull(lanes_of(c->i8, w)), "");
   return x;
 }
 
 /* Stores x (w lanes, contiguous) at element offset off. */
 static void store_elem(cg *c, LLVMValueRef base, LLVMValueRef off, em_dtype dt, LLVMValueRef x, int w) {
   bool is_bool = dt == EM_BOOL;
-  if (is_bool) x = LLVMBuildZExt(c->b, x, w == 1 ? c->i8 : c->vi8, "");
-  LLVMValueRef p = LLVMBuildGEP2(c->b, is_bool ? c->i8 : c->f32, base, &off, 1, "");
-  LLVMSetAlignment(LLVMBuildStore(c->b, x, p), is_bool ? 1 : 4);
+  if (is_bool) x = LLVMBuildZExt(c->b, x, lanes_of(c->i8, w), "");
+  LLVMValueRef p = LLVMBuildGEP2(c->b, elem_type(c, dt), base, &off, 1, "");
+  LLVMSetAlignment(LLVMBuildStore(c->b, x, p), elem_align(dt));
 }
 
 /* `void name(char **bufs, i64 r0, i64 r1, i64 j0, i64 j1, float *scratch)` for the host CPU. */
@@ -403,17 +450,17 @@ static void column_offsets(cg *c, const buf_access *acc, int nb, int inner, LLVM
  * any other is gathered (gather_load). Max-pooling's backward over [N, C, H/2, 2, W/2, 2] ran
  * 2-lane vectors at 7 GB/s before. Blocks stop growing at 64 vectors; their offsets must fit
  * in 31 bits. Column-reduction outputs keep the plain loops. */
-static void flatten(buf_access *acc, int nb, int n_out, int64_t *sizes, int *nd_io) {
+static void flatten(buf_access *acc, int nb, int n_out, int64_t *sizes, int *nd_io, int lanes) {
   int nd = *nd_io, inner = nd - 1;
   bool vec = true;
   for (int bi = 0; bi < nb; bi++) vec = vec && (acc[bi].strides[inner] == 0 || acc[bi].strides[inner] == 1);
-  if (vec && sizes[inner] >= LANES) return;
+  if (vec && sizes[inner] >= lanes) return;
   for (int bi = 0; bi < n_out; bi++)
     if (acc[bi].col != (em_prim)-1) return;
   int s = inner;
   int64_t block = sizes[inner];
-  while (s > 0 && block < 64 * LANES && block * sizes[s - 1] < ((int64_t)1 << 30)) block *= sizes[--s];
-  if (block < LANES) return;
+  while (s > 0 && block < 64 * lanes && block * sizes[s - 1] < ((int64_t)1 << 30)) block *= sizes[--s];
+  if (block < lanes) return;
   for (int bi = 0; bi < nb; bi++) { /* every offset inside the block fits in 31 bits */
     int64_t span = 0;
     for (int d = s; d < nd; d++) {
@@ -448,7 +495,8 @@ static void flatten(buf_access *acc, int nb, int n_out, int64_t *sizes, int *nd_
 }
 
 /* Emits pointwise kernel k as `void name(char **bufs, r0, r1, j0, j1, scratch)`: outer loops over the coalesced leading dims, the
- * innermost dim vectorized when every buffer's innermost stride is 0 or 1, a scalar tail. */
+ * innermost dim vectorized when every buffer's innermost stride is 0 or 1, a scalar tail. Its
+ * vectors have LANES lanes, LANES / 2 when it holds an f64 value (read, computed or stored). */
 bool ind_emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const signed char *kind, kernel *k, char *err,
                      size_t cap) {
   const ir_type *t = &k->shape;
@@ -501,8 +549,11 @@ bool ind_emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const sign
     for (int bi = 0; bi < nb; bi++) acc[bi].strides[0] = 0;
     nd = 1;
   }
+  int W = LANES;
+  for (int bi = 0; bi < nb; bi++) W = acc[bi].dtype == EM_F64 ? LANES / 2 : W;
+  for (int i = 0; i < k->n_nodes; i++) W = g->values[g->nodes[k->nodes[i]].out].type.dtype == EM_F64 ? LANES / 2 : W;
   for (int bi = 0; bi < nb; bi++) acc[bi].gather = 0;
-  flatten(acc, nb, k->n_out, sizes, &nd);
+  flatten(acc, nb, k->n_out, sizes, &nd, W);
   int inner = nd - 1;
   bool vec = true;
   for (int bi = 0; bi < nb; bi++) vec = vec && (acc[bi].gather || acc[bi].strides[inner] == 0 || acc[bi].strides[inner] == 1);
@@ -580,10 +631,10 @@ bool ind_emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const sign
       if (acc[bi].strides[d]) row[bi] = LLVMBuildAdd(b, row[bi], LLVMBuildMul(b, id, kint(c, acc[bi].strides[d]), ""), "");
   }
   LLVMBuildBr(b, vhdr);
-  /* vector loop: j in steps of LANES while j + LANES <= cols */
+  /* vector loop: j in steps of W while j + W <= cols */
   LLVMPositionBuilderAtEnd(b, vhdr);
   LLVMValueRef j = LLVMBuildPhi(b, c->i64, "j");
-  LLVMValueRef lanes = LLVMConstInt(c->i64, LANES, 0), ncols = j1;
+  LLVMValueRef lanes = LLVMConstInt(c->i64, (unsigned long long)W, 0), ncols = j1;
   LLVMValueRef vcond = vec ? LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, j, lanes, ""), ncols, "")
                            : LLVMConstInt(c->i1, 0, 0);
   LLVMBuildCondBr(b, vcond, vbody, thdr);
@@ -592,7 +643,7 @@ bool ind_emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const sign
   LLVMPositionBuilderAtEnd(b, vbody);
   LLVMValueRef off[128];
   column_offsets(c, acc, nb, inner, row, j, off);
-  if (vec) emit_body(c, g, k, base, off, acc, inner, LANES, vals, j);
+  if (vec) emit_body(c, g, k, base, off, acc, inner, W, vals, j);
   LLVMValueRef jn = LLVMBuildAdd(b, j, lanes, "");
   LLVMBuildBr(b, vhdr);
   LLVMValueRef jin[2] = {j0, jn};

@@ -75,6 +75,9 @@ typedef struct ind_stats {
   int kernels;        /* generated kernels */
   int fused_nodes;    /* graph nodes inside them */
   int fallback_nodes; /* nodes run by the eager kernels */
+  int dtype_eager_nodes; /* of those, the ones that run op by op only for their dtypes (CPU programs): pointwise
+                          * nodes the LLVM renderer renders in f32 but not in theirs (i64, i32, u8, f16, bf16),
+                          * and sums, amax and amin that are not f32 (ind_dtype_eager) */
   int recomputed_nodes; /* nodes emitted again where a later kernel reads their value (rewrite.c) */
   int scatter_sums;     /* sums of slice scatters made one cat (rewrite.c) */
   int window_reductions; /* amax / amin over a small non-trailing window made pointwise (rewrite.c) */

@@ -141,9 +141,31 @@ ir_graph *ind_rewrite(const ir_graph *g, bool rematerialize, ind_stats *st);
 
 /* codegen.c: whether the LLVM renderer renders pointwise node n: its prim's scalar expression
  * (prims.def), instantiated for the node's dtypes, uses only scalar ops the renderer has for them
- * (f32 arithmetic and transcendentals, comparisons, bool logic, conversions between f32 and
- * bool). */
+ * (f32 and f64 arithmetic and transcendentals, comparisons, bool logic, conversions among f32,
+ * f64 and bool). Integers (i32, i64, u8) and f16/bf16 are not rendered: those nodes run op by op. */
 bool ind_renders(const ir_graph *g, const ir_node *n);
+
+/* codegen.c: whether pointwise node n runs op by op only for its dtypes: the renderer lacks some
+ * of its scalar ops for the dtypes at hand but has every one of them for f32 (an i64 add, an f16
+ * exp; not a pow, which it renders for no dtype). ind_stats.dtype_eager_nodes counts them. */
+bool ind_dtype_blocks(const ir_graph *g, const ir_node *n);
+
+/* Whether node n runs op by op on the CPU only for its dtypes: ind_dtype_blocks, or a sum,
+ * amax or amin that is not f32 (the row and column kernels accumulate in f32). */
+static inline bool ind_dtype_eager(const ir_graph *g, const ir_node *n) {
+  if (n->op == EM_PRIM_SUM || n->op == EM_PRIM_AMAX || n->op == EM_PRIM_AMIN)
+    return g->values[ir_operands(g, n)[0]].type.dtype != EM_F32 && ir_type_concrete(&g->values[n->out].type);
+  return ind_dtype_blocks(g, n);
+}
+
+/* Whether node n reads or makes an f64 value: such nodes go into pointwise kernels (LANES / 2
+ * lanes) only, never into row kernels, whose accumulators and scratch rows are f32. */
+static inline bool touches_f64(const ir_graph *g, const ir_node *n) {
+  if (g->values[n->out].type.dtype == EM_F64) return true;
+  for (int k = 0; k < n->n_in; k++)
+    if (g->values[ir_operands(g, n)[k]].type.dtype == EM_F64) return true;
+  return false;
+}
 
 /* cuda_codegen.c: whether the CUDA renderer renders pointwise node n (floating-point and bool
  * values, the prim table's scalar expression for their compute dtypes). */
@@ -222,7 +244,7 @@ typedef struct cg {
   LLVMContextRef ctx;
   LLVMModuleRef mod;
   LLVMBuilderRef b;
-  LLVMTypeRef f32, i1, i8, i64, ptr, vf32, vi8;
+  LLVMTypeRef f32, i1, i8, i64, ptr, vf32, vi8, f64;
   /* sizes_as_args: the kernel being emitted reads its numbers from a table (bufs[n_buffers]) */
   bool args;
   LLVMValueRef tab;        /* the table's address, loaded in the kernel's entry block */
@@ -255,7 +277,8 @@ bool ind_row_buffer(const ir_graph *g, const prim_meta *meta, const signed char 
                     int64_t *outer, int64_t *inner);
 /* Whether output o may be stored straight into input i (see run.c). */
 bool ind_donatable(const ind_program *p, int o, int i);
-/* p->schedule_text (EMBER_LOGS=schedule) and each kernel's bytes. */
+/* p->schedule_text (EMBER_LOGS=schedule), each kernel's bytes, and p->stats.dtype_eager_nodes (named
+ * in one line of the text when there are any). */
 void ind_describe_schedule(ind_program *p);
 
 /* codegen.c */

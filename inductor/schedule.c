@@ -123,6 +123,17 @@ static void add(builder *b, int node, int kind) {
 }
 
 
+/* A CPU group holding a node that reads or makes an f64 value: it stays a pointwise kernel (row
+ * kernels accumulate and spill in f32). CUDA kernels render f64 rows. */
+static bool cpu_f64(const builder *b, const ir_node *n) {
+  return b->p->device != EM_CUDA && touches_f64(b->p->g, n);
+}
+static bool group_cpu_f64(const builder *b) {
+  for (int i = 0; i < b->gr.n; i++)
+    if (cpu_f64(b, &b->p->g->nodes[b->gr.nodes[i]])) return true;
+  return false;
+}
+
 /* Adds node i to the open group when it fits its iteration space; false when it does not. */
 static bool try_add(builder *b, int i) {
   const ir_graph *g = b->p->g;
@@ -142,6 +153,7 @@ static bool try_add(builder *b, int i) {
     return add(b, i, K_COL), true;
   }
   if (device_fusible(b->p->device, g, n)) {
+    if (gr->mode == G_ROW && cpu_f64(b, n)) return false;
     if (gr->mode == G_EMPTY) {
       if (!operands_ok(b, n, K_FULL)) return false;
       gr->mode = G_PW, gr->shape = *t, gr->split = t->ndim, gr->rows = numel_of(t);
@@ -164,7 +176,7 @@ static bool try_add(builder *b, int i) {
     if (!same_shape(ut, &gr->shape)) return false;
     if (gr->mode == G_ROW) return k == gr->split && operands_ok(b, n, K_FULL) ? (add(b, i, K_ROW), true) : false;
     /* a pointwise group over S becomes a row kernel */
-    if (gr->has_col) return false;
+    if (gr->has_col || group_cpu_f64(b)) return false;
     group saved = *gr;
     gr->mode = G_ROW, gr->split = k, gr->rows = prefix_numel(ut, k);
     if (!group_operands_ok(b, K_FULL) || !operands_ok(b, n, K_FULL)) return *gr = saved, false;
@@ -189,7 +201,7 @@ static bool try_add(builder *b, int i) {
     return add(b, i, K_FULL), true;
   }
   /* a pointwise group over per-row values becomes a row kernel over t */
-  if (gr->mode != G_PW || gr->has_col || numel_of(&gr->shape) != prefix_numel(t, k)) return false;
+  if (gr->mode != G_PW || gr->has_col || numel_of(&gr->shape) != prefix_numel(t, k) || group_cpu_f64(b)) return false;
   group saved = *gr;
   gr->mode = G_ROW, gr->shape = *t, gr->split = k, gr->rows = prefix_numel(t, k);
   if (!group_operands_ok(b, K_ROW)) return *gr = saved, false;
@@ -801,11 +813,34 @@ bool ind_donatable(const ind_program *p, int o, int i) {
   return true;
 }
 
-/* EMBER_LOGS=schedule: each kernel's nodes, iteration space and bytes moved. */
+/* The dtype a node that runs op by op for its dtypes has: its first operand's (what it computes in). */
+static em_dtype blocking_dtype(const ir_graph *g, const ir_node *n) {
+  int k = n->op == EM_PRIM_WHERE ? 1 : 0;
+  return n->n_in > k ? g->values[ir_operands(g, n)[k]].type.dtype : g->values[n->out].type.dtype;
+}
+
+/* EMBER_LOGS=schedule: each kernel's nodes, iteration space and bytes moved; then, once for the
+ * graph, the nodes that run op by op because the CPU renderer has no code for their dtypes. */
 void ind_describe_schedule(ind_program *p) {
   const ir_graph *g = p->g;
   size_t cap = 256, len = 0;
   char *t = malloc(cap);
+  char why[400];
+  int nw = 0;
+  why[0] = 0;
+  p->stats.dtype_eager_nodes = 0;
+  for (int s = 0; s < p->n_steps; s++) {
+    const step *st = &p->steps[s];
+    if (p->device == EM_CUDA || st->node < 0 || st->epi || st->tmat >= 0) continue;
+    const ir_node *x = &g->nodes[st->node];
+    if (!ind_dtype_eager(g, x)) continue;
+    p->stats.dtype_eager_nodes++;
+    if (nw < 320)
+      nw += snprintf(why + nw, sizeof why - (size_t)nw, "%s%s %s", nw ? ", " : "", em_dtype_name(blocking_dtype(g, x)),
+                     prim_get(x->op)->name);
+    else if (nw < (int)sizeof why - 8)
+      nw += snprintf(why + nw, sizeof why - (size_t)nw, ", ...");
+  }
   for (int s = 0; t && s < p->n_steps; s++) {
     char line[512];
     int n = 0;
@@ -828,9 +863,11 @@ void ind_describe_schedule(ind_program *p) {
       else {
         bool timed = x->op == EM_PRIM_MATMUL && p->device == EM_CUDA && p->opts.autotune;
         unsigned fl = prim_get(x->op)->flags;
-        n = snprintf(line, sizeof line, "  step %d: %%%d = %s (%s)\n", s, x->out, prim_get(x->op)->name,
+        bool dt = p->device != EM_CUDA && ind_dtype_eager(g, x);
+        n = snprintf(line, sizeof line, "  step %d: %%%d = %s (%s%s%s)\n", s, x->out, prim_get(x->op)->name,
                      timed ? "library: cublasLt, algorithms timed"
-                     : fl & P_EXTERN ? "library" : fl & P_VIEW ? "view" : "eager kernel");
+                     : fl & P_EXTERN ? "library" : fl & P_VIEW ? "view" : "eager kernel",
+                     dt ? ": no generated code for " : "", dt ? em_dtype_name(blocking_dtype(g, x)) : "");
       }
     } else {
       kernel *k = &p->kernels[p->steps[s].kernel];
@@ -876,6 +913,16 @@ void ind_describe_schedule(ind_program *p) {
     }
     memcpy(t + len, line, (size_t)n), len += (size_t)n;
     t[len] = 0;
+  }
+  if (t && p->stats.dtype_eager_nodes) {
+    char line[512];
+    int n = snprintf(line, sizeof line, "  %d nodes run op by op for their dtypes (%s)\n", p->stats.dtype_eager_nodes,
+                     why);
+    if (n > (int)sizeof line - 1) n = (int)sizeof line - 1;
+    char *nt = realloc(t, len + (size_t)n + 1);
+    if (!nt) free(t);
+    else memcpy(nt + len, line, (size_t)n + 1);
+    t = nt;
   }
   p->schedule_text = t;
 }
