@@ -60,14 +60,19 @@ static LLVMValueRef splat(cg *c, LLVMValueRef s, int w) {
   return LLVMBuildShuffleVector(c->b, v, LLVMGetUndef(vt), zero_mask, "splat");
 }
 
-static LLVMValueRef fconst(cg *c, double v, int w) { return splat(c, LLVMConstReal(c->f32, v), w); }
-
 /* f32 and f64 kernels: the value types by dtype (bool buffers hold bytes), w lanes. A kernel that
  * holds an f64 value runs LANES / 2 lanes (one register of doubles); an f32-only kernel LANES. */
 static bool is_float(em_dtype d) { return d == EM_F32 || d == EM_F64; }
 static LLVMTypeRef elem_type(cg *c, em_dtype d) { return d == EM_BOOL ? c->i8 : d == EM_F64 ? c->f64 : c->f32; }
 static LLVMTypeRef lanes_of(LLVMTypeRef t, int w) { return w == 1 ? t : LLVMVectorType(t, (unsigned)w); }
 static unsigned elem_align(em_dtype d) { return d == EM_BOOL ? 1 : d == EM_F64 ? 8 : 4; }
+static int kernel_lanes(const ir_graph *g, const kernel *k) {
+  for (int i = 0; i < k->n_in; i++)
+    if (g->values[k->in[i]].type.dtype == EM_F64) return LANES / 2;
+  for (int i = 0; i < k->n_nodes; i++) /* its outputs among them */
+    if (g->values[g->nodes[k->nodes[i]].out].type.dtype == EM_F64) return LANES / 2;
+  return LANES;
+}
 static LLVMValueRef dconst(cg *c, em_dtype d, double v, int w) {
   return splat(c, LLVMConstReal(d == EM_F64 ? c->f64 : c->f32, v), w);
 }
@@ -428,7 +433,7 @@ static void emit_body(cg *c, const ir_graph *g, const kernel *k, LLVMValueRef *b
   for (int i = 0; i < k->n_out; i++) {
     LLVMValueRef x = vals[k->out[i]];
     if (acc[i].col != (em_prim)-1) /* out[column] = out[column] op x */
-      x = combine(c, acc[i].col, load_elem(c, base[i], off[i], EM_F32, w, true), x);
+      x = combine(c, acc[i].col, load_elem(c, base[i], off[i], acc[i].dtype, w, true), x);
     store_elem(c, base[i], off[i], acc[i].dtype, x, w);
   }
 }
@@ -549,9 +554,7 @@ bool ind_emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const sign
     for (int bi = 0; bi < nb; bi++) acc[bi].strides[0] = 0;
     nd = 1;
   }
-  int W = LANES;
-  for (int bi = 0; bi < nb; bi++) W = acc[bi].dtype == EM_F64 ? LANES / 2 : W;
-  for (int i = 0; i < k->n_nodes; i++) W = g->values[g->nodes[k->nodes[i]].out].type.dtype == EM_F64 ? LANES / 2 : W;
+  int W = kernel_lanes(g, k);
   for (int bi = 0; bi < nb; bi++) acc[bi].gather = 0;
   flatten(acc, nb, k->n_out, sizes, &nd, W);
   int inner = nd - 1;
@@ -681,8 +684,9 @@ bool ind_emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const sign
  * one of them, stores the FULL outputs made in it and spills to scratch the values a later pass
  * reads; between passes the finished reductions become per-row scalars and the ROW values that
  * depend on them are computed. Each value is computed once per row; several passes over a row
- * run in cache. Vector body (8 lanes) plus scalar tail, accumulators in stack slots that
- * mem2reg turns into registers. */
+ * run in cache. Vector body (LANES lanes; LANES / 2 in a kernel with f64 values, whose
+ * reductions accumulate in f64 and whose f64 spills take two scratch rows) plus scalar tail,
+ * accumulators in stack slots that mem2reg turns into registers. */
 
 enum { UNROLL = 4 }; /* vectors per step of a pass that reduces: independent accumulator chains */
 
@@ -699,6 +703,7 @@ typedef struct rowgen {
   int64_t *inner;       /* [buffers] FULL buffers: stride of the coalesced columns */
   LLVMValueRef *base, *rowoff, *rowval, *vals, scratch, acc_v[64][4], acc_s[64];
   int n_acc, acc_of[64];
+  int W; /* vector lanes: LANES, LANES / 2 when the kernel holds an f64 value */
 } rowgen;
 
 /* a op x for the accumulator a: a NaN in x or in a stays (torch.amax propagates NaN); the chain
@@ -765,7 +770,7 @@ static void row_body(rowgen *r, int pass, LLVMValueRef j, int w, int u) {
       int a = 0;
       while (r->acc_of[a] != n->out) a++;
       LLVMValueRef slot = w > 1 ? r->acc_v[a][u] : r->acc_s[a];
-      LLVMValueRef acc = LLVMBuildLoad2(c->b, w > 1 ? c->vf32 : c->f32, slot, "");
+      LLVMValueRef acc = LLVMBuildLoad2(c->b, lanes_of(elem_type(c, g->values[n->out].type.dtype), w), slot, "");
       LLVMBuildStore(c->b, combine(c, n->op, acc, row_get(r, ir_operands(g, n)[0], pass, j, w)), slot);
       continue;
     }
@@ -808,6 +813,7 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
     for (int i = 0; i < k->n_nodes; i++) mine[g->nodes[k->nodes[i]].out] = kind[g->nodes[k->nodes[i]].out];
   kind = mine;
   rowgen r = {c, g, k, kind};
+  r.W = kernel_lanes(g, k);
   r.avail = calloc((size_t)nv + 1, sizeof(int));
   r.red_pass = malloc(sizeof(int) * ((size_t)nv + 1));
   r.spill = malloc(sizeof(int) * ((size_t)nv + 1));
@@ -868,9 +874,13 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
         if (kind[w] != K_FULL || r.buf[w] >= 0) { w = -1; break; }
       }
       if (w >= 0 && r.spill[w] < 0) {
-        /* a scratch row holds cols floats (run.c sizes it so): a wider element would overflow it */
-        EM_ASSERT(em_dtype_size(g->values[w].type.dtype) <= sizeof(float));
-        r.spill[w] = k->n_spill++;
+        /* a scratch row holds cols floats (run.c sizes it so): an f64 value takes two rows, from
+         * an even one (8-byte aligned) */
+        size_t size = em_dtype_size(g->values[w].type.dtype);
+        EM_ASSERT(size <= 2 * sizeof(float));
+        if (size > sizeof(float)) k->n_spill += k->n_spill % 2;
+        r.spill[w] = k->n_spill;
+        k->n_spill += size > sizeof(float) ? 2 : 1;
       }
     }
   }
@@ -935,12 +945,15 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
     r.base[bi] = LLVMBuildLoad2(b, c->ptr, LLVMBuildGEP2(b, c->ptr, bufs, &idx, 1, ""), "");
   }
   table_begin(c, bufs, nb);
+  const int W = r.W;
   for (int a = 0; a < r.n_acc; a++) {
-    for (int u = 0; u < UNROLL; u++) r.acc_v[a][u] = LLVMBuildAlloca(b, c->vf32, "accv");
-    r.acc_s[a] = LLVMBuildAlloca(b, c->f32, "accs");
+    LLVMTypeRef et = elem_type(c, g->values[r.acc_of[a]].type.dtype);
+    for (int u = 0; u < UNROLL; u++) r.acc_v[a][u] = LLVMBuildAlloca(b, lanes_of(et, W), "accv");
+    r.acc_s[a] = LLVMBuildAlloca(b, et, "accs");
   }
   LLVMValueRef jslot = LLVMBuildAlloca(b, c->i64, "j");
-  LLVMValueRef ncols = kint(c, k->cols), lanes = LLVMConstInt(c->i64, LANES, 0); /* in the entry block */
+  /* in the entry block */
+  LLVMValueRef ncols = kint(c, k->cols), lanes = LLVMConstInt(c->i64, (unsigned long long)W, 0);
   LLVMBuildBr(b, ohdr);
   LLVMValueRef zero = LLVMConstInt(c->i64, 0, 0), one = LLVMConstInt(c->i64, 1, 0);
   LLVMPositionBuilderAtEnd(b, ohdr);
@@ -981,8 +994,9 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
         em_prim op = EM_PRIM_SUM;
         for (int i = 0; i < k->n_nodes; i++)
           if (g->nodes[k->nodes[i]].out == r.acc_of[a]) op = g->nodes[k->nodes[i]].op;
-        for (int u = 0; u < UNROLL; u++) LLVMBuildStore(b, fconst(c, reduce_init(op), LANES), r.acc_v[a][u]);
-        LLVMBuildStore(b, fconst(c, reduce_init(op), 1), r.acc_s[a]);
+        em_dtype dt = g->values[r.acc_of[a]].type.dtype;
+        for (int u = 0; u < UNROLL; u++) LLVMBuildStore(b, dconst(c, dt, reduce_init(op), W), r.acc_v[a][u]);
+        LLVMBuildStore(b, dconst(c, dt, reduce_init(op), 1), r.acc_s[a]);
       }
     bool reduces = false;
     for (int a = 0; a < r.n_acc; a++) reduces |= r.red_pass[r.acc_of[a]] == pass;
@@ -995,11 +1009,11 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
       LLVMBuildBr(b, uh);
       LLVMPositionBuilderAtEnd(b, uh);
       LLVMValueRef j = LLVMBuildLoad2(b, c->i64, jslot, "");
-      LLVMValueRef ustep = LLVMConstInt(c->i64, (unsigned long long)(UNROLL * LANES), 0);
+      LLVMValueRef ustep = LLVMConstInt(c->i64, (unsigned long long)(UNROLL * W), 0);
       LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, j, ustep, ""), ncols, ""), ub, vh);
       LLVMPositionBuilderAtEnd(b, ub);
       for (int u = 0; u < UNROLL; u++)
-        row_body(&r, pass, LLVMBuildAdd(b, j, LLVMConstInt(c->i64, (unsigned long long)(u * LANES), 0), ""), LANES, u);
+        row_body(&r, pass, LLVMBuildAdd(b, j, LLVMConstInt(c->i64, (unsigned long long)(u * W), 0), ""), W, u);
       LLVMBuildStore(b, LLVMBuildAdd(b, j, ustep, ""), jslot);
       LLVMBuildBr(b, uh);
     } else {
@@ -1010,7 +1024,7 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
       LLVMValueRef j = LLVMBuildLoad2(b, c->i64, jslot, "");
       LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, j, lanes, ""), ncols, ""), vb, th);
       LLVMPositionBuilderAtEnd(b, vb);
-      row_body(&r, pass, j, LANES, 0);
+      row_body(&r, pass, j, W, 0);
       LLVMBuildStore(b, LLVMBuildAdd(b, j, lanes, ""), jslot);
       LLVMBuildBr(b, vh);
     } else {
@@ -1033,10 +1047,12 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
       em_prim op = EM_PRIM_SUM;
       for (int i = 0; i < k->n_nodes; i++)
         if (g->nodes[k->nodes[i]].out == v) op = g->nodes[k->nodes[i]].op;
-      LLVMValueRef av = LLVMBuildLoad2(b, c->vf32, r.acc_v[a][0], ""), x = LLVMConstReal(c->f32, reduce_init(op));
-      for (int u = 1; u < UNROLL; u++) av = combine(c, op, av, LLVMBuildLoad2(b, c->vf32, r.acc_v[a][u], ""));
-      for (int l = 0; l < LANES; l++) x = combine(c, op, x, LLVMBuildExtractElement(b, av, LLVMConstInt(c->i64, (unsigned)l, 0), ""));
-      r.rowval[v] = combine(c, op, x, LLVMBuildLoad2(b, c->f32, r.acc_s[a], ""));
+      LLVMTypeRef et = elem_type(c, g->values[v].type.dtype), vt = lanes_of(et, W);
+      LLVMValueRef av = LLVMBuildLoad2(b, vt, r.acc_v[a][0], ""), x = LLVMConstReal(et, reduce_init(op));
+      for (int u = 1; u < UNROLL; u++) av = combine(c, op, av, LLVMBuildLoad2(b, vt, r.acc_v[a][u], ""));
+      for (int l = 0; l < W; l++)
+        x = combine(c, op, x, LLVMBuildExtractElement(b, av, LLVMConstInt(c->i64, (unsigned)l, 0), ""));
+      r.rowval[v] = combine(c, op, x, LLVMBuildLoad2(b, et, r.acc_s[a], ""));
     }
   }
   row_scalars(&r, passes);

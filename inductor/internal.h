@@ -150,23 +150,6 @@ bool ind_renders(const ir_graph *g, const ir_node *n);
  * exp; not a pow, which it renders for no dtype). ind_stats.dtype_eager_nodes counts them. */
 bool ind_dtype_blocks(const ir_graph *g, const ir_node *n);
 
-/* Whether node n runs op by op on the CPU only for its dtypes: ind_dtype_blocks, or a sum,
- * amax or amin that is not f32 (the row and column kernels accumulate in f32). */
-static inline bool ind_dtype_eager(const ir_graph *g, const ir_node *n) {
-  if (n->op == EM_PRIM_SUM || n->op == EM_PRIM_AMAX || n->op == EM_PRIM_AMIN)
-    return g->values[ir_operands(g, n)[0]].type.dtype != EM_F32 && ir_type_concrete(&g->values[n->out].type);
-  return ind_dtype_blocks(g, n);
-}
-
-/* Whether node n reads or makes an f64 value: such nodes go into pointwise kernels (LANES / 2
- * lanes) only, never into row kernels, whose accumulators and scratch rows are f32. */
-static inline bool touches_f64(const ir_graph *g, const ir_node *n) {
-  if (g->values[n->out].type.dtype == EM_F64) return true;
-  for (int k = 0; k < n->n_in; k++)
-    if (g->values[ir_operands(g, n)[k]].type.dtype == EM_F64) return true;
-  return false;
-}
-
 /* cuda_codegen.c: whether the CUDA renderer renders pointwise node n (floating-point and bool
  * values, the prim table's scalar expression for their compute dtypes). */
 bool ind_cuda_renders(const ir_graph *g, const ir_node *n);
@@ -178,11 +161,18 @@ static inline bool device_fusible(em_device d, const ir_graph *g, const ir_node 
   return d == EM_CUDA ? ind_cuda_renders(g, n) : ind_renders(g, n);
 }
 
-/* An f32 sum, amax or amin over the trailing dims of its operand: the first reduced dim, or -1. */
-static inline int trailing_reduction(const ir_graph *g, const ir_node *n) {
-  if (n->op != EM_PRIM_SUM && n->op != EM_PRIM_AMAX && n->op != EM_PRIM_AMIN) return -1;
+/* A sum, amax or amin in f32 or f64 (operand and result of one dtype) that the generated kernels
+ * accumulate (CUDA schedules take f32 ones only). */
+static inline bool kernel_reduction(const ir_graph *g, const ir_node *n) {
+  if (n->op != EM_PRIM_SUM && n->op != EM_PRIM_AMAX && n->op != EM_PRIM_AMIN) return false;
   const ir_type *u = &g->values[ir_operands(g, n)[0]].type;
-  if (u->dtype != EM_F32 || g->values[n->out].type.dtype != EM_F32 || !ir_type_concrete(u)) return -1;
+  return (u->dtype == EM_F32 || u->dtype == EM_F64) && g->values[n->out].type.dtype == u->dtype && ir_type_concrete(u);
+}
+
+/* A kernel_reduction over the trailing dims of its operand: the first reduced dim, or -1. */
+static inline int trailing_reduction(const ir_graph *g, const ir_node *n) {
+  if (!kernel_reduction(g, n)) return -1;
+  const ir_type *u = &g->values[ir_operands(g, n)[0]].type;
   bool red[EM_MAX_DIMS] = {0};
   for (int a = 0; a < n->attrs.n_axes; a++) red[n->attrs.axes[a]] = true;
   int k = u->ndim;
@@ -193,12 +183,11 @@ static inline int trailing_reduction(const ir_graph *g, const ir_node *n) {
   return k;
 }
 
-/* An f32 sum, amax or amin over leading dims of its operand that keeps a trailing dim of size
- * > 1: the number of leading dims, or -1. */
+/* A kernel_reduction over leading dims of its operand that keeps a trailing dim of size > 1: the
+ * number of leading dims, or -1. */
 static inline int leading_reduction(const ir_graph *g, const ir_node *n) {
-  if (n->op != EM_PRIM_SUM && n->op != EM_PRIM_AMAX && n->op != EM_PRIM_AMIN) return -1;
+  if (!kernel_reduction(g, n)) return -1;
   const ir_type *u = &g->values[ir_operands(g, n)[0]].type;
-  if (u->dtype != EM_F32 || g->values[n->out].type.dtype != EM_F32 || !ir_type_concrete(u)) return -1;
   bool red[EM_MAX_DIMS] = {0};
   for (int a = 0; a < n->attrs.n_axes; a++) red[n->attrs.axes[a]] = true;
   int k = 0;
@@ -210,6 +199,14 @@ static inline int leading_reduction(const ir_graph *g, const ir_node *n) {
     kept |= u->sizes[d] > 1;
   }
   return kept && reduces ? k : -1;
+}
+
+/* Whether node n runs op by op on the CPU only for its dtypes: ind_dtype_blocks, or a sum,
+ * amax or amin that is no kernel_reduction (an integer or f16 one; not one over no dim). */
+static inline bool ind_dtype_eager(const ir_graph *g, const ir_node *n) {
+  if (n->op == EM_PRIM_SUM || n->op == EM_PRIM_AMAX || n->op == EM_PRIM_AMIN)
+    return !kernel_reduction(g, n) && ir_type_concrete(&g->values[n->out].type);
+  return ind_dtype_blocks(g, n);
 }
 
 static inline bool same_shape(const ir_type *a, const ir_type *b) {

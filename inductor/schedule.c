@@ -123,17 +123,6 @@ static void add(builder *b, int node, int kind) {
 }
 
 
-/* A CPU group holding a node that reads or makes an f64 value: it stays a pointwise kernel (row
- * kernels accumulate and spill in f32). CUDA kernels render f64 rows. */
-static bool cpu_f64(const builder *b, const ir_node *n) {
-  return b->p->device != EM_CUDA && touches_f64(b->p->g, n);
-}
-static bool group_cpu_f64(const builder *b) {
-  for (int i = 0; i < b->gr.n; i++)
-    if (cpu_f64(b, &b->p->g->nodes[b->gr.nodes[i]])) return true;
-  return false;
-}
-
 /* Adds node i to the open group when it fits its iteration space; false when it does not. */
 static bool try_add(builder *b, int i) {
   const ir_graph *g = b->p->g;
@@ -153,7 +142,6 @@ static bool try_add(builder *b, int i) {
     return add(b, i, K_COL), true;
   }
   if (device_fusible(b->p->device, g, n)) {
-    if (gr->mode == G_ROW && cpu_f64(b, n)) return false;
     if (gr->mode == G_EMPTY) {
       if (!operands_ok(b, n, K_FULL)) return false;
       gr->mode = G_PW, gr->shape = *t, gr->split = t->ndim, gr->rows = numel_of(t);
@@ -164,6 +152,7 @@ static bool try_add(builder *b, int i) {
     return false;
   }
   int k = trailing_reduction(g, n);
+  if (b->p->device == EM_CUDA && g->values[n->out].type.dtype != EM_F32) k = -1; /* CUDA rows accumulate f32 */
   if (k >= 0) {
     int u = ir_operands(g, n)[0];
     const ir_type *ut = &g->values[u].type;
@@ -176,7 +165,7 @@ static bool try_add(builder *b, int i) {
     if (!same_shape(ut, &gr->shape)) return false;
     if (gr->mode == G_ROW) return k == gr->split && operands_ok(b, n, K_FULL) ? (add(b, i, K_ROW), true) : false;
     /* a pointwise group over S becomes a row kernel */
-    if (gr->has_col || group_cpu_f64(b)) return false;
+    if (gr->has_col) return false;
     group saved = *gr;
     gr->mode = G_ROW, gr->split = k, gr->rows = prefix_numel(ut, k);
     if (!group_operands_ok(b, K_FULL) || !operands_ok(b, n, K_FULL)) return *gr = saved, false;
@@ -201,7 +190,7 @@ static bool try_add(builder *b, int i) {
     return add(b, i, K_FULL), true;
   }
   /* a pointwise group over per-row values becomes a row kernel over t */
-  if (gr->mode != G_PW || gr->has_col || numel_of(&gr->shape) != prefix_numel(t, k) || group_cpu_f64(b)) return false;
+  if (gr->mode != G_PW || gr->has_col || numel_of(&gr->shape) != prefix_numel(t, k)) return false;
   group saved = *gr;
   gr->mode = G_ROW, gr->shape = *t, gr->split = k, gr->rows = prefix_numel(t, k);
   if (!group_operands_ok(b, K_ROW)) return *gr = saved, false;
