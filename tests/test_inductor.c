@@ -1200,6 +1200,34 @@ ETEST(inductor, f64_reductions_compile) {
   }
 }
 
+/* A normalisation whose row kernel keeps f64 values in scratch rows between its three passes
+ * (tanh(x), then the centred values) and ends with an amax. */
+static int f64_spills(em_tensor *const *in, em_tensor **out, void *ctx) {
+  (void)ctx;
+  int64_t C = em_size(in[0], 1);
+  em_tensor *h = em_tanh(em_mul_scalar(in[0], 0.7));
+  em_tensor *d = em_sub(h, em_mul_scalar(em_sum(h, 1, (int64_t[]){1}, true), 1.0 / (double)C));
+  em_tensor *y = em_div(d, em_sqrt(em_add_scalar(em_sum(em_mul(d, d), 1, (int64_t[]){1}, true), 1e-5)));
+  out[0] = em_add(y, em_exp(y));
+  out[1] = em_amax(y, 1, (int64_t[]){1}, false);
+  return 2;
+}
+
+ETEST(inductor, f64_row_kernel_spills) {
+  int64_t cols[] = {1, 7, 37, 300};
+  for (int i = 0; i < 4 * 2; i++) {
+    em_scope_begin();
+    em_manual_seed((uint64_t)i);
+    em_tensor *x = laid_out(EM_F64, 5, cols[i / 2], i % 2);
+    char what[64];
+    snprintf(what, sizeof what, "f64 spills over [5,%lld] layout %d", (long long)cols[i / 2], i % 2);
+    ind_stats st;
+    check_within(f64_spills, &x, NULL, &st, what, false, 1e-12);
+    if (i % 2 == 0 && cols[i / 2] > 1) cr_assert_eq(st.kernels, 1, "%s: %d kernels", what, st.kernels);
+    em_scope_end();
+  }
+}
+
 /* Graphs the renderer has no code for (i64 arithmetic and sums) still run, op by op, and say so:
  * ind_stats.dtype_eager_nodes counts them and the schedule names them once. */
 static int int_and_sum(em_tensor *const *in, em_tensor **out, void *ctx) {
