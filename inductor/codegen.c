@@ -63,14 +63,25 @@ static LLVMValueRef splat(cg *c, LLVMValueRef s, int w) {
 /* f32 and f64 kernels: the value types by dtype (bool buffers hold bytes), w lanes. A kernel that
  * holds an f64 value runs LANES / 2 lanes (one register of doubles); an f32-only kernel LANES. */
 static bool is_float(em_dtype d) { return d == EM_F32 || d == EM_F64; }
-static LLVMTypeRef elem_type(cg *c, em_dtype d) { return d == EM_BOOL ? c->i8 : d == EM_F64 ? c->f64 : c->f32; }
+/* i32, i64 and u8 values: two's complement, wrapping as eager's integer kernels */
+static bool is_int(em_dtype d) { return d == EM_I32 || d == EM_I64 || d == EM_U8; }
+static LLVMTypeRef elem_type(cg *c, em_dtype d) {
+  switch (d) {
+  case EM_BOOL: case EM_U8: return c->i8;
+  case EM_F64: return c->f64;
+  case EM_I64: return c->i64;
+  case EM_I32: return LLVMInt32TypeInContext(c->ctx);
+  default: return c->f32;
+  }
+}
 static LLVMTypeRef lanes_of(LLVMTypeRef t, int w) { return w == 1 ? t : LLVMVectorType(t, (unsigned)w); }
-static unsigned elem_align(em_dtype d) { return d == EM_BOOL ? 1 : d == EM_F64 ? 8 : 4; }
+static unsigned elem_align(em_dtype d) { return d == EM_BOOL || d == EM_U8 ? 1 : d == EM_F64 || d == EM_I64 ? 8 : 4; }
+static bool wide(em_dtype d) { return d == EM_F64 || d == EM_I64; }
 static int kernel_lanes(const ir_graph *g, const kernel *k) {
   for (int i = 0; i < k->n_in; i++)
-    if (g->values[k->in[i]].type.dtype == EM_F64) return LANES / 2;
+    if (wide(g->values[k->in[i]].type.dtype)) return LANES / 2;
   for (int i = 0; i < k->n_nodes; i++) /* its outputs among them */
-    if (g->values[g->nodes[k->nodes[i]].out].type.dtype == EM_F64) return LANES / 2;
+    if (wide(g->values[g->nodes[k->nodes[i]].out].type.dtype)) return LANES / 2;
   return LANES;
 }
 static LLVMValueRef dconst(cg *c, em_dtype d, double v, int w) {
@@ -145,11 +156,12 @@ static LLVMValueRef intrinsic(cg *c, const char *name, LLVMValueRef x) {
 }
 
 /* ---- the LLVM renderer of pointwise expressions ----
- * A fused kernel computes in f32 and f64 (floats) and i1 (bools), w lanes at a time. Each pointwise node
- * is its prim's scalar expression from the prim table (prims.def), instantiated for the node's
- * dtypes (prim_scalar_expr) and rendered instruction by instruction; a node whose expression uses
- * a scalar op this renderer lacks for its dtypes (integer pow, remainder, arithmetic on bools)
- * is not fusible and runs as an eager kernel. */
+ * A fused kernel computes in f32 and f64 (floats), i32, i64 and i8 (integers: i32, i64, u8) and
+ * i1 (bools), w lanes at a time. Each pointwise node is its prim's scalar expression from the prim
+ * table (prims.def), instantiated for the node's dtypes (prim_scalar_expr) and rendered
+ * instruction by instruction; a node whose expression uses a scalar op this renderer lacks for
+ * its dtypes (pow, remainder, float to integer conversion, f16 values, arithmetic on bools) is
+ * not fusible and runs as an eager kernel. */
 
 /* exp, log, ...: SLEEF's u10 vector functions (1.0 ULP; the ones the eager kernels call), in the
  * vector body and, on a broadcast, in the scalar tail; libm without SLEEF. tanh alone takes
@@ -205,16 +217,36 @@ static LLVMValueRef transcendental(cg *c, prim_sop op, LLVMValueRef *x, int n, i
 #endif
 }
 
+/* x (w lanes of dtype from) as dtype to, where one of them is an integer: to bool x != 0, from
+ * bool 0 or 1, between integers the low bits (sign- or zero-extended by from), to a float the
+ * nearest value (C's conversions, as eager's). */
+static LLVMValueRef int_cast(cg *c, LLVMValueRef x, em_dtype from, em_dtype to, int w) {
+  LLVMBuilderRef b = c->b;
+  LLVMTypeRef t = lanes_of(elem_type(c, to), w);
+  bool sgn = from == EM_I32 || from == EM_I64;
+  if (to == EM_BOOL) return LLVMBuildICmp(b, LLVMIntNE, x, LLVMConstNull(LLVMTypeOf(x)), "");
+  if (is_float(to)) return sgn ? LLVMBuildSIToFP(b, x, t, "") : LLVMBuildUIToFP(b, x, t, "");
+  LLVMTypeRef xt = w == 1 ? LLVMTypeOf(x) : LLVMGetElementType(LLVMTypeOf(x));
+  unsigned fb = LLVMGetIntTypeWidth(xt);
+  unsigned tb = LLVMGetIntTypeWidth(elem_type(c, to));
+  if (fb == tb) return x;
+  if (fb > tb) return LLVMBuildTrunc(b, x, t, "");
+  return sgn ? LLVMBuildSExt(b, x, t, "") : LLVMBuildZExt(b, x, t, "");
+}
+
 /* Whether the renderer has scalar op in (of expression e) for its dtypes. */
 static bool llvm_renders(const prim_sexpr *e, const prim_sinst *in) {
   em_dtype d = in->dtype, x = in->n_in ? e->ins[in->in[0]].dtype : d;
   bool fl = is_float(d);
   switch (in->op) {
-  case SOP_ARG: case SOP_CONST: return fl || d == EM_BOOL;
-  case SOP_CAST: return (fl && x == EM_BOOL) || (d == EM_BOOL && is_float(x)) || (fl && is_float(x));
-  case SOP_NEG: case SOP_ABS: case SOP_EXP: case SOP_LOG: case SOP_LOG1P: case SOP_EXPM1: case SOP_SQRT:
-  case SOP_SIN: case SOP_COS: case SOP_TANH: case SOP_ERF: case SOP_FLOOR: case SOP_CEIL:
-  case SOP_ADD: case SOP_SUB: case SOP_MUL: case SOP_DIV: case SOP_ATAN2:
+  case SOP_ARG: case SOP_CONST: return fl || is_int(d) || d == EM_BOOL;
+  case SOP_CAST: /* not float to integer: eager's conversion maps NaN and out-of-range values to INT64_MIN */
+    return (fl && x == EM_BOOL) || (d == EM_BOOL && is_float(x)) || (fl && is_float(x)) || (fl && is_int(x)) ||
+           ((is_int(d) || d == EM_BOOL) && (is_int(x) || x == EM_BOOL));
+  case SOP_NEG: case SOP_ABS: case SOP_FLOOR: case SOP_CEIL: case SOP_ADD: case SOP_SUB: case SOP_MUL:
+    return fl || is_int(d);
+  case SOP_EXP: case SOP_LOG: case SOP_LOG1P: case SOP_EXPM1: case SOP_SQRT:
+  case SOP_SIN: case SOP_COS: case SOP_TANH: case SOP_ERF: case SOP_DIV: case SOP_ATAN2:
     return fl;
   case SOP_EQ: case SOP_NE: case SOP_LT: case SOP_LE: case SOP_GT: case SOP_GE: case SOP_ISNAN:
   case SOP_AND: case SOP_OR: case SOP_NOT: case SOP_SELECT:
@@ -276,32 +308,49 @@ static LLVMValueRef emit_node(cg *c, const ir_graph *g, const ir_node *n, LLVMVa
     switch (in->op) {
     case SOP_ARG: r[i] = v[o[in->arg]]; break;
     case SOP_CONST:
-      r[i] = in->dtype == EM_BOOL ? splat(c, LLVMConstInt(c->i1, in->value != 0, 0), w)
-                                   : dconst(c, in->dtype, in->value, w);
+      if (is_int(in->dtype))
+        r[i] = splat(c, LLVMConstInt(elem_type(c, in->dtype), (unsigned long long)(long long)in->value, 1), w);
+      else
+        r[i] = in->dtype == EM_BOOL ? splat(c, LLVMConstInt(c->i1, in->value != 0, 0), w)
+                                     : dconst(c, in->dtype, in->value, w);
       break;
     case SOP_CAST: /* float <-> bool: (bool)x is x != 0; f32 <-> f64 rounds to nearest, as C's casts */
+      if (is_int(in->dtype) || (in->dtype == EM_BOOL && is_int(xd)) || (xd == EM_BOOL && is_int(in->dtype)) ||
+          (is_int(xd) && is_float(in->dtype))) {
+        r[i] = int_cast(c, x, xd, in->dtype, w);
+        break;
+      }
       if (in->dtype == EM_BOOL) r[i] = LLVMBuildFCmp(b, LLVMRealUNE, x, dconst(c, xd, 0, w), "");
       else if (xd == EM_BOOL) r[i] = LLVMBuildUIToFP(b, x, lanes_of(elem_type(c, in->dtype), w), "");
       else if (in->dtype == EM_F64) r[i] = LLVMBuildFPExt(b, x, lanes_of(c->f64, w), "");
       else r[i] = LLVMBuildFPTrunc(b, x, lanes_of(c->f32, w), "");
       break;
-    case SOP_NEG: r[i] = LLVMBuildFNeg(b, x, ""); break;
-    case SOP_ABS: r[i] = intrinsic(c, "llvm.fabs", x); break;
+    case SOP_NEG: r[i] = xf ? LLVMBuildFNeg(b, x, "") : LLVMBuildNeg(b, x, ""); break;
+    case SOP_ABS:
+      if (xf) r[i] = intrinsic(c, "llvm.fabs", x);
+      else if (xd == EM_U8) r[i] = x;
+      else /* wrapping: abs(INT_MIN) is INT_MIN, as eager */
+        r[i] = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntSLT, x, LLVMConstNull(LLVMTypeOf(x)), ""),
+                               LLVMBuildNeg(b, x, ""), x, "");
+      break;
     case SOP_SQRT: r[i] = intrinsic(c, "llvm.sqrt", x); break;
-    case SOP_FLOOR: r[i] = intrinsic(c, "llvm.floor", x); break;
-    case SOP_CEIL: r[i] = intrinsic(c, "llvm.ceil", x); break;
+    case SOP_FLOOR: r[i] = xf ? intrinsic(c, "llvm.floor", x) : x; break;
+    case SOP_CEIL: r[i] = xf ? intrinsic(c, "llvm.ceil", x) : x; break;
     case SOP_EXP: case SOP_LOG: case SOP_LOG1P: case SOP_EXPM1: case SOP_SIN: case SOP_COS: case SOP_TANH:
     case SOP_ERF: case SOP_ATAN2:
       r[i] = transcendental(c, in->op, (LLVMValueRef[]){x, y}, in->n_in, w, in->dtype);
       break;
-    case SOP_ADD: r[i] = LLVMBuildFAdd(b, x, y, ""); break;
-    case SOP_SUB: r[i] = LLVMBuildFSub(b, x, y, ""); break;
-    case SOP_MUL: r[i] = LLVMBuildFMul(b, x, y, ""); break;
+    case SOP_ADD: r[i] = xf ? LLVMBuildFAdd(b, x, y, "") : LLVMBuildAdd(b, x, y, ""); break;
+    case SOP_SUB: r[i] = xf ? LLVMBuildFSub(b, x, y, "") : LLVMBuildSub(b, x, y, ""); break;
+    case SOP_MUL: r[i] = xf ? LLVMBuildFMul(b, x, y, "") : LLVMBuildMul(b, x, y, ""); break;
     case SOP_DIV: r[i] = LLVMBuildFDiv(b, x, y, ""); break;
     case SOP_EQ: case SOP_NE: case SOP_LT: case SOP_LE: case SOP_GT: case SOP_GE: {
       static const LLVMRealPredicate rp[] = {LLVMRealOEQ, LLVMRealUNE, LLVMRealOLT, LLVMRealOLE, LLVMRealOGT, LLVMRealOGE};
       static const LLVMIntPredicate ip[] = {LLVMIntEQ, LLVMIntNE, LLVMIntULT, LLVMIntULE, LLVMIntUGT, LLVMIntUGE};
-      r[i] = xf ? LLVMBuildFCmp(b, rp[in->op - SOP_EQ], x, y, "") : LLVMBuildICmp(b, ip[in->op - SOP_EQ], x, y, "");
+      static const LLVMIntPredicate sp[] = {LLVMIntEQ, LLVMIntNE, LLVMIntSLT, LLVMIntSLE, LLVMIntSGT, LLVMIntSGE};
+      bool sgn = xd == EM_I32 || xd == EM_I64; /* bool and u8 compare unsigned */
+      r[i] = xf ? LLVMBuildFCmp(b, rp[in->op - SOP_EQ], x, y, "")
+                : LLVMBuildICmp(b, (sgn ? sp : ip)[in->op - SOP_EQ], x, y, "");
       break;
     }
     case SOP_ISNAN:

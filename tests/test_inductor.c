@@ -1228,13 +1228,48 @@ ETEST(inductor, f64_row_kernel_spills) {
   }
 }
 
-/* Graphs the renderer has no code for (i64 arithmetic and sums) still run, op by op, and say so:
- * ind_stats.dtype_eager_nodes counts them and the schedule names them once. */
+/* Integer pointwise kernels: i64 and i32 arithmetic (wrapping), abs, neg, comparisons (signed),
+ * where, maximum, sign, conversions among integers, bool and floats, with a broadcast row and
+ * transposed, sliced and expanded inputs: eager's values exactly. */
+static int int_chain(em_tensor *const *in, em_tensor **out, void *ctx) {
+  (void)ctx;
+  em_tensor *x = in[0], *b = in[1];
+  em_tensor *h = em_add(em_mul(x, x), em_mul_scalar(b, 3));
+  em_tensor *n = em_neg(em_abs(em_sub(h, x)));
+  out[0] = em_where(em_lt(n, b), em_maximum(n, x), em_sign(h));
+  em_tensor *s = em_cast(em_add(em_cast(h, EM_I32), em_cast(em_ge(x, b), EM_I32)), EM_I32);
+  out[1] = em_cast(s, EM_I64);
+  out[2] = em_add(em_cast(x, EM_F64), em_mul_scalar(em_cast(s, EM_F32), 0.5)); /* promoted to f64 */
+  return 3;
+}
+
+ETEST(inductor, integer_pointwise_kernels) {
+  for (int i = 0; i < 4 * 4; i++) {
+    int64_t R = i / 4 == 0 ? 1 : 3 + 10 * (i / 4), C = 5 + 31 * (i / 4);
+    int layout = i % 4;
+    em_scope_begin();
+    em_manual_seed((uint64_t)i);
+    em_tensor *x = em_cast(em_mul_scalar(laid_out(EM_F32, R, C, layout), 1e4), EM_I64);
+    if (layout == 1) x = em_transpose(em_cast(em_randint(-99999, 99999, EM_SHAPE(C, R)), EM_I64), 0, 1);
+    em_tensor *in[2] = {x, em_randint(-3000000000ll, 3000000000ll, EM_SHAPE(C))};
+    char what[80];
+    snprintf(what, sizeof what, "int chain over [%lld,%lld] layout %d", (long long)R, (long long)C, layout);
+    ind_stats st;
+    cr_assert_eq(check_within(int_chain, in, NULL, &st, what, false, 1e-300), 3, "%s: not eager's values", what);
+    cr_assert_eq(st.dtype_eager_nodes, 0, "%s: %d nodes op by op for their dtype", what, st.dtype_eager_nodes);
+    cr_assert_gt(st.kernels, 0, "%s", what);
+    em_scope_end();
+  }
+}
+
+/* Graphs the renderer has no code for (an i64 sum, a float to integer conversion) still run, op by
+ * op, and say so: ind_stats.dtype_eager_nodes counts them and the schedule names them once. */
 static int int_and_sum(em_tensor *const *in, em_tensor **out, void *ctx) {
   (void)ctx;
-  out[0] = em_sum(em_add(em_mul(in[0], in[0]), in[0]), 1, (int64_t[]){1}, false); /* i64 */
+  out[0] = em_sum(em_add(em_mul(in[0], in[0]), in[0]), 1, (int64_t[]){1}, false); /* i64 kernel, i64 sum */
   out[1] = em_sum(em_exp(in[1]), 1, (int64_t[]){1}, false);                       /* one f64 row kernel */
-  return 2;
+  out[2] = em_cast(in[1], EM_I64);
+  return 3;
 }
 
 ETEST(inductor, dtypes_without_kernels_are_counted) {
@@ -1242,15 +1277,15 @@ ETEST(inductor, dtypes_without_kernels_are_counted) {
   em_tensor *in[2] = {em_randint(-9, 9, EM_SHAPE(4, 33)), em_randn(EM_F64, EM_SHAPE(4, 33))};
   ind_stats st;
   check_within(int_and_sum, in, NULL, &st, "i64 and an f64 sum", false, 1e-12);
-  cr_assert_eq(st.dtype_eager_nodes, 3, "%d nodes op by op for their dtype", st.dtype_eager_nodes);
-  cr_assert_eq(st.kernels, 1, "the f64 exp and sum compile: %d kernels", st.kernels);
+  cr_assert_eq(st.dtype_eager_nodes, 2, "%d nodes op by op for their dtype", st.dtype_eager_nodes);
+  cr_assert_eq(st.kernels, 2, "the i64 arithmetic, the f64 exp and sum compile: %d kernels", st.kernels);
   /* the schedule's reason line */
   rt_trace tr;
   cr_assert(rt_trace_begin(&tr, "t", refuse_break, NULL, EM_HERE));
   em_scope_begin();
-  em_tensor *o[2];
+  em_tensor *o[3];
   int_and_sum(in, o, NULL);
-  for (int i = 0; i < 2; i++) cr_assert(ir_add_output(tr.g, rt_trace_value_of(&tr, o[i])));
+  for (int i = 0; i < 3; i++) cr_assert(ir_add_output(tr.g, rt_trace_value_of(&tr, o[i])));
   em_scope_end();
   ir_graph *g = ir_graph_clone(tr.g);
   em_tensor *gin[2] = {tr.lifted[0], tr.lifted[1]};
@@ -1260,8 +1295,8 @@ ETEST(inductor, dtypes_without_kernels_are_counted) {
   ind_program *p = ind_compile(g, gin, NULL, err, sizeof err);
   cr_assert_not_null(p, "%s", err);
   const char *text = ind_schedule(p);
-  cr_assert(text && strstr(text, "3 nodes run op by op for their dtypes (i64 mul, i64 add, i64 sum)"), "%s", text);
-  cr_assert(strstr(text, "eager kernel: no generated code for i64"), "%s", text);
+  cr_assert(text && strstr(text, "2 nodes run op by op for their dtypes (i64 sum, f64 convert)"), "%s", text);
+  cr_assert(strstr(text, "sum (eager kernel: no generated code for i64)"), "%s", text);
   ind_free(p);
   ir_graph_free(g);
 }
