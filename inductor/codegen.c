@@ -160,8 +160,8 @@ static LLVMValueRef intrinsic(cg *c, const char *name, LLVMValueRef x) {
  * i1 (bools), w lanes at a time. Each pointwise node is its prim's scalar expression from the prim
  * table (prims.def), instantiated for the node's dtypes (prim_scalar_expr) and rendered
  * instruction by instruction; a node whose expression uses a scalar op this renderer lacks for
- * its dtypes (pow, remainder, float to integer conversion, f16 values, arithmetic on bools) is
- * not fusible and runs as an eager kernel. */
+ * its dtypes (pow, remainder, f16 values, arithmetic on bools) is not fusible and runs as an
+ * eager kernel. */
 
 /* exp, log, ...: SLEEF's u10 vector functions (1.0 ULP; the ones the eager kernels call), in the
  * vector body and, on a broadcast, in the scalar tail; libm without SLEEF. tanh alone takes
@@ -219,10 +219,19 @@ static LLVMValueRef transcendental(cg *c, prim_sop op, LLVMValueRef *x, int n, i
 
 /* x (w lanes of dtype from) as dtype to, where one of them is an integer: to bool x != 0, from
  * bool 0 or 1, between integers the low bits (sign- or zero-extended by from), to a float the
- * nearest value (C's conversions, as eager's). */
+ * nearest value (C's conversions, as eager's); from a float as prims/pointwise.c's f2i: truncated
+ * to i64, INT64_MIN for NaN and values out of its range, then the low bits. */
 static LLVMValueRef int_cast(cg *c, LLVMValueRef x, em_dtype from, em_dtype to, int w) {
   LLVMBuilderRef b = c->b;
   LLVMTypeRef t = lanes_of(elem_type(c, to), w);
+  if (is_float(from)) {
+    LLVMTypeRef i64s = lanes_of(c->i64, w);
+    LLVMValueRef in = LLVMBuildAnd(b, LLVMBuildFCmp(b, LLVMRealOGE, x, dconst(c, from, -0x1p63, w), ""),
+                                   LLVMBuildFCmp(b, LLVMRealOLT, x, dconst(c, from, 0x1p63, w), ""), "");
+    LLVMValueRef v = LLVMBuildSelect(b, in, LLVMBuildFPToSI(b, x, i64s, ""),
+                                     splat(c, LLVMConstInt(c->i64, 1ull << 63, 0), w), "");
+    return to == EM_I64 ? v : LLVMBuildTrunc(b, v, t, "");
+  }
   bool sgn = from == EM_I32 || from == EM_I64;
   if (to == EM_BOOL) return LLVMBuildICmp(b, LLVMIntNE, x, LLVMConstNull(LLVMTypeOf(x)), "");
   if (is_float(to)) return sgn ? LLVMBuildSIToFP(b, x, t, "") : LLVMBuildUIToFP(b, x, t, "");
@@ -240,9 +249,8 @@ static bool llvm_renders(const prim_sexpr *e, const prim_sinst *in) {
   bool fl = is_float(d);
   switch (in->op) {
   case SOP_ARG: case SOP_CONST: return fl || is_int(d) || d == EM_BOOL;
-  case SOP_CAST: /* not float to integer: eager's conversion maps NaN and out-of-range values to INT64_MIN */
-    return (fl && x == EM_BOOL) || (d == EM_BOOL && is_float(x)) || (fl && is_float(x)) || (fl && is_int(x)) ||
-           ((is_int(d) || d == EM_BOOL) && (is_int(x) || x == EM_BOOL));
+  case SOP_CAST:
+    return (fl || is_int(d) || d == EM_BOOL) && (is_float(x) || is_int(x) || x == EM_BOOL);
   case SOP_NEG: case SOP_ABS: case SOP_FLOOR: case SOP_CEIL: case SOP_ADD: case SOP_SUB: case SOP_MUL:
     return fl || is_int(d);
   case SOP_EXP: case SOP_LOG: case SOP_LOG1P: case SOP_EXPM1: case SOP_SQRT:
@@ -315,8 +323,7 @@ static LLVMValueRef emit_node(cg *c, const ir_graph *g, const ir_node *n, LLVMVa
                                      : dconst(c, in->dtype, in->value, w);
       break;
     case SOP_CAST: /* float <-> bool: (bool)x is x != 0; f32 <-> f64 rounds to nearest, as C's casts */
-      if (is_int(in->dtype) || (in->dtype == EM_BOOL && is_int(xd)) || (xd == EM_BOOL && is_int(in->dtype)) ||
-          (is_int(xd) && is_float(in->dtype))) {
+      if (is_int(in->dtype) || is_int(xd)) {
         r[i] = int_cast(c, x, xd, in->dtype, w);
         break;
       }

@@ -12,8 +12,8 @@
  * iteration space:
  *  - pointwise kernels: pointwise prims over one shape whose scalar expression (prims.def) the
  *    LLVM renderer renders for their dtypes (f32 and f64 arithmetic and transcendentals, i32/i64/u8
- *    add, sub, mul, neg, abs, comparisons, bool logic, conversions but float to integer; not f16
- *    math, pow or remainder: those run op by op, counted in ind_stats.dtype_eager_nodes and named
+ *    add, sub, mul, neg, abs, comparisons, bool logic, conversions; not f16 values, pow or
+ *    remainder: those run op by op, counted in ind_stats.dtype_eager_nodes and named
  *    in the schedule), vertical chains and horizontal
  *    neighbours alike; a sum/amax/amin over leading dims (a bias gradient) joins as a column
  *    reduction, accumulated in its output (one thread per column block);
@@ -79,8 +79,8 @@ typedef struct ind_stats {
   int fused_nodes;    /* graph nodes inside them */
   int fallback_nodes; /* nodes run by the eager kernels */
   int dtype_eager_nodes; /* of those, the ones that run op by op only for their dtypes (CPU programs): pointwise
-                          * nodes the LLVM renderer renders in f32 but not in theirs (f16, bf16, a float to
-                          * integer conversion), and sums, amax and amin not in f32 or f64 (ind_dtype_eager) */
+                          * nodes the LLVM renderer renders in f32 but not in theirs (f16 and bf16 values),
+                          * and sums, amax and amin not in f32 or f64 (ind_dtype_eager) */
   int recomputed_nodes; /* nodes emitted again where a later kernel reads their value (rewrite.c) */
   int scatter_sums;     /* sums of slice scatters made one cat (rewrite.c) */
   int window_reductions; /* amax / amin over a small non-trailing window made pointwise (rewrite.c) */

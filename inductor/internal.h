@@ -142,14 +142,13 @@ ir_graph *ind_rewrite(const ir_graph *g, bool rematerialize, ind_stats *st);
 /* codegen.c: whether the LLVM renderer renders pointwise node n: its prim's scalar expression
  * (prims.def), instantiated for the node's dtypes, uses only scalar ops the renderer has for them
  * (f32 and f64 arithmetic and transcendentals; i32, i64 and u8 add, sub, mul, neg, abs; comparisons,
- * bool logic, select; conversions among these dtypes except float to integer). f16/bf16 values,
- * integer pow and remainder, float-to-integer conversions and arithmetic on bools run op by op. */
+ * bool logic, select; conversions among these dtypes). f16/bf16 values, pow, remainder and
+ * arithmetic on bools run op by op. */
 bool ind_renders(const ir_graph *g, const ir_node *n);
 
 /* codegen.c: whether pointwise node n runs op by op only for its dtypes: the renderer lacks some
- * of its scalar ops for the dtypes at hand but has every one of them for f32 (an f16 exp, a float
- * to i64 conversion; not a pow, which it renders for no dtype). ind_stats.dtype_eager_nodes
- * counts them. */
+ * of its scalar ops for the dtypes at hand but has every one of them for f32 (a conversion to
+ * f16; not a pow, which it renders for no dtype). ind_stats.dtype_eager_nodes counts them. */
 bool ind_dtype_blocks(const ir_graph *g, const ir_node *n);
 
 /* cuda_codegen.c: whether the CUDA renderer renders pointwise node n (floating-point and bool

@@ -802,10 +802,15 @@ bool ind_donatable(const ind_program *p, int o, int i) {
   return true;
 }
 
-/* The dtype a node that runs op by op for its dtypes has: its first operand's (what it computes in). */
+/* The dtype that keeps a node op by op: its result's or an operand's, the first that is not f32,
+ * f64 or bool (f16 values, an integer sum), else its result's (a float to integer conversion). */
 static em_dtype blocking_dtype(const ir_graph *g, const ir_node *n) {
-  int k = n->op == EM_PRIM_WHERE ? 1 : 0;
-  return n->n_in > k ? g->values[ir_operands(g, n)[k]].type.dtype : g->values[n->out].type.dtype;
+  em_dtype d = g->values[n->out].type.dtype;
+  for (int k = -1; k < n->n_in; k++) {
+    em_dtype x = k < 0 ? d : g->values[ir_operands(g, n)[k]].type.dtype;
+    if (x != EM_F32 && x != EM_F64 && x != EM_BOOL) return x;
+  }
+  return d;
 }
 
 /* EMBER_LOGS=schedule: each kernel's nodes, iteration space and bytes moved; then, once for the

@@ -1240,7 +1240,12 @@ static int int_chain(em_tensor *const *in, em_tensor **out, void *ctx) {
   em_tensor *s = em_cast(em_add(em_cast(h, EM_I32), em_cast(em_ge(x, b), EM_I32)), EM_I32);
   out[1] = em_cast(s, EM_I64);
   out[2] = em_add(em_cast(x, EM_F64), em_mul_scalar(em_cast(s, EM_F32), 0.5)); /* promoted to f64 */
-  return 3;
+  /* float to integer: truncated; NaN (0 / 0), infinities and values past 2^63 give INT64_MIN, then its low bits */
+  em_tensor *q = em_mul_scalar(em_div(em_cast(x, EM_F64), em_cast(em_sub(b, x), EM_F64)), 1e14);
+  em_tensor *x64 = em_cast(x, EM_F64), *z64 = em_cast(em_mul_scalar(x, 0), EM_F64);
+  out[3] = em_cast(em_add(q, em_div(em_mul_scalar(x64, 1e15), em_add_scalar(z64, 1))), EM_I64); /* |x| * 1e15 > 2^63 */
+  out[4] = em_cast(em_cast(em_where(em_gt(x, b), em_div(x64, z64), em_div(z64, z64)), EM_F32), EM_I32);
+  return 5;
 }
 
 ETEST(inductor, integer_pointwise_kernels) {
@@ -1255,20 +1260,20 @@ ETEST(inductor, integer_pointwise_kernels) {
     char what[80];
     snprintf(what, sizeof what, "int chain over [%lld,%lld] layout %d", (long long)R, (long long)C, layout);
     ind_stats st;
-    cr_assert_eq(check_within(int_chain, in, NULL, &st, what, false, 1e-300), 3, "%s: not eager's values", what);
+    cr_assert_eq(check_within(int_chain, in, NULL, &st, what, false, 1e-300), 5, "%s: not eager's values", what);
     cr_assert_eq(st.dtype_eager_nodes, 0, "%s: %d nodes op by op for their dtype", what, st.dtype_eager_nodes);
     cr_assert_gt(st.kernels, 0, "%s", what);
     em_scope_end();
   }
 }
 
-/* Graphs the renderer has no code for (an i64 sum, a float to integer conversion) still run, op by
- * op, and say so: ind_stats.dtype_eager_nodes counts them and the schedule names them once. */
+/* Graphs the renderer has no code for (an i64 sum, f16 values) still run, op by op, and say so:
+ * ind_stats.dtype_eager_nodes counts them and the schedule names them once. */
 static int int_and_sum(em_tensor *const *in, em_tensor **out, void *ctx) {
   (void)ctx;
   out[0] = em_sum(em_add(em_mul(in[0], in[0]), in[0]), 1, (int64_t[]){1}, false); /* i64 kernel, i64 sum */
   out[1] = em_sum(em_exp(in[1]), 1, (int64_t[]){1}, false);                       /* one f64 row kernel */
-  out[2] = em_cast(in[1], EM_I64);
+  out[2] = em_cast(em_cast(in[1], EM_F16), EM_F64); /* f16 is a storage type on the CPU */
   return 3;
 }
 
@@ -1277,7 +1282,7 @@ ETEST(inductor, dtypes_without_kernels_are_counted) {
   em_tensor *in[2] = {em_randint(-9, 9, EM_SHAPE(4, 33)), em_randn(EM_F64, EM_SHAPE(4, 33))};
   ind_stats st;
   check_within(int_and_sum, in, NULL, &st, "i64 and an f64 sum", false, 1e-12);
-  cr_assert_eq(st.dtype_eager_nodes, 2, "%d nodes op by op for their dtype", st.dtype_eager_nodes);
+  cr_assert_eq(st.dtype_eager_nodes, 3, "%d nodes op by op for their dtype", st.dtype_eager_nodes);
   cr_assert_eq(st.kernels, 2, "the i64 arithmetic, the f64 exp and sum compile: %d kernels", st.kernels);
   /* the schedule's reason line */
   rt_trace tr;
@@ -1295,7 +1300,8 @@ ETEST(inductor, dtypes_without_kernels_are_counted) {
   ind_program *p = ind_compile(g, gin, NULL, err, sizeof err);
   cr_assert_not_null(p, "%s", err);
   const char *text = ind_schedule(p);
-  cr_assert(text && strstr(text, "2 nodes run op by op for their dtypes (i64 sum, f64 convert)"), "%s", text);
+  cr_assert(text && strstr(text, "3 nodes run op by op for their dtypes (i64 sum, f16 convert, f16 convert)"), "%s",
+            text);
   cr_assert(strstr(text, "sum (eager kernel: no generated code for i64)"), "%s", text);
   ind_free(p);
   ir_graph_free(g);
