@@ -60,7 +60,33 @@ static LLVMValueRef splat(cg *c, LLVMValueRef s, int w) {
   return LLVMBuildShuffleVector(c->b, v, LLVMGetUndef(vt), zero_mask, "splat");
 }
 
-static LLVMValueRef fconst(cg *c, double v, int w) { return splat(c, LLVMConstReal(c->f32, v), w); }
+/* f32 and f64 kernels: the value types by dtype (bool buffers hold bytes), w lanes. A kernel that
+ * holds an f64 value runs LANES / 2 lanes (one register of doubles); an f32-only kernel LANES. */
+static bool is_float(em_dtype d) { return d == EM_F32 || d == EM_F64; }
+/* i32, i64 and u8 values: two's complement, wrapping as eager's integer kernels */
+static bool is_int(em_dtype d) { return d == EM_I32 || d == EM_I64 || d == EM_U8; }
+static LLVMTypeRef elem_type(cg *c, em_dtype d) {
+  switch (d) {
+  case EM_BOOL: case EM_U8: return c->i8;
+  case EM_F64: return c->f64;
+  case EM_I64: return c->i64;
+  case EM_I32: return LLVMInt32TypeInContext(c->ctx);
+  default: return c->f32;
+  }
+}
+static LLVMTypeRef lanes_of(LLVMTypeRef t, int w) { return w == 1 ? t : LLVMVectorType(t, (unsigned)w); }
+static unsigned elem_align(em_dtype d) { return d == EM_BOOL || d == EM_U8 ? 1 : d == EM_F64 || d == EM_I64 ? 8 : 4; }
+static bool wide(em_dtype d) { return d == EM_F64 || d == EM_I64; }
+static int kernel_lanes(const ir_graph *g, const kernel *k) {
+  for (int i = 0; i < k->n_in; i++)
+    if (wide(g->values[k->in[i]].type.dtype)) return LANES / 2;
+  for (int i = 0; i < k->n_nodes; i++) /* its outputs among them */
+    if (wide(g->values[g->nodes[k->nodes[i]].out].type.dtype)) return LANES / 2;
+  return LANES;
+}
+static LLVMValueRef dconst(cg *c, em_dtype d, double v, int w) {
+  return splat(c, LLVMConstReal(d == EM_F64 ? c->f64 : c->f32, v), w);
+}
 
 /* A number the kernel's loops and offsets use that comes from the graph's sizes: an immediate,
  * or with sizes_as_args (cg.args) the next entry of the kernel's table, read at run time, so the
@@ -130,57 +156,106 @@ static LLVMValueRef intrinsic(cg *c, const char *name, LLVMValueRef x) {
 }
 
 /* ---- the LLVM renderer of pointwise expressions ----
- * A fused kernel computes in f32 (floats) and i1 (bools), w lanes at a time. Each pointwise node
- * is its prim's scalar expression from the prim table (prims.def), instantiated for the node's
- * dtypes (prim_scalar_expr) and rendered instruction by instruction; a node whose expression uses
- * a scalar op this renderer lacks for its dtypes (integer pow, remainder, arithmetic on bools)
- * is not fusible and runs as an eager kernel. */
+ * A fused kernel computes in f32 and f64 (floats), i32, i64 and i8 (integers: i32, i64, u8) and
+ * i1 (bools), w lanes at a time. Each pointwise node is its prim's scalar expression from the prim
+ * table (prims.def), instantiated for the node's dtypes (prim_scalar_expr) and rendered
+ * instruction by instruction; a node whose expression uses a scalar op this renderer lacks for
+ * its dtypes (pow, remainder, f16 values, arithmetic on bools) is not fusible and runs as an
+ * eager kernel. */
 
 /* exp, log, ...: SLEEF's u10 vector functions (1.0 ULP; the ones the eager kernels call), in the
  * vector body and, on a broadcast, in the scalar tail; libm without SLEEF. tanh alone takes
  * SLEEF's u35 function (3.5 ULP): the u10 one evaluates in double-float arithmetic and costs 1.06
  * ns an element on one Zen 4 core against 0.34, which made a tanh GELU kernel compute-bound (1.5
  * ms over [16,128,1024] where its bytes take 0.6). A few ULP is what XLA's f32 tanh gives too;
- * tests hold compiled tanh to eager's within 1e-5. */
-static LLVMValueRef transcendental(cg *c, prim_sop op, LLVMValueRef *x, int n, int w) {
+ * tests hold compiled tanh to eager's within 1e-5.
+ * f64 (dt): SLEEF's f64 u10 functions over LANES / 2 lanes, tanh included: eager f64 runs glibc's
+ * libm (under 1 ULP), and u10 is the class that matches it. An f32 value in a kernel of f64
+ * lanes (w below LANES) goes through the same LANES-wide f32 function, its lanes widened and
+ * then narrowed again, so its bits are those of an f32 kernel. */
+static LLVMValueRef transcendental(cg *c, prim_sop op, LLVMValueRef *x, int n, int w, em_dtype dt) {
   const char *base = prim_sop_name(op);
   char name[64];
   LLVMValueRef r;
+  bool f64 = dt == EM_F64;
+  LLVMTypeRef et = f64 ? c->f64 : c->f32;
 #ifdef EMBER_HAVE_SLEEF
   /* the scalar tail calls the same vector function on a broadcast and takes lane 0, so an
    * element's result does not depend on whether it fell in the vector body or the tail (with
    * libm in the tail, 1-ULP differences between neighbours of one row turned a comparison
    * of equal values around: found by the random programs) */
-  snprintf(name, sizeof name, "Sleef_%sf%d_%s", base, LANES, op == SOP_TANH ? "u35" : "u10");
+  int vw = f64 ? LANES / 2 : LANES;
+  if (f64) snprintf(name, sizeof name, "Sleef_%sd%d_u10", base, vw);
+  else snprintf(name, sizeof name, "Sleef_%sf%d_%s", base, LANES, op == SOP_TANH ? "u35" : "u10");
   LLVMValueRef args[2];
-  for (int k = 0; k < n; k++) args[k] = w == 1 ? splat(c, x[k], LANES) : x[k];
-  r = call_fn(c, name, c->vf32, args, n);
-  if (w == 1) r = LLVMBuildExtractElement(c->b, r, LLVMConstInt(c->i64, 0, 0), "");
-  return r;
+  if (w == 1 || w == vw) {
+    for (int k = 0; k < n; k++) args[k] = w == 1 ? splat(c, x[k], vw) : x[k];
+    r = call_fn(c, name, lanes_of(et, vw), args, n);
+    if (w == 1) r = LLVMBuildExtractElement(c->b, r, LLVMConstInt(c->i64, 0, 0), "");
+    return r;
+  }
+  /* w lanes, 1 < w < vw: widened (lane l of the wide vector is lane l % w), then narrowed */
+  LLVMTypeRef i32 = LLVMInt32TypeInContext(c->ctx);
+  LLVMValueRef wide[64], narrow[64];
+  for (int l = 0; l < vw; l++) wide[l] = LLVMConstInt(i32, (unsigned)(l % w), 0);
+  for (int l = 0; l < w; l++) narrow[l] = LLVMConstInt(i32, (unsigned)l, 0);
+  for (int k = 0; k < n; k++)
+    args[k] = LLVMBuildShuffleVector(c->b, x[k], LLVMGetUndef(LLVMTypeOf(x[k])), LLVMConstVector(wide, (unsigned)vw),
+                                     "");
+  r = call_fn(c, name, lanes_of(et, vw), args, n);
+  return LLVMBuildShuffleVector(c->b, r, LLVMGetUndef(LLVMTypeOf(r)), LLVMConstVector(narrow, (unsigned)w), "");
 #else
-  snprintf(name, sizeof name, "%sf", base);
-  if (w == 1) return call_fn(c, name, c->f32, x, n);
-  r = LLVMGetUndef(c->vf32);
+  snprintf(name, sizeof name, f64 ? "%s" : "%sf", base);
+  if (w == 1) return call_fn(c, name, et, x, n);
+  r = LLVMGetUndef(lanes_of(et, w));
   for (int l = 0; l < w; l++) {
     LLVMValueRef lanes[2], at = LLVMConstInt(c->i64, (unsigned)l, 0);
     for (int k = 0; k < n; k++) lanes[k] = LLVMBuildExtractElement(c->b, x[k], at, "");
-    r = LLVMBuildInsertElement(c->b, r, call_fn(c, name, c->f32, lanes, n), at, "");
+    r = LLVMBuildInsertElement(c->b, r, call_fn(c, name, et, lanes, n), at, "");
   }
   return r;
 #endif
 }
 
+/* x (w lanes of dtype from) as dtype to, where one of them is an integer: to bool x != 0, from
+ * bool 0 or 1, between integers the low bits (sign- or zero-extended by from), to a float the
+ * nearest value (C's conversions, as eager's); from a float as prims/pointwise.c's f2i: truncated
+ * to i64, INT64_MIN for NaN and values out of its range, then the low bits. */
+static LLVMValueRef int_cast(cg *c, LLVMValueRef x, em_dtype from, em_dtype to, int w) {
+  LLVMBuilderRef b = c->b;
+  LLVMTypeRef t = lanes_of(elem_type(c, to), w);
+  if (is_float(from)) {
+    LLVMTypeRef i64s = lanes_of(c->i64, w);
+    LLVMValueRef in = LLVMBuildAnd(b, LLVMBuildFCmp(b, LLVMRealOGE, x, dconst(c, from, -0x1p63, w), ""),
+                                   LLVMBuildFCmp(b, LLVMRealOLT, x, dconst(c, from, 0x1p63, w), ""), "");
+    LLVMValueRef v = LLVMBuildSelect(b, in, LLVMBuildFPToSI(b, x, i64s, ""),
+                                     splat(c, LLVMConstInt(c->i64, 1ull << 63, 0), w), "");
+    return to == EM_I64 ? v : LLVMBuildTrunc(b, v, t, "");
+  }
+  bool sgn = from == EM_I32 || from == EM_I64;
+  if (to == EM_BOOL) return LLVMBuildICmp(b, LLVMIntNE, x, LLVMConstNull(LLVMTypeOf(x)), "");
+  if (is_float(to)) return sgn ? LLVMBuildSIToFP(b, x, t, "") : LLVMBuildUIToFP(b, x, t, "");
+  LLVMTypeRef xt = w == 1 ? LLVMTypeOf(x) : LLVMGetElementType(LLVMTypeOf(x));
+  unsigned fb = LLVMGetIntTypeWidth(xt);
+  unsigned tb = LLVMGetIntTypeWidth(elem_type(c, to));
+  if (fb == tb) return x;
+  if (fb > tb) return LLVMBuildTrunc(b, x, t, "");
+  return sgn ? LLVMBuildSExt(b, x, t, "") : LLVMBuildZExt(b, x, t, "");
+}
+
 /* Whether the renderer has scalar op in (of expression e) for its dtypes. */
 static bool llvm_renders(const prim_sexpr *e, const prim_sinst *in) {
   em_dtype d = in->dtype, x = in->n_in ? e->ins[in->in[0]].dtype : d;
-  bool f32 = d == EM_F32;
+  bool fl = is_float(d);
   switch (in->op) {
-  case SOP_ARG: case SOP_CONST: return f32 || d == EM_BOOL;
-  case SOP_CAST: return (f32 && x == EM_BOOL) || (d == EM_BOOL && x == EM_F32);
-  case SOP_NEG: case SOP_ABS: case SOP_EXP: case SOP_LOG: case SOP_LOG1P: case SOP_EXPM1: case SOP_SQRT:
-  case SOP_SIN: case SOP_COS: case SOP_TANH: case SOP_ERF: case SOP_FLOOR: case SOP_CEIL:
-  case SOP_ADD: case SOP_SUB: case SOP_MUL: case SOP_DIV: case SOP_ATAN2:
-    return f32;
+  case SOP_ARG: case SOP_CONST: return fl || is_int(d) || d == EM_BOOL;
+  case SOP_CAST:
+    return (fl || is_int(d) || d == EM_BOOL) && (is_float(x) || is_int(x) || x == EM_BOOL);
+  case SOP_NEG: case SOP_ABS: case SOP_FLOOR: case SOP_CEIL: case SOP_ADD: case SOP_SUB: case SOP_MUL:
+    return fl || is_int(d);
+  case SOP_EXP: case SOP_LOG: case SOP_LOG1P: case SOP_EXPM1: case SOP_SQRT:
+  case SOP_SIN: case SOP_COS: case SOP_TANH: case SOP_ERF: case SOP_DIV: case SOP_ATAN2:
+    return fl;
   case SOP_EQ: case SOP_NE: case SOP_LT: case SOP_LE: case SOP_GT: case SOP_GE: case SOP_ISNAN:
   case SOP_AND: case SOP_OR: case SOP_NOT: case SOP_SELECT:
     return true;
@@ -209,7 +284,20 @@ bool ind_renders(const ir_graph *g, const ir_node *n) {
   return true;
 }
 
-/* One node's value from its operands' (f32 as float, bool as i1), w lanes. */
+bool ind_dtype_blocks(const ir_graph *g, const ir_node *n) {
+  if (!(prim_get(n->op)->flags & P_POINTWISE) || !ir_type_concrete(&g->values[n->out].type)) return false;
+  prim_sexpr e;
+  if (!node_expr(g, n, &e)) return false;
+  bool blocked = false;
+  for (int i = 0; i < e.n; i++) {
+    if (llvm_renders(&e, &e.ins[i])) continue;
+    if (e.ins[i].op == SOP_POW || e.ins[i].op == SOP_REM) return false; /* not rendered for f32 either */
+    blocked = true;
+  }
+  return blocked;
+}
+
+/* One node's value from its operands' (f32 as float, f64 as double, bool as i1), w lanes. */
 static LLVMValueRef emit_node(cg *c, const ir_graph *g, const ir_node *n, LLVMValueRef *v, int w) {
   LLVMBuilderRef b = c->b;
   const int *o = ir_operands(g, n);
@@ -223,33 +311,53 @@ static LLVMValueRef emit_node(cg *c, const ir_graph *g, const ir_node *n, LLVMVa
   for (int i = 0; i < e.n; i++) {
     const prim_sinst *in = &e.ins[i];
     LLVMValueRef x = in->n_in > 0 ? r[in->in[0]] : NULL, y = in->n_in > 1 ? r[in->in[1]] : NULL;
-    bool xf = in->n_in > 0 && e.ins[in->in[0]].dtype == EM_F32;
+    em_dtype xd = in->n_in > 0 ? e.ins[in->in[0]].dtype : in->dtype;
+    bool xf = in->n_in > 0 && is_float(xd);
     switch (in->op) {
     case SOP_ARG: r[i] = v[o[in->arg]]; break;
     case SOP_CONST:
-      r[i] = in->dtype == EM_BOOL ? splat(c, LLVMConstInt(c->i1, in->value != 0, 0), w) : fconst(c, in->value, w);
+      if (is_int(in->dtype))
+        r[i] = splat(c, LLVMConstInt(elem_type(c, in->dtype), (unsigned long long)(long long)in->value, 1), w);
+      else
+        r[i] = in->dtype == EM_BOOL ? splat(c, LLVMConstInt(c->i1, in->value != 0, 0), w)
+                                     : dconst(c, in->dtype, in->value, w);
       break;
-    case SOP_CAST: /* f32 <-> bool: (bool)x is x != 0 */
-      r[i] = in->dtype == EM_BOOL ? LLVMBuildFCmp(b, LLVMRealUNE, x, fconst(c, 0, w), "")
-                                   : LLVMBuildUIToFP(b, x, w == 1 ? c->f32 : c->vf32, "");
+    case SOP_CAST: /* float <-> bool: (bool)x is x != 0; f32 <-> f64 rounds to nearest, as C's casts */
+      if (is_int(in->dtype) || is_int(xd)) {
+        r[i] = int_cast(c, x, xd, in->dtype, w);
+        break;
+      }
+      if (in->dtype == EM_BOOL) r[i] = LLVMBuildFCmp(b, LLVMRealUNE, x, dconst(c, xd, 0, w), "");
+      else if (xd == EM_BOOL) r[i] = LLVMBuildUIToFP(b, x, lanes_of(elem_type(c, in->dtype), w), "");
+      else if (in->dtype == EM_F64) r[i] = LLVMBuildFPExt(b, x, lanes_of(c->f64, w), "");
+      else r[i] = LLVMBuildFPTrunc(b, x, lanes_of(c->f32, w), "");
       break;
-    case SOP_NEG: r[i] = LLVMBuildFNeg(b, x, ""); break;
-    case SOP_ABS: r[i] = intrinsic(c, "llvm.fabs", x); break;
+    case SOP_NEG: r[i] = xf ? LLVMBuildFNeg(b, x, "") : LLVMBuildNeg(b, x, ""); break;
+    case SOP_ABS:
+      if (xf) r[i] = intrinsic(c, "llvm.fabs", x);
+      else if (xd == EM_U8) r[i] = x;
+      else /* wrapping: abs(INT_MIN) is INT_MIN, as eager */
+        r[i] = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntSLT, x, LLVMConstNull(LLVMTypeOf(x)), ""),
+                               LLVMBuildNeg(b, x, ""), x, "");
+      break;
     case SOP_SQRT: r[i] = intrinsic(c, "llvm.sqrt", x); break;
-    case SOP_FLOOR: r[i] = intrinsic(c, "llvm.floor", x); break;
-    case SOP_CEIL: r[i] = intrinsic(c, "llvm.ceil", x); break;
+    case SOP_FLOOR: r[i] = xf ? intrinsic(c, "llvm.floor", x) : x; break;
+    case SOP_CEIL: r[i] = xf ? intrinsic(c, "llvm.ceil", x) : x; break;
     case SOP_EXP: case SOP_LOG: case SOP_LOG1P: case SOP_EXPM1: case SOP_SIN: case SOP_COS: case SOP_TANH:
     case SOP_ERF: case SOP_ATAN2:
-      r[i] = transcendental(c, in->op, (LLVMValueRef[]){x, y}, in->n_in, w);
+      r[i] = transcendental(c, in->op, (LLVMValueRef[]){x, y}, in->n_in, w, in->dtype);
       break;
-    case SOP_ADD: r[i] = LLVMBuildFAdd(b, x, y, ""); break;
-    case SOP_SUB: r[i] = LLVMBuildFSub(b, x, y, ""); break;
-    case SOP_MUL: r[i] = LLVMBuildFMul(b, x, y, ""); break;
+    case SOP_ADD: r[i] = xf ? LLVMBuildFAdd(b, x, y, "") : LLVMBuildAdd(b, x, y, ""); break;
+    case SOP_SUB: r[i] = xf ? LLVMBuildFSub(b, x, y, "") : LLVMBuildSub(b, x, y, ""); break;
+    case SOP_MUL: r[i] = xf ? LLVMBuildFMul(b, x, y, "") : LLVMBuildMul(b, x, y, ""); break;
     case SOP_DIV: r[i] = LLVMBuildFDiv(b, x, y, ""); break;
     case SOP_EQ: case SOP_NE: case SOP_LT: case SOP_LE: case SOP_GT: case SOP_GE: {
       static const LLVMRealPredicate rp[] = {LLVMRealOEQ, LLVMRealUNE, LLVMRealOLT, LLVMRealOLE, LLVMRealOGT, LLVMRealOGE};
       static const LLVMIntPredicate ip[] = {LLVMIntEQ, LLVMIntNE, LLVMIntULT, LLVMIntULE, LLVMIntUGT, LLVMIntUGE};
-      r[i] = xf ? LLVMBuildFCmp(b, rp[in->op - SOP_EQ], x, y, "") : LLVMBuildICmp(b, ip[in->op - SOP_EQ], x, y, "");
+      static const LLVMIntPredicate sp[] = {LLVMIntEQ, LLVMIntNE, LLVMIntSLT, LLVMIntSLE, LLVMIntSGT, LLVMIntSGE};
+      bool sgn = xd == EM_I32 || xd == EM_I64; /* bool and u8 compare unsigned */
+      r[i] = xf ? LLVMBuildFCmp(b, rp[in->op - SOP_EQ], x, y, "")
+                : LLVMBuildICmp(b, (sgn ? sp : ip)[in->op - SOP_EQ], x, y, "");
       break;
     }
     case SOP_ISNAN:
@@ -301,25 +409,25 @@ static LLVMValueRef gather_offsets(cg *c, const buf_access *a, LLVMValueRef j, i
 static LLVMValueRef gather_load(cg *c, LLVMValueRef base, LLVMValueRef rowoff, const buf_access *a, LLVMValueRef j, int w) {
   LLVMBuilderRef b = c->b;
   bool is_bool = a->dtype == EM_BOOL;
-  LLVMTypeRef et = is_bool ? c->i8 : c->f32;
+  LLVMTypeRef et = elem_type(c, a->dtype);
   LLVMValueRef off = LLVMBuildAdd(b, gather_offsets(c, a, j, w), splat(c, rowoff, w), "");
   LLVMValueRef x;
   if (w == 1) {
     x = LLVMBuildLoad2(b, et, LLVMBuildGEP2(b, et, base, &off, 1, ""), "");
-    LLVMSetAlignment(x, is_bool ? 1 : 4);
+    LLVMSetAlignment(x, elem_align(a->dtype));
   } else {
     LLVMValueRef ptrs = LLVMBuildGEP2(b, et, base, &off, 1, "");
-    LLVMTypeRef vt = is_bool ? c->vi8 : c->vf32, tys[2] = {vt, LLVMTypeOf(ptrs)};
+    LLVMTypeRef vt = lanes_of(et, w), tys[2] = {vt, LLVMTypeOf(ptrs)};
     const char *nm = "llvm.masked.gather";
     unsigned id = LLVMLookupIntrinsicID(nm, strlen(nm));
     LLVMValueRef fn = LLVMGetIntrinsicDeclaration(c->mod, id, tys, 2);
     LLVMValueRef ones[64];
     for (int l = 0; l < w; l++) ones[l] = LLVMConstInt(c->i1, 1, 0);
-    LLVMValueRef args[4] = {ptrs, LLVMConstInt(LLVMInt32TypeInContext(c->ctx), is_bool ? 1 : 4, 0),
+    LLVMValueRef args[4] = {ptrs, LLVMConstInt(LLVMInt32TypeInContext(c->ctx), elem_align(a->dtype), 0),
                             LLVMConstVector(ones, (unsigned)w), LLVMGetUndef(vt)};
     x = LLVMBuildCall2(b, LLVMIntrinsicGetType(c->ctx, id, tys, 2), fn, args, 4, "");
   }
-  if (is_bool) x = LLVMBuildICmp(b, LLVMIntNE, x, LLVMConstNull(w == 1 ? c->i8 : c->vi8), "");
+  if (is_bool) x = LLVMBuildICmp(b, LLVMIntNE, x, LLVMConstNull(lanes_of(c->i8, w)), "");
   return x;
 }
 
@@ -332,27 +440,27 @@ static LLVMValueRef combine(cg *c, em_prim op, LLVMValueRef a, LLVMValueRef x);
 static LLVMValueRef load_elem(cg *c, LLVMValueRef base, LLVMValueRef off, em_dtype dt, int w, bool contiguous) {
   LLVMBuilderRef b = c->b;
   bool is_bool = dt == EM_BOOL;
-  LLVMTypeRef et = is_bool ? c->i8 : c->f32;
+  LLVMTypeRef et = elem_type(c, dt);
   LLVMValueRef p = LLVMBuildGEP2(b, et, base, &off, 1, "");
   LLVMValueRef x;
   if (w > 1 && contiguous) {
-    x = LLVMBuildLoad2(b, is_bool ? c->vi8 : c->vf32, p, "");
-    LLVMSetAlignment(x, is_bool ? 1 : 4);
+    x = LLVMBuildLoad2(b, lanes_of(et, w), p, "");
+    LLVMSetAlignment(x, elem_align(dt));
   } else {
     x = LLVMBuildLoad2(b, et, p, "");
-    LLVMSetAlignment(x, is_bool ? 1 : 4);
+    LLVMSetAlignment(x, elem_align(dt));
     x = splat(c, x, w);
   }
-  if (is_bool) x = LLVMBuildICmp(b, LLVMIntNE, x, LLVMConstNull(w == 1 ? c->i8 : c->vi8), "");
+  if (is_bool) x = LLVMBuildICmp(b, LLVMIntNE, x, LLVMConstNull(lanes_of(c->i8, w)), "");
   return x;
 }
 
 /* Stores x (w lanes, contiguous) at element offset off. */
 static void store_elem(cg *c, LLVMValueRef base, LLVMValueRef off, em_dtype dt, LLVMValueRef x, int w) {
   bool is_bool = dt == EM_BOOL;
-  if (is_bool) x = LLVMBuildZExt(c->b, x, w == 1 ? c->i8 : c->vi8, "");
-  LLVMValueRef p = LLVMBuildGEP2(c->b, is_bool ? c->i8 : c->f32, base, &off, 1, "");
-  LLVMSetAlignment(LLVMBuildStore(c->b, x, p), is_bool ? 1 : 4);
+  if (is_bool) x = LLVMBuildZExt(c->b, x, lanes_of(c->i8, w), "");
+  LLVMValueRef p = LLVMBuildGEP2(c->b, elem_type(c, dt), base, &off, 1, "");
+  LLVMSetAlignment(LLVMBuildStore(c->b, x, p), elem_align(dt));
 }
 
 /* `void name(char **bufs, i64 r0, i64 r1, i64 j0, i64 j1, float *scratch)` for the host CPU. */
@@ -381,7 +489,7 @@ static void emit_body(cg *c, const ir_graph *g, const kernel *k, LLVMValueRef *b
   for (int i = 0; i < k->n_out; i++) {
     LLVMValueRef x = vals[k->out[i]];
     if (acc[i].col != (em_prim)-1) /* out[column] = out[column] op x */
-      x = combine(c, acc[i].col, load_elem(c, base[i], off[i], EM_F32, w, true), x);
+      x = combine(c, acc[i].col, load_elem(c, base[i], off[i], acc[i].dtype, w, true), x);
     store_elem(c, base[i], off[i], acc[i].dtype, x, w);
   }
 }
@@ -403,17 +511,17 @@ static void column_offsets(cg *c, const buf_access *acc, int nb, int inner, LLVM
  * any other is gathered (gather_load). Max-pooling's backward over [N, C, H/2, 2, W/2, 2] ran
  * 2-lane vectors at 7 GB/s before. Blocks stop growing at 64 vectors; their offsets must fit
  * in 31 bits. Column-reduction outputs keep the plain loops. */
-static void flatten(buf_access *acc, int nb, int n_out, int64_t *sizes, int *nd_io) {
+static void flatten(buf_access *acc, int nb, int n_out, int64_t *sizes, int *nd_io, int lanes) {
   int nd = *nd_io, inner = nd - 1;
   bool vec = true;
   for (int bi = 0; bi < nb; bi++) vec = vec && (acc[bi].strides[inner] == 0 || acc[bi].strides[inner] == 1);
-  if (vec && sizes[inner] >= LANES) return;
+  if (vec && sizes[inner] >= lanes) return;
   for (int bi = 0; bi < n_out; bi++)
     if (acc[bi].col != (em_prim)-1) return;
   int s = inner;
   int64_t block = sizes[inner];
-  while (s > 0 && block < 64 * LANES && block * sizes[s - 1] < ((int64_t)1 << 30)) block *= sizes[--s];
-  if (block < LANES) return;
+  while (s > 0 && block < 64 * lanes && block * sizes[s - 1] < ((int64_t)1 << 30)) block *= sizes[--s];
+  if (block < lanes) return;
   for (int bi = 0; bi < nb; bi++) { /* every offset inside the block fits in 31 bits */
     int64_t span = 0;
     for (int d = s; d < nd; d++) {
@@ -448,7 +556,8 @@ static void flatten(buf_access *acc, int nb, int n_out, int64_t *sizes, int *nd_
 }
 
 /* Emits pointwise kernel k as `void name(char **bufs, r0, r1, j0, j1, scratch)`: outer loops over the coalesced leading dims, the
- * innermost dim vectorized when every buffer's innermost stride is 0 or 1, a scalar tail. */
+ * innermost dim vectorized when every buffer's innermost stride is 0 or 1, a scalar tail. Its
+ * vectors have LANES lanes, LANES / 2 when it holds an f64 value (read, computed or stored). */
 bool ind_emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const signed char *kind, kernel *k, char *err,
                      size_t cap) {
   const ir_type *t = &k->shape;
@@ -501,8 +610,9 @@ bool ind_emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const sign
     for (int bi = 0; bi < nb; bi++) acc[bi].strides[0] = 0;
     nd = 1;
   }
+  int W = kernel_lanes(g, k);
   for (int bi = 0; bi < nb; bi++) acc[bi].gather = 0;
-  flatten(acc, nb, k->n_out, sizes, &nd);
+  flatten(acc, nb, k->n_out, sizes, &nd, W);
   int inner = nd - 1;
   bool vec = true;
   for (int bi = 0; bi < nb; bi++) vec = vec && (acc[bi].gather || acc[bi].strides[inner] == 0 || acc[bi].strides[inner] == 1);
@@ -580,10 +690,10 @@ bool ind_emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const sign
       if (acc[bi].strides[d]) row[bi] = LLVMBuildAdd(b, row[bi], LLVMBuildMul(b, id, kint(c, acc[bi].strides[d]), ""), "");
   }
   LLVMBuildBr(b, vhdr);
-  /* vector loop: j in steps of LANES while j + LANES <= cols */
+  /* vector loop: j in steps of W while j + W <= cols */
   LLVMPositionBuilderAtEnd(b, vhdr);
   LLVMValueRef j = LLVMBuildPhi(b, c->i64, "j");
-  LLVMValueRef lanes = LLVMConstInt(c->i64, LANES, 0), ncols = j1;
+  LLVMValueRef lanes = LLVMConstInt(c->i64, (unsigned long long)W, 0), ncols = j1;
   LLVMValueRef vcond = vec ? LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, j, lanes, ""), ncols, "")
                            : LLVMConstInt(c->i1, 0, 0);
   LLVMBuildCondBr(b, vcond, vbody, thdr);
@@ -592,7 +702,7 @@ bool ind_emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const sign
   LLVMPositionBuilderAtEnd(b, vbody);
   LLVMValueRef off[128];
   column_offsets(c, acc, nb, inner, row, j, off);
-  if (vec) emit_body(c, g, k, base, off, acc, inner, LANES, vals, j);
+  if (vec) emit_body(c, g, k, base, off, acc, inner, W, vals, j);
   LLVMValueRef jn = LLVMBuildAdd(b, j, lanes, "");
   LLVMBuildBr(b, vhdr);
   LLVMValueRef jin[2] = {j0, jn};
@@ -630,8 +740,9 @@ bool ind_emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const sign
  * one of them, stores the FULL outputs made in it and spills to scratch the values a later pass
  * reads; between passes the finished reductions become per-row scalars and the ROW values that
  * depend on them are computed. Each value is computed once per row; several passes over a row
- * run in cache. Vector body (8 lanes) plus scalar tail, accumulators in stack slots that
- * mem2reg turns into registers. */
+ * run in cache. Vector body (LANES lanes; LANES / 2 in a kernel with f64 values, whose
+ * reductions accumulate in f64 and whose f64 spills take two scratch rows) plus scalar tail,
+ * accumulators in stack slots that mem2reg turns into registers. */
 
 enum { UNROLL = 4 }; /* vectors per step of a pass that reduces: independent accumulator chains */
 
@@ -648,6 +759,7 @@ typedef struct rowgen {
   int64_t *inner;       /* [buffers] FULL buffers: stride of the coalesced columns */
   LLVMValueRef *base, *rowoff, *rowval, *vals, scratch, acc_v[64][4], acc_s[64];
   int n_acc, acc_of[64];
+  int W; /* vector lanes: LANES, LANES / 2 when the kernel holds an f64 value */
 } rowgen;
 
 /* a op x for the accumulator a: a NaN in x or in a stays (torch.amax propagates NaN); the chain
@@ -714,7 +826,7 @@ static void row_body(rowgen *r, int pass, LLVMValueRef j, int w, int u) {
       int a = 0;
       while (r->acc_of[a] != n->out) a++;
       LLVMValueRef slot = w > 1 ? r->acc_v[a][u] : r->acc_s[a];
-      LLVMValueRef acc = LLVMBuildLoad2(c->b, w > 1 ? c->vf32 : c->f32, slot, "");
+      LLVMValueRef acc = LLVMBuildLoad2(c->b, lanes_of(elem_type(c, g->values[n->out].type.dtype), w), slot, "");
       LLVMBuildStore(c->b, combine(c, n->op, acc, row_get(r, ir_operands(g, n)[0], pass, j, w)), slot);
       continue;
     }
@@ -757,6 +869,7 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
     for (int i = 0; i < k->n_nodes; i++) mine[g->nodes[k->nodes[i]].out] = kind[g->nodes[k->nodes[i]].out];
   kind = mine;
   rowgen r = {c, g, k, kind};
+  r.W = kernel_lanes(g, k);
   r.avail = calloc((size_t)nv + 1, sizeof(int));
   r.red_pass = malloc(sizeof(int) * ((size_t)nv + 1));
   r.spill = malloc(sizeof(int) * ((size_t)nv + 1));
@@ -817,9 +930,13 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
         if (kind[w] != K_FULL || r.buf[w] >= 0) { w = -1; break; }
       }
       if (w >= 0 && r.spill[w] < 0) {
-        /* a scratch row holds cols floats (run.c sizes it so): a wider element would overflow it */
-        EM_ASSERT(em_dtype_size(g->values[w].type.dtype) <= sizeof(float));
-        r.spill[w] = k->n_spill++;
+        /* a scratch row holds cols floats (run.c sizes it so): an f64 value takes two rows, from
+         * an even one (8-byte aligned) */
+        size_t size = em_dtype_size(g->values[w].type.dtype);
+        EM_ASSERT(size <= 2 * sizeof(float));
+        if (size > sizeof(float)) k->n_spill += k->n_spill % 2;
+        r.spill[w] = k->n_spill;
+        k->n_spill += size > sizeof(float) ? 2 : 1;
       }
     }
   }
@@ -884,12 +1001,15 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
     r.base[bi] = LLVMBuildLoad2(b, c->ptr, LLVMBuildGEP2(b, c->ptr, bufs, &idx, 1, ""), "");
   }
   table_begin(c, bufs, nb);
+  const int W = r.W;
   for (int a = 0; a < r.n_acc; a++) {
-    for (int u = 0; u < UNROLL; u++) r.acc_v[a][u] = LLVMBuildAlloca(b, c->vf32, "accv");
-    r.acc_s[a] = LLVMBuildAlloca(b, c->f32, "accs");
+    LLVMTypeRef et = elem_type(c, g->values[r.acc_of[a]].type.dtype);
+    for (int u = 0; u < UNROLL; u++) r.acc_v[a][u] = LLVMBuildAlloca(b, lanes_of(et, W), "accv");
+    r.acc_s[a] = LLVMBuildAlloca(b, et, "accs");
   }
   LLVMValueRef jslot = LLVMBuildAlloca(b, c->i64, "j");
-  LLVMValueRef ncols = kint(c, k->cols), lanes = LLVMConstInt(c->i64, LANES, 0); /* in the entry block */
+  /* in the entry block */
+  LLVMValueRef ncols = kint(c, k->cols), lanes = LLVMConstInt(c->i64, (unsigned long long)W, 0);
   LLVMBuildBr(b, ohdr);
   LLVMValueRef zero = LLVMConstInt(c->i64, 0, 0), one = LLVMConstInt(c->i64, 1, 0);
   LLVMPositionBuilderAtEnd(b, ohdr);
@@ -930,8 +1050,9 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
         em_prim op = EM_PRIM_SUM;
         for (int i = 0; i < k->n_nodes; i++)
           if (g->nodes[k->nodes[i]].out == r.acc_of[a]) op = g->nodes[k->nodes[i]].op;
-        for (int u = 0; u < UNROLL; u++) LLVMBuildStore(b, fconst(c, reduce_init(op), LANES), r.acc_v[a][u]);
-        LLVMBuildStore(b, fconst(c, reduce_init(op), 1), r.acc_s[a]);
+        em_dtype dt = g->values[r.acc_of[a]].type.dtype;
+        for (int u = 0; u < UNROLL; u++) LLVMBuildStore(b, dconst(c, dt, reduce_init(op), W), r.acc_v[a][u]);
+        LLVMBuildStore(b, dconst(c, dt, reduce_init(op), 1), r.acc_s[a]);
       }
     bool reduces = false;
     for (int a = 0; a < r.n_acc; a++) reduces |= r.red_pass[r.acc_of[a]] == pass;
@@ -944,11 +1065,11 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
       LLVMBuildBr(b, uh);
       LLVMPositionBuilderAtEnd(b, uh);
       LLVMValueRef j = LLVMBuildLoad2(b, c->i64, jslot, "");
-      LLVMValueRef ustep = LLVMConstInt(c->i64, (unsigned long long)(UNROLL * LANES), 0);
+      LLVMValueRef ustep = LLVMConstInt(c->i64, (unsigned long long)(UNROLL * W), 0);
       LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, j, ustep, ""), ncols, ""), ub, vh);
       LLVMPositionBuilderAtEnd(b, ub);
       for (int u = 0; u < UNROLL; u++)
-        row_body(&r, pass, LLVMBuildAdd(b, j, LLVMConstInt(c->i64, (unsigned long long)(u * LANES), 0), ""), LANES, u);
+        row_body(&r, pass, LLVMBuildAdd(b, j, LLVMConstInt(c->i64, (unsigned long long)(u * W), 0), ""), W, u);
       LLVMBuildStore(b, LLVMBuildAdd(b, j, ustep, ""), jslot);
       LLVMBuildBr(b, uh);
     } else {
@@ -959,7 +1080,7 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
       LLVMValueRef j = LLVMBuildLoad2(b, c->i64, jslot, "");
       LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, j, lanes, ""), ncols, ""), vb, th);
       LLVMPositionBuilderAtEnd(b, vb);
-      row_body(&r, pass, j, LANES, 0);
+      row_body(&r, pass, j, W, 0);
       LLVMBuildStore(b, LLVMBuildAdd(b, j, lanes, ""), jslot);
       LLVMBuildBr(b, vh);
     } else {
@@ -982,10 +1103,12 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
       em_prim op = EM_PRIM_SUM;
       for (int i = 0; i < k->n_nodes; i++)
         if (g->nodes[k->nodes[i]].out == v) op = g->nodes[k->nodes[i]].op;
-      LLVMValueRef av = LLVMBuildLoad2(b, c->vf32, r.acc_v[a][0], ""), x = LLVMConstReal(c->f32, reduce_init(op));
-      for (int u = 1; u < UNROLL; u++) av = combine(c, op, av, LLVMBuildLoad2(b, c->vf32, r.acc_v[a][u], ""));
-      for (int l = 0; l < LANES; l++) x = combine(c, op, x, LLVMBuildExtractElement(b, av, LLVMConstInt(c->i64, (unsigned)l, 0), ""));
-      r.rowval[v] = combine(c, op, x, LLVMBuildLoad2(b, c->f32, r.acc_s[a], ""));
+      LLVMTypeRef et = elem_type(c, g->values[v].type.dtype), vt = lanes_of(et, W);
+      LLVMValueRef av = LLVMBuildLoad2(b, vt, r.acc_v[a][0], ""), x = LLVMConstReal(et, reduce_init(op));
+      for (int u = 1; u < UNROLL; u++) av = combine(c, op, av, LLVMBuildLoad2(b, vt, r.acc_v[a][u], ""));
+      for (int l = 0; l < W; l++)
+        x = combine(c, op, x, LLVMBuildExtractElement(b, av, LLVMConstInt(c->i64, (unsigned)l, 0), ""));
+      r.rowval[v] = combine(c, op, x, LLVMBuildLoad2(b, et, r.acc_s[a], ""));
     }
   }
   row_scalars(&r, passes);

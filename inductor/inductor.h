@@ -11,11 +11,13 @@
  * Fusion (the schedule). Nodes are taken in graph order into the open kernel while they fit its
  * iteration space:
  *  - pointwise kernels: pointwise prims over one shape whose scalar expression (prims.def) the
- *    LLVM renderer renders for their dtypes (f32 arithmetic, transcendentals, comparisons, bool
- *    logic, f32/bool conversions; not integer math, pow or remainder), vertical chains and horizontal
+ *    LLVM renderer renders for their dtypes (f32 and f64 arithmetic and transcendentals, i32/i64/u8
+ *    add, sub, mul, neg, abs, comparisons, bool logic, conversions; not f16 values, pow or
+ *    remainder: those run op by op, counted in ind_stats.dtype_eager_nodes and named
+ *    in the schedule), vertical chains and horizontal
  *    neighbours alike; a sum/amax/amin over leading dims (a bias gradient) joins as a column
  *    reduction, accumulated in its output (one thread per column block);
- *  - row kernels: a sum/amax/amin over trailing dims makes the kernel a loop over rows; the
+ *  - row kernels: an f32 or f64 sum/amax/amin over trailing dims makes the kernel a loop over rows; the
  *    pointwise prologue (the reduction's operand chain), per-row arithmetic on the reduced
  *    values, their broadcasts back over the row and the pointwise epilogue all join, so
  *    softmax, log_softmax, layer_norm, rms_norm and cross entropy's log-softmax are one kernel.
@@ -31,7 +33,8 @@
  * updates) are stored straight into those inputs when the plan shows it safe (ind_run).
  *
  * Code generation. Each kernel is LLVM IR built through the C API: loops over rows and columns,
- * the innermost dimension vectorized 16 lanes wide with AVX-512 (8 with AVX2) plus a scalar
+ * the innermost dimension vectorized 16 lanes wide with AVX-512 (8 with AVX2; half that in a
+ * kernel holding f64 or i64 values; f64 transcendentals are SLEEF's f64 u10 functions) plus a scalar
  * tail, every input read through its own strides (0 for broadcast); reductions keep four
  * independent vector accumulators; exp, log, tanh, erf, ... are SLEEF's u10 vector functions
  * (1 ULP), in the scalar tail too (on a broadcast), so no result depends on its lane. A short pass pipeline (SROA, early CSE,
@@ -75,6 +78,9 @@ typedef struct ind_stats {
   int kernels;        /* generated kernels */
   int fused_nodes;    /* graph nodes inside them */
   int fallback_nodes; /* nodes run by the eager kernels */
+  int dtype_eager_nodes; /* of those, the ones that run op by op only for their dtypes (CPU programs): pointwise
+                          * nodes the LLVM renderer renders in f32 but not in theirs (f16 and bf16 values),
+                          * and sums, amax and amin not in f32 or f64 (ind_dtype_eager) */
   int recomputed_nodes; /* nodes emitted again where a later kernel reads their value (rewrite.c) */
   int scatter_sums;     /* sums of slice scatters made one cat (rewrite.c) */
   int window_reductions; /* amax / amin over a small non-trailing window made pointwise (rewrite.c) */

@@ -141,9 +141,15 @@ ir_graph *ind_rewrite(const ir_graph *g, bool rematerialize, ind_stats *st);
 
 /* codegen.c: whether the LLVM renderer renders pointwise node n: its prim's scalar expression
  * (prims.def), instantiated for the node's dtypes, uses only scalar ops the renderer has for them
- * (f32 arithmetic and transcendentals, comparisons, bool logic, conversions between f32 and
- * bool). */
+ * (f32 and f64 arithmetic and transcendentals; i32, i64 and u8 add, sub, mul, neg, abs; comparisons,
+ * bool logic, select; conversions among these dtypes). f16/bf16 values, pow, remainder and
+ * arithmetic on bools run op by op. */
 bool ind_renders(const ir_graph *g, const ir_node *n);
+
+/* codegen.c: whether pointwise node n runs op by op only for its dtypes: the renderer lacks some
+ * of its scalar ops for the dtypes at hand but has every one of them for f32 (a conversion to
+ * f16; not a pow, which it renders for no dtype). ind_stats.dtype_eager_nodes counts them. */
+bool ind_dtype_blocks(const ir_graph *g, const ir_node *n);
 
 /* cuda_codegen.c: whether the CUDA renderer renders pointwise node n (floating-point and bool
  * values, the prim table's scalar expression for their compute dtypes). */
@@ -156,11 +162,18 @@ static inline bool device_fusible(em_device d, const ir_graph *g, const ir_node 
   return d == EM_CUDA ? ind_cuda_renders(g, n) : ind_renders(g, n);
 }
 
-/* An f32 sum, amax or amin over the trailing dims of its operand: the first reduced dim, or -1. */
-static inline int trailing_reduction(const ir_graph *g, const ir_node *n) {
-  if (n->op != EM_PRIM_SUM && n->op != EM_PRIM_AMAX && n->op != EM_PRIM_AMIN) return -1;
+/* A sum, amax or amin in f32 or f64 (operand and result of one dtype) that the generated kernels
+ * accumulate (CUDA schedules take f32 ones only). */
+static inline bool kernel_reduction(const ir_graph *g, const ir_node *n) {
+  if (n->op != EM_PRIM_SUM && n->op != EM_PRIM_AMAX && n->op != EM_PRIM_AMIN) return false;
   const ir_type *u = &g->values[ir_operands(g, n)[0]].type;
-  if (u->dtype != EM_F32 || g->values[n->out].type.dtype != EM_F32 || !ir_type_concrete(u)) return -1;
+  return (u->dtype == EM_F32 || u->dtype == EM_F64) && g->values[n->out].type.dtype == u->dtype && ir_type_concrete(u);
+}
+
+/* A kernel_reduction over the trailing dims of its operand: the first reduced dim, or -1. */
+static inline int trailing_reduction(const ir_graph *g, const ir_node *n) {
+  if (!kernel_reduction(g, n)) return -1;
+  const ir_type *u = &g->values[ir_operands(g, n)[0]].type;
   bool red[EM_MAX_DIMS] = {0};
   for (int a = 0; a < n->attrs.n_axes; a++) red[n->attrs.axes[a]] = true;
   int k = u->ndim;
@@ -171,12 +184,11 @@ static inline int trailing_reduction(const ir_graph *g, const ir_node *n) {
   return k;
 }
 
-/* An f32 sum, amax or amin over leading dims of its operand that keeps a trailing dim of size
- * > 1: the number of leading dims, or -1. */
+/* A kernel_reduction over leading dims of its operand that keeps a trailing dim of size > 1: the
+ * number of leading dims, or -1. */
 static inline int leading_reduction(const ir_graph *g, const ir_node *n) {
-  if (n->op != EM_PRIM_SUM && n->op != EM_PRIM_AMAX && n->op != EM_PRIM_AMIN) return -1;
+  if (!kernel_reduction(g, n)) return -1;
   const ir_type *u = &g->values[ir_operands(g, n)[0]].type;
-  if (u->dtype != EM_F32 || g->values[n->out].type.dtype != EM_F32 || !ir_type_concrete(u)) return -1;
   bool red[EM_MAX_DIMS] = {0};
   for (int a = 0; a < n->attrs.n_axes; a++) red[n->attrs.axes[a]] = true;
   int k = 0;
@@ -188,6 +200,14 @@ static inline int leading_reduction(const ir_graph *g, const ir_node *n) {
     kept |= u->sizes[d] > 1;
   }
   return kept && reduces ? k : -1;
+}
+
+/* Whether node n runs op by op on the CPU only for its dtypes: ind_dtype_blocks, or a sum,
+ * amax or amin that is no kernel_reduction (an integer or f16 one; not one over no dim). */
+static inline bool ind_dtype_eager(const ir_graph *g, const ir_node *n) {
+  if (n->op == EM_PRIM_SUM || n->op == EM_PRIM_AMAX || n->op == EM_PRIM_AMIN)
+    return !kernel_reduction(g, n) && ir_type_concrete(&g->values[n->out].type);
+  return ind_dtype_blocks(g, n);
 }
 
 static inline bool same_shape(const ir_type *a, const ir_type *b) {
@@ -222,7 +242,7 @@ typedef struct cg {
   LLVMContextRef ctx;
   LLVMModuleRef mod;
   LLVMBuilderRef b;
-  LLVMTypeRef f32, i1, i8, i64, ptr, vf32, vi8;
+  LLVMTypeRef f32, i1, i8, i64, ptr, vf32, vi8, f64;
   /* sizes_as_args: the kernel being emitted reads its numbers from a table (bufs[n_buffers]) */
   bool args;
   LLVMValueRef tab;        /* the table's address, loaded in the kernel's entry block */
@@ -255,7 +275,8 @@ bool ind_row_buffer(const ir_graph *g, const prim_meta *meta, const signed char 
                     int64_t *outer, int64_t *inner);
 /* Whether output o may be stored straight into input i (see run.c). */
 bool ind_donatable(const ind_program *p, int o, int i);
-/* p->schedule_text (EMBER_LOGS=schedule) and each kernel's bytes. */
+/* p->schedule_text (EMBER_LOGS=schedule), each kernel's bytes, and p->stats.dtype_eager_nodes (named
+ * in one line of the text when there are any). */
 void ind_describe_schedule(ind_program *p);
 
 /* codegen.c */

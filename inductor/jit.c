@@ -366,6 +366,7 @@ static void emit_module(void *arg) {
   c->b = LLVMCreateBuilderInContext(c->ctx);
   c->f32 = LLVMFloatTypeInContext(c->ctx), c->i1 = LLVMInt1TypeInContext(c->ctx), c->i8 = LLVMInt8TypeInContext(c->ctx);
   c->i64 = LLVMInt64TypeInContext(c->ctx), c->ptr = LLVMPointerTypeInContext(c->ctx, 0);
+  c->f64 = LLVMDoubleTypeInContext(c->ctx);
   c->vf32 = LLVMVectorType(c->f32, (unsigned)LANES), c->vi8 = LLVMVectorType(c->i8, (unsigned)LANES);
   c->args = p->opts.sizes_as_args, c->table = NULL, c->n_table = c->cap_table = 0, c->oom = false;
   b->ok = true;

@@ -404,11 +404,14 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
       }
       for (int o = 0; ok && o < k->n_out; o++) /* column reductions accumulate from their identity */
         if (p->kind[k->out[o]] == K_COL) {
-          float init = 0;
+          double init = 0;
           for (int i = 0; i < k->n_nodes; i++)
-            if (g->nodes[k->nodes[i]].out == k->out[o]) init = (float)reduce_init(g->nodes[k->nodes[i]].op);
-          float *d = (float *)bufs[o];
-          for (int64_t e = 0, n = vals[k->out[o]]->numel; e < n; e++) d[e] = init;
+            if (g->nodes[k->nodes[i]].out == k->out[o]) init = reduce_init(g->nodes[k->nodes[i]].op);
+          int64_t n = vals[k->out[o]]->numel;
+          if (vals[k->out[o]]->dtype == EM_F64)
+            for (int64_t e = 0; e < n; e++) ((double *)bufs[o])[e] = init;
+          else
+            for (int64_t e = 0; e < n; e++) ((float *)bufs[o])[e] = (float)init;
         }
       for (int i = 0; ok && i < k->n_in; i++) {
         em_tensor *x = vals[k->in[i]];

@@ -152,6 +152,7 @@ static bool try_add(builder *b, int i) {
     return false;
   }
   int k = trailing_reduction(g, n);
+  if (b->p->device == EM_CUDA && g->values[n->out].type.dtype != EM_F32) k = -1; /* CUDA rows accumulate f32 */
   if (k >= 0) {
     int u = ir_operands(g, n)[0];
     const ir_type *ut = &g->values[u].type;
@@ -801,11 +802,39 @@ bool ind_donatable(const ind_program *p, int o, int i) {
   return true;
 }
 
-/* EMBER_LOGS=schedule: each kernel's nodes, iteration space and bytes moved. */
+/* The dtype that keeps a node op by op: its result's or an operand's, the first that is not f32,
+ * f64 or bool (f16 values, an integer sum), else its result's (a float to integer conversion). */
+static em_dtype blocking_dtype(const ir_graph *g, const ir_node *n) {
+  em_dtype d = g->values[n->out].type.dtype;
+  for (int k = -1; k < n->n_in; k++) {
+    em_dtype x = k < 0 ? d : g->values[ir_operands(g, n)[k]].type.dtype;
+    if (x != EM_F32 && x != EM_F64 && x != EM_BOOL) return x;
+  }
+  return d;
+}
+
+/* EMBER_LOGS=schedule: each kernel's nodes, iteration space and bytes moved; then, once for the
+ * graph, the nodes that run op by op because the CPU renderer has no code for their dtypes. */
 void ind_describe_schedule(ind_program *p) {
   const ir_graph *g = p->g;
   size_t cap = 256, len = 0;
   char *t = malloc(cap);
+  char why[400];
+  int nw = 0;
+  why[0] = 0;
+  p->stats.dtype_eager_nodes = 0;
+  for (int s = 0; s < p->n_steps; s++) {
+    const step *st = &p->steps[s];
+    if (p->device == EM_CUDA || st->node < 0 || st->epi || st->tmat >= 0) continue;
+    const ir_node *x = &g->nodes[st->node];
+    if (!ind_dtype_eager(g, x)) continue;
+    p->stats.dtype_eager_nodes++;
+    if (nw < 320)
+      nw += snprintf(why + nw, sizeof why - (size_t)nw, "%s%s %s", nw ? ", " : "", em_dtype_name(blocking_dtype(g, x)),
+                     prim_get(x->op)->name);
+    else if (nw < (int)sizeof why - 8)
+      nw += snprintf(why + nw, sizeof why - (size_t)nw, ", ...");
+  }
   for (int s = 0; t && s < p->n_steps; s++) {
     char line[512];
     int n = 0;
@@ -828,9 +857,11 @@ void ind_describe_schedule(ind_program *p) {
       else {
         bool timed = x->op == EM_PRIM_MATMUL && p->device == EM_CUDA && p->opts.autotune;
         unsigned fl = prim_get(x->op)->flags;
-        n = snprintf(line, sizeof line, "  step %d: %%%d = %s (%s)\n", s, x->out, prim_get(x->op)->name,
+        bool dt = p->device != EM_CUDA && ind_dtype_eager(g, x);
+        n = snprintf(line, sizeof line, "  step %d: %%%d = %s (%s%s%s)\n", s, x->out, prim_get(x->op)->name,
                      timed ? "library: cublasLt, algorithms timed"
-                     : fl & P_EXTERN ? "library" : fl & P_VIEW ? "view" : "eager kernel");
+                     : fl & P_EXTERN ? "library" : fl & P_VIEW ? "view" : "eager kernel",
+                     dt ? ": no generated code for " : "", dt ? em_dtype_name(blocking_dtype(g, x)) : "");
       }
     } else {
       kernel *k = &p->kernels[p->steps[s].kernel];
@@ -876,6 +907,16 @@ void ind_describe_schedule(ind_program *p) {
     }
     memcpy(t + len, line, (size_t)n), len += (size_t)n;
     t[len] = 0;
+  }
+  if (t && p->stats.dtype_eager_nodes) {
+    char line[512];
+    int n = snprintf(line, sizeof line, "  %d nodes run op by op for their dtypes (%s)\n", p->stats.dtype_eager_nodes,
+                     why);
+    if (n > (int)sizeof line - 1) n = (int)sizeof line - 1;
+    char *nt = realloc(t, len + (size_t)n + 1);
+    if (!nt) free(t);
+    else memcpy(nt + len, line, (size_t)n + 1);
+    t = nt;
   }
   p->schedule_text = t;
 }
