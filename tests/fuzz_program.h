@@ -237,11 +237,17 @@ static int fz_build(em_tensor *const *in, int n_in, em_tensor **out, fz_program 
       int w = fz_pick(&r, 7);
       bool empty_ok = w == 0 || w == 1 || w == 4; /* sum, mean... of nothing: 0, nan, 1 */
       if (!full && !empty_ok) w = 0;
-      static const char *names[] = {"sum", "mean", "amax", "amin", "prod", "logsumexp", "var"};
+      static const char *names[] = {"sum", "mean", "amax(+ramp)", "amin(+ramp)", "prod", "logsumexp", "var"};
       if (w == 0) x = em_sum(a, na, axes, keep);
       else if (w == 1) x = em_mean(a, na, axes, keep);
-      else if (w == 2) x = em_amax(a, na, axes, keep);
-      else if (w == 3) x = em_amin(a, na, axes, keep);
+      else if (w == 2 || w == 3) { /* a ramp of 1e-3 over the elements breaks near-ties, as for argmax: the
+                                     * gradient goes to the maximum, and one decided by the last ulp
+                                     * went elsewhere in eager and compiled (program 33960: pad's 0.5
+                                     * against 0.5 - ((l - v) + v) / 2, gradients 0.6% apart) */
+        em_tensor *rp = em_reshape_at(em_mul_scalar(em_arange(fdt, 0, (double)em_numel(a), 1), 1e-3), nd,
+                                      em_sizes(a), EM_HERE);
+        x = w == 2 ? em_amax(em_add(a, rp), na, axes, keep) : em_amin(em_add(a, rp), na, axes, keep);
+      }
       else if (w == 4) x = em_prod(em_add_scalar(em_mul_scalar(em_tanh(a), 0.25), 1), na, axes, keep);
       else if (w == 5) x = em_logsumexp(a, na, axes, keep);
       else x = em_var(a, na, axes, 0, keep);
