@@ -1521,9 +1521,9 @@ static void make_dynamic(em_compiled *c, entry *e, void *ctx, em_tensor *const *
   if (!why[0] && (!sub || !(e->sym_of = malloc(sizeof *e->sym_of * (size_t)(n_in > 0 ? n_in : 1)))))
     snprintf(why, sizeof why, "out of memory");
   int64_t ss[FE_DYN_MAX_SYMS], sl[FE_DYN_MAX_SYMS], sh[FE_DYN_MAX_SYMS], shi[FE_DYN_MAX_SYMS];
-  int kept = (1 << n_syms) - 1, k = n_syms;
+  int k = n_syms;
   if (!why[0]) {
-    k = restrict_symbols(sym_of, n_in, kept, sub, size, lo, hi, ss, sl, sh);
+    k = restrict_symbols(sym_of, n_in, (1 << n_syms) - 1, sub, size, lo, hi, ss, sl, sh);
     d = try_fitted(c, e, ctx, in, n_in, sub, k, ss, sh, shi, &n_probes, why, sizeof why, site);
   }
   if (!d && n_syms > 1 && e->sym_of) { /* which symbols can vary on their own? */
@@ -1537,8 +1537,7 @@ static void make_dynamic(em_compiled *c, entry *e, void *ctx, em_tensor *const *
       fe_dyn_free(dj);
     }
     if (good) {
-      kept = good;
-      k = restrict_symbols(sym_of, n_in, kept, sub, size, lo, hi, ss, sl, sh);
+      k = restrict_symbols(sym_of, n_in, good, sub, size, lo, hi, ss, sl, sh);
       w1[0] = 0;
       d = try_fitted(c, e, ctx, in, n_in, sub, k, ss, sh, shi, &n_probes, w1, sizeof w1, site);
       if (d) fe_log(FE_LOG_DYNAMIC, "%s: %d of %d symbols kept; the others specialize: %s", c->name, k, n_syms, why);
@@ -1643,50 +1642,39 @@ static bool dyn_graph(em_compiled *c, entry *e, em_tensor *const *in, int n_in, 
   return true;
 }
 
-void em_mark_dynamic_at(em_tensor *x, int dim, int64_t min, int64_t max, em_site site) {
-  if (!rt_tensor_arg(x, "em_mark_dynamic", site)) return;
+/* The marks record of x for marking dim (normalized into *dim) with op's name, or NULL with
+ * the error recorded: dim out of range, the dim carrying the other mark (static when marking it
+ * dynamic, dynamic when marking it static), out of memory. */
+static rt_dyn_marks *marks_for(em_tensor *x, int *dim, bool dynamic, const char *op, em_site site) {
+  if (!rt_tensor_arg(x, op, site)) return NULL;
   char b[128];
-  if (dim < -x->ndim || dim >= x->ndim) {
-    rt_error(site, "em_mark_dynamic", "dim %d out of range for %s", dim, rt_fmt(b, sizeof b, x));
-    return;
-  }
-  if (dim < 0) dim += x->ndim;
-  if (min < 2 || max < min) {
+  if (*dim < -x->ndim || *dim >= x->ndim)
+    return rt_error(site, op, "dim %d out of range for %s", *dim, rt_fmt(b, sizeof b, x)), NULL;
+  if (*dim < 0) *dim += x->ndim;
+  if (x->marks && ((dynamic ? x->marks->fixed : x->marks->dynamic) >> *dim & 1))
+    return rt_error(site, op, "dim %d of %s is marked %s", *dim, rt_fmt(b, sizeof b, x), dynamic ? "static" : "dynamic"),
+           NULL;
+  if (!x->marks && (x->marks = rt_alloc(sizeof *x->marks, 16))) memset(x->marks, 0, sizeof *x->marks);
+  if (!x->marks) return rt_error(site, op, "out of memory"), NULL;
+  return x->marks;
+}
+
+void em_mark_dynamic_at(em_tensor *x, int dim, int64_t min, int64_t max, em_site site) {
+  if (x && x != EM_NONE && (min < 2 || max < min)) {
+    char b[128];
     rt_error(site, "em_mark_dynamic", "range [%lld, %lld] of dim %d of %s: sizes 0 and 1 always specialize, so min >= 2 "
              "and max >= min", (long long)min, (long long)max, dim, rt_fmt(b, sizeof b, x));
     return;
   }
-  if (x->marks && (x->marks->fixed >> dim & 1)) {
-    rt_error(site, "em_mark_dynamic", "dim %d of %s is marked static", dim, rt_fmt(b, sizeof b, x));
-    return;
-  }
-  if (!x->marks && (x->marks = rt_alloc(sizeof *x->marks, 16))) memset(x->marks, 0, sizeof *x->marks);
-  if (!x->marks) {
-    rt_error(site, "em_mark_dynamic", "out of memory");
-    return;
-  }
-  x->marks->dynamic |= (uint8_t)(1u << dim);
-  x->marks->min[dim] = min, x->marks->max[dim] = max;
+  rt_dyn_marks *m = marks_for(x, &dim, true, "em_mark_dynamic", site);
+  if (!m) return;
+  m->dynamic |= (uint8_t)(1u << dim);
+  m->min[dim] = min, m->max[dim] = max;
 }
 
 void em_mark_static_at(em_tensor *x, int dim, em_site site) {
-  if (!rt_tensor_arg(x, "em_mark_static", site)) return;
-  char b[128];
-  if (dim < -x->ndim || dim >= x->ndim) {
-    rt_error(site, "em_mark_static", "dim %d out of range for %s", dim, rt_fmt(b, sizeof b, x));
-    return;
-  }
-  if (dim < 0) dim += x->ndim;
-  if (x->marks && (x->marks->dynamic >> dim & 1)) {
-    rt_error(site, "em_mark_static", "dim %d of %s is marked dynamic", dim, rt_fmt(b, sizeof b, x));
-    return;
-  }
-  if (!x->marks && (x->marks = rt_alloc(sizeof *x->marks, 16))) memset(x->marks, 0, sizeof *x->marks);
-  if (!x->marks) {
-    rt_error(site, "em_mark_static", "out of memory");
-    return;
-  }
-  x->marks->fixed |= (uint8_t)(1u << dim);
+  rt_dyn_marks *m = marks_for(x, &dim, false, "em_mark_static", site);
+  if (m) m->fixed |= (uint8_t)(1u << dim);
 }
 
 /* ---- replay ---- */
