@@ -89,6 +89,36 @@ typedef struct ind_stats {
 } ind_stats;
 
 /* How programs run: em_compile_options.mode (all false: "default"). */
+/* A code generator target, as QBE's Target and tinygrad's Renderer: the facts the scheduler
+ * asks of it and the entry that turns a schedule's kernels into code. One schedule (schedule.c)
+ * is walked by either renderer: the LLVM one for the CPU (codegen.c, jit.c) and the CUDA C one
+ * (cuda_codegen.c). Both render each pointwise node from its prim's scalar expression in the
+ * prim table (prims.def, prim_scalar_expr), so a prim's math is written once; what differs per
+ * target is in this table. The two do not share a per-node walker: the LLVM renderer builds SSA
+ * vectors of LANES lanes with masked tails and row passes over a thread's rows, the CUDA one
+ * writes scalar C per thread with grid-stride loops and block reductions; a common walker would
+ * force one model on the other, and both already share the schedule (which nodes make which
+ * kernel, its iteration shape, its passes, its inputs and outputs) and the expressions. */
+typedef struct ind_renderer {
+  const char *name;  /* "llvm" or "cuda" */
+  em_device device;  /* where its kernels run */
+  /* whether pointwise node n's value can be computed inside its kernels (its scalar expression
+   * instantiated for the node's dtypes uses only ops the renderer has for them) */
+  bool (*renders)(const ir_graph *g, const ir_node *n);
+  /* whether n runs op by op only because of its dtypes (counted in ind_stats.dtype_eager_nodes);
+   * NULL: not counted */
+  bool (*dtype_eager)(const ir_graph *g, const ir_node *n);
+  bool column_reductions;  /* reductions over leading dims accumulate in its pointwise kernels */
+  bool row_f64;            /* its row kernels accumulate f64 as well as f32 */
+  bool gemm_epilogues;     /* matmul + bias [+ ReLU | tanh GELU] run as one library call */
+  /* renders p's scheduled kernels and makes them callable (p->kernels[k].fn or .cu_fn) */
+  bool (*build)(ind_program *p, const prim_meta *meta, char *err, size_t cap);
+} ind_renderer;
+
+/* renderer.c: the CPU's and the GPU's renderers, and the one for a device. */
+extern const ind_renderer ind_llvm_renderer, ind_cuda_renderer;
+const ind_renderer *ind_renderer_for(em_device device);
+
 typedef struct ind_options {
   bool cuda_graphs; /* "reduce-overhead": a CUDA program's calls replay one CUDA graph (cudagraph.c) */
   bool autotune;    /* "max-autotune": CUDA kernels' launch configurations and GEMMs' cuBLASLt algorithms
@@ -97,6 +127,8 @@ typedef struct ind_options {
                      * table passed at run time instead of having them as immediates: the same
                      * graph at another size (a dynamic entry) emits the same LLVM IR, so its
                      * module is found in the kernel cache instead of compiled again */
+  const ind_renderer *renderer; /* the renderer to compile with; NULL: the one for the inputs'
+                     * device (tests hand one that renders less, to check the scheduler asks it) */
 } ind_options;
 
 /* Compiles g for inputs with these layouts. NULL with a reason in err when something is not

@@ -9,6 +9,7 @@
  *   run.c       running a program: threads, arena, in-place updates, the profile
  *   rewrite.c   graph rewrites before scheduling: rematerialization, sums of slice scatters
  *   cuda_codegen.c  the CUDA C renderer of a schedule's kernels
+ *   renderer.c  the renderers' tables (ind_renderer): what each target renders, its build entry
  *   cudagraph.c reduce-overhead: a CUDA program's calls replayed as one CUDA graph */
 #ifndef EMBER_INDUCTOR_INTERNAL_H
 #define EMBER_INDUCTOR_INTERNAL_H
@@ -128,6 +129,7 @@ struct ind_program {
   char *schedule_text;
   ind_stats stats;
   em_device device;       /* EM_CUDA: inputs on the GPU, kernels in CUDA C (cuda_codegen.c) */
+  const ind_renderer *rend; /* the renderer of device's kernels */
   struct ind_cgraph *cgraph; /* reduce-overhead: its calls replay a CUDA graph (cudagraph.c) */
   ind_options opts;
   uint8_t module_key[16]; /* the JIT module holding its kernels, while has_module (jit.c) */
@@ -137,7 +139,7 @@ struct ind_program {
 /* g rewritten for scheduling (rewrite.c): with rematerialize, each cheap pointwise value that a
  * later kernel would read recomputed there instead; sums of slice scatters that tile a value made
  * one cat. Counts both in st. NULL when out of memory. */
-ir_graph *ind_rewrite(const ir_graph *g, bool rematerialize, ind_stats *st);
+ir_graph *ind_rewrite(const ir_graph *g, const ind_renderer *rend, bool rematerialize, ind_stats *st);
 
 /* codegen.c: whether the LLVM renderer renders pointwise node n: its prim's scalar expression
  * (prims.def), instantiated for the node's dtypes, uses only scalar ops the renderer has for them
@@ -155,12 +157,6 @@ bool ind_dtype_blocks(const ir_graph *g, const ir_node *n);
  * values, the prim table's scalar expression for their compute dtypes). */
 bool ind_cuda_renders(const ir_graph *g, const ir_node *n);
 
-/* Pointwise nodes the code generator fuses: the ones it renders (LLVM for the CPU; CUDA C for
- * the GPU: device_fusible). */
-static inline bool fusible(const ir_graph *g, const ir_node *n) { return ind_renders(g, n); }
-static inline bool device_fusible(em_device d, const ir_graph *g, const ir_node *n) {
-  return d == EM_CUDA ? ind_cuda_renders(g, n) : ind_renders(g, n);
-}
 
 /* A sum, amax or amin in f32 or f64 (operand and result of one dtype) that the generated kernels
  * accumulate (CUDA schedules take f32 ones only). */

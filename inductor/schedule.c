@@ -133,7 +133,7 @@ static bool try_add(builder *b, int i) {
   for (int a = 0; a < n->n_in; a++) /* a column reduction is complete only when its kernel ends */
     if (b->in_group[ir_operands(g, n)[a]] && kind[ir_operands(g, n)[a]] == K_COL) return false;
   /* column reductions accumulate across the CPU kernel's threads; on the GPU they run eagerly */
-  if (leading_reduction(g, n) >= 0 && gr->mode != G_ROW && b->p->device != EM_CUDA) {
+  if (leading_reduction(g, n) >= 0 && gr->mode != G_ROW && b->p->rend->column_reductions) {
     int u = ir_operands(g, n)[0];
     const ir_type *ut = &g->values[u].type;
     if (gr->mode == G_EMPTY) gr->mode = G_PW, gr->shape = *ut, gr->split = ut->ndim, gr->rows = numel_of(ut);
@@ -141,7 +141,7 @@ static bool try_add(builder *b, int i) {
     gr->has_col = true;
     return add(b, i, K_COL), true;
   }
-  if (device_fusible(b->p->device, g, n)) {
+  if (b->p->rend->renders(g, n)) {
     if (gr->mode == G_EMPTY) {
       if (!operands_ok(b, n, K_FULL)) return false;
       gr->mode = G_PW, gr->shape = *t, gr->split = t->ndim, gr->rows = numel_of(t);
@@ -152,7 +152,7 @@ static bool try_add(builder *b, int i) {
     return false;
   }
   int k = trailing_reduction(g, n);
-  if (b->p->device == EM_CUDA && g->values[n->out].type.dtype != EM_F32) k = -1; /* CUDA rows accumulate f32 */
+  if (!b->p->rend->row_f64 && g->values[n->out].type.dtype != EM_F32) k = -1; /* CUDA rows accumulate f32 */
   if (k >= 0) {
     int u = ir_operands(g, n)[0];
     const ir_type *ut = &g->values[u].type;
@@ -593,7 +593,7 @@ static bool schedule(builder *b) {
   bool ok = b->gr.nodes && b->in_group && b->tmat && b->skip && b->alias && b->epi;
   for (int i = 0; ok && i < g->n_nodes; i++) b->tmat[i] = -1;
   if (ok) find_transposed_products(b);
-  if (ok && b->p->device == EM_CUDA) ok = find_gemm_epilogues(b);
+  if (ok && b->p->rend->gemm_epilogues) ok = find_gemm_epilogues(b);
   for (int i = 0; ok && i < g->n_nodes; i++) {
     const ir_node *x = &g->nodes[i];
     if (b->skip[i]) continue;
@@ -825,9 +825,9 @@ void ind_describe_schedule(ind_program *p) {
   p->stats.dtype_eager_nodes = 0;
   for (int s = 0; s < p->n_steps; s++) {
     const step *st = &p->steps[s];
-    if (p->device == EM_CUDA || st->node < 0 || st->epi || st->tmat >= 0) continue;
+    if (!p->rend->dtype_eager || st->node < 0 || st->epi || st->tmat >= 0) continue;
     const ir_node *x = &g->nodes[st->node];
-    if (!ind_dtype_eager(g, x)) continue;
+    if (!p->rend->dtype_eager(g, x)) continue;
     p->stats.dtype_eager_nodes++;
     if (nw < 320)
       nw += snprintf(why + nw, sizeof why - (size_t)nw, "%s%s %s", nw ? ", " : "", em_dtype_name(blocking_dtype(g, x)),
@@ -857,7 +857,7 @@ void ind_describe_schedule(ind_program *p) {
       else {
         bool timed = x->op == EM_PRIM_MATMUL && p->device == EM_CUDA && p->opts.autotune;
         unsigned fl = prim_get(x->op)->flags;
-        bool dt = p->device != EM_CUDA && ind_dtype_eager(g, x);
+        bool dt = p->rend->dtype_eager && p->rend->dtype_eager(g, x);
         n = snprintf(line, sizeof line, "  step %d: %%%d = %s (%s%s%s)\n", s, x->out, prim_get(x->op)->name,
                      timed ? "library: cublasLt, algorithms timed"
                      : fl & P_EXTERN ? "library" : fl & P_VIEW ? "view" : "eager kernel",

@@ -44,6 +44,9 @@ static int check_against(builder_fn build, em_tensor *const *in, void *ctx, ind_
 static int check_within(builder_fn build, em_tensor *const *in, void *ctx, ind_stats *st, const char *what,
                         bool f64_truth, double rel);
 
+/* The options check_within compiles with (NULL: the defaults). */
+static const ind_options *check_opts;
+
 static int check(builder_fn build, em_tensor *const *in, void *ctx, ind_stats *st, const char *what) {
   return check_against(build, in, ctx, st, what, false);
 }
@@ -79,7 +82,7 @@ static int check_within(builder_fn build, em_tensor *const *in, void *ctx, ind_s
   rt_trace_end(&tr);
   cr_assert(ir_graph_compact(g, NULL, NULL));
   char err[512];
-  ind_program *p = ind_compile(g, gin, st, err, sizeof err);
+  ind_program *p = ind_compile_opts(g, gin, check_opts, st, err, sizeof err);
   cr_assert_not_null(p, "%s: %s", what, err);
   cr_assert(ind_run(p, gin, n_in, got, NULL, EM_HERE), "%s: %s", what, em_last_error() ? em_last_error() : "");
   int exact = 0;
@@ -210,6 +213,39 @@ static int one_composite(em_tensor *const *in, em_tensor **out, void *ctx) {
   default: out[0] = em_amax(em_exp(x), 1, (int64_t[]){0}, true); break;
   }
   return 1;
+}
+
+/* A renderer that is the LLVM one without tanh and without column reductions. */
+static bool renders_no_tanh(const ir_graph *g, const ir_node *n) {
+  return n->op != EM_PRIM_TANH && ind_llvm_renderer.renders(g, n);
+}
+
+/* The scheduler and the rewriter reach the target only through its ind_renderer (renderer.c):
+ * a renderer that lacks tanh gets tanh as an op-by-op step between two kernels, and one without
+ * column reductions gets the column sum as a step, with eager's results either way. */
+ETEST(inductor, the_schedule_follows_the_renderer) {
+  em_manual_seed(11);
+  em_tensor *x = em_randn(EM_F32, EM_SHAPE(13, 67)), *b = em_randn(EM_F32, EM_SHAPE(67)), *w = em_randn(EM_F32, EM_SHAPE(67));
+  ind_stats full, less;
+  check(chain, (em_tensor *[]){x, b}, NULL, &full, "llvm renderer");
+  ind_renderer r = ind_llvm_renderer;
+  r.renders = renders_no_tanh;
+  r.column_reductions = false;
+  ind_options o = {.renderer = &r};
+  check_opts = &o;
+  check(chain, (em_tensor *[]){x, b}, NULL, &less, "renderer without tanh");
+  int col = 4;
+  ind_stats cfull, cless;
+  check(one_composite, (em_tensor *[]){x, w, NULL, NULL}, &col, &cless, "renderer without column reductions");
+  check_opts = NULL;
+  check(one_composite, (em_tensor *[]){x, w, NULL, NULL}, &col, &cfull, "column reduction");
+  cr_assert_eq(less.fallback_nodes, full.fallback_nodes + 1, "tanh alone runs op by op: %d steps against %d",
+               less.fallback_nodes, full.fallback_nodes);
+  cr_assert_eq(less.fused_nodes, full.fused_nodes - 1);
+  cr_assert_eq(cless.fallback_nodes, cfull.fallback_nodes + 1, "the column sum runs op by op: %d steps against %d",
+               cless.fallback_nodes, cfull.fallback_nodes);
+  cr_assert_str_eq(ind_renderer_for(EM_CPU)->name, "llvm");
+  cr_assert_str_eq(ind_renderer_for(EM_CUDA)->name, "cuda");
 }
 
 /* Row reductions fuse with their prologue and epilogue into one kernel over rows (softmax,
