@@ -683,15 +683,25 @@ static bool build_kernel(ind_program *p, const prim_meta *meta, kernel *k, char 
  * and written to the disk cache (next to the CUDA kernel cache, keyed by the default
  * configuration's kernel, the device's name and architecture), so a later compile of the same
  * kernel on the same device takes the choice without timing. Pointwise kernels: 128 to 1024
- * threads a block (one compiled kernel: the grid-stride loop takes any). Row kernels: half,
- * once and twice the heuristic block (each its own kernel: how many columns a thread keeps in
- * registers follows from it). */
+ * threads a block (one compiled kernel: the grid-stride loop takes any), each with the scalar
+ * variant and, where the kernel has one and the buffers are 16-byte aligned, the vector
+ * variant (a thread a 16-byte chunk; vector_width), so the choice of width is timed too. Row
+ * kernels: half, once and twice the heuristic block (each its own kernel: how many columns a
+ * thread keeps in registers follows from it). */
 struct ind_tune {
   int n;
-  void *fn[4];
-  unsigned block[4];
+  void *fn[8];
+  unsigned block[8];
+  bool vec[8]; /* the vector variant (its size parameter: chunks, not elements) */
   char key[32];
 };
+
+/* A tuning choice on disk: "block B" (older entries: the launcher picks the variant by
+ * alignment) or "block B scalar" (the scalar variant timed faster than the vector one). */
+typedef struct tune_choice {
+  unsigned block;
+  bool scalar;
+} tune_choice;
 
 static _Thread_local ind_autotune_stats tune_stats;
 ind_autotune_stats ind_autotune_stats_get(void) { return tune_stats; }
@@ -710,20 +720,22 @@ static bool tune_path(const char *key, char *path, size_t cap) {
   return true;
 }
 
-static unsigned tune_read(const char *key) {
-  char path[1200];
+static tune_choice tune_read(const char *key) {
+  char path[1200], word[16] = "";
   int64_t size;
   FILE *f = tune_path(key, path, sizeof path) ? rt_cache_open(path, &size) : NULL;
-  unsigned b = 0;
-  if (f && (fscanf(f, "block %u", &b) != 1 || b < 1 || b > 1024 || (b & (b - 1)))) b = 0;
+  tune_choice c = {0, false};
+  int got = f ? fscanf(f, "block %u %15s", &c.block, word) : 0;
+  if (got < 1 || c.block < 1 || c.block > 1024 || (c.block & (c.block - 1))) c.block = 0;
+  c.scalar = got == 2 && !strcmp(word, "scalar");
   if (f) fclose(f);
-  return b;
+  return c;
 }
 
-static void tune_write(const char *key, unsigned block) {
-  char path[1200], text[32];
+static void tune_write(const char *key, tune_choice c) {
+  char path[1200], text[48];
   if (!tune_path(key, path, sizeof path)) return;
-  int n = snprintf(text, sizeof text, "block %u\n", block);
+  int n = snprintf(text, sizeof text, "block %u%s\n", c.block, c.scalar ? " scalar" : "");
   rt_write_file_whole(path, text, (size_t)n, "", 0); /* best effort: a lost choice is timed again */
 }
 
@@ -795,11 +807,13 @@ bool ind_cuda_build_kernels(ind_program *p, const prim_meta *meta, char *err, si
     if (!p->opts.autotune) continue;
     char key[32];
     snprintf(key, sizeof key, "%s", k->name);
-    unsigned dflt = k->block, chosen = tune_read(key);
-    if (chosen) { /* timed before, on this device */
+    unsigned dflt = k->block;
+    tune_choice chosen = tune_read(key);
+    if (chosen.block) { /* timed before, on this device */
       tune_stats.cached++;
-      k->block = chosen;
-      if (k->row && chosen != dflt && !build_kernel(p, meta, k, err, cap)) return false;
+      k->block = chosen.block;
+      if (chosen.scalar) k->cu_vec = NULL;
+      if (k->row && chosen.block != dflt && !build_kernel(p, meta, k, err, cap)) return false;
       continue;
     }
     struct ind_tune *t = calloc(1, sizeof *t);
@@ -809,7 +823,9 @@ bool ind_cuda_build_kernels(ind_program *p, const prim_meta *meta, char *err, si
     char dname[32];
     snprintf(dname, sizeof dname, "%s", k->name);
     static const unsigned pw[4] = {128, 256, 512, 1024};
-    for (int c = 0; c < 4 && !k->row; c++) t->fn[t->n] = dfn, t->block[t->n++] = pw[c];
+    for (int v = 0; v < 2 && !k->row; v++)
+      for (int c = 0; c < 4 && (v == 0 || k->cu_vec); c++)
+        t->fn[t->n] = v ? k->cu_vec : dfn, t->vec[t->n] = v, t->block[t->n++] = pw[c];
     for (int c = 0; c < 3 && k->row; c++) {
       unsigned b = c == 0 ? dflt / 2 : c == 1 ? dflt : dflt * 2;
       if (b < 32 || b > 1024) continue;
@@ -841,8 +857,10 @@ bool ind_cuda_autotune(kernel *k, const ir_graph *g, char **bufs, em_site site) 
     if (ok) ptr[o] = (uint64_t)(uintptr_t)rt_data(scratch[o]);
   }
   for (int q = k->n_out; ok && q < nb; q++) ptr[q] = (uint64_t)(uintptr_t)bufs[q];
-  for (int q = 0; q < nb && q < 130; q++) params[q] = &ptr[q];
-  params[nb < 130 ? nb : 130] = &n;
+  bool aligned = true; /* the vector candidates need every buffer 16-byte aligned, as run.c's launch does */
+  for (int q = 0; q < nb && q < 130; q++) params[q] = &ptr[q], aligned = aligned && ptr[q] % 16 == 0;
+  int64_t nv = k->vec ? n / k->vec : n, arg = n;
+  params[nb < 130 ? nb : 130] = &arg;
   const cu_driver *d = cu_drv();
   cu_event ev[2] = {NULL, NULL};
   cu_enter();
@@ -851,7 +869,10 @@ bool ind_cuda_autotune(kernel *k, const ir_graph *g, char **bufs, em_site site) 
   int pick = 0;
   char why[256] = "";
   for (int c = 0; ok && c < t->n; c++) {
-    int64_t threads = k->row ? n * t->block[c] : n;
+    if (t->vec[c] && !aligned) continue;
+    arg = t->vec[c] ? nv : n;
+    int64_t threads = k->row ? n * t->block[c] : arg;
+    tune_stats.candidates++;
     ok = cu_launch(t->fn[c], threads, t->block[c], params, why, sizeof why); /* warm up */
     ok = ok && !d->event_record(ev[0], cu_current_stream());
     for (int r = 0; ok && r < 5; r++) ok = cu_launch(t->fn[c], threads, t->block[c], params, why, sizeof why);
@@ -864,8 +885,12 @@ bool ind_cuda_autotune(kernel *k, const ir_graph *g, char **bufs, em_site site) 
     if (ev[e]) d->event_destroy(ev[e]);
   for (int o = 0; o < k->n_out && o < 64; o++) em_release(scratch[o]);
   if (!ok) return rt_error(site, "em_call", "autotuning kernel %s: %s", k->name, why[0] ? why : "out of memory"), false;
-  k->cu_fn = t->fn[pick], k->block = t->block[pick];
-  tune_write(t->key, k->block);
+  k->block = t->block[pick];
+  if (!t->vec[pick]) k->cu_fn = t->fn[pick];
+  /* the scalar variant won although the vector one ran: keep to it (unaligned calls take it anyway) */
+  bool scalar = k->cu_vec && aligned && !t->vec[pick];
+  if (scalar) k->cu_vec = NULL;
+  tune_write(t->key, (tune_choice){k->block, scalar});
   tune_stats.tuned++;
   ind_cuda_tune_free(k);
   return true;

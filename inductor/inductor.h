@@ -143,6 +143,7 @@ int64_t ind_cuda_graph_replays(void);
 typedef struct ind_autotune_stats {
   int64_t tuned, cached;
   int64_t gemms_tuned, gemms_cached; /* GEMMs whose cuBLASLt algorithm was timed, or found on disk */
+  int64_t candidates; /* kernel configurations timed (block sizes, scalar and vector variants) */
 } ind_autotune_stats;
 ind_autotune_stats ind_autotune_stats_get(void);
 /* Tests: a nonzero salt keys every later autotuning choice apart from earlier runs' (0: none). */
