@@ -71,8 +71,11 @@ typedef struct kernel {
   int64_t rows, cols;     /* the iteration space as the generated loops see it */
   int64_t bytes;          /* bytes read and written, for EMBER_LOGS=schedule */
   char *loop_ir;          /* the loop-level form, printed under EMBER_LOGS=schedule */
-  int64_t *table;         /* sizes_as_args: the numbers its code reads at run time (bufs[n_out + n_in]) */
+  int64_t *table;         /* sizes_as_args: the numbers its code reads at run time (CPU: bufs[n_out + n_in];
+                           * CUDA: a by-value parameter after n, the scalar variant's entries then the
+                           * vector variant's) */
   int n_table;
+  int vtab;               /* CUDA: the scalar variant's entries, table[0, vtab); the vector's follow */
   double prof_ms;         /* EMBER_INDUCTOR_PROFILE: time in this kernel, all runs */
   int64_t prof_runs;
 } kernel;

@@ -425,7 +425,7 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
       }
       if (ok && cuda) {
         uint64_t ptr[130];
-        void *params[131];
+        void *params[132];
         int nb = k->n_out + k->n_in;
         if (nb > 130) {
           ok = (rt_error(site, "em_call", "CUDA kernel %s with %d buffers", k->name, nb), false);
@@ -439,6 +439,8 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
           bool vec = k->cu_vec != NULL;
           for (int q = 0; vec && q < nb; q++) vec = ptr[q] % 16 == 0;
           if (vec) n /= k->vec, vector_runs++;
+          /* sizes_as_args: the variant's table of sizes, by value after n (cuda_codegen.c: ktab) */
+          if (vec ? k->n_table > k->vtab : k->vtab > 0) params[nb + 1] = vec ? k->table + k->vtab : k->table;
           em_tensor *part = NULL; /* a split row kernel's partial results (cuda_codegen.c: split_parts) */
           if (ok && k->parts) {
             int64_t e = n * k->parts * k->n_out;
