@@ -22,6 +22,10 @@
 #undef EM_NONE
 #undef EM_CUDA
 #define EM_NONE (&em_none_sentinel)
+#ifdef EMBER_HAVE_DNNL
+#include <oneapi/dnnl/dnnl.h>
+#endif
+#include <llvm-c/Core.h>
 #include <llvm-c/Disassembler.h>
 #include <llvm-c/Target.h>
 #include <llvm-c/TargetMachine.h>
@@ -912,6 +916,11 @@ ETEST(inductor, cpu_isa_avx2_holds_generated_code_to_avx2) {
   cr_assert(c[0][2] == 1, "compiled under avx2 (misses %ld)", c[0][2]);
   char held[1024], native[1024];
   cache_file(dir, NULL, held, sizeof held);
+  unsetenv("EMBER_CPU_ISA");
+  setenv("EMBER_NO_AVX512", "1", 1); /* the older switch: an alias, the same kernels */
+  probe(dir, 1, c);
+  unsetenv("EMBER_NO_AVX512");
+  cr_assert(c[0][1] == 1 && c[0][2] == 0, "EMBER_NO_AVX512 finds the avx2 entry (misses %ld)", c[0][2]);
   setenv("EMBER_CPU_ISA", "native", 1);
   probe(dir, 1, c);
   unsetenv("EMBER_CPU_ISA");
@@ -942,6 +951,22 @@ ETEST(inductor, cpu_isa_avx2_holds_generated_code_to_avx2) {
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   cr_assert_eq(system(cmd), 0);
 }
+
+#ifdef EMBER_HAVE_DNNL
+/* And oneDNN: a convolution (and a GEMM) in this process under EMBER_CPU_ISA=avx2 runs AVX2
+ * kernels. Each test is a process of its own, so the switch is read here for the first time. */
+ETEST(inductor, cpu_isa_avx2_holds_onednn) {
+  setenv("EMBER_CPU_ISA", "avx2", 1);
+  em_tensor *x = em_randn(EM_F32, EM_SHAPE(2, 3, 9, 9)), *w = em_randn(EM_F32, EM_SHAPE(4, 3, 3, 3));
+  em_tensor *y = em_conv2d(x, w, EM_NONE, EM_CONV2D_DEFAULT);
+  em_tensor *m = em_matmul(em_randn(EM_F32, EM_SHAPE(33, 65)), em_randn(EM_F32, EM_SHAPE(65, 17)));
+  unsetenv("EMBER_CPU_ISA");
+  cr_assert(y && m, "%s", em_last_error() ? em_last_error() : "");
+  cr_assert_str_eq(em_cpu_isa(), __builtin_cpu_supports("avx2") ? "avx2" : "baseline");
+  if (__builtin_cpu_supports("avx2"))
+    cr_assert_eq(dnnl_get_effective_cpu_isa(), dnnl_cpu_isa_avx2, "oneDNN's ISA is %#x", (unsigned)dnnl_get_effective_cpu_isa());
+}
+#endif
 
 /* ---- issue 15 regressions: each failed on the default backend before its fix ------------- */
 
