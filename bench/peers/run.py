@@ -296,11 +296,14 @@ def main():
 def render(out_dir, meta, table, results=None):
     """Prints the table and writes results.md (and results.json when results are given)."""
     versions, missing = meta["versions"], meta["missing"]
+    off_pin = {k: v for k, v in versions.items() if k in meta.get("pins", {}) and v.split("+")[0] != meta["pins"][k]}
     md = [f"Machine: {meta['machine']}, {meta['cores']} cores, 2 threads per system; device {meta['device']}; "
           f"ISA {meta.get('isa', 'native')}; {meta.get('contention', 0)} busy processes beside each run; "
           f"{meta['rounds']} rounds, medians of at least {meta.get('min_seconds', 0):g} s of steps. Versions: " +
           ", ".join(f"{k} {v}" for k, v in versions.items()) +
-          (("; not installed: " + ", ".join(f"{k} ({v})" for k, v in missing.items())) if missing else "") + "."]
+          (("; not installed: " + ", ".join(f"{k} ({v})" for k, v in missing.items())) if missing else "") +
+          (("; NOT the pinned versions: " + ", ".join(f"{k} {v} (pinned {meta['pins'][k]})" for k, v in off_pin.items()))
+           if off_pin else "") + "."]
     if meta.get("held"):
         md += ["", "Held to AVX2: " + "; ".join(f"{k}: {v}" for k, v in meta["held"].items()) + "."]
     md += ["", "| workload | system | ms per step | first call ms (cold caches) | to steady state ms | peak RSS MB | "
