@@ -60,8 +60,8 @@ static int hold_to_avx2(char **cpu, char *features) {
 }
 
 /* A builder whose target machine is the effective CPU and features (the JIT adds object files
- * the kernels' own target machine made, so this only keeps the two in agreement); NULL when out
- * of memory. */
+ * the kernels' own target machine made, so this only keeps the two in agreement); NULL when
+ * LLVM has no such target machine. */
 static LLVMOrcLLJITBuilderRef jit_builder(const char *cpu, const char *features) {
   char *triple = LLVMGetDefaultTargetTriple(), *msg = NULL;
   LLVMTargetRef target;
@@ -88,8 +88,13 @@ static void create_jit(void *arg) {
   LLVMOrcLLJITBuilderRef builder = NULL; /* NULL: LLJIT's own, the host's */
   if (cpu && features && !strcmp(em_cpu_isa(), "avx2")) {
     int held = hold_to_avx2(&cpu, features);
-    if (held > 0) builder = jit_builder(cpu, features);
-    if (held < 0 || (held > 0 && !builder)) LLVMDisposeMessage(features), features = NULL; /* out of memory: below */
+    if (held < 0) LLVMDisposeMessage(features), features = NULL; /* out of memory: below */
+    if (held > 0 && !(builder = jit_builder(cpu, features))) {
+      snprintf(jit_error, sizeof jit_error, "creating the LLJIT: no %s target machine without AVX-512 (EMBER_CPU_ISA=avx2)",
+               cpu);
+      LLVMDisposeMessage(cpu), LLVMDisposeMessage(features);
+      return;
+    }
   }
   if (!cpu || !features) {
     LLVMDisposeMessage(cpu), LLVMDisposeMessage(features);
@@ -149,8 +154,9 @@ static void retire_jit(const char *why) {
 
 /* ---- the kernel cache ----
  *
- * A module's key is the BLAKE3 hash of its LLVM IR before optimisation, the host CPU and its
- * features, the LLVM version and the cache format. Its kernels are named after the key. In
+ * A module's key is the BLAKE3 hash of its LLVM IR before optimisation, the CPU and features the
+ * code is made for (the host's, or held to AVX2 by EMBER_CPU_ISA), the vector lanes, the LLVM
+ * version and the cache format. Its kernels are named after the key. In
  * memory, each module loaded into the JIT has its own resource tracker and an entry in `mods`,
  * counting the programs that use it: a program built again finds its module there. The cache
  * is bounded (LRU): past the limit (EMBER_KERNEL_CACHE_MODULES, default 256 modules), the least

@@ -964,7 +964,8 @@ ETEST(inductor, cpu_isa_avx2_holds_onednn) {
   cr_assert(y && m, "%s", em_last_error() ? em_last_error() : "");
   cr_assert_str_eq(em_cpu_isa(), __builtin_cpu_supports("avx2") ? "avx2" : "baseline");
   if (__builtin_cpu_supports("avx2"))
-    cr_assert_eq(dnnl_get_effective_cpu_isa(), dnnl_cpu_isa_avx2, "oneDNN's ISA is %#x", (unsigned)dnnl_get_effective_cpu_isa());
+    cr_assert_eq(dnnl_get_effective_cpu_isa(), dnnl_cpu_isa_avx2, "oneDNN's ISA is %#x",
+                 (unsigned)dnnl_get_effective_cpu_isa());
 }
 #endif
 
