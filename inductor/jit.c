@@ -90,7 +90,7 @@ static void create_jit(void *arg) {
     int held = hold_to_avx2(&cpu, features);
     if (held < 0) LLVMDisposeMessage(features), features = NULL; /* out of memory: below */
     if (held > 0 && !(builder = jit_builder(cpu, features))) {
-      snprintf(jit_error, sizeof jit_error, "creating the LLJIT: no %s target machine without AVX-512 (EMBER_CPU_ISA=avx2)",
+      snprintf(jit_error, sizeof jit_error, "creating the LLJIT: no %s target machine without AVX-512 (EMBER_CPU_ISA)",
                cpu);
       LLVMDisposeMessage(cpu), LLVMDisposeMessage(features);
       return;
