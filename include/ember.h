@@ -1832,6 +1832,23 @@ void em_cuda_event_free(em_cuda_event *e);
 void em_cuda_set_allow_tf32(bool allow);
 bool em_cuda_allow_tf32(void);
 
+/* ---- CPU instruction set (issues 20 and 23) ----
+ *
+ * The widest x86 vector ISA Ember's CPU code uses in this process: "avx512", "avx2", "baseline"
+ * (a host without AVX2), or "native" off x86. The environment variable EMBER_CPU_ISA, read once
+ * (at the first call here, or the first compilation or oneDNN call), sets a ceiling:
+ *   native (default) or avx512: what the host has (AVX-512 on Zen 4 and 5);
+ *   avx2: no AVX-512 even where the host has it, as on Zen 3: the LLVM code generator runs with
+ *         every AVX-512 feature off, tuned for znver3 (x86-64-v3 on other vendors), 8-lane f32
+ *         vectors and SLEEF's AVX2 functions, its kernels cached apart from the native ones;
+ *         oneDNN (f32 GEMM, convolutions) is held by dnnl_set_max_cpu_isa(dnnl_cpu_isa_avx2).
+ * EMBER_NO_AVX512 (any value) is an older alias for EMBER_CPU_ISA=avx2. The eager C kernels are
+ * compiled ahead of time: for AVX2-only code there too, configure a build with -Dcpu_isa=avx2
+ * (x86-64-v3, tuned for znver3), which also makes avx2 this variable's default. OpenBLAS (f64
+ * GEMM) picks its kernels when loaded: OPENBLAS_CORETYPE=Haswell holds it. An unknown value is
+ * reported on stderr once and taken as native. Never fails. */
+const char *em_cpu_isa(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -347,6 +347,17 @@ static void dnnl_threads_back(int nt) {
   if (nt != 1) omp_set_num_threads(nt);
 }
 
+/* EMBER_CPU_ISA=avx2 (em_cpu_isa, runtime/isa.c) holds oneDNN's JIT to AVX2 kernels as well. It
+ * must be said before oneDNN makes its first kernel (later it is refused), so every entry into
+ * oneDNN (the GEMM tiles and the convolutions' engine) passes here first. */
+static void dnnl_isa_init(void) {
+  if (!strcmp(em_cpu_isa(), "avx2")) dnnl_set_max_cpu_isa(dnnl_cpu_isa_avx2);
+}
+static void dnnl_isa(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, dnnl_isa_init);
+}
+
 /* Records the first failed status of a job's tasks. */
 static void note_failure(_Atomic int *bad, dnnl_status_t st) {
   int none = dnnl_success;
@@ -390,6 +401,7 @@ static bool gemm_lib(const gemm_job *g, char *err, size_t cap) {
   int64_t n = g->batches * t.mb * t.nb;
 #ifdef EMBER_HAVE_DNNL
   if (g->out->dtype == EM_F32) {
+    dnnl_isa();
     prim_parallel(n, sgemm_tile, &t);
     int bad = atomic_load(&t.bad);
     return bad == dnnl_success || dnnl_fail(err, cap, "sgemm", (dnnl_status_t)bad);
@@ -631,6 +643,7 @@ static dnnl_status_t conv_acquire(const conv_entry *key, conv_lease *l) {
   dnnl_status_t st = dnnl_success;
   conv_entry *e = NULL;
   *l = (conv_lease){.slot = -1};
+  dnnl_isa();
   pthread_mutex_lock(&conv_lock);
   if (!engine) st = prim_dnnl_engine_create(&engine, dnnl_cpu, 0);
   for (int i = 0; st == dnnl_success && i < conv_cached && !e; i++)

@@ -22,6 +22,13 @@
 #undef EM_NONE
 #undef EM_CUDA
 #define EM_NONE (&em_none_sentinel)
+#ifdef EMBER_HAVE_DNNL
+#include <oneapi/dnnl/dnnl.h>
+#endif
+#include <llvm-c/Core.h>
+#include <llvm-c/Disassembler.h>
+#include <llvm-c/Target.h>
+#include <llvm-c/TargetMachine.h>
 #include <llvm-c/blake3.h>
 
 #include "random_program.h"
@@ -875,6 +882,128 @@ ETEST(inductor, disk_cache_second_process_corruption_and_concurrent_writers) {
   cr_assert_eq(system(cmd), 0);
 }
 
+
+/* ---- EMBER_CPU_ISA=avx2 (issues 20 and 23) ---------------------------------------------- */
+
+/* Whether an instruction (AT&T syntax) needs AVX-512: a zmm register, an EVEX-only register
+ * (xmm16-31, ymm16-31), a mask register or an embedded broadcast. */
+static bool needs_avx512(const char *insn) {
+  if (strstr(insn, "zmm") || strstr(insn, "{1to") || strstr(insn, "{%k")) return true;
+  for (const char *p = insn; (p = strstr(p, "mm")); p += 2)
+    if (p > insn && (p[-1] == 'x' || p[-1] == 'y') && p[2] >= '1' && p[2] <= '3' && p[3] >= '0' && p[3] <= '9' &&
+        (p[2] - '0') * 10 + (p[3] - '0') >= 16)
+      return true;
+  return false;
+}
+
+/* Disassembles the executable sections of the cache entry at path (a 56-byte header, then an
+ * ELF object); counts instructions that need AVX-512 and those on ymm registers; appends the
+ * object's SLEEF symbol names, space-separated, to sleef. */
+static void scan_entry(const char *path, int *avx512, int *ymm, char *sleef, size_t cap) {
+  size_t n;
+  char *e = slurp(path, &n), *obj = e + 56;
+  Elf64_Ehdr eh;
+  cr_assert(n > 56 + sizeof eh);
+  memcpy(&eh, obj, sizeof eh);
+  LLVMInitializeNativeTarget();
+  LLVMInitializeNativeDisassembler();
+  char *triple = LLVMGetDefaultTargetTriple();
+  LLVMDisasmContextRef dc = LLVMCreateDisasm(triple, NULL, 0, NULL, NULL);
+  LLVMDisposeMessage(triple);
+  cr_assert(dc, "an LLVM disassembler for the host");
+  for (int i = 0; i < eh.e_shnum; i++) {
+    Elf64_Shdr sh;
+    memcpy(&sh, obj + eh.e_shoff + (size_t)i * sizeof sh, sizeof sh);
+    if (sh.sh_type == SHT_STRTAB)
+      for (size_t o = 0; o < sh.sh_size; o += strlen(obj + sh.sh_offset + o) + 1) {
+        const char *name = obj + sh.sh_offset + o;
+        if (!strncmp(name, "Sleef_", 6)) snprintf(sleef + strlen(sleef), cap - strlen(sleef), "%s ", name);
+      }
+    if (sh.sh_type != SHT_PROGBITS || !(sh.sh_flags & SHF_EXECINSTR)) continue;
+    uint8_t *code = (uint8_t *)obj + sh.sh_offset;
+    for (uint64_t pc = 0; pc < sh.sh_size;) {
+      char text[256];
+      size_t len = LLVMDisasmInstruction(dc, code + pc, sh.sh_size - pc, pc, text, sizeof text);
+      if (!len) { /* padding or data: step over a byte */
+        pc++;
+        continue;
+      }
+      *avx512 += needs_avx512(text);
+      *ymm += strstr(text, "ymm") != NULL;
+      pc += len;
+    }
+  }
+  LLVMDisasmDispose(dc);
+  free(e);
+}
+
+/* EMBER_CPU_ISA=avx2 holds the generated code to AVX2 on an AVX-512 host: cache_probe's softmax
+ * and tanh (SLEEF) kernels, compiled in a process under the switch, match eager there, and their
+ * object code has no AVX-512 instruction (zmm, EVEX-only registers, masks) but ymm vectors, and
+ * calls SLEEF's 8-lane AVX2 functions. The same graph compiled natively is another cache entry
+ * (the key holds the effective features), and on an AVX-512 host its code does use zmm: the
+ * check that would fail if the switch did nothing. */
+ETEST(inductor, cpu_isa_avx2_holds_generated_code_to_avx2) {
+  char dir[] = "/tmp/ember-isa-testXXXXXX";
+  cr_assert(mkdtemp(dir));
+  long c[1][4];
+  setenv("EMBER_CPU_ISA", "avx2", 1);
+  probe(dir, 1, c); /* fails unless the result matches eager */
+  cr_assert(c[0][2] == 1, "compiled under avx2 (misses %ld)", c[0][2]);
+  char held[1024], native[1024];
+  cache_file(dir, NULL, held, sizeof held);
+  unsetenv("EMBER_CPU_ISA");
+  setenv("EMBER_NO_AVX512", "1", 1); /* the older switch: an alias, the same kernels */
+  probe(dir, 1, c);
+  unsetenv("EMBER_NO_AVX512");
+  cr_assert(c[0][1] == 1 && c[0][2] == 0, "EMBER_NO_AVX512 finds the avx2 entry (misses %ld)", c[0][2]);
+  setenv("EMBER_CPU_ISA", "native", 1);
+  probe(dir, 1, c);
+  unsetenv("EMBER_CPU_ISA");
+  bool host512 = __builtin_cpu_supports("avx512f");
+  int avx512 = 0, ymm = 0;
+  char sleef[1024] = "";
+  scan_entry(held, &avx512, &ymm, sleef, sizeof sleef);
+  cr_assert_eq(avx512, 0, "%d instructions of the avx2 kernels need AVX-512", avx512);
+  cr_assert_gt(ymm, 0, "the avx2 kernels run on ymm vectors");
+#ifdef EMBER_HAVE_SLEEF
+  cr_assert(strstr(sleef, "f8_") && !strstr(sleef, "f16_"), "SLEEF's AVX2 functions, not: %s", sleef);
+#endif
+  if (!host512) { /* nothing to hold: the same features, the same entry */
+    cr_assert(c[0][1] == 1 && c[0][2] == 0, "no AVX-512 here: native finds the avx2 entry");
+    fprintf(stderr, "[inductor] this host has no AVX-512: avx2 and native generate the same code\n");
+  } else {
+    cr_assert(c[0][2] == 1 && c[0][1] == 0, "native is another cache entry (disk hits %ld)", c[0][1]);
+    cache_file(dir, held, native, sizeof native);
+    int native512 = 0, native_ymm = 0;
+    char native_sleef[1024] = "";
+    scan_entry(native, &native512, &native_ymm, native_sleef, sizeof native_sleef);
+    cr_assert_gt(native512, 0, "the native kernels of this AVX-512 host use it");
+#ifdef EMBER_HAVE_SLEEF
+    cr_assert(strstr(native_sleef, "f16_"), "native calls SLEEF's 16-lane functions: %s", native_sleef);
+#endif
+  }
+  char cmd[1100];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  cr_assert_eq(system(cmd), 0);
+}
+
+#ifdef EMBER_HAVE_DNNL
+/* And oneDNN: a convolution (and a GEMM) in this process under EMBER_CPU_ISA=avx2 runs AVX2
+ * kernels. Each test is a process of its own, so the switch is read here for the first time. */
+ETEST(inductor, cpu_isa_avx2_holds_onednn) {
+  setenv("EMBER_CPU_ISA", "avx2", 1);
+  em_tensor *x = em_randn(EM_F32, EM_SHAPE(2, 3, 9, 9)), *w = em_randn(EM_F32, EM_SHAPE(4, 3, 3, 3));
+  em_tensor *y = em_conv2d(x, w, EM_NONE, EM_CONV2D_DEFAULT);
+  em_tensor *m = em_matmul(em_randn(EM_F32, EM_SHAPE(33, 65)), em_randn(EM_F32, EM_SHAPE(65, 17)));
+  unsetenv("EMBER_CPU_ISA");
+  cr_assert(y && m, "%s", em_last_error() ? em_last_error() : "");
+  cr_assert_str_eq(em_cpu_isa(), __builtin_cpu_supports("avx2") ? "avx2" : "baseline");
+  if (__builtin_cpu_supports("avx2"))
+    cr_assert_eq(dnnl_get_effective_cpu_isa(), dnnl_cpu_isa_avx2, "oneDNN's ISA is %#x",
+                 (unsigned)dnnl_get_effective_cpu_isa());
+}
+#endif
 
 /* ---- issue 15 regressions: each failed on the default backend before its fix ------------- */
 
