@@ -24,7 +24,9 @@
  *    Each value is computed once per row, in the pass over the row where its inputs are ready;
  *    one a later pass reads is kept in a per-thread scratch row (the row is in cache).
  * A node that fits neither closes the kernel. The consumers of a GEMM's output (bias,
- * activation, residual) are the first nodes of the kernel after it: the GEMM's epilogue.
+ * activation, residual) are the first nodes of the kernel after it: the GEMM's epilogue; but an
+ * f32 bias add over the rows and a ReLU or GELU after it (em_linear's pattern) run inside the
+ * GEMM, on each of its tiles while in cache (schedule.c, prim_gemm_epilogue).
  * EMBER_LOGS=schedule prints every step: kernel, iteration space, nodes, bytes moved.
  *
  * Memory planning. Liveness over the schedule, alias-aware (a view keeps its base alive). The
@@ -84,7 +86,7 @@ typedef struct ind_stats {
   int recomputed_nodes; /* nodes emitted again where a later kernel reads their value (rewrite.c) */
   int scatter_sums;     /* sums of slice scatters made one cat (rewrite.c) */
   int window_reductions; /* amax / amin over a small non-trailing window made pointwise (rewrite.c) */
-  int gemm_epilogues;    /* GEMMs whose bias and activation cuBLASLt applies (CUDA) */
+  int gemm_epilogues;    /* GEMMs whose bias and activation cuBLASLt (CUDA) or the GEMM's tiles (CPU) apply */
   double compile_ms;  /* lowering, LLVM optimisation and JIT */
 } ind_stats;
 

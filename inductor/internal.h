@@ -80,12 +80,13 @@ typedef struct kernel {
   int64_t prof_runs;
 } kernel;
 
-/* A GEMM whose epilogue cuBLASLt fuses (schedule.c finds them in CUDA programs): the value
- * act(matmul(a, b) [reshaped] + bias), act a cu_epilogue (runtime/cuda.h). */
+/* A GEMM whose epilogue is fused (schedule.c): the value act(matmul(a, b) [reshaped] + bias), act
+ * a cu_epilogue (runtime/cuda.h) run by cuBLASLt in CUDA programs, a prim_epilogue (prims.h) run
+ * on each GEMM tile in CPU ones. */
 typedef struct ind_epilogue {
   int mm;              /* the matmul node */
   int bias;            /* the bias value: N elements, N the product's last dim */
-  int act;             /* CU_EPI_BIAS, CU_EPI_BIAS_RELU or CU_EPI_BIAS_GELU_TANH */
+  int act;             /* CUDA: CU_EPI_BIAS, CU_EPI_BIAS_RELU or CU_EPI_BIAS_GELU_TANH; CPU: a PRIM_EPI_BIAS_* */
   int n_nodes, *nodes; /* the nodes it stands for, in graph order, the last one its result: run eagerly
                         * when cuBLASLt cannot take the GEMM at run time */
   int n_reads, *reads; /* the values those nodes read from outside them */
@@ -105,7 +106,7 @@ typedef struct step {
   int tmat;   /* >= 0: node is clone(transpose(matmul(a, b))), run as matmul(b^T, a^T): this matmul */
   bool alias; /* node is a clone of a value nothing else reads: the same tensor when contiguous */
   int n_release, *release; /* values whose last reader is this step */
-  int epi;    /* > 0: node is the result of p->epis[epi - 1], run as one cuBLASLt GEMM */
+  int epi;    /* > 0: node is the result of p->epis[epi - 1], run as one GEMM with its epilogue */
 } step;
 
 struct ind_program {
@@ -116,7 +117,7 @@ struct ind_program {
   int n_steps;
   kernel *kernels;
   int n_kernels;
-  ind_epilogue *epis;      /* GEMMs with cuBLASLt epilogues (CUDA) */
+  ind_epilogue *epis;      /* GEMMs with fused epilogues */
   int n_epis;
   ind_gemm_choice *gemm;   /* [n_steps] CUDA programs: each GEMM step's algorithm (max-autotune) */
   signed char *kind;  /* [n_values] K_FULL / K_ROW for values computed inside kernels */

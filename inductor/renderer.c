@@ -14,7 +14,7 @@ const ind_renderer ind_llvm_renderer = {
   .dtype_eager = llvm_dtype_eager,
   .column_reductions = true, /* accumulated per thread over its rows, then summed in a fixed order */
   .row_f64 = true,
-  .gemm_epilogues = false,   /* oneDNN's sgemm; the bias and activation join the next kernel */
+  .gemm_epilogues = true,    /* bias, ReLU, GELU (tanh, erf) on each oneDNN sgemm tile (prim_gemm_epilogue) */
   .build = ind_build_kernels,
 };
 

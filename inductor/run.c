@@ -225,16 +225,33 @@ static em_tensor *matmul_step(const ind_program *p, int s, const ir_node *m, em_
   return rt_dispatch(m->opname, EM_PRIM_MATMUL, (em_tensor *[]){a, b}, 2, &m->attrs, m->site);
 }
 
-/* A GEMM epilogue step (schedule.c): one cuBLASLt call, its result reshaped as the chain's last
- * node's; when cuBLASLt cannot take it, the chain's nodes run eagerly, their intermediates
- * dropped after. */
+/* A CPU GEMM epilogue: act(a @ b + bias) from prim_gemm_epilogue, the product's shape; NULL with
+ * the error recorded. */
+static em_tensor *cpu_gemm_epilogue(const ir_node *mm, em_tensor *a, em_tensor *b, em_tensor *bias, int act, em_site site) {
+  prim_meta in[2] = {rt_meta(a), rt_meta(b)}, om;
+  char err[256];
+  if (!prim_meta_fn(EM_PRIM_MATMUL, &mm->attrs, in, 2, &om, err, sizeof err)) return rt_error(site, mm->opname, "%s", err);
+  em_tensor *r = rt_new(om.dtype, om.ndim, om.sizes, mm->opname, site);
+  if (!r) return NULL;
+  prim_buf ob = rt_buf(r), ab = rt_buf(a), bb = rt_buf(b), cb = rt_buf(bias);
+  if (!prim_gemm_epilogue(&ob, &ab, &bb, &cb, (prim_epilogue)act, err, sizeof err)) {
+    em_release(r);
+    return rt_error(site, mm->opname, "%s", err);
+  }
+  return r;
+}
+
+/* A GEMM epilogue step (schedule.c): one cuBLASLt call (CUDA) or the GEMM with its epilogue on
+ * each tile (CPU), its result reshaped as the chain's last node's; when cuBLASLt cannot take
+ * it, the chain's nodes run eagerly, their intermediates dropped after. */
 static em_tensor *epilogue_step(const ind_program *p, int s, const ind_epilogue *e, em_tensor **vals) {
   const ir_graph *g = p->g;
   const ir_node *mm = &g->nodes[e->mm], *last = &g->nodes[e->nodes[e->n_nodes - 1]];
   const ir_type *t = &g->values[last->out].type;
-  bool fallback;
-  em_tensor *r = ind_cuda_gemm(p, s, vals[ir_operands(g, mm)[0]], vals[ir_operands(g, mm)[1]], vals[e->bias], e->act,
-                               &fallback, last->site);
+  bool fallback = false;
+  em_tensor *a = vals[ir_operands(g, mm)[0]], *b = vals[ir_operands(g, mm)[1]];
+  em_tensor *r = p->device == EM_CUDA ? ind_cuda_gemm(p, s, a, b, vals[e->bias], e->act, &fallback, last->site)
+                                      : cpu_gemm_epilogue(mm, a, b, vals[e->bias], e->act, last->site);
   if (r) {
     em_tensor *v = r->ndim == t->ndim && !memcmp(r->sizes, t->sizes, sizeof(int64_t) * (size_t)t->ndim)
                        ? em_retain(r) : rt_reshape(r, t->ndim, t->sizes, last->opname, last->site);

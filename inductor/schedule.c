@@ -330,7 +330,7 @@ static void find_transposed_products(builder *b) {
   free(uses), free(def);
 }
 
-/* ---- GEMM epilogues through cuBLASLt (CUDA) ----
+/* ---- GEMM epilogues: cuBLASLt (CUDA), the GEMM's tiles (CPU) ----
  *
  * matmul -> add(bias broadcast over the rows) [-> relu | tanh GELU] becomes one cublasLtMatmul
  * with the BIAS, RELU_BIAS or GELU_BIAS epilogue when nothing else reads the product or the sums
@@ -339,24 +339,30 @@ static void find_transposed_products(builder *b) {
  * Otherwise the GEMM runs alone and a generated kernel is its epilogue, as before.
  * Numerics: cuBLASLt applies the bias and the activation to the f32 accumulator and rounds once
  * (eager rounds an f16/bf16 product before adding); its ReLU is max(x, 0), which takes a NaN to
- * 0 where eager's where(x <= 0, 0, x) keeps it. */
+ * 0 where eager's where(x <= 0, 0, x) keeps it.
+ * On the CPU the same chains (f32, and erf GELU too) run as one extern step,
+ * prim_gemm_epilogue: the oneDNN sgemm tiles, each followed by the bias and activation while it
+ * is in cache, in eager's operations (eager's bits), instead of a generated kernel that reads the
+ * product back from memory and writes it again. */
 
 /* The activations cuBLASLt applies after the bias, as patterns over the pre-activation h: what
  * em_relu and em_gelu(x, tanh_approx=true) trace (runtime/composite.c). add and mul match either
  * way round; a number matches a scalar constant (a 0-dim full, or an expand of one) that rounds
  * to the same f32. cuBLASLt's GELU is the tanh form only: erf GELU is no match. */
 static const struct {
-  int act;
+  int act, cpu; /* the cu_epilogue (-1: none on CUDA), the prim_epilogue (CPU) */
   const char *name, *pattern;
 } activations[] = {
-    {CU_EPI_BIAS_RELU, "bias+relu", "where(le(h, 0), 0, h)"},
-    {CU_EPI_BIAS_GELU_TANH, "bias+gelu_tanh",
+    {CU_EPI_BIAS_RELU, PRIM_EPI_BIAS_RELU, "bias+relu", "where(le(h, 0), 0, h)"},
+    {CU_EPI_BIAS_GELU_TANH, PRIM_EPI_BIAS_GELU_TANH, "bias+gelu_tanh",
      "mul(mul(h, 0.5), add(tanh(mul(add(h, mul(mul(mul(h, h), h), 0.044715)), 0.7978845608028654)), 1))"},
+    {-1, PRIM_EPI_BIAS_GELU_ERF, "bias+gelu_erf", "mul(mul(h, 0.5), add(erf(mul(h, 0.7071067811865476)), 1))"},
 };
 
-static const char *epilogue_name(int act) {
+/* act: a cu_epilogue in a CUDA program, a prim_epilogue in a CPU one (ind_epilogue.act). */
+static const char *epilogue_name(bool cuda, int act) {
   for (size_t i = 0; i < sizeof activations / sizeof activations[0]; i++)
-    if (activations[i].act == act) return activations[i].name;
+    if ((cuda ? activations[i].act : activations[i].cpu) == act) return activations[i].name;
   return "bias";
 }
 
@@ -463,7 +469,9 @@ static bool bias_add(const builder *b, const int *def, const int *uses, int i, m
   const ir_graph *g = b->p->g;
   const ir_node *add = &g->nodes[i];
   const ir_type *t = &g->values[add->out].type;
-  if (add->op != EM_PRIM_ADD || (t->dtype != EM_F32 && t->dtype != EM_F16 && t->dtype != EM_BF16) || t->ndim < 1)
+  bool cuda = b->p->device == EM_CUDA; /* the CPU's epilogue is on oneDNN's sgemm: f32 only */
+  if (add->op != EM_PRIM_ADD || (t->dtype != EM_F32 && (!cuda || (t->dtype != EM_F16 && t->dtype != EM_BF16))) ||
+      t->ndim < 1)
     return false;
   for (int side = 0; side < 2; side++) {
     int x = ir_operands(g, add)[side], e = ir_operands(g, add)[1 - side], rs = -1, ex = -1;
@@ -476,7 +484,7 @@ static bool bias_add(const builder *b, const int *def, const int *uses, int i, m
     int64_t N = t->sizes[t->ndim - 1];
     if (def[e] >= 0 && g->nodes[def[e]].op == EM_PRIM_EXPAND) ex = def[e], e = ir_operands(g, &g->nodes[ex])[0];
     const ir_type *bt = &g->values[e].type;
-    bool row = bt->device == EM_CUDA && bt->dtype == t->dtype && bt->ndim >= 1 && bt->sizes[bt->ndim - 1] == N;
+    bool row = bt->device == b->p->device && bt->dtype == t->dtype && bt->ndim >= 1 && bt->sizes[bt->ndim - 1] == N;
     for (int d = 0; row && d < bt->ndim - 1; d++) row = bt->sizes[d] == 1;
     if (!row) continue;
     m->n = 0;
@@ -549,12 +557,15 @@ static bool find_gemm_epilogues(builder *b) {
     matcher m = {.g = g, .def = def};
     int bias;
     if (!bias_add(b, def, uses, i, &m, &bias)) continue;
-    if (!asked) asked = true, available = cu_lt_available(why, sizeof why);
+    bool cuda = b->p->device == EM_CUDA;
+    if (!asked) asked = true, available = !cuda || cu_lt_available(why, sizeof why);
     if (!available) break;
-    int h = g->nodes[i].out, act = CU_EPI_BIAS, base = m.n;
+    const int none = cuda ? CU_EPI_BIAS : PRIM_EPI_BIAS;
+    int h = g->nodes[i].out, act = none, base = m.n;
     bool free_h = true; /* no graph output is h, nor (below) any other reader than the activation */
     for (int o = 0; o < g->n_outputs; o++) free_h = free_h && g->outputs[o] != h;
     for (size_t a = 0; free_h && a < sizeof activations / sizeof activations[0]; a++) {
+      if (cuda && activations[a].act < 0) continue;
       /* the activation's root: a reader of h, the last node of its pattern */
       pats ps = {.n = 0};
       const char *src = activations[a].pattern;
@@ -569,13 +580,13 @@ static bool find_gemm_epilogues(builder *b) {
         for (int k = base; only && k < m.n; k++)
           only = !b->skip[m.nodes[k]] && b->tmat[m.nodes[k]] < 0 && !b->alias[m.nodes[k]];
         if (only) {
-          act = activations[a].act;
+          act = cuda ? activations[a].act : activations[a].cpu;
           break;
         }
       }
-      if (act != CU_EPI_BIAS) break;
+      if (act != none) break;
     }
-    if (act == CU_EPI_BIAS) m.n = base, m.nc = 0;
+    if (act == none) m.n = base, m.nc = 0;
     ok = add_epilogue(b, uses, &m, bias, act);
   }
   free(uses), free(def);
@@ -844,10 +855,11 @@ void ind_describe_schedule(ind_program *p) {
       if (st->epi) {
         const ind_epilogue *e = &p->epis[st->epi - 1];
         const int *o = ir_operands(g, &g->nodes[e->mm]);
-        n = snprintf(line, sizeof line, "  step %d: %%%d = matmul(%%%d, %%%d) + %%%d%s (cublasLt epilogue %s, %d nodes)\n",
-                     s, x->out, o[0], o[1], e->bias,
-                     e->act == CU_EPI_BIAS_RELU ? ", relu" : e->act == CU_EPI_BIAS_GELU_TANH ? ", gelu(tanh)" : "",
-                     epilogue_name(e->act), e->n_nodes);
+        bool cuda = p->device == EM_CUDA;
+        const char *name = epilogue_name(cuda, e->act), *act = strchr(name, '+');
+        n = snprintf(line, sizeof line, "  step %d: %%%d = matmul(%%%d, %%%d) + %%%d%s%s (%s %s, %d nodes)\n", s, x->out,
+                     o[0], o[1], e->bias, act ? ", " : "", act ? act + 1 : "",
+                     cuda ? "cublasLt epilogue" : "GEMM tile epilogue", name, e->n_nodes);
       } else if (st->tmat >= 0)
         n = snprintf(line, sizeof line, "  step %d: %%%d = matmul(%%%d^T, %%%d^T) (GEMM library; the clone of a transposed product)\n", s,
                      x->out, ir_operands(g, &g->nodes[st->tmat])[1], ir_operands(g, &g->nodes[st->tmat])[0]);

@@ -16,6 +16,7 @@
 #include "prims.h"
 
 #include <limits.h>
+#include <math.h>
 #include <omp.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -31,6 +32,10 @@
 #endif
 #ifdef EMBER_HAVE_BLAS
 #include <cblas.h>
+#endif
+#ifdef EMBER_HAVE_SLEEF
+#include <immintrin.h>
+#include <sleef.h>
 #endif
 
 /* Multiply-adds below which a loop is not worth starting threads for. */
@@ -266,6 +271,8 @@ typedef struct {
   char ta, tb;
   int64_t lda, ldb;
   const prim_buf *out;
+  const float *bias;  /* n floats: the epilogue's bias (f32 only; act PRIM_EPI_NONE: none) */
+  prim_epilogue act;
 } gemm_job;
 
 /* Tiles. Every product is cut into tiles (batch, block of rows, block of columns) and the tiles
@@ -311,7 +318,7 @@ static int64_t block_start(int64_t n, int64_t j, int64_t nb, int64_t unit) {
  * there (a row block of op(a) starts r0 rows down ('N') or r0 columns across ('T'); a column
  * block of op(b) starts c0 columns across ('N') or c0 rows down ('T')). */
 typedef struct {
-  int64_t rows, cols, aoff, boff, coff;
+  int64_t rows, cols, aoff, boff, coff, c0;
 } tile;
 
 static tile tile_of(const gemm_tiles *t, int64_t q) {
@@ -320,7 +327,90 @@ static tile tile_of(const gemm_tiles *t, int64_t q) {
   int64_t r0 = block_start(g->m, rb, t->mb, 16), r1 = block_start(g->m, rb + 1, t->mb, 16);
   int64_t c0 = block_start(g->n, cb, t->nb, 64), c1 = block_start(g->n, cb + 1, t->nb, 64);
   return (tile){r1 - r0, c1 - c0, batch_offset(&g->a, i) + (g->ta == 'N' ? r0 * g->lda : r0),
-                batch_offset(&g->b, i) + (g->tb == 'N' ? c0 : c0 * g->ldb), i * g->m * g->n + r0 * g->n + c0};
+                batch_offset(&g->b, i) + (g->tb == 'N' ? c0 : c0 * g->ldb), i * g->m * g->n + r0 * g->n + c0, c0};
+}
+
+/* ---- GEMM epilogues ----------------------------------------------------------------------
+ *
+ * act(y + bias) on a block of the product c (rows x cols, leading dimension ldc) with eager's f32
+ * operations in eager's order (runtime/composite.c: em_relu, em_gelu), and eager's tanh and erf:
+ * SLEEF's u10 functions 8 lanes wide, a row's tail padded into a vector as prims/pointwise.c pads
+ * it, so every element gets eager's bits. The bias is added to the rounded product, as eager's add
+ * does (no fused multiply-add: C11 mode compiles with -ffp-contract=off). Run on each tile of a
+ * GEMM right after the library wrote it: the tile (at most a few hundred KiB) is still in cache,
+ * so the epilogue costs no pass over the product in memory, which a separate kernel makes twice
+ * (read, write).
+ *
+ * Why this and not oneDNN's matmul primitive with bias and eltwise post-ops: measured on this
+ * machine (see the commit that added this), the primitive's GEMM is not faster than sgemm's on
+ * the shapes of the benchmarks, its post-ops use oneDNN's own tanh/erf (other bits than eager's),
+ * and each shape needs a primitive made and cached; sgemm keeps the tiles, and with them results
+ * that do not depend on the thread count. */
+#ifdef EMBER_HAVE_SLEEF
+static __m256 epi_vec(__m256 h, prim_epilogue act) {
+  const __m256 zero = _mm256_setzero_ps(), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+  switch (act) {
+  case PRIM_EPI_BIAS_RELU: return _mm256_andnot_ps(_mm256_cmp_ps(h, zero, _CMP_LE_OQ), h); /* NaN stays */
+  case PRIM_EPI_BIAS_GELU_TANH: {
+    __m256 cube = _mm256_mul_ps(_mm256_mul_ps(h, h), h);
+    __m256 u = _mm256_mul_ps(_mm256_add_ps(h, _mm256_mul_ps(cube, _mm256_set1_ps((float)0.044715))),
+                             _mm256_set1_ps((float)0.7978845608028654));
+    return _mm256_mul_ps(_mm256_mul_ps(h, half), _mm256_add_ps(Sleef_tanhf8_u10(u), one));
+  }
+  case PRIM_EPI_BIAS_GELU_ERF: {
+    __m256 u = _mm256_mul_ps(h, _mm256_set1_ps((float)0.7071067811865476));
+    return _mm256_mul_ps(_mm256_mul_ps(h, half), _mm256_add_ps(Sleef_erff8_u10(u), one));
+  }
+  default: return h;
+  }
+}
+
+static void epilogue_block(float *c, int64_t ldc, int64_t rows, int64_t cols, const float *bias, prim_epilogue act) {
+  float lanes[8];
+  for (int64_t r = 0; r < rows; r++) {
+    float *y = c + r * ldc;
+    int64_t j = 0;
+    for (; j + 8 <= cols; j += 8)
+      _mm256_storeu_ps(y + j, epi_vec(_mm256_add_ps(_mm256_loadu_ps(y + j), _mm256_loadu_ps(bias + j)), act));
+    if (j == cols) continue;
+    for (int64_t k = 0; k < 8; k++) lanes[k] = j + k < cols ? y[j + k] + bias[j + k] : 0.0f;
+    _mm256_storeu_ps(lanes, epi_vec(_mm256_loadu_ps(lanes), act));
+    for (int64_t k = 0; j + k < cols; k++) y[j + k] = lanes[k];
+  }
+}
+#else
+static float epi_one(float h, prim_epilogue act) {
+  switch (act) {
+  case PRIM_EPI_BIAS_RELU: return h <= 0 ? 0.0f : h;
+  case PRIM_EPI_BIAS_GELU_TANH: {
+    float u = (h + h * h * h * (float)0.044715) * (float)0.7978845608028654;
+    return h * 0.5f * (tanhf(u) + 1.0f);
+  }
+  case PRIM_EPI_BIAS_GELU_ERF: return h * 0.5f * (erff(h * (float)0.7071067811865476) + 1.0f);
+  default: return h;
+  }
+}
+
+static void epilogue_block(float *c, int64_t ldc, int64_t rows, int64_t cols, const float *bias, prim_epilogue act) {
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t j = 0; j < cols; j++) c[r * ldc + j] = epi_one(c[r * ldc + j] + bias[j], act);
+}
+#endif
+
+typedef struct {
+  const gemm_job *g;
+} epilogue_job;
+
+/* Rows [r0, r1) of all the products' rows (out is contiguous), for the paths without tiles. */
+static void epilogue_rows(void *ctx, int64_t r0, int64_t r1) {
+  const gemm_job *g = ((const epilogue_job *)ctx)->g;
+  epilogue_block((float *)g->out->data + r0 * g->n, g->n, r1 - r0, g->n, g->bias, g->act);
+}
+
+static void epilogue_all(const gemm_job *g) {
+  epilogue_job j = {g};
+  int64_t rows = g->batches * g->m;
+  prim_parallel_for(rows > 1 && rows * g->n >= PAR_WORK, rows, epilogue_rows, &j);
 }
 
 #ifdef EMBER_HAVE_DNNL
@@ -375,6 +465,8 @@ static void sgemm_tile(void *ctx, int64_t q) {
                                      (float *)g->out->data + x.coff, g->n);
   dnnl_threads_back(nt);
   note_failure(&t->bad, st);
+  if (g->act && st == dnnl_success)
+    epilogue_block((float *)g->out->data + x.coff, g->n, x.rows, x.cols, g->bias + x.c0, g->act);
 }
 #endif
 
@@ -420,12 +512,18 @@ static bool gemm_lib(const gemm_job *g, char *err, size_t cap) {
   return true;
 }
 
-static bool gemm(const prim_buf *out, const prim_buf *a_in, const prim_buf *b_in, char *err, size_t cap) {
+/* The product, and its epilogue act with bias (n floats) when act is not PRIM_EPI_NONE (f32). */
+static bool gemm(const prim_buf *out, const prim_buf *a_in, const prim_buf *b_in, const float *bias,
+                 prim_epilogue act, char *err, size_t cap) {
   int nd = out->ndim;
   gemm_job g = {.m = out->sizes[nd - 2], .n = out->sizes[nd - 1], .k = a_in->sizes[nd - 1],
-                .batches = batch_count(out), .a = *a_in, .b = *b_in, .out = out};
+                .batches = batch_count(out), .a = *a_in, .b = *b_in, .out = out, .bias = bias, .act = act};
   if (g.batches == 0 || g.m == 0 || g.n == 0) return true;
-  if (g.k == 0) return zero(out), true;
+  if (g.k == 0) {
+    zero(out);
+    if (act) epilogue_all(&g);
+    return true;
+  }
   bool lib = false;
 #ifdef EMBER_HAVE_DNNL
   lib |= out->dtype == EM_F32;
@@ -433,7 +531,11 @@ static bool gemm(const prim_buf *out, const prim_buf *a_in, const prim_buf *b_in
 #ifdef EMBER_HAVE_BLAS
   lib |= out->dtype == EM_F64;
 #endif
-  if (!lib) return prim_matmul_ref(out, a_in, b_in), true;
+  if (!lib) {
+    prim_matmul_ref(out, a_in, b_in);
+    if (act) epilogue_all(&g);
+    return true;
+  }
   void *ca = NULL, *cb = NULL;
   g.ta = gemm_layout(a_in, g.m, g.k, &g.lda);
   g.tb = gemm_layout(b_in, g.k, g.n, &g.ldb);
@@ -840,10 +942,28 @@ static bool conv(em_prim op, const prim_attrs *at, const prim_buf *out, const pr
 
 bool prim_run_extern(em_prim op, const prim_attrs *at, const prim_buf *out, const prim_buf *in, char *err, size_t cap) {
   switch (op) {
-  case EM_PRIM_MATMUL: return gemm(out, &in[0], &in[1], err, cap);
+  case EM_PRIM_MATMUL: return gemm(out, &in[0], &in[1], NULL, PRIM_EPI_NONE, err, cap);
   case EM_PRIM_CONV2D:
   case EM_PRIM_CONV2D_BWD_INPUT:
   case EM_PRIM_CONV2D_BWD_WEIGHT: return conv(op, at, out, in, err, cap);
   default: return snprintf(err, cap, "is not an extern prim"), false;
   }
+}
+
+bool prim_gemm_epilogue(const prim_buf *out, const prim_buf *a, const prim_buf *b, const prim_buf *bias,
+                        prim_epilogue act, char *err, size_t cap) {
+  if (out->dtype != EM_F32 || a->dtype != EM_F32 || b->dtype != EM_F32 || bias->dtype != EM_F32 || bias->ndim < 1 ||
+      bias->sizes[bias->ndim - 1] != out->sizes[out->ndim - 1] || !ir_is_contiguous(out->ndim, out->sizes, out->strides))
+    return snprintf(err, cap, "a GEMM epilogue takes f32 operands, a contiguous result and a bias of its last dim"), false;
+  int64_t n = bias->sizes[bias->ndim - 1], s = n > 1 ? bias->strides[bias->ndim - 1] : 1;
+  const float *data = (const float *)bias->data;
+  float *copy = NULL;
+  if (s != 1) { /* a strided bias: its n floats in a row, once (the tiles read it many times) */
+    if (!(copy = malloc(sizeof(float) * (size_t)n))) return snprintf(err, cap, "out of memory"), false;
+    for (int64_t j = 0; j < n; j++) copy[j] = data[j * s];
+    data = copy;
+  }
+  bool ok = gemm(out, a, b, data, act ? act : PRIM_EPI_BIAS, err, cap);
+  free(copy);
+  return ok;
 }

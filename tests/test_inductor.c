@@ -1471,3 +1471,153 @@ ETEST(inductor, dtypes_without_kernels_are_counted) {
   ind_free(p);
   ir_graph_free(g);
 }
+
+/* ---- GEMM epilogues on the CPU (schedule.c, prim_gemm_epilogue) ----
+ * matmul -> add(bias over the rows) [-> relu | gelu] runs as one GEMM step whose tiles get the
+ * bias and activation right after the library writes them, in eager's f32 operations: the
+ * results are eager's bits, and no generated kernel reads the product back. */
+
+enum { EPI_BIAS, EPI_RELU, EPI_GELU_TANH, EPI_GELU_ERF };
+static const char *const epi_names[] = {"bias", "bias+relu", "bias+gelu_tanh", "bias+gelu_erf"};
+
+static em_tensor *activate(em_tensor *h, int kind) {
+  return kind == EPI_RELU ? em_relu(h) : kind == EPI_GELU_TANH ? em_gelu(h, true) : kind == EPI_GELU_ERF ? em_gelu(h, false) : h;
+}
+
+/* ctx: the activation (EPI_*). */
+static int linear_act(em_tensor *const *in, em_tensor **out, void *ctx) {
+  out[0] = activate(em_linear(in[0], in[1], in[2]), *(const int *)ctx);
+  return 1;
+}
+
+/* The schedule line of p's GEMM epilogue step ("" when it has none), in buf. */
+static const char *epilogue_line(ind_program *p, char *buf, size_t cap) {
+  const char *s = ind_schedule(p), *at = s ? strstr(s, "GEMM tile epilogue") : NULL;
+  buf[0] = 0;
+  if (at) {
+    const char *eol = strchr(at, '\n');
+    snprintf(buf, cap, "%.*s", (int)(eol ? eol - at : (ptrdiff_t)strlen(at)), at);
+  }
+  return buf;
+}
+
+ETEST(inductor, linear_bias_activation_is_one_gemm_step_with_eager_bits) {
+  /* odd sizes (tails of 8 lanes), a 3-D input (a reshape between the GEMM and the add), and a
+   * product cut into several row and column tiles (the bias read from each tile's first column) */
+  static const int64_t shapes[][4] = {{0, 7, 12, 9}, {0, 37, 19, 70}, {2, 5, 12, 9}, {0, 300, 256, 600}, {3, 100, 64, 520}};
+  for (int kind = EPI_BIAS; kind <= EPI_GELU_ERF; kind++)
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+      em_scope_begin();
+      em_manual_seed(40 + kind * 10 + (int)s);
+      const int64_t *d = shapes[s];
+      em_tensor *x = d[0] ? em_randn(EM_F32, EM_SHAPE(d[0], d[1], d[2])) : em_randn(EM_F32, EM_SHAPE(d[1], d[2]));
+      em_tensor *in[3] = {x, em_mul_scalar(em_randn(EM_F32, EM_SHAPE(d[3], d[2])), 0.3), em_randn(EM_F32, EM_SHAPE(d[3]))};
+      char what[128];
+      snprintf(what, sizeof what, "%s, x %s%lldx%lld, %lld out", epi_names[kind], d[0] ? "3-D " : "", (long long)d[1],
+               (long long)d[2], (long long)d[3]);
+      ind_stats st;
+      cr_assert_eq(check(linear_act, in, &kind, &st, what), 1, "%s: not eager's bits", what);
+      cr_assert_eq(st.gemm_epilogues, 1, "%s: %d GEMM epilogues", what, st.gemm_epilogues);
+      cr_assert_eq(st.kernels, 0, "%s: a generated kernel beside the epilogue (%d)", what, st.kernels);
+      ir_graph *g;
+      ind_program *p = compile_traced(linear_act, in, 3, &kind, &st, &g);
+      char line[256], want[64];
+      snprintf(want, sizeof want, "GEMM tile epilogue %s,", epi_names[kind]);
+      cr_assert(strstr(epilogue_line(p, line, sizeof line), want), "%s: the schedule lacks '%s':\n%s", what, want,
+                ind_schedule(p));
+      ind_free(p);
+      ir_graph_free(g);
+      em_scope_end();
+    }
+}
+
+/* An empty inner dimension: the product is zeros, the epilogue still runs (relu(bias)). */
+ETEST(inductor, gemm_epilogue_with_an_empty_inner_dimension) {
+  int kind = EPI_RELU;
+  em_tensor *in[3] = {em_zeros(EM_F32, EM_SHAPE(3, 0)), em_zeros(EM_F32, EM_SHAPE(4, 0)), em_randn(EM_F32, EM_SHAPE(4))};
+  ind_stats st;
+  cr_assert_eq(check(linear_act, in, &kind, &st, "k = 0"), 1);
+  cr_assert_eq(st.gemm_epilogues, 1);
+}
+
+/* ctx: which of the chains below. */
+static int not_fusable(em_tensor *const *in, em_tensor **out, void *ctx) {
+  em_tensor *x = in[0], *w = in[1], *b = in[2], *r = in[3];
+  em_tensor *mm = em_matmul(x, em_transpose(w, 0, 1)), *h = em_add(mm, b);
+  switch (*(const int *)ctx) {
+  case 0: out[0] = em_relu(h), out[1] = h; return 2;                      /* the pre-activation is an output */
+  case 1: out[0] = em_mul(em_relu(h), h); return 1;                       /* h read beside the relu */
+  case 2: out[0] = em_relu(h), out[1] = em_sum(mm, 0, NULL, false); return 2; /* the product read elsewhere */
+  case 3: out[0] = em_relu(em_add(mm, r)); return 1;                      /* a residual [M, N], not a bias */
+  case 4: out[0] = em_relu(em_add(mm, em_slice(r, 1, 0, 1, 1))); return 1; /* [M, 1]: over the columns */
+  case 5: out[0] = em_relu(em_add(em_transpose(mm, 0, 1), b)); return 1; /* the product transposed */
+  case 6: out[0] = em_relu(h), out[1] = em_mul_scalar(b, 2); return 2;    /* the bias read elsewhere: fused */
+  case 7: /* x given transposed, w as [in, out]: other layouts for the GEMM, still fused */
+    out[0] = em_gelu(em_add(em_matmul(em_transpose(r, 0, 1), em_transpose(w, 0, 1)), b), true);
+    return 1;
+  default: out[0] = em_relu(h); return 1;
+  }
+}
+
+/* What must not swallow the activation or the add falls back to the GEMM and a generated kernel,
+ * with eager's results; the schedule line says which epilogue ran. */
+ETEST(inductor, gemm_epilogue_only_where_nothing_else_reads_what_it_swallows) {
+  em_manual_seed(61);
+  /* x [12, 10], w [12, 10]: the product is [12, 12], so its transpose takes the bias too; r is a
+   * [12, 12] residual for cases 3 and 4, else a [10, 12] slice of wider rows (case 7's x^T) */
+  em_tensor *in[4] = {em_randn(EM_F32, EM_SHAPE(12, 10)), em_randn(EM_F32, EM_SHAPE(12, 10)),
+                      em_randn(EM_F32, EM_SHAPE(12)), em_slice(em_randn(EM_F32, EM_SHAPE(10, 14)), 1, 1, 13, 1)};
+  static const char *const what[] = {"pre-activation returned", "pre-activation read twice", "product read elsewhere",
+                                     "residual add", "bias over the columns", "transposed product",
+                                     "bias read elsewhere", "transposed x"};
+  static const int want[] = {1, 1, 0, 0, 0, 0, 1, 1}; /* GEMM epilogues */
+  static const char *const line[] = {"epilogue bias,", "epilogue bias,", NULL, NULL, NULL, NULL, "epilogue bias+relu,",
+                                     "epilogue bias+gelu_tanh,"};
+  for (int c = 0; c < 8; c++) {
+    em_scope_begin();
+    em_tensor *ops[4] = {in[0], in[1], in[2], c == 3 || c == 4 ? em_randn(EM_F32, EM_SHAPE(12, 12)) : in[3]};
+    ind_stats st;
+    check(not_fusable, ops, &c, &st, what[c]);
+    cr_assert_eq(st.gemm_epilogues, want[c], "%s: %d GEMM epilogues", what[c], st.gemm_epilogues);
+    ir_graph *g;
+    ind_program *p = compile_traced(not_fusable, ops, c == 3 || c == 4 || c == 7 ? 4 : 3, &c, &st, &g);
+    char buf[256];
+    epilogue_line(p, buf, sizeof buf);
+    if (line[c]) cr_assert(strstr(buf, line[c]), "%s: the schedule lacks '%s':\n%s", what[c], line[c], ind_schedule(p));
+    else cr_assert_eq(buf[0], 0, "%s: an epilogue matched:\n%s", what[c], ind_schedule(p));
+    if (c < 6) cr_assert_gt(st.kernels, 0, "%s: the activation is no generated kernel:\n%s", what[c], ind_schedule(p));
+    ind_free(p);
+    ir_graph_free(g);
+    em_scope_end();
+  }
+  /* f64: oneDNN's sgemm is f32 only, so no epilogue */
+  int kind = EPI_RELU;
+  em_tensor *d[3] = {em_cast(in[0], EM_F64), em_cast(in[1], EM_F64), em_cast(in[2], EM_F64)};
+  ind_stats st;
+  check(linear_act, d, &kind, &st, "f64");
+  cr_assert_eq(st.gemm_epilogues, 0);
+}
+
+/* ctx: the activation. loss = mean(act(linear(x, w, b))^2) and its gradients in one graph: the
+ * backward reads the pre-activation, so only the bias joins the forward's GEMM. */
+static int linear_loss_grads(em_tensor *const *in, em_tensor **out, void *ctx) {
+  em_tensor *h = activate(em_linear(in[0], in[1], in[2]), *(const int *)ctx);
+  out[0] = em_mean(em_mul(h, h), 0, NULL, false);
+  em_tensor *wrt[3] = {in[0], in[1], in[2]};
+  em_grad(1, &out[0], NULL, 3, wrt, &out[1], false, false);
+  return 4;
+}
+
+ETEST(inductor, gemm_epilogue_in_a_graph_with_its_backward) {
+  for (int kind = EPI_BIAS; kind <= EPI_GELU_ERF; kind++) {
+    em_scope_begin();
+    em_manual_seed(70 + kind);
+    em_tensor *in[3] = {em_requires_grad_(em_randn(EM_F32, EM_SHAPE(2, 33, 40)), true),
+                        em_requires_grad_(em_mul_scalar(em_randn(EM_F32, EM_SHAPE(24, 40)), 0.2), true),
+                        em_requires_grad_(em_randn(EM_F32, EM_SHAPE(24)), true)};
+    ind_stats st;
+    check(linear_loss_grads, in, &kind, &st, epi_names[kind]);
+    cr_assert_eq(st.gemm_epilogues, 1, "%s: %d GEMM epilogues", epi_names[kind], st.gemm_epilogues);
+    em_scope_end();
+  }
+}
