@@ -81,12 +81,13 @@ typedef struct kernel {
 } kernel;
 
 /* A GEMM whose epilogue is fused (schedule.c): the value act(matmul(a, b) [reshaped] + bias), act
- * a cu_epilogue (runtime/cuda.h) run by cuBLASLt in CUDA programs, a prim_epilogue (prims.h) run
- * on each GEMM tile in CPU ones. */
+ * a cu_epilogue (runtime/cuda.h) run by cuBLASLt in CUDA programs, a prim_activation (prims.h)
+ * run on each GEMM tile in CPU ones (there the bias is optional). */
 typedef struct ind_epilogue {
   int mm;              /* the matmul node */
-  int bias;            /* the bias value: N elements, N the product's last dim */
-  int act;             /* CUDA: CU_EPI_BIAS, CU_EPI_BIAS_RELU or CU_EPI_BIAS_GELU_TANH; CPU: a PRIM_EPI_BIAS_* */
+  int bias;            /* the bias value: N elements, N the product's last dim (CPU: -1 for none) */
+  int act;             /* CUDA: CU_EPI_BIAS, CU_EPI_BIAS_RELU or CU_EPI_BIAS_GELU_TANH; CPU: a prim_activation */
+  bool keep;           /* CPU: the product (and its reshape in the chain) has other readers: stored too */
   int n_nodes, *nodes; /* the nodes it stands for, in graph order, the last one its result: run eagerly
                         * when cuBLASLt cannot take the GEMM at run time */
   int n_reads, *reads; /* the values those nodes read from outside them */

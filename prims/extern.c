@@ -271,8 +271,10 @@ typedef struct {
   char ta, tb;
   int64_t lda, ldb;
   const prim_buf *out;
-  const float *bias;  /* n floats: the epilogue's bias (f32 only; act PRIM_EPI_NONE: none) */
-  prim_epilogue act;
+  bool epi;           /* an epilogue (f32 only): act(product + bias) into epi_out */
+  const float *bias;  /* n floats, or NULL */
+  prim_activation act;
+  float *epi_out;     /* laid out as out (out->data itself: in place) */
 } gemm_job;
 
 /* Tiles. Every product is cut into tiles (batch, block of rows, block of columns) and the tiles
@@ -332,32 +334,33 @@ static tile tile_of(const gemm_tiles *t, int64_t q) {
 
 /* ---- GEMM epilogues ----------------------------------------------------------------------
  *
- * act(y + bias) on a block of the product c (rows x cols, leading dimension ldc) with eager's f32
- * operations in eager's order (runtime/composite.c: em_relu, em_gelu), and eager's tanh and erf:
+ * act(y [+ bias]) on a block of the product y (rows x cols, leading dimension ld) into the same
+ * block of dst (y itself, or another buffer when the product is kept too), with eager's f32
+ * operations in eager's order (runtime/composite.c: em_relu, em_gelu) and eager's tanh and erf:
  * SLEEF's u10 functions 8 lanes wide, a row's tail padded into a vector as prims/pointwise.c pads
- * it, so every element gets eager's bits. The bias is added to the rounded product, as eager's add
- * does (no fused multiply-add: C11 mode compiles with -ffp-contract=off). Run on each tile of a
- * GEMM right after the library wrote it: the tile (at most a few hundred KiB) is still in cache,
- * so the epilogue costs no pass over the product in memory, which a separate kernel makes twice
- * (read, write).
+ * it, so every element gets eager's bits. The bias is added to the rounded product, as eager's
+ * add does (no fused multiply-add: C11 mode compiles with -ffp-contract=off). It runs on each
+ * tile of a GEMM right after the library wrote it: the tile (about TILE_WORK / k floats, at most
+ * a few hundred KiB) is still in cache, so the epilogue makes no pass over the product in memory,
+ * where a separate kernel reads the product back and writes its result.
  *
- * Why this and not oneDNN's matmul primitive with bias and eltwise post-ops: measured on this
- * machine (see the commit that added this), the primitive's GEMM is not faster than sgemm's on
- * the shapes of the benchmarks, its post-ops use oneDNN's own tanh/erf (other bits than eager's),
- * and each shape needs a primitive made and cached; sgemm keeps the tiles, and with them results
- * that do not depend on the thread count. */
+ * Why this and not oneDNN's matmul primitive with bias and eltwise post-ops: see
+ * bench/epilogue.c's figures in the commit that added this. The primitive's post-ops use oneDNN's
+ * own tanh and erf (other bits than eager's), each shape needs a primitive made and cached, and
+ * threading it on Ember's pool means cutting it into tiles again; sgemm keeps the tiles, and with
+ * them results that do not depend on the thread count. */
 #ifdef EMBER_HAVE_SLEEF
-static __m256 epi_vec(__m256 h, prim_epilogue act) {
+static __m256 epi_vec(__m256 h, prim_activation act) {
   const __m256 zero = _mm256_setzero_ps(), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
   switch (act) {
-  case PRIM_EPI_BIAS_RELU: return _mm256_andnot_ps(_mm256_cmp_ps(h, zero, _CMP_LE_OQ), h); /* NaN stays */
-  case PRIM_EPI_BIAS_GELU_TANH: {
+  case PRIM_ACT_RELU: return _mm256_andnot_ps(_mm256_cmp_ps(h, zero, _CMP_LE_OQ), h); /* NaN stays */
+  case PRIM_ACT_GELU_TANH: {
     __m256 cube = _mm256_mul_ps(_mm256_mul_ps(h, h), h);
     __m256 u = _mm256_mul_ps(_mm256_add_ps(h, _mm256_mul_ps(cube, _mm256_set1_ps((float)0.044715))),
                              _mm256_set1_ps((float)0.7978845608028654));
     return _mm256_mul_ps(_mm256_mul_ps(h, half), _mm256_add_ps(Sleef_tanhf8_u10(u), one));
   }
-  case PRIM_EPI_BIAS_GELU_ERF: {
+  case PRIM_ACT_GELU_ERF: {
     __m256 u = _mm256_mul_ps(h, _mm256_set1_ps((float)0.7071067811865476));
     return _mm256_mul_ps(_mm256_mul_ps(h, half), _mm256_add_ps(Sleef_erff8_u10(u), one));
   }
@@ -365,37 +368,49 @@ static __m256 epi_vec(__m256 h, prim_epilogue act) {
   }
 }
 
-static void epilogue_block(float *c, int64_t ldc, int64_t rows, int64_t cols, const float *bias, prim_epilogue act) {
+static void epilogue_block(const float *y, float *dst, int64_t ld, int64_t rows, int64_t cols, const float *bias,
+                           prim_activation act) {
   float lanes[8];
   for (int64_t r = 0; r < rows; r++) {
-    float *y = c + r * ldc;
+    const float *src = y + r * ld;
+    float *d = dst + r * ld;
     int64_t j = 0;
-    for (; j + 8 <= cols; j += 8)
-      _mm256_storeu_ps(y + j, epi_vec(_mm256_add_ps(_mm256_loadu_ps(y + j), _mm256_loadu_ps(bias + j)), act));
+    for (; j + 8 <= cols; j += 8) {
+      __m256 h = _mm256_loadu_ps(src + j);
+      if (bias) h = _mm256_add_ps(h, _mm256_loadu_ps(bias + j));
+      _mm256_storeu_ps(d + j, epi_vec(h, act));
+    }
     if (j == cols) continue;
-    for (int64_t k = 0; k < 8; k++) lanes[k] = j + k < cols ? y[j + k] + bias[j + k] : 0.0f;
+    for (int64_t k = 0; k < 8; k++) lanes[k] = j + k < cols ? (bias ? src[j + k] + bias[j + k] : src[j + k]) : 0.0f;
     _mm256_storeu_ps(lanes, epi_vec(_mm256_loadu_ps(lanes), act));
-    for (int64_t k = 0; j + k < cols; k++) y[j + k] = lanes[k];
+    for (int64_t k = 0; j + k < cols; k++) d[j + k] = lanes[k];
   }
 }
 #else
-static float epi_one(float h, prim_epilogue act) {
+static float epi_one(float h, prim_activation act) {
   switch (act) {
-  case PRIM_EPI_BIAS_RELU: return h <= 0 ? 0.0f : h;
-  case PRIM_EPI_BIAS_GELU_TANH: {
+  case PRIM_ACT_RELU: return h <= 0 ? 0.0f : h;
+  case PRIM_ACT_GELU_TANH: {
     float u = (h + h * h * h * (float)0.044715) * (float)0.7978845608028654;
     return h * 0.5f * (tanhf(u) + 1.0f);
   }
-  case PRIM_EPI_BIAS_GELU_ERF: return h * 0.5f * (erff(h * (float)0.7071067811865476) + 1.0f);
+  case PRIM_ACT_GELU_ERF: return h * 0.5f * (erff(h * (float)0.7071067811865476) + 1.0f);
   default: return h;
   }
 }
 
-static void epilogue_block(float *c, int64_t ldc, int64_t rows, int64_t cols, const float *bias, prim_epilogue act) {
+static void epilogue_block(const float *y, float *dst, int64_t ld, int64_t rows, int64_t cols, const float *bias,
+                           prim_activation act) {
   for (int64_t r = 0; r < rows; r++)
-    for (int64_t j = 0; j < cols; j++) c[r * ldc + j] = epi_one(c[r * ldc + j] + bias[j], act);
+    for (int64_t j = 0; j < cols; j++) dst[r * ld + j] = epi_one(bias ? y[r * ld + j] + bias[j] : y[r * ld + j], act);
 }
 #endif
+
+/* One tile's epilogue: the block at element offset off, its columns from c0. */
+static void epilogue_tile(const gemm_job *g, int64_t off, int64_t rows, int64_t cols, int64_t c0) {
+  epilogue_block((const float *)g->out->data + off, g->epi_out + off, g->n, rows, cols, g->bias ? g->bias + c0 : NULL,
+                 g->act);
+}
 
 typedef struct {
   const gemm_job *g;
@@ -404,7 +419,7 @@ typedef struct {
 /* Rows [r0, r1) of all the products' rows (out is contiguous), for the paths without tiles. */
 static void epilogue_rows(void *ctx, int64_t r0, int64_t r1) {
   const gemm_job *g = ((const epilogue_job *)ctx)->g;
-  epilogue_block((float *)g->out->data + r0 * g->n, g->n, r1 - r0, g->n, g->bias, g->act);
+  epilogue_tile(g, r0 * g->n, r1 - r0, g->n, 0);
 }
 
 static void epilogue_all(const gemm_job *g) {
@@ -465,8 +480,7 @@ static void sgemm_tile(void *ctx, int64_t q) {
                                      (float *)g->out->data + x.coff, g->n);
   dnnl_threads_back(nt);
   note_failure(&t->bad, st);
-  if (g->act && st == dnnl_success)
-    epilogue_block((float *)g->out->data + x.coff, g->n, x.rows, x.cols, g->bias + x.c0, g->act);
+  if (g->epi && st == dnnl_success) epilogue_tile(g, x.coff, x.rows, x.cols, x.c0);
 }
 #endif
 
@@ -512,16 +526,16 @@ static bool gemm_lib(const gemm_job *g, char *err, size_t cap) {
   return true;
 }
 
-/* The product, and its epilogue act with bias (n floats) when act is not PRIM_EPI_NONE (f32). */
-static bool gemm(const prim_buf *out, const prim_buf *a_in, const prim_buf *b_in, const float *bias,
-                 prim_epilogue act, char *err, size_t cap) {
+/* The product into out, and with epi (f32) its epilogue (gemm_job) into epi_out. */
+static bool gemm(const prim_buf *out, const prim_buf *a_in, const prim_buf *b_in, bool epi, const float *bias,
+                 prim_activation act, float *epi_out, char *err, size_t cap) {
   int nd = out->ndim;
-  gemm_job g = {.m = out->sizes[nd - 2], .n = out->sizes[nd - 1], .k = a_in->sizes[nd - 1],
-                .batches = batch_count(out), .a = *a_in, .b = *b_in, .out = out, .bias = bias, .act = act};
+  gemm_job g = {.m = out->sizes[nd - 2], .n = out->sizes[nd - 1], .k = a_in->sizes[nd - 1], .batches = batch_count(out),
+                .a = *a_in, .b = *b_in, .out = out, .epi = epi, .bias = bias, .act = act, .epi_out = epi_out};
   if (g.batches == 0 || g.m == 0 || g.n == 0) return true;
   if (g.k == 0) {
     zero(out);
-    if (act) epilogue_all(&g);
+    if (epi) epilogue_all(&g);
     return true;
   }
   bool lib = false;
@@ -533,7 +547,7 @@ static bool gemm(const prim_buf *out, const prim_buf *a_in, const prim_buf *b_in
 #endif
   if (!lib) {
     prim_matmul_ref(out, a_in, b_in);
-    if (act) epilogue_all(&g);
+    if (epi) epilogue_all(&g);
     return true;
   }
   void *ca = NULL, *cb = NULL;
@@ -942,7 +956,7 @@ static bool conv(em_prim op, const prim_attrs *at, const prim_buf *out, const pr
 
 bool prim_run_extern(em_prim op, const prim_attrs *at, const prim_buf *out, const prim_buf *in, char *err, size_t cap) {
   switch (op) {
-  case EM_PRIM_MATMUL: return gemm(out, &in[0], &in[1], NULL, PRIM_EPI_NONE, err, cap);
+  case EM_PRIM_MATMUL: return gemm(out, &in[0], &in[1], false, NULL, PRIM_ACT_NONE, NULL, err, cap);
   case EM_PRIM_CONV2D:
   case EM_PRIM_CONV2D_BWD_INPUT:
   case EM_PRIM_CONV2D_BWD_WEIGHT: return conv(op, at, out, in, err, cap);
@@ -950,20 +964,27 @@ bool prim_run_extern(em_prim op, const prim_attrs *at, const prim_buf *out, cons
   }
 }
 
-bool prim_gemm_epilogue(const prim_buf *out, const prim_buf *a, const prim_buf *b, const prim_buf *bias,
-                        prim_epilogue act, char *err, size_t cap) {
-  if (out->dtype != EM_F32 || a->dtype != EM_F32 || b->dtype != EM_F32 || bias->dtype != EM_F32 || bias->ndim < 1 ||
-      bias->sizes[bias->ndim - 1] != out->sizes[out->ndim - 1] || !ir_is_contiguous(out->ndim, out->sizes, out->strides))
-    return snprintf(err, cap, "a GEMM epilogue takes f32 operands, a contiguous result and a bias of its last dim"), false;
-  int64_t n = bias->sizes[bias->ndim - 1], s = n > 1 ? bias->strides[bias->ndim - 1] : 1;
-  const float *data = (const float *)bias->data;
+bool prim_gemm_epilogue(const prim_buf *out, const prim_buf *prod, const prim_buf *a, const prim_buf *b,
+                        const prim_buf *bias, prim_activation act, char *err, size_t cap) {
+  int64_t n = out->sizes[out->ndim - 1];
+  bool ok = out->dtype == EM_F32 && a->dtype == EM_F32 && b->dtype == EM_F32 && out->ndim >= 2 &&
+            ir_is_contiguous(out->ndim, out->sizes, out->strides);
+  if (prod)
+    ok = ok && prod->dtype == EM_F32 && prod->ndim == out->ndim &&
+         !memcmp(prod->sizes, out->sizes, sizeof(int64_t) * (size_t)out->ndim) &&
+         ir_is_contiguous(prod->ndim, prod->sizes, prod->strides);
+  if (bias) ok = ok && bias->dtype == EM_F32 && bias->ndim >= 1 && bias->sizes[bias->ndim - 1] == n;
+  if (!ok)
+    return snprintf(err, cap, "a GEMM epilogue takes f32 operands, contiguous results and a bias of their last dim"), false;
+  const float *data = bias ? (const float *)bias->data : NULL;
   float *copy = NULL;
+  int64_t s = bias && n > 1 ? bias->strides[bias->ndim - 1] : 1;
   if (s != 1) { /* a strided bias: its n floats in a row, once (the tiles read it many times) */
     if (!(copy = malloc(sizeof(float) * (size_t)n))) return snprintf(err, cap, "out of memory"), false;
     for (int64_t j = 0; j < n; j++) copy[j] = data[j * s];
     data = copy;
   }
-  bool ok = gemm(out, a, b, data, act ? act : PRIM_EPI_BIAS, err, cap);
+  ok = gemm(prod ? prod : out, a, b, true, data, act, (float *)out->data, err, cap);
   free(copy);
   return ok;
 }
