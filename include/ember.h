@@ -1398,7 +1398,10 @@ void em_loader_free(em_loader *l);
  * pointwise values a later kernel needs recomputed there instead of stored (as PyTorch's
  * min-cut partitioner does; EMBER_INDUCTOR_REMAT=0 stores them); max-pooling windows as
  * pointwise maxima, reads that do not run along the vector dim as gathers; intermediates in one planned
- * arena; optimizer updates written in place. Compiled kernels are
+ * arena; optimizer updates written in place. An f32 GEMM's bias add over its rows and a ReLU or
+ * GELU after it (em_linear, em_relu, em_gelu; with or without the bias) run on each tile of the
+ * GEMM as the library writes it, in eager's operations (eager's bits), not as a kernel that
+ * reads the product back (EMBER_LOGS=schedule: "GEMM tile epilogue bias+relu"). Compiled kernels are
  * cached in memory and on disk (EMBER_CACHE_DIR, default $XDG_CACHE_HOME/ember/kernels or
  * ~/.cache/ember/kernels; EMBER_CACHE=0 turns the disk cache off), so a second process skips
  * LLVM. Results agree with eager within rounding: exp, log, erf and the like within SLEEF's
