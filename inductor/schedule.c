@@ -656,6 +656,12 @@ static bool find_gemm_epilogues(builder *b) {
   return ok;
 }
 
+/* EMBER_INDUCTOR_EPILOGUE=0 turns GEMM epilogues off (to measure what they gain). */
+static bool epilogues_enabled(void) {
+  const char *e = getenv("EMBER_INDUCTOR_EPILOGUE");
+  return !e || strcmp(e, "0") != 0;
+}
+
 static bool schedule(builder *b) {
   const ir_graph *g = b->p->g;
   b->gr.nodes = malloc(sizeof(int) * (size_t)(g->n_nodes + 1));
@@ -667,7 +673,7 @@ static bool schedule(builder *b) {
   bool ok = b->gr.nodes && b->in_group && b->tmat && b->skip && b->alias && b->epi;
   for (int i = 0; ok && i < g->n_nodes; i++) b->tmat[i] = -1;
   if (ok) find_transposed_products(b);
-  if (ok && b->p->rend->gemm_epilogues) ok = find_gemm_epilogues(b);
+  if (ok && b->p->rend->gemm_epilogues && epilogues_enabled()) ok = find_gemm_epilogues(b);
   for (int i = 0; ok && i < g->n_nodes; i++) {
     const ir_node *x = &g->nodes[i];
     if (b->skip[i]) continue;
