@@ -336,23 +336,37 @@ static tile tile_of(const gemm_tiles *t, int64_t q) {
  *
  * act(y [+ bias]) on a block of the product y (rows x cols, leading dimension ld) into the same
  * block of dst (y itself, or another buffer when the product is kept too), with eager's f32
- * operations in eager's order (runtime/composite.c: em_relu, em_gelu) and eager's tanh and erf:
- * SLEEF's u10 functions (eager's, prims/pointwise.c), a row's tail padded into a vector, so every
- * element gets eager's bits. The bias is added to the rounded product, as eager's
- * add does (no fused multiply-add: C11 mode compiles with -ffp-contract=off). It runs on each
- * tile of a GEMM right after the library wrote it: the tile (about TILE_WORK / k floats, at most
- * a few hundred KiB) is still in cache, so the epilogue makes no pass over the product in memory,
- * where a separate kernel reads the product back and writes its result.
+ * operations in eager's order (runtime/composite.c: em_relu, em_gelu) and SLEEF's vector
+ * functions as the generated kernels call them (inductor/codegen.c, transcendental): erf u10,
+ * eager's too, and tanh u35, the generated kernels' (3.5 ULP; u10 made the epilogue slower than
+ * the kernel it replaces: the transformer's inference step took 49.8 ms of CPU time against 45.7
+ * unfused). A row's tail is padded into a vector, so an element's bits do not depend on its
+ * column: the results are those of the generated kernel the epilogue stands for (and eager's,
+ * but for the tanh). The bias is added to the rounded product, as eager's add does (no fused
+ * multiply-add: C11 mode compiles with -ffp-contract=off). It runs on each tile of a GEMM right
+ * after the library wrote it: the tile (about TILE_WORK / k floats, at most a few hundred KiB)
+ * is still in cache, so the epilogue makes no pass over the product in memory, where a separate
+ * kernel reads the product back and writes its result.
  *
- * Why this and not oneDNN's matmul primitive with bias and eltwise post-ops: see
- * bench/epilogue.c's figures in the commit that added this. The primitive's post-ops use oneDNN's
- * own tanh and erf (other bits than eager's), each shape needs a primitive made and cached, and
- * threading it on Ember's pool means cutting it into tiles again; sgemm keeps the tiles, and with
- * them results that do not depend on the thread count. */
+ * Why this (issue 20's option b) and not oneDNN's matmul primitive with bias and eltwise
+ * post-ops (option a). Measured with one thread, CPU time, medians of 21, on the benchmarks'
+ * shapes (M x K x N, weights transposed as em_linear has them): the primitive (brgemm,
+ * avx512_core) computes the product itself as fast or faster than these sgemm tiles (128x784x512
+ * 0.47 against 0.50 ms, 128x512x512 0.31 against 0.42, 2048x256x1024 5.36 against 5.18,
+ * 2048x1024x256 4.86 against 6.62) and its GELU post-op costs next to nothing, where the epilogue
+ * here adds 0.01 ms to the ReLU products and about 1.1 ms to the 2048x1024 GELU ones. But the
+ * primitive writes only the activated result, and every epilogue of the benchmarks' training
+ * steps must store the product too (the backward reads it: ind_epilogue.keep); its post-ops add
+ * the bias to the accumulator and apply oneDNN's own tanh and erf, so compiled results would
+ * leave both eager's bits and the unfused program's; and each tile shape needs a primitive made
+ * (0.5-37 ms) and cached, run one thread a tile as here to keep results independent of the
+ * thread count. The faster GEMM core is a case for moving every f32 GEMM to the primitive, a
+ * change of its own (it changes eager's bits too), after which this epilogue runs on its tiles
+ * as it runs on sgemm's. */
 #ifdef EMBER_HAVE_SLEEF
-/* 16 lanes where the build has AVX-512: SLEEF's 16-lane tanh and erf give the 8-lane ones' bits
- * (checked on every 97th f32 bit pattern, 708 million values) at half the cost (2M tanh: 1.9 ms
- * against 3.8 ms of CPU time here), and the tanh is most of a GELU epilogue's work. */
+/* 16 lanes where the build has AVX-512: SLEEF's 16-lane functions give the 8-lane ones' bits
+ * (tanh u10 and erf u10 checked on every 97th f32 bit pattern, 708 million values) at about half
+ * the cost, and the tanh is most of a GELU epilogue's work. */
 #ifdef __AVX512F__
 enum { EPI_LANES = 16 };
 typedef __m512 epi_v;
@@ -361,10 +375,12 @@ typedef __m512 epi_v;
 #define EPI_SET1 _mm512_set1_ps
 #define EPI_ADD _mm512_add_ps
 #define EPI_MUL _mm512_mul_ps
-#define EPI_TANH Sleef_tanhf16_u10
+#define EPI_TANH Sleef_tanhf16_u35
 #define EPI_ERF Sleef_erff16_u10
 /* where(h <= 0, 0, h): NaN stays */
-static epi_v epi_relu(epi_v h) { return _mm512_mask_mov_ps(h, _mm512_cmp_ps_mask(h, _mm512_setzero_ps(), _CMP_LE_OQ), _mm512_setzero_ps()); }
+static epi_v epi_relu(epi_v h) {
+  return _mm512_mask_mov_ps(h, _mm512_cmp_ps_mask(h, _mm512_setzero_ps(), _CMP_LE_OQ), _mm512_setzero_ps());
+}
 #else
 enum { EPI_LANES = 8 };
 typedef __m256 epi_v;
@@ -373,7 +389,7 @@ typedef __m256 epi_v;
 #define EPI_SET1 _mm256_set1_ps
 #define EPI_ADD _mm256_add_ps
 #define EPI_MUL _mm256_mul_ps
-#define EPI_TANH Sleef_tanhf8_u10
+#define EPI_TANH Sleef_tanhf8_u35
 #define EPI_ERF Sleef_erff8_u10
 static epi_v epi_relu(epi_v h) { return _mm256_andnot_ps(_mm256_cmp_ps(h, _mm256_setzero_ps(), _CMP_LE_OQ), h); }
 #endif
