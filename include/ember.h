@@ -1400,7 +1400,7 @@ void em_loader_free(em_loader *l);
  * pointwise maxima, reads that do not run along the vector dim as gathers; intermediates in one planned
  * arena; optimizer updates written in place. An f32 GEMM's bias add over its rows and a ReLU or
  * GELU after it (em_linear, em_relu, em_gelu; with or without the bias) run on each tile of the
- * GEMM as the library writes it, in eager's operations (eager's bits), not as a kernel that
+ * GEMM as the library writes it, with the bits of the kernel it replaces, not as a kernel that
  * reads the product back (EMBER_LOGS=schedule: "GEMM tile epilogue bias+relu";
  * EMBER_INDUCTOR_EPILOGUE=0 turns GEMM epilogues off, on CUDA too). Compiled kernels are
  * cached in memory and on disk (EMBER_CACHE_DIR, default $XDG_CACHE_HOME/ember/kernels or

@@ -340,10 +340,11 @@ static void find_transposed_products(builder *b) {
  * Numerics: cuBLASLt applies the bias and the activation to the f32 accumulator and rounds once
  * (eager rounds an f16/bf16 product before adding); its ReLU is max(x, 0), which takes a NaN to
  * 0 where eager's where(x <= 0, 0, x) keeps it.
- * On the CPU the same chains (f32, and erf GELU too) run as one extern step,
+ * On the CPU the same chains (f32, erf GELU too, the bias optional) run as one extern step,
  * prim_gemm_epilogue: the oneDNN sgemm tiles, each followed by the bias and activation while it
- * is in cache, in eager's operations (eager's bits), instead of a generated kernel that reads the
- * product back from memory and writes it again. */
+ * is in cache, with the generated kernel's bits (prims/extern.c), instead of that kernel reading
+ * the product back from memory. The product may have other readers there (a training forward
+ * saves it for the backward): the step then stores it too, when they all come after the chain. */
 
 /* The activations cuBLASLt applies after the bias, as patterns over the pre-activation h: what
  * em_relu and em_gelu(x, tanh_approx=true) trace (runtime/composite.c). add and mul match either

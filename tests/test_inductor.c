@@ -1475,7 +1475,7 @@ ETEST(inductor, dtypes_without_kernels_are_counted) {
 /* ---- GEMM epilogues on the CPU (schedule.c, prim_gemm_epilogue) ----
  * matmul [-> add(bias over the rows)] [-> relu | gelu] runs as one GEMM step whose tiles get the
  * bias and activation right after the library writes them, in eager's f32 operations: the
- * results are eager's bits, and no generated kernel reads the product back. */
+ * results are the unfused program's bits, and no generated kernel reads the product back. */
 
 enum { EPI_BIAS, EPI_RELU, EPI_GELU_TANH, EPI_GELU_ERF };
 static const char *const epi_names[] = {"bias", "bias+relu", "bias+gelu_tanh", "bias+gelu_erf"};
