@@ -231,11 +231,13 @@ static em_tensor *cpu_gemm_epilogue(const ir_node *mm, em_tensor *a, em_tensor *
                                     em_tensor **prod, em_site site) {
   prim_meta in[2] = {rt_meta(a), rt_meta(b)}, om;
   char err[256];
-  if (!prim_meta_fn(EM_PRIM_MATMUL, &mm->attrs, in, 2, &om, err, sizeof err)) return rt_error(site, mm->opname, "%s", err);
+  if (!prim_meta_fn(EM_PRIM_MATMUL, &mm->attrs, in, 2, &om, err, sizeof err))
+    return rt_error(site, mm->opname, "%s", err);
   em_tensor *r = rt_new(om.dtype, om.ndim, om.sizes, mm->opname, site);
   if (prod && r && !(*prod = rt_new(om.dtype, om.ndim, om.sizes, mm->opname, site))) em_release(r), r = NULL;
   if (!r) return NULL;
-  prim_buf ob = rt_buf(r), ab = rt_buf(a), bb = rt_buf(b), cb = bias ? rt_buf(bias) : ob, pb = prod ? rt_buf(*prod) : ob;
+  prim_buf ob = rt_buf(r), ab = rt_buf(a), bb = rt_buf(b);
+  prim_buf cb = bias ? rt_buf(bias) : ob, pb = prod ? rt_buf(*prod) : ob;
   if (!prim_gemm_epilogue(&ob, prod ? &pb : NULL, &ab, &bb, bias ? &cb : NULL, (prim_activation)act, err, sizeof err)) {
     em_release(r);
     if (prod) em_release(*prod), *prod = NULL;

@@ -482,7 +482,8 @@ static bool bias_add(const builder *b, const int *def, const int *uses, int i, m
     if (def[x] < 0 || (cuda && uses[x] != 1)) continue;
     const ir_node *mm = &g->nodes[def[x]];
     const ir_type *mt = &g->values[x].type;
-    if (mm->op != EM_PRIM_MATMUL || mt->dtype != t->dtype || mt->ndim < 2 || mt->sizes[mt->ndim - 1] != t->sizes[t->ndim - 1])
+    if (mm->op != EM_PRIM_MATMUL || mt->dtype != t->dtype || mt->ndim < 2 ||
+        mt->sizes[mt->ndim - 1] != t->sizes[t->ndim - 1])
       continue;
     int64_t N = t->sizes[t->ndim - 1];
     if (def[e] >= 0 && g->nodes[def[e]].op == EM_PRIM_EXPAND) ex = def[e], e = ir_operands(g, &g->nodes[ex])[0];
@@ -935,8 +936,9 @@ void ind_describe_schedule(ind_program *p) {
         const char *name = epilogue_name(cuda, e->act), *act = strchr(name, '+');
         char plus[32] = "";
         if (e->bias >= 0) snprintf(plus, sizeof plus, " + %%%d", e->bias);
-        n = snprintf(line, sizeof line, "  step %d: %%%d = matmul(%%%d, %%%d)%s%s%s (%s %s, %d nodes%s)\n", s, x->out, o[0],
-                     o[1], plus, act ? ", " : "", act ? act + 1 : "", cuda ? "cublasLt epilogue" : "GEMM tile epilogue",
+        n = snprintf(line, sizeof line, "  step %d: %%%d = matmul(%%%d, %%%d)%s%s%s (%s %s, %d nodes%s)\n", s, x->out,
+                     o[0], o[1], plus, act ? ", " : "", act ? act + 1 : "",
+                     cuda ? "cublasLt epilogue" : "GEMM tile epilogue",
                      e->bias >= 0 || !act ? name : act + 1, e->n_nodes, e->keep ? "; the product stored too" : "");
       } else if (st->tmat >= 0)
         n = snprintf(line, sizeof line, "  step %d: %%%d = matmul(%%%d^T, %%%d^T) (GEMM library; the clone of a transposed product)\n", s,

@@ -364,69 +364,67 @@ static tile tile_of(const gemm_tiles *t, int64_t q) {
  * change of its own (it changes eager's bits too), after which this epilogue runs on its tiles
  * as it runs on sgemm's. */
 #ifdef EMBER_HAVE_SLEEF
-/* 16 lanes where the build has AVX-512: SLEEF's 16-lane functions give the 8-lane ones' bits
- * (tanh u10 and erf u10 checked on every 97th f32 bit pattern, 708 million values) at about half
- * the cost, and the tanh is most of a GELU epilogue's work. */
-#ifdef __AVX512F__
-enum { EPI_LANES = 16 };
-typedef __m512 epi_v;
-#define EPI_LOAD _mm512_loadu_ps
-#define EPI_STORE _mm512_storeu_ps
-#define EPI_SET1 _mm512_set1_ps
-#define EPI_ADD _mm512_add_ps
-#define EPI_MUL _mm512_mul_ps
-#define EPI_TANH Sleef_tanhf16_u35
-#define EPI_ERF Sleef_erff16_u10
+/* One row loop per vector width, from one body: LANES lanes of type V, the tail padded. */
+#define EPI_BLOCK(NAME, V, LANES, LOAD, STORE, SET1, ADD, MUL, RELU, TANH, ERF)                                  \
+  static V NAME##_act(V h, prim_activation act) {                                                              \
+    switch (act) {                                                                                             \
+    case PRIM_ACT_RELU: return RELU(h);                                                                        \
+    case PRIM_ACT_GELU_TANH: {                                                                                 \
+      V cube = MUL(MUL(h, h), h);                                                                              \
+      V u = MUL(ADD(h, MUL(cube, SET1((float)0.044715))), SET1((float)0.7978845608028654));                    \
+      return MUL(MUL(h, SET1(0.5f)), ADD(TANH(u), SET1(1.0f)));                                                \
+    }                                                                                                          \
+    case PRIM_ACT_GELU_ERF:                                                                                    \
+      return MUL(MUL(h, SET1(0.5f)), ADD(ERF(MUL(h, SET1((float)0.7071067811865476))), SET1(1.0f)));          \
+    default: return h;                                                                                         \
+    }                                                                                                          \
+  }                                                                                                            \
+  static void NAME(const float *y, float *dst, int64_t ld, int64_t rows, int64_t cols, const float *bias,       \
+                   prim_activation act) {                                                                      \
+    float lanes[LANES];                                                                                        \
+    for (int64_t r = 0; r < rows; r++) {                                                                       \
+      const float *src = y + r * ld;                                                                           \
+      float *d = dst + r * ld;                                                                                 \
+      int64_t j = 0;                                                                                           \
+      for (; j + LANES <= cols; j += LANES) {                                                                  \
+        V h = LOAD(src + j);                                                                                   \
+        if (bias) h = ADD(h, LOAD(bias + j));                                                                  \
+        STORE(d + j, NAME##_act(h, act));                                                                      \
+      }                                                                                                        \
+      if (j == cols) continue;                                                                                 \
+      for (int64_t k = 0; k < LANES; k++)                                                                      \
+        lanes[k] = j + k >= cols ? 0.0f : bias ? src[j + k] + bias[j + k] : src[j + k];                        \
+      STORE(lanes, NAME##_act(LOAD(lanes), act));                                                              \
+      for (int64_t k = 0; j + k < cols; k++) d[j + k] = lanes[k];                                              \
+    }                                                                                                          \
+  }
+
 /* where(h <= 0, 0, h): NaN stays */
-static epi_v epi_relu(epi_v h) {
+static __m256 relu8(__m256 h) { return _mm256_andnot_ps(_mm256_cmp_ps(h, _mm256_setzero_ps(), _CMP_LE_OQ), h); }
+EPI_BLOCK(epilogue_block8, __m256, 8, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_add_ps, _mm256_mul_ps,
+          relu8, Sleef_tanhf8_u35, Sleef_erff8_u10)
+
+/* 16 lanes where the build and EMBER_CPU_ISA allow AVX-512 (em_cpu_isa): SLEEF's 16-lane functions
+ * give the 8-lane ones' bits (tanh u10 and erf u10 checked on every 97th f32 bit pattern, 708
+ * million values; tanh u35 against the 8-lane kernels by the tests) at about half the cost, and
+ * the tanh is most of a GELU epilogue's work. */
+#ifdef __AVX512F__
+static __m512 relu16(__m512 h) {
   return _mm512_mask_mov_ps(h, _mm512_cmp_ps_mask(h, _mm512_setzero_ps(), _CMP_LE_OQ), _mm512_setzero_ps());
 }
-#else
-enum { EPI_LANES = 8 };
-typedef __m256 epi_v;
-#define EPI_LOAD _mm256_loadu_ps
-#define EPI_STORE _mm256_storeu_ps
-#define EPI_SET1 _mm256_set1_ps
-#define EPI_ADD _mm256_add_ps
-#define EPI_MUL _mm256_mul_ps
-#define EPI_TANH Sleef_tanhf8_u35
-#define EPI_ERF Sleef_erff8_u10
-static epi_v epi_relu(epi_v h) { return _mm256_andnot_ps(_mm256_cmp_ps(h, _mm256_setzero_ps(), _CMP_LE_OQ), h); }
+EPI_BLOCK(epilogue_block16, __m512, 16, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_add_ps, _mm512_mul_ps,
+          relu16, Sleef_tanhf16_u35, Sleef_erff16_u10)
 #endif
-
-static epi_v epi_vec(epi_v h, prim_activation act) {
-  switch (act) {
-  case PRIM_ACT_RELU: return epi_relu(h);
-  case PRIM_ACT_GELU_TANH: {
-    epi_v cube = EPI_MUL(EPI_MUL(h, h), h);
-    epi_v u = EPI_MUL(EPI_ADD(h, EPI_MUL(cube, EPI_SET1((float)0.044715))), EPI_SET1((float)0.7978845608028654));
-    return EPI_MUL(EPI_MUL(h, EPI_SET1(0.5f)), EPI_ADD(EPI_TANH(u), EPI_SET1(1.0f)));
-  }
-  case PRIM_ACT_GELU_ERF: {
-    epi_v u = EPI_MUL(h, EPI_SET1((float)0.7071067811865476));
-    return EPI_MUL(EPI_MUL(h, EPI_SET1(0.5f)), EPI_ADD(EPI_ERF(u), EPI_SET1(1.0f)));
-  }
-  default: return h;
-  }
-}
 
 static void epilogue_block(const float *y, float *dst, int64_t ld, int64_t rows, int64_t cols, const float *bias,
                            prim_activation act) {
-  float lanes[EPI_LANES];
-  for (int64_t r = 0; r < rows; r++) {
-    const float *src = y + r * ld;
-    float *d = dst + r * ld;
-    int64_t j = 0;
-    for (; j + EPI_LANES <= cols; j += EPI_LANES) {
-      epi_v h = EPI_LOAD(src + j);
-      if (bias) h = EPI_ADD(h, EPI_LOAD(bias + j));
-      EPI_STORE(d + j, epi_vec(h, act));
-    }
-    if (j == cols) continue;
-    for (int64_t k = 0; k < EPI_LANES; k++) lanes[k] = j + k < cols ? (bias ? src[j + k] + bias[j + k] : src[j + k]) : 0.0f;
-    EPI_STORE(lanes, epi_vec(EPI_LOAD(lanes), act));
-    for (int64_t k = 0; j + k < cols; k++) d[j + k] = lanes[k];
+#ifdef __AVX512F__
+  if (!strcmp(em_cpu_isa(), "avx512")) {
+    epilogue_block16(y, dst, ld, rows, cols, bias, act);
+    return;
   }
+#endif
+  epilogue_block8(y, dst, ld, rows, cols, bias, act);
 }
 #else
 static float epi_one(float h, prim_activation act) {
@@ -1017,7 +1015,8 @@ bool prim_gemm_epilogue(const prim_buf *out, const prim_buf *prod, const prim_bu
          ir_is_contiguous(prod->ndim, prod->sizes, prod->strides);
   if (bias) ok = ok && bias->dtype == EM_F32 && bias->ndim >= 1 && bias->sizes[bias->ndim - 1] == n;
   if (!ok)
-    return snprintf(err, cap, "a GEMM epilogue takes f32 operands, contiguous results and a bias of their last dim"), false;
+    return snprintf(err, cap, "a GEMM epilogue takes f32 operands, contiguous results and a bias of their last dim"),
+           false;
   const float *data = bias ? (const float *)bias->data : NULL;
   float *copy = NULL;
   int64_t s = bias && n > 1 ? bias->strides[bias->ndim - 1] : 1;

@@ -1481,7 +1481,10 @@ enum { EPI_BIAS, EPI_RELU, EPI_GELU_TANH, EPI_GELU_ERF };
 static const char *const epi_names[] = {"bias", "bias+relu", "bias+gelu_tanh", "bias+gelu_erf"};
 
 static em_tensor *activate(em_tensor *h, int kind) {
-  return kind == EPI_RELU ? em_relu(h) : kind == EPI_GELU_TANH ? em_gelu(h, true) : kind == EPI_GELU_ERF ? em_gelu(h, false) : h;
+  return kind == EPI_RELU        ? em_relu(h)
+         : kind == EPI_GELU_TANH ? em_gelu(h, true)
+         : kind == EPI_GELU_ERF  ? em_gelu(h, false)
+                                 : h;
 }
 
 /* ctx: the activation (EPI_*). */
@@ -1565,14 +1568,16 @@ static bool same_bits_unfused(builder_fn build, em_tensor *const *in, void *ctx,
 ETEST(inductor, linear_bias_activation_is_one_gemm_step_with_the_unfused_bits) {
   /* odd sizes (tails of 8 lanes), a 3-D input (a reshape between the GEMM and the add), and a
    * product cut into several row and column tiles (the bias read from each tile's first column) */
-  static const int64_t shapes[][4] = {{0, 7, 12, 9}, {0, 37, 19, 70}, {2, 5, 12, 9}, {0, 300, 256, 600}, {3, 100, 64, 520}};
+  static const int64_t shapes[][4] = {{0, 7, 12, 9},      {0, 37, 19, 70},   {2, 5, 12, 9},
+                                      {0, 300, 256, 600}, {3, 100, 64, 520}};
   for (int kind = EPI_BIAS; kind <= EPI_GELU_ERF; kind++)
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
       em_scope_begin();
       em_manual_seed(40 + kind * 10 + (int)s);
       const int64_t *d = shapes[s];
       em_tensor *x = d[0] ? em_randn(EM_F32, EM_SHAPE(d[0], d[1], d[2])) : em_randn(EM_F32, EM_SHAPE(d[1], d[2]));
-      em_tensor *in[3] = {x, em_mul_scalar(em_randn(EM_F32, EM_SHAPE(d[3], d[2])), 0.3), em_randn(EM_F32, EM_SHAPE(d[3]))};
+      em_tensor *in[3] = {x, em_mul_scalar(em_randn(EM_F32, EM_SHAPE(d[3], d[2])), 0.3),
+                          em_randn(EM_F32, EM_SHAPE(d[3]))};
       char what[128];
       snprintf(what, sizeof what, "%s, x %s%lldx%lld, %lld out", epi_names[kind], d[0] ? "3-D " : "", (long long)d[1],
                (long long)d[2], (long long)d[3]);
@@ -1583,8 +1588,8 @@ ETEST(inductor, linear_bias_activation_is_one_gemm_step_with_the_unfused_bits) {
       cr_assert_eq(st.kernels, 0, "%s: a generated kernel beside the epilogue (%d)", what, st.kernels);
       char line[256], want[64];
       snprintf(want, sizeof want, "GEMM tile epilogue %s,", epi_names[kind]);
-      cr_assert(strstr(epilogue_line(linear_act, in, &kind, line, sizeof line), want), "%s: the schedule lacks '%s': '%s'",
-                what, want, line);
+      cr_assert(strstr(epilogue_line(linear_act, in, &kind, line, sizeof line), want),
+                "%s: the schedule lacks '%s': '%s'", what, want, line);
       em_scope_end();
     }
 }
@@ -1592,7 +1597,8 @@ ETEST(inductor, linear_bias_activation_is_one_gemm_step_with_the_unfused_bits) {
 /* An empty inner dimension: the product is zeros, the epilogue still runs (relu(bias)). */
 ETEST(inductor, gemm_epilogue_with_an_empty_inner_dimension) {
   int kind = EPI_RELU;
-  em_tensor *in[3] = {em_zeros(EM_F32, EM_SHAPE(3, 0)), em_zeros(EM_F32, EM_SHAPE(4, 0)), em_randn(EM_F32, EM_SHAPE(4))};
+  em_tensor *in[3] = {em_zeros(EM_F32, EM_SHAPE(3, 0)), em_zeros(EM_F32, EM_SHAPE(4, 0)),
+                      em_randn(EM_F32, EM_SHAPE(4))};
   ind_stats st;
   cr_assert_eq(check(linear_act, in, &kind, &st, "k = 0"), 1);
   cr_assert_eq(st.gemm_epilogues, 1);
