@@ -1832,6 +1832,12 @@ void em_cuda_event_free(em_cuda_event *e);
 void em_cuda_set_allow_tf32(bool allow);
 bool em_cuda_allow_tf32(void);
 
+/* Whether convolutions on CUDA go through cuDNN when it loads (on by default), as
+ * torch.backends.cudnn.enabled; off, or when cuDNN is missing or refuses a problem, they run as
+ * im2col + cuBLAS GEMMs (EMBER_LOGS=perf says why). */
+void em_cuda_set_cudnn_enabled(bool enabled);
+bool em_cuda_cudnn_enabled(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -262,6 +262,75 @@ ETEST(cuda_eager, convolutions_and_pooling) {
   SAME(em_max_pool2d(x, 2, 2, 2, 2, 0, 0), em_max_pool2d(C(x), 2, 2, 2, 2, 0, 0), 0);
 }
 
+/* Convolutions run through cuDNN (runtime/cuda.c; on the emulator its host cuDNN): forward,
+ * input and weight gradients with stride, padding, dilation and groups, strided operands, f64,
+ * and the half types (f32 compute) against f32 on the CPU; then with cuDNN off, the same through
+ * im2col + GEMM, which cuDNN then does not see. */
+static void conv_case(em_dtype dt, em_conv2d_params p, bool strided_x, double tol) {
+  em_scope_begin();
+  int64_t g = p.groups;
+  em_tensor *x = rnd(dt, EM_SHAPE(2, 4, 7, 6)), *w = rnd(dt, EM_SHAPE(6, 4 / g, 3, 2));
+  em_tensor *dx = C(x), *dw = C(w);
+  if (strided_x) dx = em_transpose(em_contiguous(em_transpose(dx, 2, 3)), 2, 3); /* same values, W-major */
+  bool half = dt == EM_F16 || dt == EM_BF16;
+  /* the CPU reference: f32 from the same (rounded) values for the half types */
+  em_tensor *rx = half ? em_cast(x, F) : x, *rw = half ? em_cast(w, F) : w;
+  em_tensor *y = em_conv2d(rx, rw, EM_NONE, p), *dy = em_conv2d(dx, dw, EM_NONE, p);
+  em_tensor *up = rnd(dt, em_ndim(y), em_sizes(y)), *rup = half ? em_cast(up, F) : up;
+  const int64_t hw[2] = {7, 6}, khw[2] = {3, 2};
+  em_tensor *gx = em_conv2d_backward_input(rup, rw, hw, p), *dgx = em_conv2d_backward_input(C(up), dw, hw, p);
+  em_tensor *gw = em_conv2d_backward_weight(rx, rup, khw, p), *dgw = em_conv2d_backward_weight(dx, C(up), khw, p);
+  if (half) y = em_cast(y, dt), gx = em_cast(gx, dt), gw = em_cast(gw, dt);
+  SAME(y, dy, tol);
+  SAME(gx, dgx, tol);
+  SAME(gw, dgw, tol);
+  em_scope_end();
+}
+
+ETEST(cuda_eager, convolutions_through_cudnn) {
+  em_manual_seed(17);
+  char why[256];
+  bool have = cu_dnn_available(why, sizeof why);
+  if (!cu_drv()->emulated && !have) cr_skip_test("cuDNN did not load on this GPU machine: %s", why);
+  cr_assert(have, "the emulator's cuDNN: %s", why);
+  em_conv2d_params ps[] = {EM_CONV2D_DEFAULT, {{2, 1}, {1, 2}, {1, 2}, 1}, {{1, 2}, {2, 1}, {2, 1}, 2}};
+  cu_emu_dnn_stats e0 = cu_emu_dnn_stats_get();
+  int64_t n0 = cu_dnn_convs();
+  for (int i = 0; i < 3; i++) {
+    conv_case(F, ps[i], i == 1, 1e-5);
+    conv_case(D, ps[i], i == 2, 1e-12);
+  }
+  conv_case(EM_BF16, ps[2], false, 2e-2);
+  conv_case(EM_F16, ps[1], true, 5e-3);
+  int convs = 3 * 8; /* eight cases, three convolutions each */
+  int64_t ran = cu_dnn_convs() - n0;
+  cr_assert_eq(ran, convs, "cuDNN ran %lld of %d convolutions", (long long)ran, convs);
+  if (cu_drv()->emulated) {
+    cu_emu_dnn_stats e1 = cu_emu_dnn_stats_get();
+    for (int d = 0; d < 3; d++)
+      cr_assert_eq(e1.runs[d] - e0.runs[d], 8, "direction %d ran %lld times", d, (long long)(e1.runs[d] - e0.runs[d]));
+    cr_assert_eq(e1.heuristics - e0.heuristics, convs);
+    cr_assert_eq(e1.last_algo, 1, "the heuristic's first choice (with a workspace) ran");
+  }
+  /* autograd reaches the gradients' prims through cuDNN too */
+  em_tensor *x = rnd(F, EM_SHAPE(1, 2, 5, 5)), *w = rnd(F, EM_SHAPE(3, 2, 3, 3));
+  em_tensor *dx = em_detach(C(x)), *dw = em_detach(C(w));
+  em_requires_grad_(x, true), em_requires_grad_(w, true), em_requires_grad_(dx, true), em_requires_grad_(dw, true);
+  n0 = cu_dnn_convs();
+  em_backward(em_sum(em_conv2d(x, w, EM_NONE, ps[1]), 0, NULL, false), NULL);
+  em_backward(em_sum(em_conv2d(dx, dw, EM_NONE, ps[1]), 0, NULL, false), NULL);
+  cr_assert_eq(cu_dnn_convs() - n0, 3);
+  SAME(em_get_grad(x), em_get_grad(dx), 1e-5);
+  SAME(em_get_grad(w), em_get_grad(dw), 1e-5);
+  /* off: im2col + GEMM gives the same, and cuDNN sees none of it */
+  em_cuda_set_cudnn_enabled(false);
+  n0 = cu_dnn_convs();
+  for (int i = 0; i < 3; i++) conv_case(F, ps[i], i == 1, 1e-5);
+  conv_case(EM_BF16, ps[2], false, 2e-2);
+  em_cuda_set_cudnn_enabled(true);
+  cr_assert_eq(cu_dnn_convs(), n0, "cuDNN ran while disabled");
+}
+
 ETEST(cuda_eager, autograd_through_composites) {
   em_manual_seed(8);
   em_tensor *x = rnd(F, EM_SHAPE(6, 10)), *w = rnd(F, EM_SHAPE(10)), *b = rnd(F, EM_SHAPE(10));
