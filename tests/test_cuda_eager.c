@@ -331,6 +331,40 @@ ETEST(cuda_eager, convolutions_through_cudnn) {
   cr_assert_eq(cu_dnn_convs(), n0, "cuDNN ran while disabled");
 }
 
+/* A compiled CUDA step whose optimizer has state from eager steps before: AdamW's step counts
+ * are 0-dim f64 CPU tensors (as PyTorch's), updated by the graph on the device and written back
+ * to the CPU (frontend/compile.c, write_back). */
+typedef struct adamw_ctx { em_tensor *w; em_optimizer *opt; } adamw_ctx;
+static em_outputs adamw_step_fn(void *ctx, em_tensor *const *in, int n) {
+  (void)n;
+  adamw_ctx *a = ctx;
+  em_tensor *h = em_matmul(in[0], a->w), *l = em_sum(em_mul(h, h), 0, NULL, false);
+  em_optimizer_zero_grad(a->opt);
+  if (!l || !em_backward(l, NULL) || !em_optimizer_step(a->opt)) return EM_OUTPUTS(NULL);
+  return EM_OUTPUTS(l);
+}
+
+ETEST(cuda_eager, compiled_adamw_after_eager_steps) {
+  em_manual_seed(19);
+  em_tensor *w0 = rnd(F, EM_SHAPE(4, 3)), *x = C(rnd(F, EM_SHAPE(5, 4)));
+  adamw_ctx a[2];
+  for (int k = 0; k < 2; k++) {
+    a[k].w = em_requires_grad_(em_detach(C(w0)), true);
+    a[k].opt = em_adamw_new(1, &a[k].w, ((em_adamw_opts){1e-2, 0.9, 0.999, 1e-8, 1e-2, false}));
+    cr_assert(a[k].opt && adamw_step_fn(&a[k], &x, 1).t[0], "%s", em_last_error()); /* the state exists */
+  }
+  em_compiled *c = em_compile(adamw_step_fn, &(em_compile_options){.name = "adamw_step"});
+  cr_assert_not_null(c);
+  for (int s = 0; s < 3; s++) {
+    em_tensor *le = adamw_step_fn(&a[0], &x, 1).t[0], *lc = em_call_n(c, &a[1], 1, &x).t[0];
+    cr_assert(le && lc, "step %d: %s", s, em_last_error());
+    SAME(em_to(le, EM_CPU), lc, 1e-5);
+    SAME(em_to(a[0].w, EM_CPU), a[1].w, 1e-5);
+  }
+  em_compiled_free(c);
+  for (int k = 0; k < 2; k++) em_optimizer_free(a[k].opt);
+}
+
 ETEST(cuda_eager, autograd_through_composites) {
   em_manual_seed(8);
   em_tensor *x = rnd(F, EM_SHAPE(6, 10)), *w = rnd(F, EM_SHAPE(10)), *b = rnd(F, EM_SHAPE(10));
