@@ -5,9 +5,10 @@
  *       writes each workload's initial parameters and inputs (Ember's own init, seed 0) as .npy
  *       files under DIR/<workload>/, with params.txt naming them in order. Every system loads
  *       these: same weights, same data.
- *   peers_ember --workload W --mode eager|compiled --dir DIR [--steps N]
+ *   peers_ember --workload W --mode eager|compiled|reduce-overhead|max-autotune --dir DIR [--steps N]
  *       loads DIR/W, runs two steps (the first call's time is the compile time in compiled
- *       mode; their losses are the math check), then N timed steps, and prints one JSON object:
+ *       modes, the last two em_compile's modes of those names; their losses are the math
+ *       check), then N timed steps, and prints one JSON object:
  *       ms_per_step (median), first_call_ms, loss1, loss2, peak_rss_mb.
  *
  * Workloads: mlp (784-512-512-10 ReLU, batch 128, SGD lr 0.01 momentum 0.9), lenet (LeNet-5 on
@@ -205,7 +206,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--device") && i + 1 < argc) /* cuda: every tensor made on the device */
       em_set_default_device(strcmp(argv[++i], "cuda") ? EM_CPU : EM_CUDA);
     else {
-      fprintf(stderr, "usage: %s --init DIR | --workload W --mode eager|compiled --dir DIR [--steps N] [--device cpu|cuda]\n",
+      fprintf(stderr, "usage: %s --init DIR | --workload W --mode eager|compiled|reduce-overhead|max-autotune --dir DIR "
+                      "[--steps N] [--device cpu|cuda]\n",
               argv[0]);
       return 2;
     }
@@ -221,8 +223,11 @@ int main(int argc, char **argv) {
   else if (!strcmp(name, "transformer"))
     w.opt = em_adamw_new(w.m.n_params, w.m.params, ((em_adamw_opts){1e-3, 0.9, 0.999, 1e-8, 1e-2, false}));
   em_compiled *c = NULL;
-  if (!strcmp(mode, "compiled")) c = em_compile(train_step, &(em_compile_options){.name = name}), adds_per_step = 1;
-  else if (strcmp(mode, "eager")) return fprintf(stderr, "peers_ember: mode %s: eager or compiled\n", mode), 2;
+  bool other = !strcmp(mode, "reduce-overhead") || !strcmp(mode, "max-autotune"); /* em_compile's modes */
+  if (!strcmp(mode, "compiled") || other)
+    c = em_compile(train_step, &(em_compile_options){.name = name, .mode = other ? mode : NULL}), adds_per_step = 1;
+  else if (strcmp(mode, "eager"))
+    return fprintf(stderr, "peers_ember: mode %s: eager, compiled, reduce-overhead or max-autotune\n", mode), 2;
   double loss1, loss2;
   double first = step(c, &w, &loss1);
   step(c, &w, &loss2);
