@@ -800,8 +800,10 @@ static int dnn_type(em_dtype dt) {
 static int dnn_describe(dnn_call *c, const cu_dnn_problem *p) {
   const cu_dnn_api *D = c->D;
   int type = dnn_type(p->dt), r;
-  /* f32 without TF32 asks for FMA math, so no algorithm rounds the operands to 10 bits */
-  int math = p->dt == EM_F32 && !p->tf32 ? CU_DNN_FMA_MATH : CU_DNN_TENSOR_OP_MATH;
+  /* as PyTorch: f32 without TF32 asks for FMA math, so no algorithm rounds the operands to 10
+   * bits; the half types may use tensor cores; f64 has none */
+  int math = p->dt == EM_F32 && !p->tf32 ? CU_DNN_FMA_MATH
+           : p->dt == EM_F16 || p->dt == EM_BF16 ? CU_DNN_TENSOR_OP_MATH : CU_DNN_DEFAULT_MATH;
   if ((r = D->tensor_create(&c->x)) || (r = D->tensor_create(&c->y)) || (r = D->filter_create(&c->w)) ||
       (r = D->conv_create(&c->conv)))
     return r;
