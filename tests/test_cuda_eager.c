@@ -334,6 +334,36 @@ ETEST(cuda_eager, convolutions_through_cudnn) {
   cr_assert_eq(cu_dnn_convs(), n0, "cuDNN ran while disabled");
 }
 
+/* The three convolutions captured into a CUDA graph (mode reduce-overhead): cuDNN's calls are
+ * recorded with their workspaces from the graph's pool, and each replay computes its own call's
+ * inputs. */
+static em_outputs conv_three(void *ctx, em_tensor *const *in, int n) {
+  (void)ctx, (void)n;
+  em_conv2d_params p = {{2, 1}, {1, 1}, {1, 1}, 2, EM_CONV_PAD_EXPLICIT};
+  const int64_t hw[2] = {7, 6}, khw[2] = {3, 2};
+  return EM_OUTPUTS(em_conv2d(in[0], in[1], EM_NONE, p), em_conv2d_backward_input(in[2], in[1], hw, p),
+                    em_conv2d_backward_weight(in[0], in[2], khw, p));
+}
+
+ETEST(cuda_eager, convolutions_through_cudnn_in_cuda_graphs) {
+  em_manual_seed(23);
+  char why[256];
+  if (!cu_drv()->emulated && !cu_dnn_available(why, sizeof why)) cr_skip_test("cuDNN did not load: %s", why);
+  em_tensor *w = rnd(F, EM_SHAPE(6, 2, 3, 2)), *up = rnd(F, EM_SHAPE(2, 6, 4, 7));
+  em_compiled *c = em_compile(conv_three, &(em_compile_options){.name = "conv_three", .mode = "reduce-overhead"});
+  for (int call = 0; call < 4; call++) {
+    em_tensor *x = rnd(F, EM_SHAPE(2, 4, 7, 6));
+    int64_t n0 = cu_dnn_convs();
+    em_outputs o = em_call(c, NULL, C(x), C(w), C(up));
+    cr_assert(o.n == 3 && o.t[0] && o.t[1] && o.t[2], "call %d: %s", call, em_last_error());
+    em_outputs want = conv_three(NULL, (em_tensor *[]){x, w, up}, 3);
+    for (int i = 0; i < 3; i++) SAME(want.t[i], o.t[i], 1e-5);
+    if (call > 1) cr_assert_eq(cu_dnn_convs(), n0, "call %d: replayed, cuDNN not called again", call);
+  }
+  cr_assert_geq(em_compiled_stats(c).cuda_graph_replays, 2);
+  em_compiled_free(c);
+}
+
 /* A compiled CUDA step whose optimizer has state from eager steps before: AdamW's step counts
  * are 0-dim f64 CPU tensors (as PyTorch's), updated by the graph on the device and written back
  * to the CPU (frontend/compile.c, write_back). */
