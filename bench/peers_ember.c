@@ -5,9 +5,11 @@
  *       writes each workload's initial parameters and inputs (Ember's own init, seed 0) as .npy
  *       files under DIR/<workload>/, with params.txt naming them in order. Every system loads
  *       these: same weights, same data.
- *   peers_ember --workload W --mode eager|compiled --dir DIR [--steps N] [--seconds S] [--warmup K]
- *       loads DIR/W, runs K warm-up calls (default 5: the first compiles, the second SGD step
- *       compiles again for its momentum buffers; the first two losses are the math check), then
+ *   peers_ember --workload W --mode eager|compiled|reduce-overhead|max-autotune --dir DIR [--steps N]
+ *               [--seconds S] [--warmup K]
+ *       (the last two modes: em_compile's of those names) loads DIR/W, runs K warm-up calls
+ *       (default 5: the first compiles, the second SGD step compiles again for its momentum
+ *       buffers; the first two losses are the math check), then
  *       timed calls until there are N (default 5) and they took S seconds (default 0), and prints
  *       one JSON object: ms_per_step (median of the timed calls), first_call_ms, warmup_ms (time
  *       to steady state: the K warm-up calls less K medians), steady_after (calls before the
@@ -211,8 +213,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--device") && i + 1 < argc) /* cuda: every tensor made on the device */
       em_set_default_device(strcmp(argv[++i], "cuda") ? EM_CPU : EM_CUDA);
     else {
-      fprintf(stderr, "usage: %s --init DIR | --workload W --mode eager|compiled --dir DIR [--steps N] [--seconds S] "
-                      "[--warmup K] [--device cpu|cuda]\n",
+      fprintf(stderr, "usage: %s --init DIR | --workload W --mode eager|compiled|reduce-overhead|max-autotune "
+                      "--dir DIR [--steps N] [--seconds S] [--warmup K] [--device cpu|cuda]\n",
               argv[0]);
       return 2;
     }
@@ -228,8 +230,11 @@ int main(int argc, char **argv) {
   else if (!strcmp(name, "transformer"))
     w.opt = em_adamw_new(w.m.n_params, w.m.params, ((em_adamw_opts){1e-3, 0.9, 0.999, 1e-8, 1e-2, false}));
   em_compiled *c = NULL;
-  if (!strcmp(mode, "compiled")) c = em_compile(train_step, &(em_compile_options){.name = name}), adds_per_step = 1;
-  else if (strcmp(mode, "eager")) return fprintf(stderr, "peers_ember: mode %s: eager or compiled\n", mode), 2;
+  bool other = !strcmp(mode, "reduce-overhead") || !strcmp(mode, "max-autotune"); /* em_compile's modes */
+  if (!strcmp(mode, "compiled") || other)
+    c = em_compile(train_step, &(em_compile_options){.name = name, .mode = other ? mode : NULL}), adds_per_step = 1;
+  else if (strcmp(mode, "eager"))
+    return fprintf(stderr, "peers_ember: mode %s: eager, compiled, reduce-overhead or max-autotune\n", mode), 2;
   /* The first `warmup` calls compile (and compile again: the second SGD step's momentum buffers);
    * then at least `steps` timed calls lasting at least `seconds`. */
   if (warmup < 2) warmup = 2; /* the two losses */

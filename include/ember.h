@@ -1836,6 +1836,12 @@ void em_cuda_event_free(em_cuda_event *e);
 void em_cuda_set_allow_tf32(bool allow);
 bool em_cuda_allow_tf32(void);
 
+/* Whether convolutions on CUDA go through cuDNN when it loads (on by default), as
+ * torch.backends.cudnn.enabled; off, or when cuDNN is missing or refuses a problem, they run as
+ * im2col + cuBLAS GEMMs (EMBER_LOGS=perf says why). */
+void em_cuda_set_cudnn_enabled(bool enabled);
+bool em_cuda_cudnn_enabled(void);
+
 /* ---- CPU instruction set (issues 20 and 23) ----
  *
  * The widest x86 vector ISA Ember's CPU code uses in this process: "avx512", "avx2", "baseline"

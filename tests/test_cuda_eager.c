@@ -262,6 +262,142 @@ ETEST(cuda_eager, convolutions_and_pooling) {
   SAME(em_max_pool2d(x, 2, 2, 2, 2, 0, 0), em_max_pool2d(C(x), 2, 2, 2, 2, 0, 0), 0);
 }
 
+/* Convolutions run through cuDNN (runtime/cuda.c; on the emulator its host cuDNN): forward,
+ * input and weight gradients with stride, padding, dilation and groups, strided operands, f64,
+ * and the half types (f32 compute) against f32 on the CPU; then with cuDNN off, the same through
+ * im2col + GEMM, which cuDNN then does not see. */
+static void conv_case(em_dtype dt, em_conv2d_params p, bool strided_x, double tol) {
+  em_scope_begin();
+  int64_t g = p.groups;
+  em_tensor *x = rnd(dt, EM_SHAPE(2, 4, 7, 6)), *w = rnd(dt, EM_SHAPE(6, 4 / g, 3, 2));
+  em_tensor *dx = C(x), *dw = C(w);
+  if (strided_x) dx = em_transpose(em_contiguous(em_transpose(dx, 2, 3)), 2, 3); /* same values, W-major */
+  bool half = dt == EM_F16 || dt == EM_BF16;
+  /* the CPU reference: f32 from the same (rounded) values for the half types */
+  em_tensor *rx = half ? em_cast(x, F) : x, *rw = half ? em_cast(w, F) : w;
+  em_tensor *y = em_conv2d(rx, rw, EM_NONE, p), *dy = em_conv2d(dx, dw, EM_NONE, p);
+  em_tensor *up = rnd(dt, em_ndim(y), em_sizes(y)), *rup = half ? em_cast(up, F) : up;
+  const int64_t hw[2] = {7, 6}, khw[2] = {3, 2};
+  em_tensor *gx = em_conv2d_backward_input(rup, rw, hw, p), *dgx = em_conv2d_backward_input(C(up), dw, hw, p);
+  em_tensor *gw = em_conv2d_backward_weight(rx, rup, khw, p), *dgw = em_conv2d_backward_weight(dx, C(up), khw, p);
+  if (half) y = em_cast(y, dt), gx = em_cast(gx, dt), gw = em_cast(gw, dt);
+  SAME(y, dy, tol);
+  SAME(gx, dgx, tol);
+  SAME(gw, dgw, tol);
+  em_scope_end();
+}
+
+ETEST(cuda_eager, convolutions_through_cudnn) {
+  em_manual_seed(17);
+  char why[256];
+  bool have = cu_dnn_available(why, sizeof why);
+  if (!cu_drv()->emulated && !have) cr_skip_test("cuDNN did not load on this GPU machine: %s", why);
+  cr_assert(have, "the emulator's cuDNN: %s", why);
+  em_conv2d_params ps[] = {EM_CONV2D_DEFAULT, {{2, 1}, {1, 2}, {1, 2}, 1}, {{1, 2}, {2, 1}, {2, 1}, 2}};
+  cu_emu_dnn_stats e0 = cu_emu_dnn_stats_get();
+  int64_t n0 = cu_dnn_convs();
+  for (int i = 0; i < 3; i++) {
+    conv_case(D, ps[i], i == 2, 1e-12);
+    conv_case(F, ps[i], i == 1, 1e-5);
+  }
+  /* f32 without TF32 (the default) runs on FMA math: no algorithm rounds operands to 10 bits */
+  if (cu_drv()->emulated) cr_assert_eq(cu_emu_dnn_stats_get().last_math, CU_DNN_FMA_MATH);
+  conv_case(EM_BF16, ps[2], false, 2e-2);
+  conv_case(EM_F16, ps[1], true, 5e-3);
+  int convs = 3 * 8; /* eight cases, three convolutions each */
+  int64_t ran = cu_dnn_convs() - n0;
+  cr_assert_eq(ran, convs, "cuDNN ran %lld of %d convolutions", (long long)ran, convs);
+  if (cu_drv()->emulated) {
+    cu_emu_dnn_stats e1 = cu_emu_dnn_stats_get();
+    for (int d = 0; d < 3; d++)
+      cr_assert_eq(e1.runs[d] - e0.runs[d], 8, "direction %d ran %lld times", d, (long long)(e1.runs[d] - e0.runs[d]));
+    cr_assert_eq(e1.heuristics - e0.heuristics, convs);
+    cr_assert_eq(e1.last_algo, 1, "the heuristic's first choice (with a workspace) ran");
+    cr_assert_eq(e1.last_math, CU_DNN_TENSOR_OP_MATH, "the half types may use tensor cores");
+  }
+  /* autograd reaches the gradients' prims through cuDNN too */
+  em_tensor *x = rnd(F, EM_SHAPE(1, 2, 5, 5)), *w = rnd(F, EM_SHAPE(3, 2, 3, 3));
+  em_tensor *dx = em_detach(C(x)), *dw = em_detach(C(w));
+  em_requires_grad_(x, true), em_requires_grad_(w, true), em_requires_grad_(dx, true), em_requires_grad_(dw, true);
+  n0 = cu_dnn_convs();
+  em_backward(em_sum(em_conv2d(x, w, EM_NONE, ps[1]), 0, NULL, false), NULL);
+  em_backward(em_sum(em_conv2d(dx, dw, EM_NONE, ps[1]), 0, NULL, false), NULL);
+  cr_assert_eq(cu_dnn_convs() - n0, 3);
+  SAME(em_get_grad(x), em_get_grad(dx), 1e-5);
+  SAME(em_get_grad(w), em_get_grad(dw), 1e-5);
+  /* off: im2col + GEMM gives the same, and cuDNN sees none of it */
+  em_cuda_set_cudnn_enabled(false);
+  n0 = cu_dnn_convs();
+  for (int i = 0; i < 3; i++) conv_case(F, ps[i], i == 1, 1e-5);
+  conv_case(EM_BF16, ps[2], false, 2e-2);
+  em_cuda_set_cudnn_enabled(true);
+  cr_assert_eq(cu_dnn_convs(), n0, "cuDNN ran while disabled");
+}
+
+/* The three convolutions captured into a CUDA graph (mode reduce-overhead): cuDNN's calls are
+ * recorded with their workspaces from the graph's pool, and each replay computes its own call's
+ * inputs. */
+static em_outputs conv_three(void *ctx, em_tensor *const *in, int n) {
+  (void)ctx, (void)n;
+  em_conv2d_params p = {{2, 1}, {1, 1}, {1, 1}, 2, EM_CONV_PAD_EXPLICIT};
+  const int64_t hw[2] = {7, 6}, khw[2] = {3, 2};
+  return EM_OUTPUTS(em_conv2d(in[0], in[1], EM_NONE, p), em_conv2d_backward_input(in[2], in[1], hw, p),
+                    em_conv2d_backward_weight(in[0], in[2], khw, p));
+}
+
+ETEST(cuda_eager, convolutions_through_cudnn_in_cuda_graphs) {
+  em_manual_seed(23);
+  char why[256];
+  if (!cu_drv()->emulated && !cu_dnn_available(why, sizeof why)) cr_skip_test("cuDNN did not load: %s", why);
+  em_tensor *w = rnd(F, EM_SHAPE(6, 2, 3, 2)), *up = rnd(F, EM_SHAPE(2, 6, 4, 7));
+  em_compiled *c = em_compile(conv_three, &(em_compile_options){.name = "conv_three", .mode = "reduce-overhead"});
+  for (int call = 0; call < 4; call++) {
+    em_tensor *x = rnd(F, EM_SHAPE(2, 4, 7, 6));
+    int64_t n0 = cu_dnn_convs();
+    em_outputs o = em_call(c, NULL, C(x), C(w), C(up));
+    cr_assert(o.n == 3 && o.t[0] && o.t[1] && o.t[2], "call %d: %s", call, em_last_error());
+    em_outputs want = conv_three(NULL, (em_tensor *[]){x, w, up}, 3);
+    for (int i = 0; i < 3; i++) SAME(want.t[i], o.t[i], 1e-5);
+    if (call > 1) cr_assert_eq(cu_dnn_convs(), n0, "call %d: replayed, cuDNN not called again", call);
+  }
+  cr_assert_geq(em_compiled_stats(c).cuda_graph_replays, 2);
+  em_compiled_free(c);
+}
+
+/* A compiled CUDA step whose optimizer has state from eager steps before: AdamW's step counts
+ * are 0-dim f64 CPU tensors (as PyTorch's), updated by the graph on the device and written back
+ * to the CPU (frontend/compile.c, write_back). */
+typedef struct adamw_ctx { em_tensor *w; em_optimizer *opt; } adamw_ctx;
+static em_outputs adamw_step_fn(void *ctx, em_tensor *const *in, int n) {
+  (void)n;
+  adamw_ctx *a = ctx;
+  em_tensor *h = em_matmul(in[0], a->w), *l = em_sum(em_mul(h, h), 0, NULL, false);
+  em_optimizer_zero_grad(a->opt);
+  if (!l || !em_backward(l, NULL) || !em_optimizer_step(a->opt)) return EM_OUTPUTS(NULL);
+  return EM_OUTPUTS(l);
+}
+
+ETEST(cuda_eager, compiled_adamw_after_eager_steps) {
+  em_manual_seed(19);
+  em_tensor *w0 = rnd(F, EM_SHAPE(4, 3)), *x = C(rnd(F, EM_SHAPE(5, 4)));
+  adamw_ctx a[2];
+  for (int k = 0; k < 2; k++) {
+    a[k].w = em_requires_grad_(em_detach(C(w0)), true);
+    a[k].opt = em_adamw_new(1, &a[k].w, ((em_adamw_opts){1e-2, 0.9, 0.999, 1e-8, 1e-2, false}));
+    cr_assert(a[k].opt && adamw_step_fn(&a[k], &x, 1).t[0], "%s", em_last_error()); /* the state exists */
+  }
+  em_compiled *c = em_compile(adamw_step_fn, &(em_compile_options){.name = "adamw_step"});
+  cr_assert_not_null(c);
+  for (int s = 0; s < 3; s++) {
+    em_tensor *le = adamw_step_fn(&a[0], &x, 1).t[0], *lc = em_call_n(c, &a[1], 1, &x).t[0];
+    cr_assert(le && lc, "step %d: %s", s, em_last_error());
+    SAME(em_to(le, EM_CPU), lc, 1e-5);
+    SAME(em_to(a[0].w, EM_CPU), a[1].w, 1e-5);
+  }
+  em_compiled_free(c);
+  for (int k = 0; k < 2; k++) em_optimizer_free(a[k].opt);
+}
+
 ETEST(cuda_eager, autograd_through_composites) {
   em_manual_seed(8);
   em_tensor *x = rnd(F, EM_SHAPE(6, 10)), *w = rnd(F, EM_SHAPE(10)), *b = rnd(F, EM_SHAPE(10));

@@ -238,6 +238,9 @@ def main():
         f"{args.contention} busy processes beside each run")
 
     configs = [c for c in CONFIGS if c[0] in systems]
+    if args.device == "cuda" and "ember" in systems:  # Ember compiled in each of em_compile's modes (issue 19)
+        configs += [("ember", "reduce-overhead", "Ember em_compile reduce-overhead"),
+                    ("ember", "max-autotune", "Ember em_compile max-autotune")]
     results = {}  # (workload, system, mode) -> list of run outputs
     for rnd in range(args.rounds):
         for w in workloads:
