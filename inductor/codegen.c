@@ -829,9 +829,6 @@ typedef struct rowgen {
   LLVMValueRef *base, *rowoff, *rowval, *vals, scratch, acc_v[64][4], acc_s[64];
   int n_acc, acc_of[64];
   int W; /* vector lanes: LANES, LANES / 2 when the kernel holds an f64 value */
-  struct online_sum *online; /* [n_acc] see online_match; n_online of them */
-  int n_online;
-  LLVMValueRef *tmpv; /* [n_values] operands of the online update's nodes */
 } rowgen;
 
 /* a op x for the accumulator a: a NaN in x or in a stays (torch.amax propagates NaN); the chain
@@ -845,179 +842,6 @@ static LLVMValueRef combine(cg *c, em_prim op, LLVMValueRef a, LLVMValueRef x) {
 
 
 
-
-/* ---- online softmax (issue 20) ----
- * softmax's row kernel made three passes over a row: the max m, the sum of e = exp(x - f(m))
- * (f(m) = m, or 0 where m is -inf: composite.c's shifted), then e / sum, e spilled to scratch
- * between the last two. Where a kernel holds
- *     A = amax(X); M = f(A) (per row: detach, and eq(., -inf) / where(., 0, .) on it);
- *     D = sub(X, expand(M)); E = exp(D); S = sum(E)
- * S accumulates in A's pass instead, against the running maximum of each accumulator lane:
- *     m' = max(m, x); s' = s exp(f(m) - f(m')) + exp(x - f(m'))
- * (s = 0 stays 0: f(-inf) = 0 would otherwise give 0 * inf), and the lanes join as
- * sum_l s_l exp(f(m_l) - f(m)). E and D are then made in the pass that reads them, so the row
- * kernel runs two passes and spills nothing. The sum rounds otherwise than eager's (one more
- * rounding a rescale); NaN and +inf give NaN as there. */
-static LLVMValueRef row_get(rowgen *r, int v, int pass, LLVMValueRef j, int w);
-
-typedef struct online_sum {
-  int amax, sum;  /* their accumulators */
-  int x, y;       /* X, expand(M): D's operands */
-  int d, e;       /* the nodes D and E (indices into g->nodes) */
-  int chain[4], n_chain; /* f's nodes, in order, from A to M */
-} online_sum;
-
-static bool online_enabled(void) {
-  const char *e = getenv("EMBER_ONLINE_SOFTMAX");
-  return !e || strcmp(e, "0");
-}
-
-static const ir_node *node_of(const ir_graph *g, int v) {
-  for (int i = 0; i < g->n_nodes; i++)
-    if (g->nodes[i].out == v) return &g->nodes[i];
-  return NULL;
-}
-
-/* Whether v is a constant (a full, through expands, reshapes and detaches) equal to want. */
-static bool constant_is(const ir_graph *g, int v, double want) {
-  for (const ir_node *n = node_of(g, v); n; n = node_of(g, ir_operands(g, n)[0])) {
-    if (n->op == EM_PRIM_FULL) return n->attrs.value == want || (isnan(want) && isnan(n->attrs.value));
-    if (n->op != EM_PRIM_EXPAND && n->op != EM_PRIM_RESHAPE && n->op != EM_PRIM_DETACH) return false;
-  }
-  return false;
-}
-
-/* The kernel's node making v, or NULL. */
-static const ir_node *kernel_node(const rowgen *r, int v) {
-  for (int i = 0; i < r->k->n_nodes; i++)
-    if (r->g->nodes[r->k->nodes[i]].out == v) return &r->g->nodes[r->k->nodes[i]];
-  return NULL;
-}
-
-/* Sum reduction n as the pattern above: fills o (but its sum and amax accumulators) and returns
- * the amax node's value, or -1. */
-static int online_match(const rowgen *r, const ir_node *n, online_sum *o) {
-  const ir_graph *g = r->g;
-  if (n->op != EM_PRIM_SUM) return -1;
-  const ir_node *e = kernel_node(r, ir_operands(g, n)[0]);
-  if (!e || e->op != EM_PRIM_EXP || r->kind[e->out] != K_FULL) return -1;
-  const ir_node *d = kernel_node(r, ir_operands(g, e)[0]);
-  if (!d || d->op != EM_PRIM_SUB || r->kind[d->out] != K_FULL) return -1;
-  int x = ir_operands(g, d)[0], y = ir_operands(g, d)[1];
-  const ir_node *ex = kernel_node(r, y);
-  if (!ex || ex->op != EM_PRIM_EXPAND) return -1;
-  /* M: detach(A), or where(eq(t, -inf), 0, t) with t = detach(A) */
-  int m = ir_operands(g, ex)[0], n_chain = 0;
-  const ir_node *chain[3];
-  const ir_node *w = kernel_node(r, m);
-  if (w && w->op == EM_PRIM_WHERE) {
-    const int *wo = ir_operands(g, w);
-    const ir_node *eq = kernel_node(r, wo[0]);
-    if (!eq || eq->op != EM_PRIM_EQ || ir_operands(g, eq)[0] != wo[2] ||
-        !constant_is(g, ir_operands(g, eq)[1], -INFINITY) || !constant_is(g, wo[1], 0))
-      return -1;
-    chain[1] = eq, chain[2] = w, n_chain = 3;
-    m = wo[2];
-  } else {
-    n_chain = 1;
-  }
-  const ir_node *det = kernel_node(r, m);
-  if (!det || det->op != EM_PRIM_DETACH) return -1;
-  chain[0] = det;
-  const ir_node *a = kernel_node(r, ir_operands(g, det)[0]);
-  if (!a || a->op != EM_PRIM_AMAX || trailing_reduction(g, a) < 0 || ir_operands(g, a)[0] != x ||
-      r->red_pass[a->out] < 0)
-    return -1;
-  if (g->values[x].type.dtype != g->values[n->out].type.dtype || !is_float(g->values[x].type.dtype)) return -1;
-  for (int i = 0; i < n_chain; i++) {
-    if (r->kind[chain[i]->out] != K_ROW) return -1;
-    o->chain[i] = (int)(chain[i] - g->nodes);
-  }
-  o->n_chain = n_chain, o->x = x, o->y = y, o->d = (int)(d - g->nodes), o->e = (int)(e - g->nodes);
-  return a->out;
-}
-
-/* f(m) of pair o, w lanes (m: A's value in w lanes) */
-static LLVMValueRef online_shift(rowgen *r, const online_sum *o, LLVMValueRef m, int w) {
-  const ir_graph *g = r->g;
-  int a = r->acc_of[o->amax];
-  r->tmpv[a] = m;
-  int last = a;
-  for (int i = 0; i < o->n_chain; i++) {
-    const ir_node *n = &g->nodes[o->chain[i]];
-    const int *op = ir_operands(g, n);
-    bool in_chain[3] = {0};
-    for (int k = 0; k < n->n_in; k++) {
-      in_chain[k] = op[k] == a;
-      for (int q = 0; q < i; q++) in_chain[k] |= op[k] == g->nodes[o->chain[q]].out;
-    }
-    for (int k = 0; k < n->n_in; k++)
-      if (!in_chain[k]) r->tmpv[op[k]] = splat(r->c, r->rowval[op[k]], w);
-    r->tmpv[n->out] = emit_node(r->c, g, n, r->tmpv, w);
-    last = n->out;
-  }
-  return r->tmpv[last];
-}
-
-/* exp(x - m) as the kernel's own D and E nodes compute it, w lanes */
-static LLVMValueRef online_exp(rowgen *r, const online_sum *o, LLVMValueRef x, LLVMValueRef m) {
-  const ir_graph *g = r->g;
-  const ir_node *d = &g->nodes[o->d], *e = &g->nodes[o->e];
-  int w = LLVMGetTypeKind(LLVMTypeOf(x)) == LLVMVectorTypeKind ? (int)LLVMGetVectorSize(LLVMTypeOf(x)) : 1;
-  r->tmpv[o->x] = x, r->tmpv[o->y] = m;
-  r->tmpv[d->out] = emit_node(r->c, g, d, r->tmpv, w);
-  return emit_node(r->c, g, e, r->tmpv, w);
-}
-
-/* s exp(f(m) - fm) for an accumulator lane set (s, m): 0 where s is 0 */
-static LLVMValueRef online_rescale(rowgen *r, const online_sum *o, LLVMValueRef s, LLVMValueRef m, LLVMValueRef fm,
-                                   int w) {
-  LLVMBuilderRef b = r->c->b;
-  LLVMValueRef t = LLVMBuildFMul(b, s, online_exp(r, o, online_shift(r, o, m, w), fm), "");
-  return LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealOEQ, s, LLVMConstNull(LLVMTypeOf(s)), ""), s, t, "");
-}
-
-/* The step of pair o at column j: m' = max(m, x), s' = s exp(f(m) - f(m')) + exp(x - f(m')). */
-static void online_step(rowgen *r, const online_sum *o, int pass, LLVMValueRef j, int w, int u) {
-  cg *c = r->c;
-  const ir_graph *g = r->g;
-  LLVMTypeRef t = lanes_of(elem_type(c, g->values[o->x].type.dtype), w);
-  LLVMValueRef ms = w > 1 ? r->acc_v[o->amax][u] : r->acc_s[o->amax];
-  LLVMValueRef ss = w > 1 ? r->acc_v[o->sum][u] : r->acc_s[o->sum];
-  LLVMValueRef m = LLVMBuildLoad2(c->b, t, ms, ""), s = LLVMBuildLoad2(c->b, t, ss, "");
-  LLVMValueRef x = row_get(r, o->x, pass, j, w);
-  LLVMValueRef mn = combine(c, EM_PRIM_AMAX, m, x), fmn = online_shift(r, o, mn, w);
-  LLVMValueRef sn = LLVMBuildFAdd(c->b, online_rescale(r, o, s, m, fmn, w), online_exp(r, o, x, fmn), "");
-  LLVMBuildStore(c->b, mn, ms);
-  LLVMBuildStore(c->b, sn, ss);
-}
-
-/* The finished sum of pair o, once its amax's row value is known: the accumulators' lanes in
- * order, then the tail's, each rescaled to f(max). */
-static LLVMValueRef online_finish(rowgen *r, const online_sum *o) {
-  cg *c = r->c;
-  LLVMBuilderRef b = c->b;
-  int W = r->W;
-  LLVMTypeRef et = elem_type(c, r->g->values[o->x].type.dtype), vt = lanes_of(et, W);
-  LLVMValueRef fm = online_shift(r, o, r->rowval[r->acc_of[o->amax]], 1), fmv = splat(c, fm, W), sv = NULL;
-  for (int u = 0; u < UNROLL; u++) {
-    LLVMValueRef t = online_rescale(r, o, LLVMBuildLoad2(b, vt, r->acc_v[o->sum][u], ""),
-                                    LLVMBuildLoad2(b, vt, r->acc_v[o->amax][u], ""), fmv, W);
-    sv = sv ? LLVMBuildFAdd(b, sv, t, "") : t;
-  }
-  LLVMValueRef x = LLVMConstReal(et, 0);
-  for (int l = 0; l < W; l++)
-    x = LLVMBuildFAdd(b, x, LLVMBuildExtractElement(b, sv, LLVMConstInt(c->i64, (unsigned)l, 0), ""), "");
-  return LLVMBuildFAdd(b, x, online_rescale(r, o, LLVMBuildLoad2(b, et, r->acc_s[o->sum], ""),
-                                            LLVMBuildLoad2(b, et, r->acc_s[o->amax], ""), fm, 1), "");
-}
-
-/* The pair whose sum (sum_side) or amax accumulates into accumulator a, or NULL. */
-static const online_sum *online_of(const rowgen *r, int a, bool sum_side) {
-  for (int i = 0; i < r->n_online; i++)
-    if ((sum_side ? r->online[i].sum : r->online[i].amax) == a) return &r->online[i];
-  return NULL;
-}
 
 /* The start of v's scratch row. Rows are cols floats apart whatever v's dtype: indexing the
  * scratch in v's own element type (bytes for bool) made a bool row overlap the float rows
@@ -1070,12 +894,6 @@ static void row_body(rowgen *r, int pass, LLVMValueRef j, int w, int u) {
     if (r->red_pass[n->out] == pass) {
       int a = 0;
       while (r->acc_of[a] != n->out) a++;
-      if (online_of(r, a, true)) continue; /* accumulates with its amax */
-      const online_sum *o = online_of(r, a, false);
-      if (o) {
-        online_step(r, o, pass, j, w, u);
-        continue;
-      }
       LLVMValueRef slot = w > 1 ? r->acc_v[a][u] : r->acc_s[a];
       LLVMValueRef acc = LLVMBuildLoad2(c->b, lanes_of(elem_type(c, g->values[n->out].type.dtype), w), slot, "");
       LLVMBuildStore(c->b, combine(c, n->op, acc, row_get(r, ir_operands(g, n)[0], pass, j, w)), slot);
@@ -1132,11 +950,7 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
   r.rowoff = calloc((size_t)nb + 1, sizeof(LLVMValueRef));
   r.rowval = calloc((size_t)nv + 1, sizeof(LLVMValueRef));
   r.vals = calloc((size_t)nv + 1, sizeof(LLVMValueRef));
-  r.tmpv = calloc((size_t)nv + 1, sizeof(LLVMValueRef));
-  r.online = calloc(64, sizeof(online_sum));
-  bool ok;
-  ok = r.tmpv && r.online;
-  ok = ok && mine && r.avail && r.red_pass && r.spill && r.buf && r.is_full_buf && r.inner && outer && r.base &&
+  bool ok = mine && r.avail && r.red_pass && r.spill && r.buf && r.is_full_buf && r.inner && outer && r.base &&
             r.rowoff && r.rowval && r.vals;
   if (!ok) ir_fail(err, cap, "out of memory");
   int passes = 0;
@@ -1150,19 +964,8 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
       if (r.avail[u] > a) a = r.avail[u];
     }
     if (trailing_reduction(g, n) >= 0) {
-      if (r.n_acc == 64) {
-        ok = ir_fail(err, cap, "more than 64 reductions in one kernel");
-        break;
-      }
-      online_sum *o = &r.online[r.n_online];
-      int am = online_enabled() ? online_match(&r, n, o) : -1;
-      if (am >= 0) { /* accumulates in its amax's pass */
-        o->sum = r.n_acc, o->amax = 0;
-        while (r.acc_of[o->amax] != am) o->amax++;
-        r.n_online++;
-        a = r.red_pass[am];
-      }
-      r.acc_of[r.n_acc++] = n->out;
+      if (r.n_acc == 64) ok = ir_fail(err, cap, "more than 64 reductions in one kernel");
+      else r.acc_of[r.n_acc++] = n->out;
       r.red_pass[n->out] = a, r.avail[n->out] = a + 1;
       if (a + 1 > passes) passes = a + 1;
     } else {
@@ -1244,12 +1047,7 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
         if (!here) continue;
         sappend(&t, &len, "        ");
         node_text(&t, &len, g, n);
-        if (r.red_pass[n->out] >= 0) {
-          int a = 0;
-          while (r.acc_of[a] != n->out) a++;
-          sappend(&t, &len, online_of(&r, a, true) ? " (online: accumulated over j against the running amax)"
-                                                   : " (accumulated over j)");
-        }
+        if (r.red_pass[n->out] >= 0) sappend(&t, &len, " (accumulated over j)");
         if (r.spill[n->out] >= 0) sappend(&t, &len, " -> scratch%d[j]", r.spill[n->out]);
         if (r.buf[n->out] >= 0 && r.buf[n->out] < k->n_out && kind[n->out] == K_FULL) sappend(&t, &len, " -> out%d", r.buf[n->out]);
         sappend(&t, &len, "\n");
@@ -1370,7 +1168,7 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
     LLVMPositionBuilderAtEnd(b, done_bb);
     for (int a = 0; a < r.n_acc; a++) { /* finished reductions: lanes in order, then the tail */
       int v = r.acc_of[a];
-      if (r.red_pass[v] != pass || online_of(&r, a, true)) continue;
+      if (r.red_pass[v] != pass) continue;
       em_prim op = EM_PRIM_SUM;
       for (int i = 0; i < k->n_nodes; i++)
         if (g->nodes[k->nodes[i]].out == v) op = g->nodes[k->nodes[i]].op;
@@ -1381,9 +1179,6 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
         x = combine(c, op, x, LLVMBuildExtractElement(b, av, LLVMConstInt(c->i64, (unsigned)l, 0), ""));
       r.rowval[v] = combine(c, op, x, LLVMBuildLoad2(b, et, r.acc_s[a], ""));
     }
-    for (int i = 0; i < r.n_online; i++) /* online sums, once their amax is known */
-      if (r.red_pass[r.acc_of[r.online[i].sum]] == pass)
-        r.rowval[r.acc_of[r.online[i].sum]] = online_finish(&r, &r.online[i]);
   }
   row_scalars(&r, passes);
   for (int o = 0; o < k->n_out; o++) /* per-row outputs */
@@ -1399,6 +1194,6 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
   ok = table_end(c, k, err, cap);
 done:
   free(r.avail), free(r.red_pass), free(r.spill), free(r.buf), free(r.is_full_buf), free(r.inner), free(outer);
-  free(r.base), free(r.rowoff), free(r.rowval), free(r.vals), free(r.tmpv), free(r.online), free(mine);
+  free(r.base), free(r.rowoff), free(r.rowval), free(r.vals), free(mine);
   return ok;
 }
