@@ -170,15 +170,16 @@ static LLVMValueRef intrinsic(cg *c, const char *name, LLVMValueRef x) {
  * fast f32 tanh and erf (the same coefficients), rendered as LLVM instructions: about 15
  * multiply-adds and one division a vector, no call. Each lane computes the same instructions at
  * any width, so an element's bits do not depend on the vector body or the tail. Measured over
- * every f32 (the 2^32 bit patterns; tests/test_inductor.c's fast_tanh_and_erf sweeps them
+ * every f32 (the 2^32 bit patterns; tests/test_inductor.c's inline_tanh_and_erf test sweeps them
  * densely against eager): tanh within 4.95 ULP and 2.95e-7 of the exact value, erf within 7.5
  * ULP and 4.5e-7 (erf(x) ~ 1.128 x is computed as x times the quotient, so tiny and subnormal x
  * keep their precision); from eager's SLEEF u10 results tanh 5 ULP and 3.0e-7, erf 7 ULP and
  * 4.2e-7: under 1/25 of the f32 tolerance of torch.testing (atol 1e-5, rtol 1.3e-6) and under
  * the fuzzer's atol 1e-6. NaN stays NaN,
  * +-inf gives +-1, +-0 gives +-0. f64 keeps SLEEF's u10 functions (eager f64 runs libm). */
+/* a b + d, one rounding (as the exhaustive measurements and SLEEF's FMA builds) */
 static LLVMValueRef fmuladd(cg *c, LLVMValueRef a, LLVMValueRef b, LLVMValueRef d) {
-  const char *nm = "llvm.fmuladd";
+  const char *nm = "llvm.fma";
   unsigned id = LLVMLookupIntrinsicID(nm, strlen(nm));
   LLVMTypeRef t = LLVMTypeOf(a);
   LLVMValueRef f = LLVMGetIntrinsicDeclaration(c->mod, id, &t, 1), args[3] = {a, b, d};
@@ -220,6 +221,39 @@ static LLVMValueRef fast_tanh_f32(cg *c, LLVMValueRef a, int w) {
   return LLVMBuildSelect(b, tiny, a, r, "");
 }
 
+/* f32 exp: SLEEF's expf u10 algorithm (the function eager calls) instruction for instruction,
+ * inline: q = rint(x / ln 2), s = x - q ln 2 in two FMAs, a degree-6 polynomial, times 2^q as
+ * two powers of two (subnormal results), 0 below -104 and inf above 100. Over all 2^32 f32
+ * inputs it gives eager's Sleef_expf16_u10 bits (NaN for NaN): the call cost a GELU's
+ * backward as much as the rest of its kernel on 8 lanes. */
+static LLVMValueRef fast_exp_f32(cg *c, LLVMValueRef d, int w) {
+  static const float poly[] = {0.000198527617612853646278381f, 0.00139304355252534151077271f,
+                               0.00833336077630519866943359f, 0.0416664853692054748535156f,
+                               0.166666671633720397949219f, 0.5f};
+  LLVMBuilderRef b = c->b;
+  LLVMTypeRef i32 = lanes_of(LLVMInt32TypeInContext(c->ctx), w), f32 = lanes_of(c->f32, w);
+  LLVMValueRef t = LLVMBuildFMul(b, d, dconst(c, EM_F32, 1.442695040888963407359924681001892137426645954152985934135449f, w), "");
+  LLVMValueRef lo = dconst(c, EM_F32, -200, w), hi = dconst(c, EM_F32, 200, w);
+  t = LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealOGT, t, lo, ""), t, lo, ""); /* NaN too: q is defined */
+  t = LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealOGT, t, hi, ""), hi, t, "");
+  LLVMValueRef qf = intrinsic(c, "llvm.rint", t), q = LLVMBuildFPToSI(b, qf, i32, "");
+  LLVMValueRef s = fmuladd(c, qf, dconst(c, EM_F32, -0.693145751953125f, w), d);
+  s = fmuladd(c, qf, dconst(c, EM_F32, -1.428606765330187045e-06f, w), s);
+  LLVMValueRef u = horner_f32(c, s, poly, 6, w);
+  u = LLVMBuildFAdd(b, dconst(c, EM_F32, 1, w), fmuladd(c, LLVMBuildFMul(b, s, s, ""), u, s), "");
+  LLVMValueRef q1 = LLVMBuildAShr(b, q, splat(c, LLVMConstInt(LLVMInt32TypeInContext(c->ctx), 1, 0), w), "");
+  LLVMValueRef qs[2] = {q1, LLVMBuildSub(b, q, q1, "")};
+  for (int k = 0; k < 2; k++) { /* u * 2^qs[k]: the exponent field of a float */
+    LLVMValueRef e = LLVMBuildAdd(b, qs[k], splat(c, LLVMConstInt(LLVMInt32TypeInContext(c->ctx), 0x7f, 0), w), "");
+    e = LLVMBuildShl(b, e, splat(c, LLVMConstInt(LLVMInt32TypeInContext(c->ctx), 23, 0), w), "");
+    u = LLVMBuildFMul(b, u, LLVMBuildBitCast(b, e, f32, ""), "");
+  }
+  LLVMValueRef under = LLVMBuildFCmp(b, LLVMRealOLT, d, dconst(c, EM_F32, -104, w), "");
+  LLVMValueRef over = LLVMBuildFCmp(b, LLVMRealOLT, dconst(c, EM_F32, 100, w), d, "");
+  u = LLVMBuildSelect(b, under, dconst(c, EM_F32, 0, w), u, "");
+  return LLVMBuildSelect(b, over, dconst(c, EM_F32, INFINITY, w), u, "");
+}
+
 static LLVMValueRef fast_erf_f32(cg *c, LLVMValueRef a, int w) {
   static const float num[] = {-2.72614225801306e-10f, 2.77068142495902e-08f, -2.10102402082508e-06f,
                               -5.69250639462346e-05f, -7.34990630326855e-04f, -2.95459980854025e-03f,
@@ -235,7 +269,7 @@ static LLVMValueRef fast_erf_f32(cg *c, LLVMValueRef a, int w) {
 
 /* exp, log, ...: SLEEF's u10 vector functions (1.0 ULP; the ones the eager kernels call), in the
  * vector body and, on a broadcast, in the scalar tail; libm without SLEEF. f32 tanh and erf are
- * inline rational functions instead (above).
+ * inline rational functions instead, f32 exp SLEEF's own algorithm inline (above).
  * f64 (dt): SLEEF's f64 u10 functions over LANES / 2 lanes, tanh included: eager f64 runs glibc's
  * libm (under 1 ULP), and u10 is the class that matches it. An f32 value in a kernel of f64
  * lanes (w below LANES) goes through the same LANES-wide f32 function, its lanes widened and
@@ -248,6 +282,7 @@ static LLVMValueRef transcendental(cg *c, prim_sop op, LLVMValueRef *x, int n, i
   LLVMTypeRef et = f64 ? c->f64 : c->f32;
   if (!f64 && op == SOP_TANH) return fast_tanh_f32(c, x[0], w);
   if (!f64 && op == SOP_ERF) return fast_erf_f32(c, x[0], w);
+  if (!f64 && op == SOP_EXP) return fast_exp_f32(c, x[0], w);
 #ifdef EMBER_HAVE_SLEEF
   /* the scalar tail calls the same vector function on a broadcast and takes lane 0, so an
    * element's result does not depend on whether it fell in the vector body or the tail (with
