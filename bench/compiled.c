@@ -11,13 +11,15 @@
  *     bf16 autocast (em_autocast_begin), as the mission's issue 19 asks; --gpt2-layers,
  *     --gpt2-d, --gpt2-heads, --gpt2-ctx, --gpt2-batch and --gpt2-vocab shrink it (the host
  *     emulator cannot run the full size in reasonable time), --rows the row kernels' rows.
+ *   - GELU (tanh and erf forms) over [2048, 1024], forward alone and forward plus backward
+ *     (issue 20), against memcpy of the bytes they must read and write.
  * Figures per workload: ms per step eager and compiled (medians of alternated runs in one
  * process) and their ratio, generated kernels run per step, cold compile ms (first call:
  * trace, AOT, lowering, LLVM, JIT, and that first run; also less a compiled step's time), warm
  * compile ms (the same in a new process, kernels loaded from the disk cache this run wrote),
  * peak bytes of live tensor storage during a step, compiled and eager.
  * --json: one JSON object per figure. --only NAME runs one workload (for profiling).
- * softmax and layer_norm also report memcpy of the same bytes, alternated with their runs.
+ * softmax, layer_norm and the GELUs also report memcpy of the same bytes, alternated with their runs.
  * --device cuda: everything on the GPU (each timed call ends with em_cuda_synchronize; the
  * copy baseline is a device-to-device clone of the same bytes; peaks are the device allocator's).
  * On CUDA the row kernels' GB/s is also given as a fraction of the issue's target, 85% of the
@@ -221,6 +223,15 @@ static em_outputs layer_norm_fn(void *ctx, em_tensor *const *in, int n) {
   em_tensor **wb = ctx;
   return EM_OUTPUTS(em_layer_norm(in[0], 1, wb[0], wb[1], 1e-5));
 }
+/* GELU alone (forward) and forward plus backward (the gradient of y against an upstream g), the
+ * pointwise kernels of a transformer's MLP (issue 20): both forms, f32 [2048, 1024]. */
+static char tanh_form; /* its address as ctx: the tanh form */
+static em_outputs gelu_fn(void *ctx, em_tensor *const *in, int n) { return EM_OUTPUTS(em_gelu(in[0], ctx != NULL)); }
+static em_outputs gelu_grad_fn(void *ctx, em_tensor *const *in, int n) {
+  em_tensor *y = em_gelu(in[0], ctx != NULL), *gx = NULL;
+  if (!y || !em_grad(1, &y, &in[1], 1, &in[0], &gx, false, false)) return EM_OUTPUTS(NULL);
+  return EM_OUTPUTS(y, gx);
+}
 static em_outputs transformer_loss(void *ctx, em_tensor *const *in, int n) { return transformer_fn(ctx, in, n); }
 
 /* ---- a GPT-2-small-shaped training step (CUDA) ----
@@ -389,6 +400,18 @@ int main(int argc, char **argv) {
     run("softmax", softmax_fn, NULL, &x, 1, bytes);
     run("layer_norm", layer_norm_fn, wb, &x, 1, bytes);
     em_no_grad_end();
+  }
+  {
+    em_tensor *x = em_randn(EM_F32, EM_SHAPE(2048, 1024)), *g = em_randn(EM_F32, EM_SHAPE(2048, 1024));
+    double bytes = 2.0 * 2048 * 1024 * 4; /* x read, y written */
+    em_no_grad_begin();
+    run("gelu_tanh", gelu_fn, &tanh_form, &x, 1, bytes);
+    run("gelu_erf", gelu_fn, NULL, &x, 1, bytes);
+    em_no_grad_end();
+    em_requires_grad_(x, true);
+    /* x and g read, y and the gradient written: the least a fused forward and backward moves */
+    run("gelu_tanh_grad", gelu_grad_fn, &tanh_form, (em_tensor *[]){x, g}, 2, 2 * bytes);
+    run("gelu_erf_grad", gelu_grad_fn, NULL, (em_tensor *[]){x, g}, 2, 2 * bytes);
   }
   em_scope_end();
   em_thread_cleanup();

@@ -14,6 +14,7 @@
  * oneDNN or OpenBLAS (meson options onednn, blas) the reference loops run instead, so the
  * library always builds. */
 #include "prims.h"
+#include "fast_f32.h"
 
 #include <limits.h>
 #include <math.h>
@@ -336,13 +337,12 @@ static tile tile_of(const gemm_tiles *t, int64_t q) {
  *
  * act(y [+ bias]) on a block of the product y (rows x cols, leading dimension ld) into the same
  * block of dst (y itself, or another buffer when the product is kept too), with eager's f32
- * operations in eager's order (runtime/composite.c: em_relu, em_gelu) and SLEEF's vector
- * functions as the generated kernels call them (inductor/codegen.c, transcendental): erf u10,
- * eager's too, and tanh u35, the generated kernels' (3.5 ULP; u10 made the epilogue slower than
- * the kernel it replaces: the transformer's inference step took 49.8 ms of CPU time against 45.7
- * unfused). A row's tail is padded into a vector, so an element's bits do not depend on its
- * column: the results are those of the generated kernel the epilogue stands for (and eager's,
- * but for the tanh). The bias is added to the rounded product, as eager's add does (no fused
+ * operations in eager's order (runtime/composite.c: em_relu, em_gelu) and the tanh and erf of the
+ * generated kernels (prims/fast_f32.h: the same rational functions, the same fused multiply-adds;
+ * SLEEF's tanh u10, eager's, made the epilogue slower than the kernel it replaces: the
+ * transformer's inference step took 49.8 ms of CPU time against 45.7 unfused). A row's tail is
+ * padded into a vector, so an element's bits do not depend on its column: the results are those
+ * of the generated kernel the epilogue stands for (and eager's for the bias and ReLU). The bias is added to the rounded product, as eager's add does (no fused
  * multiply-add: C11 mode compiles with -ffp-contract=off). It runs on each tile of a GEMM right
  * after the library wrote it: the tile (about TILE_WORK / k floats, at most a few hundred KiB)
  * is still in cache, so the epilogue makes no pass over the product in memory, where a separate
@@ -363,7 +363,8 @@ static tile tile_of(const gemm_tiles *t, int64_t q) {
  * thread count. The faster GEMM core is a case for moving every f32 GEMM to the primitive, a
  * change of its own (it changes eager's bits too), after which this epilogue runs on its tiles
  * as it runs on sgemm's. */
-#ifdef EMBER_HAVE_SLEEF
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
 /* One row loop per vector width, from one body: LANES lanes of type V, the tail padded. */
 #define EPI_BLOCK(NAME, V, LANES, LOAD, STORE, SET1, ADD, MUL, RELU, TANH, ERF)                                  \
   static V NAME##_act(V h, prim_activation act) {                                                              \
@@ -401,19 +402,55 @@ static tile tile_of(const gemm_tiles *t, int64_t q) {
 
 /* where(h <= 0, 0, h): NaN stays */
 static __m256 relu8(__m256 h) { return _mm256_andnot_ps(_mm256_cmp_ps(h, _mm256_setzero_ps(), _CMP_LE_OQ), h); }
-EPI_BLOCK(epilogue_block8, __m256, 8, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_add_ps, _mm256_mul_ps,
-          relu8, Sleef_tanhf8_u35, Sleef_erff8_u10)
 
-/* 16 lanes where the build and EMBER_CPU_ISA allow AVX-512 (em_cpu_isa): SLEEF's 16-lane functions
- * give the 8-lane ones' bits (tanh u10 and erf u10 checked on every 97th f32 bit pattern, 708
- * million values; tanh u35 against the 8-lane kernels by the tests) at about half the cost, and
- * the tanh is most of a GELU epilogue's work. */
+/* The generated kernels' tanh and erf (inductor/codegen.c: fast_tanh_f32, fast_erf_f32), the
+ * same instructions in the same order, so the same bits: a clamp that lets NaN through, Horner's
+ * rule in fused multiply-adds, one division. */
+#define FAST_F32(NAME, V, SET1, MUL, DIV, FMA, SEL, GT, LT, ABS)                                                \
+  static V NAME##_horner(V t, const float *k, int n) {                                                         \
+    V p = SET1(k[0]);                                                                                          \
+    for (int i = 1; i < n; i++) p = FMA(p, t, SET1(k[i]));                                                     \
+    return p;                                                                                                  \
+  }                                                                                                            \
+  static V NAME##_clamp(V a, float lim) {                                                                      \
+    V x = SEL(GT(a, SET1(lim)), SET1(lim), a);                                                                 \
+    return SEL(LT(x, SET1(-lim)), SET1(-lim), x);                                                              \
+  }                                                                                                            \
+  static V NAME##_tanh(V a) {                                                                                  \
+    V x = NAME##_clamp(a, FAST_TANH_LIM), x2 = MUL(x, x);                                                      \
+    V q = DIV(NAME##_horner(x2, fast_tanh_num, 7), NAME##_horner(x2, fast_tanh_den, 4));                       \
+    V abs = ABS(a), sign1 = SEL(GT(a, SET1(0.0f)), SET1(1.0f), SET1(-1.0f));                                   \
+    V r = SEL(GT(abs, SET1(FAST_TANH_LIM)), sign1, MUL(x, q));                                                 \
+    return SEL(LT(abs, SET1(FAST_TANH_TINY)), a, r);                                                           \
+  }                                                                                                            \
+  static V NAME##_erf(V a) {                                                                                   \
+    V x = NAME##_clamp(a, FAST_ERF_LIM), x2 = MUL(x, x);                                                       \
+    return MUL(x, DIV(NAME##_horner(x2, fast_erf_num, 7), NAME##_horner(x2, fast_erf_den, 5)));                \
+  }
+
+/* SEL(m, a, b): a where m, else b */
+#define SEL8(m, a, b) _mm256_blendv_ps((b), (a), (m))
+#define GT8(a, b) _mm256_cmp_ps((a), (b), _CMP_GT_OQ)
+#define LT8(a, b) _mm256_cmp_ps((a), (b), _CMP_LT_OQ)
+#define ABS8(a) _mm256_andnot_ps(_mm256_set1_ps(-0.0f), (a))
+FAST_F32(fast8, __m256, _mm256_set1_ps, _mm256_mul_ps, _mm256_div_ps, _mm256_fmadd_ps, SEL8, GT8, LT8, ABS8)
+EPI_BLOCK(epilogue_block8, __m256, 8, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_add_ps, _mm256_mul_ps,
+          relu8, fast8_tanh, fast8_erf)
+
+/* 16 lanes where the build and EMBER_CPU_ISA allow AVX-512 (em_cpu_isa): every lane computes the
+ * same instructions, so the 16-lane functions give the 8-lane ones' bits at about half the cost,
+ * and the tanh is most of a GELU epilogue's work. */
 #ifdef __AVX512F__
 static __m512 relu16(__m512 h) {
   return _mm512_mask_mov_ps(h, _mm512_cmp_ps_mask(h, _mm512_setzero_ps(), _CMP_LE_OQ), _mm512_setzero_ps());
 }
+#define SEL16(m, a, b) _mm512_mask_mov_ps((b), (m), (a))
+#define GT16(a, b) _mm512_cmp_ps_mask((a), (b), _CMP_GT_OQ)
+#define LT16(a, b) _mm512_cmp_ps_mask((a), (b), _CMP_LT_OQ)
+#define ABS16(a) _mm512_abs_ps(a)
+FAST_F32(fast16, __m512, _mm512_set1_ps, _mm512_mul_ps, _mm512_div_ps, _mm512_fmadd_ps, SEL16, GT16, LT16, ABS16)
 EPI_BLOCK(epilogue_block16, __m512, 16, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_add_ps, _mm512_mul_ps,
-          relu16, Sleef_tanhf16_u35, Sleef_erff16_u10)
+          relu16, fast16_tanh, fast16_erf)
 #endif
 
 static void epilogue_block(const float *y, float *dst, int64_t ld, int64_t rows, int64_t cols, const float *bias,
@@ -427,14 +464,32 @@ static void epilogue_block(const float *y, float *dst, int64_t ld, int64_t rows,
   epilogue_block8(y, dst, ld, rows, cols, bias, act);
 }
 #else
+/* one lane of FAST_F32 above, fmaf rounding once as the vector FMAs do */
+static float fast1_horner(float t, const float *k, int n) {
+  float p = k[0];
+  for (int i = 1; i < n; i++) p = fmaf(p, t, k[i]);
+  return p;
+}
+static float fast1_clamp(float a, float lim) { return a < -lim ? -lim : a > lim ? lim : a; }
+static float fast1_tanh(float a) {
+  float x = fast1_clamp(a, FAST_TANH_LIM), x2 = x * x, abs = fabsf(a);
+  float q = fast1_horner(x2, fast_tanh_num, 7) / fast1_horner(x2, fast_tanh_den, 4);
+  float r = abs > FAST_TANH_LIM ? (a > 0 ? 1.0f : -1.0f) : x * q;
+  return abs < FAST_TANH_TINY ? a : r;
+}
+static float fast1_erf(float a) {
+  float x = fast1_clamp(a, FAST_ERF_LIM), x2 = x * x;
+  return x * (fast1_horner(x2, fast_erf_num, 7) / fast1_horner(x2, fast_erf_den, 5));
+}
+
 static float epi_one(float h, prim_activation act) {
   switch (act) {
   case PRIM_ACT_RELU: return h <= 0 ? 0.0f : h;
   case PRIM_ACT_GELU_TANH: {
     float u = (h + h * h * h * (float)0.044715) * (float)0.7978845608028654;
-    return h * 0.5f * (tanhf(u) + 1.0f);
+    return h * 0.5f * (fast1_tanh(u) + 1.0f);
   }
-  case PRIM_ACT_GELU_ERF: return h * 0.5f * (erff(h * (float)0.7071067811865476) + 1.0f);
+  case PRIM_ACT_GELU_ERF: return h * 0.5f * (fast1_erf(h * (float)0.7071067811865476) + 1.0f);
   default: return h;
   }
 }

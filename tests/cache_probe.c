@@ -1,5 +1,5 @@
 /* tests/cache_probe.c: a separate process for the kernel cache tests of test_inductor. It
- * compiles one fixed graph (a softmax and a pointwise chain over [37, 300]) with the inductor,
+ * compiles one fixed graph (a softmax and a pointwise chain with a SLEEF sin, over [37, 300]) with the inductor,
  * runs it, checks the result against eager execution, and prints where the kernels came from:
  *   "memory_hits disk_hits misses ok"
  * The cache directory comes from EMBER_CACHE_DIR, as for any process. Exit status 0 when the
@@ -14,11 +14,11 @@
 
 static bool refuse_break(rt_trace *tr, const char *op, const char *reason, em_site site, void *ctx) { return false; }
 
-/* EMBER_CACHE_PROBE_VARIANT=1 takes a sigmoid for the tanh: another module, another entry. */
+/* EMBER_CACHE_PROBE_VARIANT=1 takes a sigmoid for the tanh of the sin: another module, another entry. */
 static em_tensor *program(em_tensor *x) {
   bool variant = getenv("EMBER_CACHE_PROBE_VARIANT") != NULL;
   em_tensor *h = em_mul_scalar(x, 0.5);
-  return em_add(em_softmax(x, 1), variant ? em_sigmoid(h) : em_tanh(h));
+  return em_add(em_softmax(x, 1), variant ? em_sigmoid(h) : em_tanh(em_sin(h)));
 }
 
 int main(void) {
