@@ -42,23 +42,6 @@ static double device_copy_ms(em_tensor *x) {
   return 1e3 * dt;
 }
 
-/* One memcpy of `bytes` between buffers kept for the process; returns ms. */
-static double memcpy_ms(size_t bytes) {
-  static char *a, *b;
-  static size_t have;
-  if (bytes > have) {
-    free(a), free(b);
-    a = malloc(bytes), b = malloc(bytes);
-    if (!a || !b) fail("malloc");
-    memset(a, 1, bytes), memset(b, 2, bytes);
-    have = bytes;
-  }
-  double t0 = bench_now();
-  memcpy(b, a, bytes);
-  double dt = bench_now() - t0;
-  a[0] = b[bytes - 1];
-  return 1e3 * dt;
-}
 
 /* One call, eager (c NULL) or compiled; returns ms. */
 static double once(em_compiled *c, em_model_fn fn, void *ctx, em_tensor *const *in, int n) {
@@ -111,7 +94,7 @@ static void run(const char *name, em_model_fn fn, void *ctx, em_tensor *const *i
   for (int r = -1; r < REPS; r++)
     for (int k = 0; k < 3; k++) {
       if (k == 2 && bytes_moved <= 0) continue;
-      double ms = k == 2 ? (cuda ? device_copy_ms(in[0]) : memcpy_ms((size_t)(bytes_moved / 2))) : once(k ? c : NULL, fn, ctx, in, n);
+      double ms = k == 2 ? (cuda ? device_copy_ms(in[0]) : bench_memcpy_ms((size_t)(bytes_moved / 2))) : once(k ? c : NULL, fn, ctx, in, n);
       if (r >= 0) t[k][r] = ms;
     }
   int64_t kernels = (em_compiled_stats(c).kernel_runs - k0) / (REPS + 1);
@@ -172,11 +155,6 @@ static void train(const char *name, em_model_fn loss_fn, net *m, em_tensor *x, e
   em_optimizer_free(s.opt);
 }
 
-static em_outputs softmax_fn(void *ctx, em_tensor *const *in, int n) { return EM_OUTPUTS(em_softmax(in[0], 1)); }
-static em_outputs layer_norm_fn(void *ctx, em_tensor *const *in, int n) {
-  em_tensor **wb = ctx;
-  return EM_OUTPUTS(em_layer_norm(in[0], 1, wb[0], wb[1], 1e-5));
-}
 static em_outputs transformer_loss(void *ctx, em_tensor *const *in, int n) { return transformer_fn(ctx, in, n); }
 
 int main(int argc, char **argv) {
@@ -217,21 +195,9 @@ int main(int argc, char **argv) {
     train("transformer", transformer_loss, &m, em_randint(0, VOCAB, EM_SHAPE(BATCH, CTX)),
           em_randint(0, VOCAB, EM_SHAPE(BATCH, CTX)));
   }
-  {
-    em_no_grad_begin();
-    em_tensor *x = em_randn(EM_F32, EM_SHAPE(4096, 1024));
-    em_tensor *wb[2] = {em_rand(EM_F32, EM_SHAPE(1024)), em_randn(EM_F32, EM_SHAPE(1024))};
-    double bytes = 2.0 * 4096 * 1024 * 4;
-    run("softmax", softmax_fn, NULL, &x, 1, bytes);
-    run("layer_norm", layer_norm_fn, wb, &x, 1, bytes);
-    em_no_grad_end();
-  }
+  models_rows(run);
   em_scope_end();
   em_thread_cleanup();
-  if (own_dir) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd)) fprintf(stderr, "bench compiled: could not remove %s\n", dir);
-  }
+  if (own_dir) bench_remove_dir(dir);
   return 0;
 }

@@ -1568,6 +1568,45 @@ em_kernel_cache_stats em_kernel_cache_info(void);
  * valid, and em_backward through them still works (their backward nodes hold what they need). */
 void em_compiled_free(em_compiled *c);
 
+/* Eager fusion (frontend/eager_fusion.c; issue 23). Outside em_compile, the hot composites
+ * (em_softmax, em_log_softmax, em_layer_norm, em_rms_norm, em_gelu, em_silu, em_cross_entropy)
+ * run as kernels the inductor compiles from their own decomposition, instead of one pass over
+ * memory per prim: each stays one definition for eager, tracing and autograd. A call is fused
+ * when fusion is on, no trace is active (inside em_compile the composite records its prims as
+ * before), its inputs are contiguous CPU tensors with every dim <= 65536, the first has at least
+ * EMBER_EAGER_FUSION_MIN elements (default 16384), and its signature (composite, non-tensor
+ * arguments, input dtypes and ranks, absent inputs, requires_grad of each, grad mode) has been
+ * called twice before: the first two calls of a signature run op by op, then one compiled
+ * function per signature (em_compile with EM_DYNAMIC_ALWAYS, so one kernel module serves every
+ * size) takes over, with its tiering: a size's first EMBER_DYNAMIC_COMPILE_AFTER - 1 calls run
+ * the graph op by op, then it is compiled, synchronously, on the calling thread (kernels are
+ * cached in memory and on disk). Arguments are checked before fusion, so errors are the
+ * composite's own. Gradients come from one autograd node whose backward is the compiled
+ * backward; as in torch.compile, differentiating that backward again (double backward through a
+ * fused composite) is not supported: run with fusion off. Results agree with op by op within
+ * the inductor's rounding (1e-5 relative in f32, 1e-12 in f64; see "inductor" above). A fused
+ * call that fails inside the compiler runs op by op, then and from then on for its signature,
+ * with a line under EMBER_LOGS=fusion. EMBER_EAGER_FUSION=0 turns it off (op by op, as before);
+ * CUDA tensors always run op by op. */
+typedef struct em_eager_fusion_stats {
+  bool enabled;            /* fusion on (em_eager_fusion_config, else EMBER_EAGER_FUSION) */
+  int64_t min_numel;       /* the smallest first input fused */
+  int64_t functions;       /* signatures seen, one compiled function each */
+  int64_t warmup_calls;    /* calls run op by op because their signature was new */
+  int64_t fused_calls;     /* calls run through a compiled function */
+  int64_t op_by_op_graphs; /* of them, graphs run op by op at a size's first calls */
+  int64_t kernel_runs;     /* generated kernels those calls ran */
+  int64_t traces;          /* traces of composites made for them (probes included) */
+  int64_t graphs_compiled; /* graphs the compiled functions handed to the inductor */
+  int64_t fallbacks;       /* fused calls that failed and ran op by op (signature dropped) */
+} em_eager_fusion_stats;
+/* The process's counters (all threads). */
+em_eager_fusion_stats em_eager_fusion_info(void);
+/* Overrides the environment: enabled 1 on, 0 off (op by op), -1 EMBER_EAGER_FUSION again;
+ * min_numel the smallest first input fused, -1 EMBER_EAGER_FUSION_MIN (or 16384) again.
+ * For tests and benchmarks; takes effect at the next composite call. */
+void em_eager_fusion_config(int enabled, int64_t min_numel);
+
 /* One graph break as em_explain reports it: the op that broke, why, and the user's site. */
 typedef struct em_graph_break_info {
   const char *op, *reason; /* static strings */

@@ -1,0 +1,226 @@
+/* frontend/eager_fusion.c: eager composites run as kernels compiled from their own
+ * decomposition (issue 23).
+ *
+ * Eager runs a composite (softmax, layer_norm, cross_entropy, gelu, ...) as its decomposition
+ * into prims, one pass over memory per prim. Here the hot ones run instead as the inductor's
+ * kernels for that same decomposition: each (composite, non-tensor arguments, input dtypes and
+ * ranks, which inputs are absent, requires_grad of each, grad mode) gets one lazily made
+ * em_compiled whose model function calls the composite; under its trace the composite is its
+ * prims (rt_fused declines while tracing), so eager, tracing and autograd keep one definition.
+ * em_compile then brings everything it already has: guards, one autograd node whose backward is
+ * the compiled (AOT) backward, symbolic sizes (EM_DYNAMIC_ALWAYS: one kernel module serves every
+ * size whose schedule has the same shape), the in-memory and on-disk kernel caches, and its
+ * tiering (a new size's first EMBER_DYNAMIC_COMPILE_AFTER - 1 calls run the graph op by op on
+ * the eager kernels, then it is specialized and compiled).
+ *
+ * Why not a background compile thread: the runtime is not safe to share with a second thread
+ * (tensor reference counts and scopes are plain integers, the compiler bumps the inputs' counts
+ * and registers them with the tracer, frontend/repro.c and inductor/run.c keep process-wide
+ * buffers), so the compile happens synchronously, on the call that em_compile's tiering picks,
+ * and a composite's first calls at a new signature run op by op (see fuse_after below).
+ *
+ * Only contiguous CPU inputs whose sizes fit the symbols' range, at least min_numel elements,
+ * are offered to the kernel; anything else, or a call that fails inside the compiled path,
+ * runs op by op (the failure is logged under EMBER_LOGS=fusion and the signature is never
+ * fused again). */
+#define _POSIX_C_SOURCE 200809L
+#include "frontend.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const op_names[RT_FUSE_COUNT] = {"softmax", "log_softmax", "layer_norm", "rms_norm",
+                                                    "gelu", "silu", "cross_entropy"};
+
+typedef struct fuse_key {
+  rt_fuse_op op;
+  int n_args, n_in;
+  double args[RT_FUSE_MAX_ARGS];
+  em_dtype dtype[RT_FUSE_MAX_IN];
+  int ndim[RT_FUSE_MAX_IN];
+  bool none[RT_FUSE_MAX_IN], requires_grad[RT_FUSE_MAX_IN];
+  bool grad_mode;
+} fuse_key;
+
+typedef struct fuse_slot {
+  fuse_key key;       /* also the compiled function's ctx: its address is stable */
+  em_compiled *c;
+  int64_t calls;      /* offers of this signature, fused or not */
+  bool broken;        /* a fused call failed: op by op from now on */
+} fuse_slot;
+
+static struct {
+  pthread_mutex_t lock;
+  fuse_slot **slots;
+  int n, cap;
+  int64_t fused_calls, fallbacks, warmup_calls;
+} table = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static _Thread_local bool inside; /* this thread is inside a fused call: composites decompose */
+
+static int enabled_override = -1;       /* em_eager_fusion_config; -1: EMBER_EAGER_FUSION */
+static int64_t min_numel_override = -1; /* -1: EMBER_EAGER_FUSION_MIN or the default */
+
+/* The smallest input worth a kernel. Measured on the CPU (bench/eager_ops): a replay of a
+ * fused softmax costs about 10 us more than the op-by-op call's fixed part, and op by op spends
+ * about 1 ns an element more than the kernel, so below ~16K elements the kernel does not pay. */
+enum { DEFAULT_MIN_NUMEL = 16384 };
+/* The sizes a symbol may take (dynamic.c's default range): a larger dim would fail the entry's
+ * guards on every call. */
+enum { MAX_SYMBOLIC_SIZE = 65536 };
+
+static bool fusion_on(void) {
+  int e = __atomic_load_n(&enabled_override, __ATOMIC_RELAXED);
+  if (e >= 0) return e;
+  const char *env = getenv("EMBER_EAGER_FUSION");
+  return !(env && !strcmp(env, "0"));
+}
+
+static int64_t min_numel(void) {
+  int64_t m = __atomic_load_n(&min_numel_override, __ATOMIC_RELAXED);
+  if (m >= 0) return m;
+  const char *env = getenv("EMBER_EAGER_FUSION_MIN");
+  return env && *env ? atoll(env) : DEFAULT_MIN_NUMEL;
+}
+
+/* Offers before a signature is handed to em_call: a composite called once (a one-off at
+ * start-up) never pays a trace. */
+static int fuse_after(void) { return 2; }
+
+/* The composite, called with the arguments the key recorded: what the compiled function traces. */
+static em_outputs fused_fn(void *ctx, em_tensor *const *in, int n) {
+  const fuse_key *k = ctx;
+  const double *a = k->args;
+  em_tensor *t[RT_FUSE_MAX_IN];
+  for (int i = 0, j = 0; i < k->n_in; i++) t[i] = k->none[i] ? EM_NONE : j < n ? in[j++] : NULL;
+  em_site site = EM_HERE;
+  switch (k->op) {
+  case RT_FUSE_SOFTMAX: return EM_OUTPUTS(em_softmax_at(t[0], (int)a[0], site));
+  case RT_FUSE_LOG_SOFTMAX: return EM_OUTPUTS(em_log_softmax_at(t[0], (int)a[0], site));
+  case RT_FUSE_LAYER_NORM: return EM_OUTPUTS(em_layer_norm_at(t[0], (int)a[0], t[1], t[2], a[1], site));
+  case RT_FUSE_RMS_NORM: return EM_OUTPUTS(em_rms_norm_at(t[0], (int)a[0], t[1], a[1], site));
+  case RT_FUSE_GELU: return EM_OUTPUTS(em_gelu_at(t[0], a[0] != 0, site));
+  case RT_FUSE_SILU: return EM_OUTPUTS(em_silu_at(t[0], site));
+  case RT_FUSE_CROSS_ENTROPY: {
+    em_cross_entropy_opts o = {(int64_t)a[0], a[1], (em_reduction)a[2], t[2]};
+    return EM_OUTPUTS(em_cross_entropy_at(t[0], t[1], o, site));
+  }
+  case RT_FUSE_COUNT: break;
+  }
+  return (em_outputs){0};
+}
+
+/* Index targets out of range must fail with the eager gather's message, so they run op by op
+ * (one pass over the targets, N against the logits' N x C). */
+static bool targets_in_range(em_tensor *logits, em_tensor *target, int64_t ignore) {
+  if (ir_is_float(target->dtype)) return true;
+  int64_t c = logits->sizes[1];
+  const char *p = rt_data(target);
+  for (int64_t i = 0; i < target->numel; i++) {
+    int64_t v = target->dtype == EM_I64 ? ((const int64_t *)p)[i] : target->dtype == EM_I32 ? ((const int32_t *)p)[i] : -1;
+    if (v != ignore && (v < 0 || v >= c)) return false;
+  }
+  return true;
+}
+
+/* Whether these inputs may go to the kernel, filling the key. */
+static bool signature(rt_fuse_op op, const double *args, int n_args, em_tensor *const *in, int n_in, fuse_key *k) {
+  if ((unsigned)op >= RT_FUSE_COUNT || n_args > RT_FUSE_MAX_ARGS || n_in > RT_FUSE_MAX_IN || n_in < 1) return false;
+  memset(k, 0, sizeof *k); /* keys are compared with memcmp */
+  k->op = op, k->n_args = n_args, k->n_in = n_in;
+  for (int i = 0; i < n_args; i++) k->args[i] = args[i];
+  k->grad_mode = em_is_grad_enabled();
+  if (!in[0] || in[0] == EM_NONE || in[0]->numel < min_numel()) return false;
+  for (int i = 0; i < n_in; i++) {
+    em_tensor *t = in[i];
+    if (!t) return false;
+    if ((k->none[i] = t == EM_NONE)) continue;
+    if (t->proxy || t->storage->device != EM_CPU || !em_is_contiguous(t)) return false;
+    for (int d = 0; d < t->ndim; d++)
+      if (t->sizes[d] > MAX_SYMBOLIC_SIZE) return false;
+    k->dtype[i] = t->dtype, k->ndim[i] = t->ndim, k->requires_grad[i] = t->requires_grad;
+  }
+  if (op == RT_FUSE_CROSS_ENTROPY && !targets_in_range(in[0], in[1], (int64_t)args[0])) return false;
+  return true;
+}
+
+/* The slot of k, made on first use; NULL when out of memory. */
+static fuse_slot *slot_for(const fuse_key *k, em_site site) {
+  fuse_slot *s = NULL;
+  pthread_mutex_lock(&table.lock);
+  for (int i = 0; i < table.n && !s; i++)
+    if (!memcmp(&table.slots[i]->key, k, sizeof *k)) s = table.slots[i];
+  if (!s && (table.n < table.cap || (table.slots = realloc(table.slots, sizeof *table.slots * (size_t)(table.cap = table.cap * 2 + 8)))) &&
+      (s = calloc(1, sizeof *s))) {
+    s->key = *k;
+    char name[32];
+    snprintf(name, sizeof name, "eager_%s", op_names[k->op]);
+    /* no replay validation: fn reads nothing but its inputs and the key; many entries, as each
+     * new pattern of equal sizes (duck sizing) makes one */
+    em_compile_options o = {.name = name, .check_every = -1, .recompile_limit = 64, .dynamic = EM_DYNAMIC_ALWAYS};
+    if (!(s->c = em_compile_at(fused_fn, &o, site))) free(s), s = NULL;
+    else table.slots[table.n++] = s;
+  }
+  if (s) s->calls++;
+  pthread_mutex_unlock(&table.lock);
+  return s;
+}
+
+static bool fuse(rt_fuse_op op, const double *args, int n_args, em_tensor *const *in, int n_in, em_tensor **out,
+                 em_site site) {
+  fuse_key k;
+  if (inside || !fusion_on() || !signature(op, args, n_args, in, n_in, &k)) return false;
+  fuse_slot *s = slot_for(&k, site);
+  if (!s || s->broken) return false;
+  if (s->calls <= fuse_after()) {
+    __atomic_add_fetch(&table.warmup_calls, 1, __ATOMIC_RELAXED);
+    return false;
+  }
+  em_tensor *ins[RT_FUSE_MAX_IN];
+  int n = 0;
+  for (int i = 0; i < n_in; i++)
+    if (in[i] != EM_NONE) ins[n++] = in[i];
+  bool had_error = em_last_error() != NULL;
+  inside = true;
+  em_outputs r = em_call_at(s->c, &s->key, ins, n, site);
+  inside = false;
+  if (r.n == 1 && r.t[0]) {
+    __atomic_add_fetch(&table.fused_calls, 1, __ATOMIC_RELAXED);
+    *out = r.t[0];
+    return true;
+  }
+  /* the compiled path failed (the arguments were checked, so it is the compiler's failure): run
+   * op by op, now and from now on, and keep the user's error state as it was */
+  fe_log(FE_LOG_FUSION, "em_%s at %s:%d: the fused kernel failed (%s); running op by op from now on", op_names[op],
+         site.file, site.line, em_last_error() ? em_last_error() : "no message");
+  if (!had_error) em_clear_error();
+  s->broken = true;
+  __atomic_add_fetch(&table.fallbacks, 1, __ATOMIC_RELAXED);
+  return false;
+}
+
+__attribute__((constructor)) static void install(void) { rt_fuse_hook = fuse; }
+
+void em_eager_fusion_config(int enabled, int64_t min_numel_) {
+  __atomic_store_n(&enabled_override, enabled < 0 ? -1 : enabled != 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&min_numel_override, min_numel_ < 0 ? -1 : min_numel_, __ATOMIC_RELAXED);
+}
+
+em_eager_fusion_stats em_eager_fusion_info(void) {
+  em_eager_fusion_stats st = {0};
+  pthread_mutex_lock(&table.lock);
+  st.fused_calls = table.fused_calls, st.fallbacks = table.fallbacks, st.warmup_calls = table.warmup_calls;
+  st.functions = table.n;
+  for (int i = 0; i < table.n; i++) {
+    em_compile_stats c = em_compiled_stats(table.slots[i]->c);
+    st.graphs_compiled += c.graphs_compiled;
+    st.kernel_runs += c.kernel_runs;
+    st.traces += c.traces + c.probe_traces;
+    st.op_by_op_graphs += c.dynamic_op_by_op;
+  }
+  st.enabled = fusion_on();
+  st.min_numel = min_numel();
+  pthread_mutex_unlock(&table.lock);
+  return st;
+}
