@@ -1569,12 +1569,13 @@ em_kernel_cache_stats em_kernel_cache_info(void);
 void em_compiled_free(em_compiled *c);
 
 /* Eager fusion (frontend/eager_fusion.c; issue 23). Outside em_compile, the hot composites
- * (em_softmax, em_log_softmax, em_layer_norm, em_rms_norm, em_gelu, em_silu, em_cross_entropy)
+ * (em_softmax, em_log_softmax, em_layer_norm, em_rms_norm, em_gelu, em_silu, em_sigmoid,
+ * em_relu, em_cross_entropy)
  * run as kernels the inductor compiles from their own decomposition, instead of one pass over
  * memory per prim: each stays one definition for eager, tracing and autograd. A call is fused
  * when fusion is on, no trace is active (inside em_compile the composite records its prims as
  * before), its inputs are contiguous CPU tensors with every dim <= 65536, the first has at least
- * EMBER_EAGER_FUSION_MIN elements (default 16384), and its signature (composite, non-tensor
+ * EMBER_EAGER_FUSION_MIN elements (default 4096), and its signature (composite, non-tensor
  * arguments, input dtypes and ranks, absent inputs, requires_grad of each, grad mode) has been
  * called twice before: the first two calls of a signature run op by op, then one compiled
  * function per signature (em_compile with EM_DYNAMIC_ALWAYS, so one kernel module serves every
@@ -1603,7 +1604,7 @@ typedef struct em_eager_fusion_stats {
 /* The process's counters (all threads). */
 em_eager_fusion_stats em_eager_fusion_info(void);
 /* Overrides the environment: enabled 1 on, 0 off (op by op), -1 EMBER_EAGER_FUSION again;
- * min_numel the smallest first input fused, -1 EMBER_EAGER_FUSION_MIN (or 16384) again.
+ * min_numel the smallest first input fused, -1 EMBER_EAGER_FUSION_MIN (or 4096) again.
  * For tests and benchmarks; takes effect at the next composite call. */
 void em_eager_fusion_config(int enabled, int64_t min_numel);
 

@@ -60,6 +60,7 @@ static bool float_arg(em_tensor *x, const char *name, em_site site) {
  * of maximum's tie-splitting rule. */
 em_tensor *em_relu_at(em_tensor *x, em_site site) {
   if (!x) return NULL;
+  FUSED(RT_FUSE_RELU, site, 0, NULL, x);
   BEGIN(site);
   END(em_where_at(em_le_scalar_at(x, 0, site), num(x->dtype, 0, site), x, site), site);
 }
@@ -87,6 +88,7 @@ em_tensor *em_gelu_at(em_tensor *x, bool tanh_approx, em_site site) {
 
 em_tensor *em_sigmoid_at(em_tensor *x, em_site site) {
   if (!x || !float_arg(x, "em_sigmoid", site)) return NULL;
+  FUSED(RT_FUSE_SIGMOID, site, 0, NULL, x);
   BEGIN(site);
   /* e = exp(-|x|) <= 1: x >= 0 gives 1 / (1 + e), x < 0 gives e / (1 + e). -|x| is written as
    * a select, not neg(abs(x)): abs's gradient at 0 is 0 (torch's sign(0)), which made sigmoid's

@@ -341,6 +341,8 @@ typedef enum rt_fuse_op {
   RT_FUSE_GELU,          /* args: tanh_approx */
   RT_FUSE_SILU,          /* no args */
   RT_FUSE_CROSS_ENTROPY, /* args: ignore_index, label_smoothing, reduction; in: logits, target, weight */
+  RT_FUSE_RELU,          /* no args */
+  RT_FUSE_SIGMOID,       /* no args */
   RT_FUSE_COUNT
 } rt_fuse_op;
 enum { RT_FUSE_MAX_ARGS = 4, RT_FUSE_MAX_IN = 4 };

@@ -43,6 +43,8 @@ static em_tensor *rms_norm_fn(em_tensor *const *in) { return em_rms_norm(in[0], 
 static em_tensor *gelu_fn(em_tensor *const *in) { return em_gelu(in[0], false); }
 static em_tensor *gelu_tanh_fn(em_tensor *const *in) { return em_gelu(in[0], true); }
 static em_tensor *silu_fn(em_tensor *const *in) { return em_silu(in[0]); }
+static em_tensor *relu_fn(em_tensor *const *in) { return em_relu(in[0]); }
+static em_tensor *sigmoid_fn(em_tensor *const *in) { return em_sigmoid(in[0]); }
 static em_tensor *cross_entropy_fn(em_tensor *const *in) {
   return em_cross_entropy(in[0], in[3], EM_CROSS_ENTROPY_DEFAULT);
 }
@@ -119,6 +121,9 @@ static const fused_case cases[] = {
     {"pointwise", "gelu tanh", gelu_tanh_fn, EM_F32, 16, 64, true},
     {"pointwise", "silu", silu_fn, EM_F32, 16, 64, true},
     {"pointwise", "gelu", gelu_fn, EM_F64, 8, 32, true},
+    {"pointwise", "relu", relu_fn, EM_F32, 16, 64, true},
+    {"pointwise", "sigmoid", sigmoid_fn, EM_F32, 16, 64, true},
+    {"pointwise", "sigmoid", sigmoid_fn, EM_F64, 8, 32, true},
     {"loss", "cross_entropy", cross_entropy_fn, EM_F32, 32, 10, false},
     {"loss", "cross_entropy", cross_entropy_fn, EM_F32, 32, 10, true},
     {"loss", "cross_entropy weighted, smoothed, ignore_index", cross_entropy_ex_fn, EM_F32, 32, 10, true},
