@@ -31,7 +31,7 @@
 #include <string.h>
 
 static const char *const op_names[RT_FUSE_COUNT] = {"softmax", "log_softmax", "layer_norm", "rms_norm",
-                                                    "gelu", "silu", "cross_entropy", "relu", "sigmoid"};
+                                                    "gelu", "silu", "cross_entropy", "relu", "sigmoid", "sgd"};
 
 typedef struct fuse_key {
   rt_fuse_op op;
@@ -107,6 +107,10 @@ static em_outputs fused_fn(void *ctx, em_tensor *const *in, int n) {
   case RT_FUSE_SILU: return EM_OUTPUTS(em_silu_at(t[0], site));
   case RT_FUSE_RELU: return EM_OUTPUTS(em_relu_at(t[0], site));
   case RT_FUSE_SIGMOID: return EM_OUTPUTS(em_sigmoid_at(t[0], site));
+  case RT_FUSE_SGD: /* an update: no outputs, the writes into p and buf are the result */
+    if (!rt_sgd_update(t[0], t[1], t[2] == EM_NONE ? NULL : t[2], t[3], a[0], a[1], a[2], a[3] != 0, site))
+      return EM_OUTPUTS(NULL);
+    return (em_outputs){0};
   case RT_FUSE_CROSS_ENTROPY: {
     em_cross_entropy_opts o = {(int64_t)a[0], a[1], (em_reduction)a[2], t[2]};
     return EM_OUTPUTS(em_cross_entropy_at(t[0], t[1], o, site));
@@ -187,13 +191,14 @@ static bool fuse(rt_fuse_op op, const double *args, int n_args, em_tensor *const
   int n = 0;
   for (int i = 0; i < n_in; i++)
     if (in[i] != EM_NONE) ins[n++] = in[i];
-  bool had_error = em_last_error() != NULL;
+  bool had_error = em_last_error() != NULL, update = op == RT_FUSE_SGD;
+  if (update && had_error) return false; /* an update's failure shows only as a new error */
   inside = true;
   em_outputs r = em_call_at(s->c, &s->key, ins, n, site);
   inside = false;
-  if (r.n == 1 && r.t[0]) {
+  if (update ? r.n == 0 && !em_last_error() : r.n == 1 && r.t[0]) {
     __atomic_add_fetch(&table.fused_calls, 1, __ATOMIC_RELAXED);
-    *out = r.t[0];
+    *out = update ? in[0] : r.t[0];
     return true;
   }
   /* the compiled path failed (the arguments were checked, so it is the compiler's failure): run

@@ -343,6 +343,8 @@ typedef enum rt_fuse_op {
   RT_FUSE_CROSS_ENTROPY, /* args: ignore_index, label_smoothing, reduction; in: logits, target, weight */
   RT_FUSE_RELU,          /* no args */
   RT_FUSE_SIGMOID,       /* no args */
+  RT_FUSE_SGD,           /* args: weight_decay, momentum, dampening, nesterov; in: p, grad, buf, lr (an update:
+                          * *out is p, written in place) */
   RT_FUSE_COUNT
 } rt_fuse_op;
 enum { RT_FUSE_MAX_ARGS = 4, RT_FUSE_MAX_IN = 4 };
@@ -351,6 +353,12 @@ typedef bool (*rt_fuse_fn)(rt_fuse_op op, const double *args, int n_args, em_ten
 extern rt_fuse_fn rt_fuse_hook;
 bool rt_fused(rt_fuse_op op, const double *args, int n_args, em_tensor *const *in, int n_in, em_tensor **out,
               em_site site);
+
+/* nn.c: one SGD update of p in place from its gradient g and momentum buffer buf (NULL when
+ * momentum is 0; updated in place), lr a 0-dim tensor: the decomposition eager fusion compiles.
+ * False with an error recorded. */
+bool rt_sgd_update(em_tensor *p, em_tensor *g, em_tensor *buf, em_tensor *lr, double weight_decay, double momentum,
+                   double dampening, bool nesterov, em_site site);
 
 /* The active trace of this thread (NULL when none or suspended). */
 rt_trace *rt_tracing(void);

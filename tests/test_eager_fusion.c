@@ -275,3 +275,41 @@ ETEST(eager_fusion, small_and_strided_run_op_by_op) {
   for (int i = 0; i < 6; i++) cr_assert_not_null(em_softmax(big, 1));
   cr_assert_gt(em_eager_fusion_info().fused_calls, 0);
 }
+
+/* Optimizer updates: SGD steps (momentum, dampening, weight decay, nesterov) fused against op by
+ * op from the same parameters and gradients; the writes into the parameter and its momentum
+ * buffer are the result. */
+static em_tensor *sgd_run(bool fused, em_tensor *init, em_tensor *k, em_sgd_opts o, int steps) {
+  em_eager_fusion_config(fused, 1);
+  em_tensor *p = em_requires_grad_(em_clone(em_detach(init)), true);
+  em_optimizer *opt = em_sgd_new(1, &p, o);
+  cr_assert_not_null(opt, "%s", em_last_error());
+  for (int i = 0; i < steps; i++) {
+    em_optimizer_zero_grad(opt);
+    em_tensor *loss = em_sum(em_mul(em_mul(p, p), k), 0, NULL, false);
+    cr_assert(em_backward(loss, NULL), "%s", em_last_error());
+    cr_assert(em_optimizer_step(opt), "step %d: %s", i, em_last_error());
+  }
+  em_optimizer_free(opt);
+  return p;
+}
+
+ETEST(eager_fusion, sgd) {
+  const em_sgd_opts opts[] = {{0.1, 0.9, 0, 0, false}, {0.05, 0.8, 0.1, 0.01, false}, {0.1, 0.9, 0, 0.02, true},
+                              {0.1, 0, 0, 0.01, false}};
+  for (int d = 0; d < 2; d++) {
+    em_dtype dt = d ? EM_F64 : EM_F32;
+    em_tensor *init = randn(dt, 16, 64), *k = em_rand(dt, 2, (int64_t[]){16, 64});
+    for (size_t i = 0; i < sizeof opts / sizeof *opts; i++) {
+      em_eager_fusion_stats s0 = em_eager_fusion_info();
+      em_tensor *fused = sgd_run(true, init, k, opts[i], 8);
+      em_eager_fusion_stats s1 = em_eager_fusion_info();
+      em_tensor *ref = sgd_run(false, init, k, opts[i], 8);
+      char w[64];
+      snprintf(w, sizeof w, "sgd options %zu %s", i, em_dtype_name(dt));
+      expect_close(fused, ref, dt == EM_F64 ? 1e-11 : 1e-5, w);
+      cr_assert_gt(s1.kernel_runs, s0.kernel_runs, "%s: no kernel ran", w);
+      cr_assert_eq(s1.fallbacks, 0, "%s: fell back", w);
+    }
+  }
+}
