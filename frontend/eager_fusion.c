@@ -31,7 +31,7 @@
 #include <string.h>
 
 static const char *const op_names[RT_FUSE_COUNT] = {"softmax", "log_softmax", "layer_norm", "rms_norm",
-                                                    "gelu", "silu", "cross_entropy", "relu", "sigmoid", "sgd"};
+                                                    "gelu", "silu", "cross_entropy", "relu", "sigmoid", "sgd", "adamw"};
 
 typedef struct fuse_key {
   rt_fuse_op op;
@@ -111,6 +111,12 @@ static em_outputs fused_fn(void *ctx, em_tensor *const *in, int n) {
     if (!rt_sgd_update(t[0], t[1], t[2] == EM_NONE ? NULL : t[2], t[3], a[0], a[1], a[2], a[3] != 0, site))
       return EM_OUTPUTS(NULL);
     return (em_outputs){0};
+  case RT_FUSE_ADAMW: {
+    em_adamw_opts o = {.beta1 = a[0], .beta2 = a[1], .eps = a[2], .weight_decay = a[3], .amsgrad = a[4] != 0};
+    if (!rt_adamw_update(t[0], t[1], t[2], t[3], t[4] == EM_NONE ? NULL : t[4], t[5], t[6], &o, site))
+      return EM_OUTPUTS(NULL);
+    return (em_outputs){0};
+  }
   case RT_FUSE_CROSS_ENTROPY: {
     em_cross_entropy_opts o = {(int64_t)a[0], a[1], (em_reduction)a[2], t[2]};
     return EM_OUTPUTS(em_cross_entropy_at(t[0], t[1], o, site));
@@ -191,7 +197,7 @@ static bool fuse(rt_fuse_op op, const double *args, int n_args, em_tensor *const
   int n = 0;
   for (int i = 0; i < n_in; i++)
     if (in[i] != EM_NONE) ins[n++] = in[i];
-  bool had_error = em_last_error() != NULL, update = op == RT_FUSE_SGD;
+  bool had_error = em_last_error() != NULL, update = op == RT_FUSE_SGD || op == RT_FUSE_ADAMW;
   if (update && had_error) return false; /* an update's failure shows only as a new error */
   inside = true;
   em_outputs r = em_call_at(s->c, &s->key, ins, n, site);

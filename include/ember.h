@@ -1570,7 +1570,9 @@ void em_compiled_free(em_compiled *c);
 
 /* Eager fusion (frontend/eager_fusion.c; issue 23). Outside em_compile, the hot composites
  * (em_softmax, em_log_softmax, em_layer_norm, em_rms_norm, em_gelu, em_silu, em_sigmoid,
- * em_relu, em_cross_entropy)
+ * em_relu, em_cross_entropy) and em_optimizer_step's per-parameter updates (SGD after its first
+ * step with momentum, AdamW; the writes into the parameter and the state happen in place, as
+ * em_compile's functionalization writes them back)
  * run as kernels the inductor compiles from their own decomposition, instead of one pass over
  * memory per prim: each stays one definition for eager, tracing and autograd. A call is fused
  * when fusion is on, no trace is active (inside em_compile the composite records its prims as

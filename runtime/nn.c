@@ -290,7 +290,15 @@ static bool adamw_step(em_optimizer *o, int i, em_tensor *p, em_tensor *g, em_si
       if (!o->state[k][i]) return false;
     }
   if (!o->steps[i] && !(o->steps[i] = host_scalar(0, site))) return false;
-  em_tensor *m = o->state[0][i], *v = o->state[1][i], *vmax = o->state[2][i], *t = o->steps[i], *lr = o->lr;
+  return rt_adamw_update(p, g, o->state[0][i], o->state[1][i], o->state[2][i], o->steps[i], o->lr, a, site);
+}
+
+bool rt_adamw_update(em_tensor *p, em_tensor *g, em_tensor *m, em_tensor *v, em_tensor *vmax, em_tensor *t,
+                     em_tensor *lr, const em_adamw_opts *a, em_site site) {
+  em_tensor *fused;
+  if (rt_fused(RT_FUSE_ADAMW, (double[]){a->beta1, a->beta2, a->eps, a->weight_decay, a->amsgrad}, 5,
+               (em_tensor *[]){p, g, m, v, vmax ? vmax : EM_NONE, t, lr}, 7, &fused, site))
+    return fused != NULL;
   if (!em_add_scalar__at(t, 1, site)) return false;
   em_dtype dt = p->dtype;
   /* p *= 1 - lr wd, with 1 - lr wd formed in f64 */

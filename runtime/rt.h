@@ -345,9 +345,11 @@ typedef enum rt_fuse_op {
   RT_FUSE_SIGMOID,       /* no args */
   RT_FUSE_SGD,           /* args: weight_decay, momentum, dampening, nesterov; in: p, grad, buf, lr (an update:
                           * *out is p, written in place) */
+  RT_FUSE_ADAMW,         /* args: beta1, beta2, eps, weight_decay, amsgrad; in: p, grad, m, v, vmax, step, lr
+                          * (an update, as SGD's) */
   RT_FUSE_COUNT
 } rt_fuse_op;
-enum { RT_FUSE_MAX_ARGS = 4, RT_FUSE_MAX_IN = 4 };
+enum { RT_FUSE_MAX_ARGS = 6, RT_FUSE_MAX_IN = 8 };
 typedef bool (*rt_fuse_fn)(rt_fuse_op op, const double *args, int n_args, em_tensor *const *in, int n_in,
                            em_tensor **out, em_site site);
 extern rt_fuse_fn rt_fuse_hook;
@@ -359,6 +361,11 @@ bool rt_fused(rt_fuse_op op, const double *args, int n_args, em_tensor *const *i
  * False with an error recorded. */
 bool rt_sgd_update(em_tensor *p, em_tensor *g, em_tensor *buf, em_tensor *lr, double weight_decay, double momentum,
                    double dampening, bool nesterov, em_site site);
+
+/* nn.c: one AdamW update of p, m, v (vmax with amsgrad, else NULL) and the step count t (0-dim),
+ * all in place: the decomposition eager fusion compiles. False with an error recorded. */
+bool rt_adamw_update(em_tensor *p, em_tensor *g, em_tensor *m, em_tensor *v, em_tensor *vmax, em_tensor *t,
+                     em_tensor *lr, const em_adamw_opts *a, em_site site);
 
 /* The active trace of this thread (NULL when none or suspended). */
 rt_trace *rt_tracing(void);

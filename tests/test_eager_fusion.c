@@ -276,13 +276,18 @@ ETEST(eager_fusion, small_and_strided_run_op_by_op) {
   cr_assert_gt(em_eager_fusion_info().fused_calls, 0);
 }
 
-/* Optimizer updates: SGD steps (momentum, dampening, weight decay, nesterov) fused against op by
- * op from the same parameters and gradients; the writes into the parameter and its momentum
- * buffer are the result. */
-static em_tensor *sgd_run(bool fused, em_tensor *init, em_tensor *k, em_sgd_opts o, int steps) {
+/* Optimizer updates: SGD steps (momentum, dampening, weight decay, nesterov) and AdamW steps
+ * (weight decay, amsgrad) fused against op by op from the same parameters; the writes into the
+ * parameter and the optimizer's state are the result. */
+static const em_sgd_opts sgd_opts[] = {{0.1, 0.9, 0, 0, false}, {0.05, 0.8, 0.1, 0.01, false}, {0.1, 0.9, 0, 0.02, true},
+                                       {0.1, 0, 0, 0.01, false}};
+static const em_adamw_opts adamw_opts[] = {{0.01, 0.9, 0.999, 1e-8, 0.01, false}, {0.02, 0.8, 0.99, 1e-6, 0, true}};
+enum { N_SGD = sizeof sgd_opts / sizeof *sgd_opts, N_OPTS = N_SGD + sizeof adamw_opts / sizeof *adamw_opts };
+
+static em_tensor *optimizer_run(bool fused, em_tensor *init, em_tensor *k, int which, int steps) {
   em_eager_fusion_config(fused, 1);
   em_tensor *p = em_requires_grad_(em_clone(em_detach(init)), true);
-  em_optimizer *opt = em_sgd_new(1, &p, o);
+  em_optimizer *opt = which < N_SGD ? em_sgd_new(1, &p, sgd_opts[which]) : em_adamw_new(1, &p, adamw_opts[which - N_SGD]);
   cr_assert_not_null(opt, "%s", em_last_error());
   for (int i = 0; i < steps; i++) {
     em_optimizer_zero_grad(opt);
@@ -294,19 +299,17 @@ static em_tensor *sgd_run(bool fused, em_tensor *init, em_tensor *k, em_sgd_opts
   return p;
 }
 
-ETEST(eager_fusion, sgd) {
-  const em_sgd_opts opts[] = {{0.1, 0.9, 0, 0, false}, {0.05, 0.8, 0.1, 0.01, false}, {0.1, 0.9, 0, 0.02, true},
-                              {0.1, 0, 0, 0.01, false}};
+ETEST(eager_fusion, optimizers) {
   for (int d = 0; d < 2; d++) {
     em_dtype dt = d ? EM_F64 : EM_F32;
     em_tensor *init = randn(dt, 16, 64), *k = em_rand(dt, 2, (int64_t[]){16, 64});
-    for (size_t i = 0; i < sizeof opts / sizeof *opts; i++) {
+    for (int i = 0; i < N_OPTS; i++) {
       em_eager_fusion_stats s0 = em_eager_fusion_info();
-      em_tensor *fused = sgd_run(true, init, k, opts[i], 8);
+      em_tensor *fused = optimizer_run(true, init, k, i, 8);
       em_eager_fusion_stats s1 = em_eager_fusion_info();
-      em_tensor *ref = sgd_run(false, init, k, opts[i], 8);
+      em_tensor *ref = optimizer_run(false, init, k, i, 8);
       char w[64];
-      snprintf(w, sizeof w, "sgd options %zu %s", i, em_dtype_name(dt));
+      snprintf(w, sizeof w, "%s options %d %s", i < N_SGD ? "sgd" : "adamw", i < N_SGD ? i : i - N_SGD, em_dtype_name(dt));
       expect_close(fused, ref, dt == EM_F64 ? 1e-11 : 1e-5, w);
       cr_assert_gt(s1.kernel_runs, s0.kernel_runs, "%s: no kernel ran", w);
       cr_assert_eq(s1.fallbacks, 0, "%s: fell back", w);
