@@ -13,11 +13,19 @@
  * tiering (a new size's first EMBER_DYNAMIC_COMPILE_AFTER - 1 calls run the graph op by op on
  * the eager kernels, then it is specialized and compiled).
  *
- * Why not a background compile thread: the runtime is not safe to share with a second thread
- * (tensor reference counts and scopes are plain integers, the compiler bumps the inputs' counts
- * and registers them with the tracer, frontend/repro.c and inductor/run.c keep process-wide
- * buffers), so the compile happens synchronously, on the call that em_compile's tiering picks,
- * and a composite's first calls at a new signature run op by op (see fuse_after below).
+ * Tiering: a signature's first two calls run op by op (no trace for one-off calls); the third
+ * starts the compile on a background thread and runs op by op as well, as every call does until
+ * the compile is done. The background thread calls the compiled function on copies of that
+ * call's inputs (made on the caller's thread: the caller may write the originals meanwhile, and
+ * an optimizer update must write only the copies) until its kernels exist. That relies on what
+ * em_compile already promises to threads (independent compiled functions run in parallel): the
+ * tracer, scopes, grad mode and errors are per thread, reference counts and the allocator's
+ * counters atomic, the LLVM JIT behind its lock, table setup in pthread_once or constructors,
+ * and one compiled function's calls serialized by its lock (the caller never calls a compiled
+ * function while its background compile runs: the state says COMPILING). What stays global:
+ * the fault injector's allocation count (em_debug_fail_alloc) and the live-tensor counters,
+ * which see the copies: em_eager_fusion_wait waits for them. EMBER_EAGER_FUSION_ASYNC=0
+ * compiles on the calling thread, in the third call.
  *
  * Only contiguous CPU inputs whose sizes fit the symbols' range, at least min_numel elements,
  * are offered to the kernel; anything else, or a call that fails inside the compiled path,
@@ -47,8 +55,12 @@ typedef struct fuse_slot {
   fuse_key key;       /* also the compiled function's ctx: its address is stable */
   em_compiled *c;
   int64_t calls;      /* offers of this signature, fused or not */
-  bool broken;        /* a fused call failed: op by op from now on */
+  int state;          /* COLD, COMPILING (on a background thread), READY, BROKEN (op by op from now on) */
+  pthread_t thread;   /* the background compile, joinable while `joinable` */
+  int joinable;
 } fuse_slot;
+
+enum { COLD, COMPILING, READY, BROKEN };
 
 static struct {
   pthread_mutex_t lock;
@@ -183,22 +195,100 @@ static fuse_slot *slot_for(const fuse_key *k, em_site site) {
   return s;
 }
 
+static bool is_update(rt_fuse_op op) { return op == RT_FUSE_SGD || op == RT_FUSE_ADAMW; }
+
+/* Whether a signature compiles on a background thread (EMBER_EAGER_FUSION_ASYNC, default 1) or
+ * on the calling thread, in the call after its warm-up. */
+static bool async_compile(void) {
+  const char *env = getenv("EMBER_EAGER_FUSION_ASYNC");
+  return !(env && !strcmp(env, "0"));
+}
+
+/* A background compile: the compiled function called on copies of a call's inputs (the caller
+ * goes on writing the originals; an update writes only the copies) until its kernels exist. */
+typedef struct compile_job {
+  fuse_slot *s;
+  em_tensor *in[RT_FUSE_MAX_IN]; /* owned copies */
+  int n;
+  em_site site;
+} compile_job;
+
+static void *compile_job_run(void *arg) {
+  compile_job *j = arg;
+  fuse_slot *s = j->s;
+  bool update = is_update(s->key.op), ok = em_scope_begin_at(j->site);
+  if (!s->key.grad_mode) em_no_grad_begin(); /* grad mode is per thread: the signature's */
+  /* a size's first calls run op by op, the EMBER_DYNAMIC_COMPILE_AFTER-th (3) compiles: one
+   * more call than that leaves nothing to compile for the caller at this size */
+  for (int i = 0; ok && i < 4; i++) {
+    em_scope_begin_at(j->site);
+    em_outputs r = em_call_at(s->c, &s->key, j->in, j->n, j->site);
+    ok = update ? r.n == 0 && !em_last_error() : r.n == 1 && r.t[0];
+    em_scope_end_at(j->site);
+  }
+  if (!s->key.grad_mode) em_no_grad_end();
+  if (!ok) {
+    fe_log(FE_LOG_FUSION, "em_%s at %s:%d: the background compile failed (%s); running op by op from now on",
+           op_names[s->key.op], j->site.file, j->site.line, em_last_error() ? em_last_error() : "no message");
+    __atomic_add_fetch(&table.fallbacks, 1, __ATOMIC_RELAXED);
+  }
+  em_clear_error();
+  for (int i = 0; i < j->n; i++) em_release(j->in[i]);
+  em_thread_cleanup();
+  __atomic_store_n(&s->state, ok ? READY : BROKEN, __ATOMIC_RELEASE);
+  free(j);
+  return NULL;
+}
+
+/* Starts s's background compile on copies of in (made here: one pass over the inputs, less than
+ * the op-by-op call this one also runs). False when it cannot (then the caller compiles). */
+static bool start_compile(fuse_slot *s, em_tensor *const *in, int n, bool had_error, em_site site) {
+  if (!async_compile()) return false;
+  compile_job *j = calloc(1, sizeof *j);
+  if (!j || !em_scope_begin_at(site)) return free(j), false;
+  j->s = s, j->n = n, j->site = site;
+  bool ok = true;
+  em_no_grad_begin(); /* detached copies: the background thread shares no autograd graph */
+  for (int i = 0; ok && i < n; i++) ok = (j->in[i] = em_retain(em_clone_at(in[i], site))) != NULL;
+  em_no_grad_end();
+  for (int i = 0; ok && i < n; i++)
+    if (in[i]->requires_grad) ok = em_requires_grad__at(j->in[i], true, site) != NULL;
+  em_scope_end_at(site);
+  if (!ok || pthread_create(&s->thread, NULL, compile_job_run, j)) {
+    if (!had_error) em_clear_error(); /* out of memory for the copies: not the caller's error */
+    for (int i = 0; i < n; i++) em_release(j->in[i]);
+    free(j);
+    return false;
+  }
+  __atomic_store_n(&s->joinable, 1, __ATOMIC_RELEASE);
+  return true;
+}
+
 static bool fuse(rt_fuse_op op, const double *args, int n_args, em_tensor *const *in, int n_in, em_tensor **out,
                  em_site site) {
   fuse_key k;
   if (inside || !fusion_on() || !signature(op, args, n_args, in, n_in, &k)) return false;
   fuse_slot *s = slot_for(&k, site);
-  if (!s || s->broken) return false;
-  if (s->calls <= fuse_after()) {
-    __atomic_add_fetch(&table.warmup_calls, 1, __ATOMIC_RELAXED);
-    return false;
-  }
+  if (!s) return false;
+  int state = __atomic_load_n(&s->state, __ATOMIC_ACQUIRE);
+  if (state == BROKEN) return false;
   em_tensor *ins[RT_FUSE_MAX_IN];
   int n = 0;
   for (int i = 0; i < n_in; i++)
     if (in[i] != EM_NONE) ins[n++] = in[i];
-  bool had_error = em_last_error() != NULL, update = op == RT_FUSE_SGD || op == RT_FUSE_ADAMW;
+  bool had_error = em_last_error() != NULL, update = is_update(op);
   if (update && had_error) return false; /* an update's failure shows only as a new error */
+  if (state != READY) {
+    int cold = COLD;
+    if (s->calls > fuse_after() && state == COLD &&
+        __atomic_compare_exchange_n(&s->state, &cold, COMPILING, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) &&
+        !start_compile(s, ins, n, had_error, site))
+      __atomic_store_n(&s->state, READY, __ATOMIC_RELEASE); /* no thread: compile on this call */
+    if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) != READY) {
+      __atomic_add_fetch(&table.warmup_calls, 1, __ATOMIC_RELAXED);
+      return false;
+    }
+  }
   inside = true;
   em_outputs r = em_call_at(s->c, &s->key, ins, n, site);
   inside = false;
@@ -212,12 +302,24 @@ static bool fuse(rt_fuse_op op, const double *args, int n_args, em_tensor *const
   fe_log(FE_LOG_FUSION, "em_%s at %s:%d: the fused kernel failed (%s); running op by op from now on", op_names[op],
          site.file, site.line, em_last_error() ? em_last_error() : "no message");
   if (!had_error) em_clear_error();
-  s->broken = true;
+  __atomic_store_n(&s->state, BROKEN, __ATOMIC_RELEASE);
   __atomic_add_fetch(&table.fallbacks, 1, __ATOMIC_RELAXED);
   return false;
 }
 
+void em_eager_fusion_wait(void) {
+  for (int i = 0;; i++) {
+    pthread_mutex_lock(&table.lock);
+    fuse_slot *s = i < table.n ? table.slots[i] : NULL;
+    pthread_mutex_unlock(&table.lock);
+    if (!s) return;
+    if (__atomic_exchange_n(&s->joinable, 0, __ATOMIC_ACQ_REL)) pthread_join(s->thread, NULL);
+  }
+}
+
 __attribute__((constructor)) static void install(void) { rt_fuse_hook = fuse; }
+/* A compile still running at exit finishes first (LLVM's own destructors run after this). */
+__attribute__((destructor)) static void finish(void) { em_eager_fusion_wait(); }
 
 void em_eager_fusion_config(int enabled, int64_t min_numel_) {
   __atomic_store_n(&enabled_override, enabled < 0 ? -1 : enabled != 0, __ATOMIC_RELAXED);

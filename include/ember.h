@@ -1579,11 +1579,14 @@ void em_compiled_free(em_compiled *c);
  * before), its inputs are contiguous CPU tensors with every dim <= 65536, the first has at least
  * EMBER_EAGER_FUSION_MIN elements (default 4096), and its signature (composite, non-tensor
  * arguments, input dtypes and ranks, absent inputs, requires_grad of each, grad mode) has been
- * called twice before: the first two calls of a signature run op by op, then one compiled
+ * called twice before: the first two calls of a signature run op by op, and the third starts its
+ * compile on a background thread (on copies of its inputs: the caller may go on writing them)
+ * and runs op by op too, as every call does until the compile is done; then one compiled
  * function per signature (em_compile with EM_DYNAMIC_ALWAYS, so one kernel module serves every
- * size) takes over, with its tiering: a size's first EMBER_DYNAMIC_COMPILE_AFTER - 1 calls run
- * the graph op by op, then it is compiled, synchronously, on the calling thread (kernels are
- * cached in memory and on disk). Arguments are checked before fusion, so errors are the
+ * size) takes over, with its tiering at a size it has not seen: that size's first
+ * EMBER_DYNAMIC_COMPILE_AFTER - 1 calls run the graph op by op, then it is specialized on the
+ * calling thread (the kernel module is shared: no LLVM). EMBER_EAGER_FUSION_ASYNC=0 compiles on
+ * the calling thread instead, in the third call. Kernels are cached in memory and on disk. Arguments are checked before fusion, so errors are the
  * composite's own. Gradients come from one autograd node whose backward is the compiled
  * backward; as in torch.compile, differentiating that backward again (double backward through a
  * fused composite) is not supported: run with fusion off. Results agree with op by op within
@@ -1605,6 +1608,9 @@ typedef struct em_eager_fusion_stats {
 } em_eager_fusion_stats;
 /* The process's counters (all threads). */
 em_eager_fusion_stats em_eager_fusion_info(void);
+/* Waits for the background compiles running now (tests, benchmarks, before reading the live
+ * tensor counters: a compile holds copies of the inputs of the call that started it). */
+void em_eager_fusion_wait(void);
 /* Overrides the environment: enabled 1 on, 0 off (op by op), -1 EMBER_EAGER_FUSION again;
  * min_numel the smallest first input fused, -1 EMBER_EAGER_FUSION_MIN (or 4096) again.
  * For tests and benchmarks; takes effect at the next composite call. */

@@ -78,6 +78,7 @@ static void check(composite_fn f, const char *what, em_dtype dt, int64_t r, int6
   em_eager_fusion_stats s0 = em_eager_fusion_info();
   for (int call = 0; call < 6; call++) {
     em_tensor *y = f(in);
+    em_eager_fusion_wait(); /* a background compile the call started: later calls use it */
     char w[96];
     snprintf(w, sizeof w, "%s %s [%lld, %lld] call %d", what, em_dtype_name(dt), (long long)r, (long long)c, call);
     expect_close(y, ref, tol, w);
@@ -148,7 +149,10 @@ ETEST(eager_fusion, loss) { check_group("loss"); }
 ETEST(eager_fusion, sizes_share_one_kernel) {
   fusion_on();
   em_tensor *x = randn(EM_F32, 16, 40), *x2 = randn(EM_F32, 20, 48);
-  for (int i = 0; i < 6; i++) cr_assert_not_null(em_softmax(x, -1), "%s", em_last_error());
+  for (int i = 0; i < 6; i++) {
+    cr_assert_not_null(em_softmax(x, -1), "%s", em_last_error());
+    em_eager_fusion_wait();
+  }
   for (int i = 0; i < 6; i++) cr_assert_not_null(em_softmax(x2, -1), "%s", em_last_error());
   em_eager_fusion_stats s0 = em_eager_fusion_info();
   em_kernel_cache_stats k0 = em_kernel_cache_info();
@@ -218,7 +222,10 @@ ETEST(eager_fusion, errors_unchanged) {
   char msg[2][3][512];
   for (int on = 0; on < 2; on++) {
     em_eager_fusion_config(on, 1);
-    for (int i = 0; i < 4; i++) cr_assert_not_null(em_softmax(x, 1)); /* a warm signature */
+    for (int i = 0; i < 4; i++) { /* a warm signature */
+      cr_assert_not_null(em_softmax(x, 1));
+      em_eager_fusion_wait();
+    }
     em_clear_error();
     int line = __LINE__ + 1;
     cr_assert_null(em_softmax(x, 2));
@@ -257,7 +264,10 @@ ETEST(eager_fusion, disable_switch) {
   cr_assert(!em_eager_fusion_info().enabled);
   cr_assert_eq(em_eager_fusion_info().fused_calls, 0);
   setenv("EMBER_EAGER_FUSION", "1", 1);
-  for (int i = 0; i < 6; i++) cr_assert_not_null(em_gelu(x, false));
+  for (int i = 0; i < 6; i++) {
+    cr_assert_not_null(em_gelu(x, false));
+    em_eager_fusion_wait();
+  }
   cr_assert_gt(em_eager_fusion_info().fused_calls, 0);
 }
 
@@ -272,7 +282,10 @@ ETEST(eager_fusion, small_and_strided_run_op_by_op) {
   }
   em_eager_fusion_stats s = em_eager_fusion_info();
   cr_assert_eq(s.functions + s.fused_calls, 0);
-  for (int i = 0; i < 6; i++) cr_assert_not_null(em_softmax(big, 1));
+  for (int i = 0; i < 6; i++) {
+    cr_assert_not_null(em_softmax(big, 1));
+    em_eager_fusion_wait();
+  }
   cr_assert_gt(em_eager_fusion_info().fused_calls, 0);
 }
 
@@ -294,6 +307,7 @@ static em_tensor *optimizer_run(bool fused, em_tensor *init, em_tensor *k, int w
     em_tensor *loss = em_sum(em_mul(em_mul(p, p), k), 0, NULL, false);
     cr_assert(em_backward(loss, NULL), "%s", em_last_error());
     cr_assert(em_optimizer_step(opt), "step %d: %s", i, em_last_error());
+    em_eager_fusion_wait();
   }
   em_optimizer_free(opt);
   return p;
@@ -315,4 +329,32 @@ ETEST(eager_fusion, optimizers) {
       cr_assert_eq(s1.fallbacks, 0, "%s: fell back", w);
     }
   }
+}
+
+/* The compile is tiered: a signature's third call starts it on a background thread and runs op
+ * by op itself; calls while it compiles run op by op; once it is done, calls run its kernels at
+ * once. With EMBER_EAGER_FUSION_ASYNC=0 the third call compiles and runs the kernel itself. */
+ETEST(eager_fusion, background_compile) {
+  fusion_on();
+  em_tensor *x = randn(EM_F32, 16, 40);
+  fusion_off();
+  em_tensor *ref = em_log_softmax(x, 1);
+  fusion_on();
+  for (int i = 0; i < 3; i++) expect_close(em_log_softmax(x, 1), ref, 1e-5, "calls before the kernel");
+  em_eager_fusion_stats s = em_eager_fusion_info();
+  cr_assert_eq(s.fused_calls, 0, "the call that started the compile did not run op by op");
+  cr_assert_eq(s.warmup_calls, 3);
+  em_eager_fusion_wait();
+  int64_t runs = em_eager_fusion_info().kernel_runs;
+  cr_assert_gt(runs, 0, "the background compile ran no kernel");
+  expect_close(em_log_softmax(x, 1), ref, 1e-5, "the first call after the compile");
+  s = em_eager_fusion_info();
+  cr_assert_eq(s.fused_calls, 1);
+  cr_assert_eq(s.kernel_runs, runs + 1, "the first call after the compile did not run the kernel");
+
+  setenv("EMBER_EAGER_FUSION_ASYNC", "0", 1);
+  em_tensor *y = randn(EM_F32, 12, 36);
+  for (int i = 0; i < 3; i++) cr_assert_not_null(em_softmax(y, 0));
+  cr_assert_eq(em_eager_fusion_info().fused_calls, 2, "with EMBER_EAGER_FUSION_ASYNC=0 the third call is fused");
+  unsetenv("EMBER_EAGER_FUSION_ASYNC");
 }
