@@ -297,8 +297,13 @@ static bool fuse(rt_fuse_op op, const double *args, int n_args, em_tensor *const
     *out = update ? in[0] : r.t[0];
     return true;
   }
-  /* the compiled path failed (the arguments were checked, so it is the compiler's failure): run
-   * op by op, now and from now on, and keep the user's error state as it was */
+  /* out of memory is the call's failure, as it would be op by op (and may pass): report it */
+  if (!had_error && em_last_error() && strstr(em_last_error(), "out of memory")) {
+    *out = NULL;
+    return true;
+  }
+  /* else the compiled path failed (the arguments were checked, so it is the compiler's failure):
+   * run op by op, now and from now on, and keep the user's error state as it was */
   fe_log(FE_LOG_FUSION, "em_%s at %s:%d: the fused kernel failed (%s); running op by op from now on", op_names[op],
          site.file, site.line, em_last_error() ? em_last_error() : "no message");
   if (!had_error) em_clear_error();

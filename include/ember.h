@@ -1376,7 +1376,8 @@ void em_loader_free(em_loader *l);
  * site.
  *
  * Backends: "eager" runs each captured graph with the graph interpreter on the eager kernels
- * (results are bit-identical to eager execution; autograd works on the outputs as in eager).
+ * (results are bit-identical to op-by-op eager execution, EMBER_EAGER_FUSION=0; autograd works on
+ * the outputs as in eager).
  * "aot_eager" differentiates ahead of time (as AOTAutograd does): when grad mode is on and some
  * input requires grad, the graph's forward and the autograd engine's backward are traced into
  * one joint graph, optimised (CSE, folding, rewrites) and split into a forward and a backward
