@@ -280,11 +280,12 @@ static bool fuse(rt_fuse_op op, const double *args, int n_args, em_tensor *const
   if (update && had_error) return false; /* an update's failure shows only as a new error */
   if (state != READY) {
     int cold = COLD;
+    bool started = false; /* this call started the background compile: it runs op by op */
     if (s->calls > fuse_after() && state == COLD &&
         __atomic_compare_exchange_n(&s->state, &cold, COMPILING, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) &&
-        !start_compile(s, ins, n, had_error, site))
+        !(started = start_compile(s, ins, n, had_error, site)))
       __atomic_store_n(&s->state, READY, __ATOMIC_RELEASE); /* no thread: compile on this call */
-    if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) != READY) {
+    if (started || __atomic_load_n(&s->state, __ATOMIC_ACQUIRE) != READY) {
       __atomic_add_fetch(&table.warmup_calls, 1, __ATOMIC_RELAXED);
       return false;
     }
