@@ -31,12 +31,16 @@
  * are offered to the kernel; anything else, or a call that fails inside the compiled path,
  * runs op by op (the failure is logged under EMBER_LOGS=fusion and the signature is never
  * fused again). */
-#define _POSIX_C_SOURCE 200809L
+/* _GNU_SOURCE comes with the build's flags (LLVM's): syscall(SYS_gettid), a thread's own nice value */
 #include "frontend.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 static const char *const op_names[RT_FUSE_COUNT] = {"softmax", "log_softmax", "layer_norm", "rms_norm",
                                                     "gelu", "silu", "cross_entropy", "relu", "sigmoid", "sgd", "adamw"};
@@ -216,6 +220,9 @@ typedef struct compile_job {
 static void *compile_job_run(void *arg) {
   compile_job *j = arg;
   fuse_slot *s = j->s;
+  /* below the caller's threads: on a busy machine the compile yields to the op-by-op calls */
+  if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10)) { /* best effort */
+  }
   bool update = is_update(s->key.op), ok = em_scope_begin_at(j->site);
   if (!s->key.grad_mode) em_no_grad_begin(); /* grad mode is per thread: the signature's */
   /* a size's first calls run op by op, the EMBER_DYNAMIC_COMPILE_AFTER-th (3) compiles: one
@@ -320,6 +327,8 @@ void em_eager_fusion_wait(void) {
     pthread_mutex_unlock(&table.lock);
     if (!s) return;
     if (__atomic_exchange_n(&s->joinable, 0, __ATOMIC_ACQ_REL)) pthread_join(s->thread, NULL);
+    while (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) == COMPILING) /* another thread joins it */
+      nanosleep(&(struct timespec){0, 1000000}, NULL);
   }
 }
 

@@ -8,6 +8,8 @@
  * (a test whose comparison passed because nothing was fused fails). */
 #include "common.h"
 
+#include <pthread.h>
+
 /* Small inputs fuse in these tests (the threshold is about speed, not correctness), so the
  * suite stays fast; each Criterion test runs in its own process, so the counters start at 0. */
 static void fusion_on(void) { em_eager_fusion_config(1, 1); }
@@ -357,4 +359,50 @@ ETEST(eager_fusion, background_compile) {
   for (int i = 0; i < 3; i++) cr_assert_not_null(em_softmax(y, 0));
   cr_assert_eq(em_eager_fusion_info().fused_calls, 2, "with EMBER_EAGER_FUSION_ASYNC=0 the third call is fused");
   unsetenv("EMBER_EAGER_FUSION_ASYNC");
+}
+
+/* Threads: callers of one signature share its compiled function (one starts the compile, the
+ * others run op by op meanwhile, then all run the kernel); each result matches op by op. */
+typedef struct thread_case {
+  em_tensor *x, *ref;
+  double max_err;
+  bool failed;
+} thread_case;
+
+static void *thread_body(void *arg) {
+  thread_case *t = arg;
+  em_scope_begin();
+  for (int i = 0; i < 12; i++) {
+    em_scope_begin();
+    em_tensor *y = em_softmax(t->x, 1);
+    if (!y) t->failed = true;
+    else t->max_err = fmax(t->max_err, em_item(em_amax(em_abs(em_sub(y, t->ref)), 0, NULL, false)));
+    em_scope_end();
+    if (i == 5) em_eager_fusion_wait(); /* the compile one of the threads started */
+  }
+  em_thread_cleanup();
+  return NULL;
+}
+
+ETEST(eager_fusion, threads) {
+  enum { N = 4 };
+  thread_case tc[N] = {{0}};
+  fusion_off();
+  for (int i = 0; i < N; i++) {
+    tc[i].x = randn(EM_F32, 16 + 4 * i, 40);
+    tc[i].ref = em_softmax(tc[i].x, 1);
+  }
+  fusion_on();
+  pthread_t th[N];
+  for (int i = 0; i < N; i++) cr_assert_eq(pthread_create(&th[i], NULL, thread_body, &tc[i]), 0);
+  for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
+  em_eager_fusion_wait();
+  for (int i = 0; i < N; i++) {
+    cr_assert(!tc[i].failed, "thread %d: a call failed", i);
+    cr_assert_leq(tc[i].max_err, 1e-6, "thread %d: differs from op by op by %g", i, tc[i].max_err);
+  }
+  em_eager_fusion_stats s = em_eager_fusion_info();
+  cr_assert_eq(s.functions, 1);
+  cr_assert_gt(s.fused_calls, 0);
+  cr_assert_eq(s.fallbacks, 0);
 }
