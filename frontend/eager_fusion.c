@@ -42,8 +42,9 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char *const op_names[RT_FUSE_COUNT] = {"softmax", "log_softmax", "layer_norm", "rms_norm",
-                                                    "gelu", "silu", "cross_entropy", "relu", "sigmoid", "sgd", "adamw"};
+static const char *const op_names[RT_FUSE_COUNT] = {
+    "softmax", "log_softmax", "layer_norm", "rms_norm", "gelu", "silu", "cross_entropy", "relu", "sigmoid", "sgd",
+    "adamw", "mse_loss"};
 
 typedef struct fuse_key {
   rt_fuse_op op;
@@ -137,6 +138,7 @@ static em_outputs fused_fn(void *ctx, em_tensor *const *in, int n) {
     em_cross_entropy_opts o = {(int64_t)a[0], a[1], (em_reduction)a[2], t[2]};
     return EM_OUTPUTS(em_cross_entropy_at(t[0], t[1], o, site));
   }
+  case RT_FUSE_MSE_LOSS: return EM_OUTPUTS(em_mse_loss_at(t[0], t[1], (em_reduction)a[0], site));
   case RT_FUSE_COUNT: break;
   }
   return (em_outputs){0};
@@ -149,7 +151,9 @@ static bool targets_in_range(em_tensor *logits, em_tensor *target, int64_t ignor
   int64_t c = logits->sizes[1];
   const char *p = rt_data(target);
   for (int64_t i = 0; i < target->numel; i++) {
-    int64_t v = target->dtype == EM_I64 ? ((const int64_t *)p)[i] : target->dtype == EM_I32 ? ((const int32_t *)p)[i] : -1;
+    int64_t v = target->dtype == EM_I64   ? ((const int64_t *)p)[i]
+                : target->dtype == EM_I32 ? ((const int32_t *)p)[i]
+                                          : -1;
     if (v != ignore && (v < 0 || v >= c)) return false;
   }
   return true;
@@ -174,6 +178,10 @@ static bool signature(rt_fuse_op op, const double *args, int n_args, em_tensor *
     k->dtype[i] = t->dtype, k->ndim[i] = t->ndim, k->requires_grad[i] = t->requires_grad;
   }
   if (op == RT_FUSE_CROSS_ENTROPY && !targets_in_range(in[0], in[1], (int64_t)args[0])) return false;
+  /* mse_loss broadcasts inside (em_sub): a mismatch must fail with the op-by-op message */
+  if (op == RT_FUSE_MSE_LOSS &&
+      (in[0]->ndim != in[1]->ndim || memcmp(in[0]->sizes, in[1]->sizes, sizeof(int64_t) * (size_t)in[0]->ndim)))
+    return false;
   return true;
 }
 
@@ -183,8 +191,11 @@ static fuse_slot *slot_for(const fuse_key *k, em_site site) {
   pthread_mutex_lock(&table.lock);
   for (int i = 0; i < table.n && !s; i++)
     if (!memcmp(&table.slots[i]->key, k, sizeof *k)) s = table.slots[i];
-  if (!s && (table.n < table.cap || (table.slots = realloc(table.slots, sizeof *table.slots * (size_t)(table.cap = table.cap * 2 + 8)))) &&
-      (s = calloc(1, sizeof *s))) {
+  if (!s && table.n == table.cap) {
+    fuse_slot **grown = realloc(table.slots, sizeof *table.slots * (size_t)(table.cap * 2 + 8));
+    if (grown) table.slots = grown, table.cap = table.cap * 2 + 8;
+  }
+  if (!s && table.n < table.cap && (s = calloc(1, sizeof *s))) {
     s->key = *k;
     char name[32];
     snprintf(name, sizeof name, "eager_%s", op_names[k->op]);

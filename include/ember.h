@@ -1571,7 +1571,7 @@ void em_compiled_free(em_compiled *c);
 
 /* Eager fusion (frontend/eager_fusion.c; issue 23). Outside em_compile, the hot composites
  * (em_softmax, em_log_softmax, em_layer_norm, em_rms_norm, em_gelu, em_silu, em_sigmoid,
- * em_relu, em_cross_entropy) and em_optimizer_step's per-parameter updates (SGD after its first
+ * em_relu, em_cross_entropy, em_mse_loss) and em_optimizer_step's per-parameter updates (SGD after its first
  * step with momentum, AdamW; the writes into the parameter and the state happen in place, as
  * em_compile's functionalization writes them back)
  * run as kernels the inductor compiles from their own decomposition, instead of one pass over
@@ -1587,7 +1587,8 @@ void em_compiled_free(em_compiled *c);
  * size) takes over, with its tiering at a size it has not seen: that size's first
  * EMBER_DYNAMIC_COMPILE_AFTER - 1 calls run the graph op by op, then it is specialized on the
  * calling thread (the kernel module is shared: no LLVM). EMBER_EAGER_FUSION_ASYNC=0 compiles on
- * the calling thread instead, in the third call. Kernels are cached in memory and on disk. Arguments are checked before fusion, so errors are the
+ * the calling thread instead, in the third call. Kernels are cached in memory and on disk.
+ * Arguments are checked before fusion, so errors are the
  * composite's own. Gradients come from one autograd node whose backward is the compiled
  * backward; as in torch.compile, differentiating that backward again (double backward through a
  * fused composite) is not supported: run with fusion off. Results agree with op by op within

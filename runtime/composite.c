@@ -510,6 +510,7 @@ em_tensor *em_mse_loss_at(em_tensor *x, em_tensor *y, em_reduction reduction, em
   if (!float_arg(x, "em_mse_loss", site) || !float_arg(y, "em_mse_loss", site) ||
       !reduction_arg(reduction, "em_mse_loss", site))
     return NULL;
+  FUSED(RT_FUSE_MSE_LOSS, site, 1, ((double[]){reduction}), x, y);
   BEGIN(site);
   em_tensor *d = em_sub_at(x, y, site);
   END(reduce_loss(em_mul_at(d, d, site), reduction, EM_NONE, site), site);

@@ -347,6 +347,7 @@ typedef enum rt_fuse_op {
                           * *out is p, written in place) */
   RT_FUSE_ADAMW,         /* args: beta1, beta2, eps, weight_decay, amsgrad; in: p, grad, m, v, vmax, step, lr
                           * (an update, as SGD's) */
+  RT_FUSE_MSE_LOSS,      /* args: reduction; in: x, y */
   RT_FUSE_COUNT
 } rt_fuse_op;
 enum { RT_FUSE_MAX_ARGS = 6, RT_FUSE_MAX_IN = 8 };

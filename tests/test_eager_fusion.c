@@ -45,6 +45,10 @@ static em_tensor *rms_norm_fn(em_tensor *const *in) { return em_rms_norm(in[0], 
 static em_tensor *gelu_fn(em_tensor *const *in) { return em_gelu(in[0], false); }
 static em_tensor *gelu_tanh_fn(em_tensor *const *in) { return em_gelu(in[0], true); }
 static em_tensor *silu_fn(em_tensor *const *in) { return em_silu(in[0]); }
+/* mse_loss's target: 0.5 x + weight, a contiguous [r, c] through which gradients flow into both */
+static em_tensor *mse_target(em_tensor *const *in) { return em_add(em_mul_scalar(in[0], 0.5), in[1]); }
+static em_tensor *mse_fn(em_tensor *const *in) { return em_mse_loss(in[0], mse_target(in), EM_REDUCE_MEAN); }
+static em_tensor *mse_none_fn(em_tensor *const *in) { return em_mse_loss(in[0], mse_target(in), EM_REDUCE_NONE); }
 static em_tensor *relu_fn(em_tensor *const *in) { return em_relu(in[0]); }
 static em_tensor *sigmoid_fn(em_tensor *const *in) { return em_sigmoid(in[0]); }
 static em_tensor *cross_entropy_fn(em_tensor *const *in) {
@@ -75,7 +79,8 @@ static void check(composite_fn f, const char *what, em_dtype dt, int64_t r, int6
   fusion_off();
   em_tensor *ref = f(in), *ref_g[3] = {0};
   em_tensor *g = em_randn(dt, em_ndim(ref), em_sizes(ref));
-  if (grad) cr_assert(em_grad(1, (em_tensor *[]){ref}, (em_tensor *[]){g}, 3, in, ref_g, false, false), "%s", em_last_error());
+  if (grad)
+    cr_assert(em_grad(1, (em_tensor *[]){ref}, (em_tensor *[]){g}, 3, in, ref_g, false, false), "%s", em_last_error());
   fusion_on();
   em_eager_fusion_stats s0 = em_eager_fusion_info();
   for (int call = 0; call < 6; call++) {
@@ -131,12 +136,18 @@ static const fused_case cases[] = {
     {"loss", "cross_entropy", cross_entropy_fn, EM_F32, 32, 10, true},
     {"loss", "cross_entropy weighted, smoothed, ignore_index", cross_entropy_ex_fn, EM_F32, 32, 10, true},
     {"loss", "cross_entropy", cross_entropy_fn, EM_F64, 16, 6, true},
+    {"loss", "mse_loss", mse_fn, EM_F32, 16, 64, true},
+    {"loss", "mse_loss reduction none", mse_none_fn, EM_F32, 16, 64, true},
+    {"loss", "mse_loss", mse_fn, EM_F64, 8, 32, true},
 };
 
 static void check_group(const char *group) {
   int n = 0;
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
-    if (!strcmp(cases[i].group, group)) check(cases[i].f, cases[i].what, cases[i].dt, cases[i].r, cases[i].c, cases[i].grad), n++;
+    if (!strcmp(cases[i].group, group)) {
+      check(cases[i].f, cases[i].what, cases[i].dt, cases[i].r, cases[i].c, cases[i].grad);
+      n++;
+    }
   cr_assert_gt(n, 0, "no case in group %s", group);
 }
 
@@ -168,7 +179,8 @@ ETEST(eager_fusion, sizes_share_one_kernel) {
     fusion_on();
     int64_t runs = em_eager_fusion_info().kernel_runs;
     for (int i = 0; i < 4; i++) expect_close(em_softmax(y, -1), ref, 1e-5, "softmax at a new size");
-    cr_assert_gt(em_eager_fusion_info().kernel_runs, runs, "size %lld x %lld never ran the kernel", (long long)sizes[k][0],
+    cr_assert_gt(em_eager_fusion_info().kernel_runs, runs, "size %lld x %lld never ran the kernel",
+                 (long long)sizes[k][0],
                  (long long)sizes[k][1]);
   }
   em_eager_fusion_stats s1 = em_eager_fusion_info();
@@ -294,7 +306,8 @@ ETEST(eager_fusion, small_and_strided_run_op_by_op) {
 /* Optimizer updates: SGD steps (momentum, dampening, weight decay, nesterov) and AdamW steps
  * (weight decay, amsgrad) fused against op by op from the same parameters; the writes into the
  * parameter and the optimizer's state are the result. */
-static const em_sgd_opts sgd_opts[] = {{0.1, 0.9, 0, 0, false}, {0.05, 0.8, 0.1, 0.01, false}, {0.1, 0.9, 0, 0.02, true},
+static const em_sgd_opts sgd_opts[] = {{0.1, 0.9, 0, 0, false}, {0.05, 0.8, 0.1, 0.01, false},
+                                       {0.1, 0.9, 0, 0.02, true},
                                        {0.1, 0, 0, 0.01, false}};
 static const em_adamw_opts adamw_opts[] = {{0.01, 0.9, 0.999, 1e-8, 0.01, false}, {0.02, 0.8, 0.99, 1e-6, 0, true}};
 enum { N_SGD = sizeof sgd_opts / sizeof *sgd_opts, N_OPTS = N_SGD + sizeof adamw_opts / sizeof *adamw_opts };
@@ -302,7 +315,8 @@ enum { N_SGD = sizeof sgd_opts / sizeof *sgd_opts, N_OPTS = N_SGD + sizeof adamw
 static em_tensor *optimizer_run(bool fused, em_tensor *init, em_tensor *k, int which, int steps) {
   em_eager_fusion_config(fused, 1);
   em_tensor *p = em_requires_grad_(em_clone(em_detach(init)), true);
-  em_optimizer *opt = which < N_SGD ? em_sgd_new(1, &p, sgd_opts[which]) : em_adamw_new(1, &p, adamw_opts[which - N_SGD]);
+  em_optimizer *opt =
+      which < N_SGD ? em_sgd_new(1, &p, sgd_opts[which]) : em_adamw_new(1, &p, adamw_opts[which - N_SGD]);
   cr_assert_not_null(opt, "%s", em_last_error());
   for (int i = 0; i < steps; i++) {
     em_optimizer_zero_grad(opt);
@@ -325,7 +339,8 @@ ETEST(eager_fusion, optimizers) {
       em_eager_fusion_stats s1 = em_eager_fusion_info();
       em_tensor *ref = optimizer_run(false, init, k, i, 8);
       char w[64];
-      snprintf(w, sizeof w, "%s options %d %s", i < N_SGD ? "sgd" : "adamw", i < N_SGD ? i : i - N_SGD, em_dtype_name(dt));
+      snprintf(w, sizeof w, "%s options %d %s", i < N_SGD ? "sgd" : "adamw", i < N_SGD ? i : i - N_SGD,
+               em_dtype_name(dt));
       expect_close(fused, ref, dt == EM_F64 ? 1e-11 : 1e-5, w);
       cr_assert_gt(s1.kernel_runs, s0.kernel_runs, "%s: no kernel ran", w);
       cr_assert_eq(s1.fallbacks, 0, "%s: fell back", w);
