@@ -97,7 +97,7 @@ int main(int argc, char **argv) {
   if (own_dir) setenv("EMBER_CACHE_DIR", dir, 1);
   em_scope_begin();
   em_manual_seed(0);
-  models_rows(run);
+  models_rows(run, 4096);
   {
     net m = {0};
     models_mlp(&m, 784, 512, 512, 10);

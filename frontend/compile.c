@@ -812,6 +812,18 @@ static void final_info_free(final_info *fi) {
   memset(fi, 0, sizeof *fi);
 }
 
+/* A mutated input's new value (graph output src) into the input dst. A CPU tensor a CUDA graph
+ * updated (an optimizer's step count: a 0-dim f64 on the CPU, as in PyTorch) comes back to the
+ * CPU first: em_copy_ writes only from operands on its destination's device. */
+static bool write_back(em_tensor *dst, em_tensor *src, em_site site) {
+  bool across = src && dst && src->storage->device != dst->storage->device;
+  em_tensor *moved = across ? rt_to_device(src, dst->storage->device, "em_call", site) : NULL;
+  if (across && !moved) return false; /* the error is recorded */
+  bool ok = em_copy__at(dst, moved ? moved : src, site) != NULL;
+  em_release(moved);
+  return ok;
+}
+
 /* Runs the trace's current graph on its lifted inputs, materializes the live proxies and writes
  * the new values of lifted tensors written in place back into them (functionalization's
  * epilogue). With fi, reports what it did. */
@@ -886,7 +898,7 @@ static bool run_graph_so_far(run_state *rs, rt_trace *tr, em_site site, final_in
   if (ok && n_wb) {
     rt_trace_suspend();
     bool prev = em_set_grad_enabled(false);
-    for (int j = 0; ok && j < n_wb; j++) ok = em_copy__at(tr->lifted[wbl[j]], outs[wbo[j]], site) != NULL;
+    for (int j = 0; ok && j < n_wb; j++) ok = write_back(tr->lifted[wbl[j]], outs[wbo[j]], site);
     em_set_grad_enabled(prev);
     for (int a = 0; ok && a < al.n_alias; a++) {
       em_tensor *v = apply_links(tr->lifted[al.alias_root[a]], al.alias_links[a], al.alias_n[a], site);
@@ -1707,7 +1719,7 @@ static bool replay(em_compiled *c, entry *e, em_tensor *const *in, int n_in, em_
     for (int i = 0; ok && i < e->n_wb; i++) {
       const source *s = &e->src[e->wb[i][0]];
       em_tensor *dst = s->kind == SRC_ARG ? in[s->arg] : s->t, *src = gout[e->wb[i][1]];
-      if (src != dst) ok = em_copy__at(dst, src, site) != NULL; /* else written in place */
+      if (src != dst) ok = write_back(dst, src, site); /* else written in place */
     }
     em_set_grad_enabled(prev);
     for (int i = 0; ok && i < e->n_gb; i++) {

@@ -74,15 +74,17 @@ static pthread_mutex_t profile_lock = PTHREAD_MUTEX_INITIALIZER;
 /* GEMM time by operand shapes. */
 static struct { char key[96]; double ms; int64_t n; } profile_gemm[64];
 
-static void profile_gemm_add(const em_tensor *a, const em_tensor *b, double ms) {
-  char key[96];
+static void profile_gemm_key(const em_tensor *a, const em_tensor *b, char key[96]) {
   int n = 0;
   for (int q = 0; q < 2; q++) {
     const em_tensor *t = q ? b : a;
-    n += snprintf(key + n, sizeof key - (size_t)n, "%s[", q ? " x " : "");
-    for (int d = 0; d < t->ndim && n < 80; d++) n += snprintf(key + n, sizeof key - (size_t)n, "%s%lld", d ? "," : "", (long long)t->sizes[d]);
-    n += snprintf(key + n, sizeof key - (size_t)n, "]%s", t->ndim >= 2 && t->strides[t->ndim - 2] == 1 && t->sizes[t->ndim - 1] > 1 ? "T" : "");
+    n += snprintf(key + n, 96 - (size_t)n, "%s[", q ? " x " : "");
+    for (int d = 0; d < t->ndim && n < 80; d++) n += snprintf(key + n, 96 - (size_t)n, "%s%lld", d ? "," : "", (long long)t->sizes[d]);
+    n += snprintf(key + n, 96 - (size_t)n, "]%s", t->ndim >= 2 && t->strides[t->ndim - 2] == 1 && t->sizes[t->ndim - 1] > 1 ? "T" : "");
   }
+}
+
+static void profile_gemm_time(const char *key, double ms) {
   pthread_mutex_lock(&profile_lock);
   for (int i = 0; i < 64; i++)
     if (!profile_gemm[i].n || !strcmp(profile_gemm[i].key, key)) {
@@ -91,6 +93,12 @@ static void profile_gemm_add(const em_tensor *a, const em_tensor *b, double ms) 
       break;
     }
   pthread_mutex_unlock(&profile_lock);
+}
+
+static void profile_gemm_add(const em_tensor *a, const em_tensor *b, double ms) {
+  char key[96];
+  profile_gemm_key(a, b, key);
+  profile_gemm_time(key, ms);
 }
 
 static void profile_print(void) {
@@ -181,6 +189,46 @@ static void profile_device_times(const ind_program *p, cu_event *kev) {
   rt_free(kev);
 }
 
+/* EMBER_INDUCTOR_PROFILE on the device: an eager step (a GEMM, a convolution, any prim that is
+ * not a generated kernel) between two CUDA events, as the kernels are: the host clock would see
+ * only its asynchronous launch. slot: profile_ms's; gemm: the operands' key for a GEMM, else "". */
+typedef struct step_timing {
+  cu_event ev[2];
+  bool begun, ended; /* both events recorded: timed (else left out of the profile) */
+  int slot;
+  char gemm[96];
+} step_timing;
+
+static void step_timing_begin(step_timing *t) {
+  const cu_driver *d = cu_drv();
+  t->begun = !d->event_create(&t->ev[0], 0) && !d->event_create(&t->ev[1], 0) &&
+             !d->event_record(t->ev[0], cu_current_stream());
+}
+
+static void step_timing_end(step_timing *t, int slot, const em_tensor *a, const em_tensor *b) {
+  if (!t->begun || t->ended) return;
+  t->ended = !cu_drv()->event_record(t->ev[1], cu_current_stream());
+  t->slot = slot;
+  if (a && b) profile_gemm_key(a, b, t->gemm);
+}
+
+/* The device times of a run's eager steps, added to the profile; the events destroyed. */
+static void profile_step_times(const ind_program *p, step_timing *st) {
+  const cu_driver *d = cu_drv();
+  cu_enter();
+  for (int s = 0; s < p->n_steps; s++) {
+    step_timing *t = &st[s];
+    float ms = 0;
+    if (t->ended && !d->event_sync(t->ev[1]) && !d->event_elapsed(&ms, t->ev[0], t->ev[1])) {
+      profile_add(t->slot, ms, 0);
+      if (t->gemm[0]) profile_gemm_time(t->gemm, ms);
+    }
+    for (int e = 0; e < 2; e++)
+      if (t->ev[e]) d->event_destroy(t->ev[e]);
+  }
+  rt_free(st);
+}
+
 bool ind_accepts(const ind_program *p, em_tensor *const *in, int n_in) {
   if (n_in != p->g->n_inputs) return false;
   for (int i = 0; i < n_in; i++) {
@@ -225,16 +273,50 @@ static em_tensor *matmul_step(const ind_program *p, int s, const ir_node *m, em_
   return rt_dispatch(m->opname, EM_PRIM_MATMUL, (em_tensor *[]){a, b}, 2, &m->attrs, m->site);
 }
 
-/* A GEMM epilogue step (schedule.c): one cuBLASLt call, its result reshaped as the chain's last
- * node's; when cuBLASLt cannot take it, the chain's nodes run eagerly, their intermediates
- * dropped after. */
+/* A CPU GEMM epilogue: act(a @ b [+ bias]) from prim_gemm_epilogue, the product's shape, and with
+ * prod the product itself in *prod; NULL with the error recorded. */
+static em_tensor *cpu_gemm_epilogue(const ir_node *mm, em_tensor *a, em_tensor *b, em_tensor *bias, int act,
+                                    em_tensor **prod, em_site site) {
+  prim_meta in[2] = {rt_meta(a), rt_meta(b)}, om;
+  char err[256];
+  if (!prim_meta_fn(EM_PRIM_MATMUL, &mm->attrs, in, 2, &om, err, sizeof err))
+    return rt_error(site, mm->opname, "%s", err);
+  em_tensor *r = rt_new(om.dtype, om.ndim, om.sizes, mm->opname, site);
+  if (prod && r && !(*prod = rt_new(om.dtype, om.ndim, om.sizes, mm->opname, site))) em_release(r), r = NULL;
+  if (!r) return NULL;
+  prim_buf ob = rt_buf(r), ab = rt_buf(a), bb = rt_buf(b);
+  prim_buf cb = bias ? rt_buf(bias) : ob, pb = prod ? rt_buf(*prod) : ob;
+  if (!prim_gemm_epilogue(&ob, prod ? &pb : NULL, &ab, &bb, bias ? &cb : NULL, (prim_activation)act, err, sizeof err)) {
+    em_release(r);
+    if (prod) em_release(*prod), *prod = NULL;
+    return rt_error(site, mm->opname, "%s", err);
+  }
+  return r;
+}
+
+/* A GEMM epilogue step (schedule.c): one cuBLASLt call (CUDA) or the GEMM with its epilogue on
+ * each tile (CPU), its result reshaped as the chain's last node's; a kept product (CPU) goes into
+ * vals with its reshape. When cuBLASLt cannot take the GEMM, the chain's nodes run eagerly, their
+ * intermediates dropped after. */
 static em_tensor *epilogue_step(const ind_program *p, int s, const ind_epilogue *e, em_tensor **vals) {
   const ir_graph *g = p->g;
   const ir_node *mm = &g->nodes[e->mm], *last = &g->nodes[e->nodes[e->n_nodes - 1]];
   const ir_type *t = &g->values[last->out].type;
-  bool fallback;
-  em_tensor *r = ind_cuda_gemm(p, s, vals[ir_operands(g, mm)[0]], vals[ir_operands(g, mm)[1]], vals[e->bias], e->act,
-                               &fallback, last->site);
+  bool fallback = false;
+  em_tensor *a = vals[ir_operands(g, mm)[0]], *b = vals[ir_operands(g, mm)[1]], *prod = NULL;
+  em_tensor *r = p->device == EM_CUDA
+                     ? ind_cuda_gemm(p, s, a, b, vals[e->bias], e->act, &fallback, last->site)
+                     : cpu_gemm_epilogue(mm, a, b, e->bias >= 0 ? vals[e->bias] : NULL, e->act, e->keep ? &prod : NULL,
+                                         last->site);
+  if (r && prod) {
+    vals[mm->out] = prod;
+    for (int i = 0; i < e->n_nodes; i++) { /* the reshape of the product in the chain */
+      const ir_node *n = &g->nodes[e->nodes[i]];
+      if (n->op != EM_PRIM_RESHAPE || ir_operands(g, n)[0] != mm->out) continue;
+      if (!(vals[n->out] = rt_reshape(prod, n->attrs.shape.ndim, n->attrs.shape.sizes, n->opname, n->site)))
+        return em_release(r), NULL;
+    }
+  }
   if (r) {
     em_tensor *v = r->ndim == t->ndim && !memcmp(r->sizes, t->sizes, sizeof(int64_t) * (size_t)t->ndim)
                        ? em_retain(r) : rt_reshape(r, t->ndim, t->sizes, last->opname, last->site);
@@ -319,6 +401,9 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
     kev = rt_alloc(sizeof(cu_event) * 2 * (size_t)p->n_kernels, 16);
     if (kev) memset(kev, 0, sizeof(cu_event) * 2 * (size_t)p->n_kernels);
   }
+  step_timing *sev = NULL; /* the eager steps' events, likewise */
+  if (prof && cuda && !cu_capturing() && (sev = rt_alloc(sizeof(step_timing) * (size_t)p->n_steps, 16)))
+    memset(sev, 0, sizeof(step_timing) * (size_t)p->n_steps);
   rt_trace_suspend();
   for (int s = 0; ok && s < p->n_steps; s++) {
     const step *st = &p->steps[s];
@@ -333,6 +418,8 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
       }
       for (int k = 0; k < n->n_in; k++) ops[k] = vals[ir_operands(g, n)[k]];
       prim_attrs at = n->attrs;
+      step_timing *tm = sev ? &sev[s] : NULL;
+      if (tm) step_timing_begin(tm);
       if (prim_get(n->op)->flags & P_RANDOM)
         rt_rng_reserve(prim_philox_calls(n->op, at.dtype, ir_numel(at.shape.ndim, at.shape.sizes)), &at.seed, &at.offset);
       em_tensor *r;
@@ -349,7 +436,8 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
           ab[1 - q] = rt_dispatch(m->opname, EM_PRIM_PERMUTE, &x, 1, &pa, m->site);
         }
         r = ab[0] && ab[1] ? matmul_step(p, s, m, ab[0], ab[1]) : NULL;
-        if (prof && r) profile_gemm_add(ab[0], ab[1], now_ms() - t0);
+        if (tm && r) step_timing_end(tm, EM_PRIM_MATMUL, ab[0], ab[1]);
+        else if (prof && r) profile_gemm_add(ab[0], ab[1], now_ms() - t0);
         em_release(ab[0]), em_release(ab[1]);
       } else if (st->alias && ir_is_contiguous(ops[0]->ndim, ops[0]->sizes, ops[0]->strides)) {
         r = em_retain(ops[0]);
@@ -360,12 +448,15 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
             : n->op == EM_PRIM_MATMUL ? matmul_step(p, s, n, ops[0], ops[1])
                                       : rt_dispatch(n->opname, n->op, ops, n->n_in, &at, n->site);
         if (!n->n_in) em_set_default_device(prev);
-        if (prof && r && n->op == EM_PRIM_MATMUL) profile_gemm_add(ops[0], ops[1], now_ms() - t0);
+        bool mm = r && n->op == EM_PRIM_MATMUL;
+        if (tm && r) step_timing_end(tm, n->op, mm ? ops[0] : NULL, mm ? ops[1] : NULL);
+        else if (prof && mm) profile_gemm_add(ops[0], ops[1], now_ms() - t0);
       }
       if (ops != small) rt_free(ops);
       vals[n->out] = r;
       ok = r != NULL;
-      if (prof) profile_add(st->tmat >= 0 || st->epi ? EM_PRIM_MATMUL : n->op, now_ms() - t0, 0);
+      if (tm && r) step_timing_end(tm, st->tmat >= 0 || st->epi ? EM_PRIM_MATMUL : n->op, NULL, NULL); /* if not yet */
+      if (prof && !tm) profile_add(st->tmat >= 0 || st->epi ? EM_PRIM_MATMUL : n->op, now_ms() - t0, 0);
       if (t0_ && r) {
         char b0[96], b1[96];
         bool gemm = st->tmat >= 0 || n->op == EM_PRIM_MATMUL;
@@ -425,7 +516,7 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
       }
       if (ok && cuda) {
         uint64_t ptr[130];
-        void *params[131];
+        void *params[132];
         int nb = k->n_out + k->n_in;
         if (nb > 130) {
           ok = (rt_error(site, "em_call", "CUDA kernel %s with %d buffers", k->name, nb), false);
@@ -439,6 +530,8 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
           bool vec = k->cu_vec != NULL;
           for (int q = 0; vec && q < nb; q++) vec = ptr[q] % 16 == 0;
           if (vec) n /= k->vec, vector_runs++;
+          /* sizes_as_args: the variant's table of sizes, by value after n (cuda_codegen.c: ktab) */
+          if (vec ? k->n_table > k->vtab : k->vtab > 0) params[nb + 1] = vec ? k->table + k->vtab : k->table;
           em_tensor *part = NULL; /* a split row kernel's partial results (cuda_codegen.c: split_parts) */
           if (ok && k->parts) {
             int64_t e = n * k->parts * k->n_out;
@@ -487,6 +580,7 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
   }
   rt_trace_resume();
   if (kev) profile_device_times(p, kev);
+  if (sev) profile_step_times(p, sev);
   rt_free(scratch), rt_free(into);
   em_release(arena);
   if (ok)

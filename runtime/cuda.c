@@ -86,28 +86,32 @@ static struct {
   pthread_mutex_t lock;
 } blas = {.once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER};
 
-/* Loads libcublas or libcublasLt (base): the loader's path first, then the toolkit's own
- * directories and $CUDA_PATH's; NULL with dlerror's reason in why. */
-static void *open_cuda_lib(const char *base, char *why, size_t cap) {
-  const char *dirs[] = {"", "", "", "/usr/local/cuda/lib64/", "/usr/local/cuda/lib64/", "/usr/local/cuda/lib/"};
-  const char *sfx[] = {".so.13", ".so.12", ".so", ".so.13", ".so.12", ".so.13"};
-  void *lib = NULL;
-  char p[600];
-  for (int i = 0; i < 6 && !lib; i++) {
-    snprintf(p, sizeof p, "%s%s%s", dirs[i], base, sfx[i]);
-    lib = dlopen(p, RTLD_NOW | RTLD_LOCAL);
-  }
+/* Loads libcublas, libcublasLt or libcudnn (base, whose sonames end in one of the major
+ * versions majors, best first): the loader's path first, then the toolkit's own directories and
+ * $CUDA_PATH's; NULL with dlerror's reason in why. */
+static void *open_cuda_lib(const char *base, const char *const *majors, int n_majors, char *why, size_t cap) {
+  const char *dirs[] = {"", "/usr/local/cuda/lib64/", "/usr/local/cuda/lib/", NULL, NULL};
+  char p[600], d1[520] = "", d2[520] = "";
   const char *cuda_path = getenv("CUDA_PATH");
-  for (int i = 0; i < 2 && !lib && cuda_path; i++) {
-    snprintf(p, sizeof p, "%s/%s/%s.so.13", cuda_path, i ? "lib" : "lib64", base);
-    lib = dlopen(p, RTLD_NOW | RTLD_LOCAL);
+  if (cuda_path) {
+    snprintf(d1, sizeof d1, "%s/lib64/", cuda_path), snprintf(d2, sizeof d2, "%s/lib/", cuda_path);
+    dirs[3] = d1, dirs[4] = d2;
   }
+  void *lib = NULL;
+  for (int d = 0; d < 5 && dirs[d] && !lib; d++)
+    for (int v = 0; v <= n_majors && !lib; v++) { /* v == n_majors: the unversioned name (a development link) */
+      if (v < n_majors) snprintf(p, sizeof p, "%s%s.so.%s", dirs[d], base, majors[v]);
+      else snprintf(p, sizeof p, "%s%s.so", dirs[d], base);
+      lib = dlopen(p, RTLD_NOW | RTLD_LOCAL);
+    }
   if (!lib) snprintf(why, cap, "%s did not load (%s)", base, dlerror());
   return lib;
 }
 
+static const char *const cublas_majors[] = {"13", "12"};
+
 static void blas_load(void) {
-  blas.lib = open_cuda_lib("libcublas", blas.why, sizeof blas.why);
+  blas.lib = open_cuda_lib("libcublas", cublas_majors, 2, blas.why, sizeof blas.why);
   if (!blas.lib) return;
   *(void **)&blas.create = dlsym(blas.lib, "cublasCreate_v2");
   *(void **)&blas.set_stream = dlsym(blas.lib, "cublasSetStream_v2");
@@ -153,7 +157,8 @@ static int real_gemm(cu_stream s, bool ta, bool tb, int m, int n, int k, em_dtyp
   return r;
 }
 
-static const cu_lt_api *real_lt(char *why, size_t cap); /* cuBLASLt, below */
+static const cu_lt_api *real_lt(char *why, size_t cap);   /* cuBLASLt, below */
+static const cu_dnn_api *real_dnn(char *why, size_t cap); /* cuDNN, below */
 
 static bool real_compile(const char *src, const char *name, char **image, size_t *size, char **log) {
   return cu_nvrtc_compile(src, name, cu_arch(), image, size, log);
@@ -196,11 +201,14 @@ static bool load_real(void) {
     return false;
   }
   d->name = "CUDA driver";
-  d->cache_salt = "nvrtc cubin";
+  static char salt[64]; /* load_real runs once (ensure) */
+  cu_nvrtc_cache_salt(salt, sizeof salt);
+  d->cache_salt = salt;
   d->error_string = real_error;
   d->compile = real_compile;
   d->gemm = real_gemm;
   d->lt = real_lt;
+  d->dnn = real_dnn;
   CUresult r = drv.cuInit(0);
   if (r == CUDA_SUCCESS) r = drv.cuDeviceGetCount(&drv.count);
   if (r != CUDA_SUCCESS) {
@@ -527,7 +535,7 @@ static struct {
 } ltlib = {.once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void lt_load(void) {
-  ltlib.lib = open_cuda_lib("libcublasLt", ltlib.why, sizeof ltlib.why);
+  ltlib.lib = open_cuda_lib("libcublasLt", cublas_majors, 2, ltlib.why, sizeof ltlib.why);
   if (!ltlib.lib) return;
   cu_lt_api *a = &ltlib.api;
 #define LT(field, name) (*(void **)&a->field = dlsym(ltlib.lib, name))
@@ -705,6 +713,181 @@ int cu_lt_matmul(const cu_lt_problem *pr, cu_lt_choice *ch, char *why, size_t ca
     else if (!r) ch->algo = res[pick].algo, ch->workspace = res[pick].workspace_size, ch->timed += tune && n == 1;
   }
   lt_call_free(&c);
+  return rc;
+}
+
+/* ---- cuDNN (dlopen'ed beside cuBLAS, at the first convolution) ----
+ *
+ * The legacy convolution API, driven as PyTorch's Conv_v7.cpp does: descriptors for x, w, y and
+ * the convolution (padding, stride, dilation, groups, cross-correlation, compute type f32 for
+ * the half types), the _v7 heuristic's ranking of algorithms, and the first that runs within the
+ * workspace the caching allocator gives. */
+
+static struct {
+  pthread_once_t once;
+  pthread_mutex_t lock; /* one handle: its stream is set per call */
+  void *lib, *handle;
+  char why[256];
+  cu_dnn_api api;
+  bool ok;
+} dnnlib = {.once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void dnn_load(void) {
+  static const char *const majors[] = {"9"};
+  dnnlib.lib = open_cuda_lib("libcudnn", majors, 1, dnnlib.why, sizeof dnnlib.why);
+  if (!dnnlib.lib) return;
+  cu_dnn_api *a = &dnnlib.api;
+#define DNN(field, name) (*(void **)&a->field = dlsym(dnnlib.lib, name))
+  dnnlib.ok = DNN(version, "cudnnGetVersion") && DNN(error_string, "cudnnGetErrorString") &&
+              DNN(create, "cudnnCreate") && DNN(set_stream, "cudnnSetStream") &&
+              DNN(tensor_create, "cudnnCreateTensorDescriptor") &&
+              DNN(tensor_destroy, "cudnnDestroyTensorDescriptor") && DNN(tensor_set, "cudnnSetTensor4dDescriptorEx") &&
+              DNN(filter_create, "cudnnCreateFilterDescriptor") &&
+              DNN(filter_destroy, "cudnnDestroyFilterDescriptor") &&
+              DNN(filter_set, "cudnnSetFilter4dDescriptor") && DNN(conv_create, "cudnnCreateConvolutionDescriptor") &&
+              DNN(conv_destroy, "cudnnDestroyConvolutionDescriptor") &&
+              DNN(conv_set, "cudnnSetConvolution2dDescriptor") && DNN(conv_groups, "cudnnSetConvolutionGroupCount") &&
+              DNN(conv_math, "cudnnSetConvolutionMathType") &&
+              DNN(fwd_algos, "cudnnGetConvolutionForwardAlgorithm_v7") &&
+              DNN(bwd_data_algos, "cudnnGetConvolutionBackwardDataAlgorithm_v7") &&
+              DNN(bwd_filter_algos, "cudnnGetConvolutionBackwardFilterAlgorithm_v7") &&
+              DNN(fwd, "cudnnConvolutionForward") && DNN(bwd_data, "cudnnConvolutionBackwardData") &&
+              DNN(bwd_filter, "cudnnConvolutionBackwardFilter");
+#undef DNN
+  if (!dnnlib.ok) snprintf(dnnlib.why, sizeof dnnlib.why, "libcudnn lacks a function Ember needs (%s)", dlerror());
+  /* the library's major version is the ABI (cudnn.h's CUDNN_VERSION is major * 10000 + ...) */
+  else if (a->version() / 10000 != 9)
+    dnnlib.ok = false,
+    snprintf(dnnlib.why, sizeof dnnlib.why, "cuDNN %zu is not version 9, whose ABI Ember speaks", a->version());
+}
+
+static const cu_dnn_api *real_dnn(char *why, size_t cap) {
+  pthread_once(&dnnlib.once, dnn_load);
+  if (!dnnlib.ok) return snprintf(why, cap, "%s", dnnlib.why), NULL;
+  return &dnnlib.api;
+}
+
+static const cu_dnn_api *dnn_api(char *why, size_t cap) {
+  ensure();
+  if (!drv.alloc) return snprintf(why, cap, "no CUDA device: %s", drv.why), NULL;
+  return drv.d->dnn(why, cap);
+}
+
+bool cu_dnn_available(char *why, size_t cap) { return dnn_api(why, cap) != NULL; }
+
+/* The most workspace one convolution may take (PyTorch lets cuDNN have what the allocator can
+ * find; a fixed cap keeps a heuristic's greedy choice from emptying the cache). */
+#define DNN_MAX_WORKSPACE ((size_t)1 << 30)
+
+/* One call's descriptors. */
+typedef struct dnn_call {
+  const cu_dnn_api *D;
+  void *x, *y, *w, *conv;
+} dnn_call;
+
+static void dnn_call_free(dnn_call *c) {
+  if (c->x) c->D->tensor_destroy(c->x);
+  if (c->y) c->D->tensor_destroy(c->y);
+  if (c->w) c->D->filter_destroy(c->w);
+  if (c->conv) c->D->conv_destroy(c->conv);
+}
+
+static int dnn_type(em_dtype dt) {
+  return dt == EM_F32 ? CU_DNN_DATA_FLOAT : dt == EM_F64 ? CU_DNN_DATA_DOUBLE : dt == EM_F16 ? CU_DNN_DATA_HALF
+                                                                                           : CU_DNN_DATA_BFLOAT16;
+}
+
+static int dnn_describe(dnn_call *c, const cu_dnn_problem *p) {
+  const cu_dnn_api *D = c->D;
+  int type = dnn_type(p->dt), r;
+  /* as PyTorch: f32 without TF32 asks for FMA math, so no algorithm rounds the operands to 10
+   * bits; the half types may use tensor cores; f64 has none */
+  int math = p->dt == EM_F32 && !p->tf32 ? CU_DNN_FMA_MATH
+           : p->dt == EM_F16 || p->dt == EM_BF16 ? CU_DNN_TENSOR_OP_MATH : CU_DNN_DEFAULT_MATH;
+  if ((r = D->tensor_create(&c->x)) || (r = D->tensor_create(&c->y)) || (r = D->filter_create(&c->w)) ||
+      (r = D->conv_create(&c->conv)))
+    return r;
+  if ((r = D->tensor_set(c->x, type, p->x[0], p->x[1], p->x[2], p->x[3], p->xs[0], p->xs[1], p->xs[2], p->xs[3])) ||
+      (r = D->tensor_set(c->y, type, p->y[0], p->y[1], p->y[2], p->y[3], p->ys[0], p->ys[1], p->ys[2], p->ys[3])) ||
+      (r = D->filter_set(c->w, type, CU_DNN_TENSOR_NCHW, p->w[0], p->w[1], p->w[2], p->w[3])))
+    return r;
+  if ((r = D->conv_set(c->conv, p->pad[0], p->pad[1], p->stride[0], p->stride[1], p->dilation[0], p->dilation[1],
+                       CU_DNN_CROSS_CORRELATION, p->dt == EM_F64 ? CU_DNN_DATA_DOUBLE : CU_DNN_DATA_FLOAT)) ||
+      (r = D->conv_groups(c->conv, p->groups)))
+    return r;
+  return D->conv_math(c->conv, math);
+}
+
+static int dnn_run(dnn_call *c, const cu_dnn_problem *p, const cu_dnn_perf *perf, void *handle, char *why, size_t cap) {
+  cu_block *w = NULL;
+  cu_allocator *from = capture.on && capture.pool ? capture.pool : drv.alloc;
+  if (perf->memory && !(w = cu_alloc(from, perf->memory, (uintptr_t)current, why, cap))) return -1;
+  float one = 1, zero = 0;
+  double one64 = 1, zero64 = 0; /* cuDNN's scaling factors are double for double data, else float */
+  const void *alpha = p->dt == EM_F64 ? (const void *)&one64 : (const void *)&one;
+  const void *beta = p->dt == EM_F64 ? (const void *)&zero64 : (const void *)&zero;
+  void *ws = w ? (void *)(uintptr_t)w->ptr : NULL, *x = (void *)(uintptr_t)p->xp, *wt = (void *)(uintptr_t)p->wp;
+  void *y = (void *)(uintptr_t)p->yp;
+  const cu_dnn_api *D = c->D;
+  int r = D->conv_math(c->conv, perf->math_type); /* the algorithm was ranked for this math type */
+  if (!r && p->op == EM_PRIM_CONV2D)
+    r = D->fwd(handle, alpha, c->x, x, c->w, wt, c->conv, perf->algo, ws, perf->memory, beta, c->y, y);
+  else if (!r && p->op == EM_PRIM_CONV2D_BWD_INPUT)
+    r = D->bwd_data(handle, alpha, c->w, wt, c->y, y, c->conv, perf->algo, ws, perf->memory, beta, c->x, x);
+  else if (!r)
+    r = D->bwd_filter(handle, alpha, c->x, x, c->y, y, c->conv, perf->algo, ws, perf->memory, beta, c->w, wt);
+  if (w) cu_release(w->owner, w);
+  return r;
+}
+
+static int64_t dnn_convs;
+int64_t cu_dnn_convs(void) { return __atomic_load_n(&dnn_convs, __ATOMIC_RELAXED); }
+
+int cu_dnn_conv(const cu_dnn_problem *p, char *why, size_t cap) {
+  dnn_call c = {0};
+  if (!(c.D = dnn_api(why, cap))) return 1;
+  const cu_dnn_api *D = c.D;
+  cu_enter();
+  pthread_mutex_lock(&dnnlib.lock);
+  int r = 0, rc = 0, n = 0;
+  if (!dnnlib.handle && (r = D->create(&dnnlib.handle))) dnnlib.handle = NULL;
+  if (!dnnlib.handle) {
+    pthread_mutex_unlock(&dnnlib.lock);
+    return snprintf(why, cap, "cudnnCreate failed (%s)", D->error_string(r)), 1;
+  }
+  void *h = dnnlib.handle;
+  cu_dnn_perf perf[8];
+  const char *dir = p->op == EM_PRIM_CONV2D ? "forward" : p->op == EM_PRIM_CONV2D_BWD_INPUT ? "backward data"
+                                                                                           : "backward filter";
+  if ((r = D->set_stream(h, current)) || (r = dnn_describe(&c, p))) {
+    rc = r == CU_DNN_STATUS_NOT_SUPPORTED || r == CU_DNN_STATUS_BAD_PARAM ? 1 : 2;
+    snprintf(why, cap, "describing the %s convolution to cuDNN failed (%s)", dir, D->error_string(r));
+  } else {
+    if (p->op == EM_PRIM_CONV2D) r = D->fwd_algos(h, c.x, c.w, c.conv, c.y, 8, &n, perf);
+    else if (p->op == EM_PRIM_CONV2D_BWD_INPUT) r = D->bwd_data_algos(h, c.w, c.y, c.conv, c.x, 8, &n, perf);
+    else r = D->bwd_filter_algos(h, c.x, c.y, c.conv, c.w, 8, &n, perf);
+    if (r) rc = 1, snprintf(why, cap, "cuDNN's %s heuristic failed (%s)", dir, D->error_string(r));
+  }
+  /* the heuristic's ranking, best first: the first that cuDNN runs within the workspace cap */
+  bool ran = false;
+  int tried = 0;
+  for (int i = 0; !rc && !ran && i < n && i < 8; i++) {
+    if (perf[i].status || perf[i].memory > DNN_MAX_WORKSPACE) continue;
+    if (p->dt == EM_F32 && !p->tf32 && perf[i].math_type != CU_DNN_FMA_MATH && perf[i].math_type != CU_DNN_DEFAULT_MATH)
+      continue; /* an algorithm on tensor cores would round f32 to TF32 */
+    tried++;
+    r = dnn_run(&c, p, &perf[i], h, why, cap);
+    if (!r) ran = true;
+    else if (r > 0 && r != CU_DNN_STATUS_NOT_SUPPORTED && r != CU_DNN_STATUS_BAD_PARAM)
+      rc = 2, snprintf(why, cap, "cuDNN's %s convolution (algorithm %d) failed (%s)", dir, perf[i].algo,
+                       D->error_string(r));
+    /* r < 0: the workspace did not fit in memory; r NOT_SUPPORTED: this algorithm refuses the problem */
+  }
+  if (!rc && !ran)
+    rc = 1, snprintf(why, cap, "cuDNN has no %s algorithm for this convolution (%d offered, %d tried)", dir, n, tried);
+  if (ran) __atomic_add_fetch(&dnn_convs, 1, __ATOMIC_RELAXED);
+  pthread_mutex_unlock(&dnnlib.lock);
+  dnn_call_free(&c);
   return rc;
 }
 

@@ -102,6 +102,12 @@ bool cu_kernel_body(const cu_kernel_key *k, char **src, char *name, size_t ncap)
  * log, if any, in *log (caller frees). False when compilation fails or the build has no NVRTC. */
 bool cu_nvrtc_compile(const char *src, const char *name, const char *arch, char **cubin, size_t *size, char **log);
 bool cu_nvrtc_available(void);
+/* NVRTC's version (nvrtcVersion); false (0.0) when the build has no NVRTC. */
+bool cu_nvrtc_version(int *major, int *minor);
+/* What decides a cubin besides its source and arch, for the kernel disk cache's key: "nvrtc
+ * cubin <major>.<minor>", so a new NVRTC (whose code may differ, or whose cubin an older driver
+ * may reject) never reads images another version compiled. */
+void cu_nvrtc_cache_salt(char *buf, size_t cap);
 /* src as PTX for a virtual arch ("compute_90"; caller frees *ptx and *log), for tests that look
  * at the instructions a kernel gets. False as cu_nvrtc_compile. */
 bool cu_nvrtc_ptx(const char *src, const char *name, const char *arch, char **ptx, char **log);
@@ -165,6 +171,62 @@ typedef struct cu_lt_api {
 /* runtime/cuda_abi.c: whether the values above were checked against the toolkit's headers. */
 bool cu_lt_abi_checked(void);
 
+/* ---- cuDNN's ABI, as Ember calls it ----
+ *
+ * Convolutions on CUDA go through cuDNN's legacy convolution API (libcudnn, dlopen'ed beside
+ * cuBLAS): tensor, filter and convolution descriptors, the _v7 heuristics that rank the
+ * algorithms, and cudnnConvolutionForward / BackwardData / BackwardFilter, as PyTorch's
+ * aten/src/ATen/native/cudnn/Conv_v7.cpp drives them. Spelled here with plain C types as
+ * cuBLASLt's are above (descriptors and handles opaque pointers, enums int); runtime/cuda_abi.c
+ * checks the values and the perf struct against cudnn.h when the toolkit has it. */
+enum {
+  CU_DNN_DATA_FLOAT = 0, CU_DNN_DATA_DOUBLE = 1, CU_DNN_DATA_HALF = 2, CU_DNN_DATA_BFLOAT16 = 9, /* cudnnDataType_t */
+  CU_DNN_TENSOR_NCHW = 0,                                                                 /* cudnnTensorFormat_t */
+  CU_DNN_CROSS_CORRELATION = 1,                                                       /* cudnnConvolutionMode_t */
+  CU_DNN_DEFAULT_MATH = 0, CU_DNN_TENSOR_OP_MATH = 1, CU_DNN_FMA_MATH = 3,                 /* cudnnMathType_t */
+  CU_DNN_STATUS_SUCCESS = 0, CU_DNN_STATUS_BAD_PARAM = 2000, CU_DNN_STATUS_NOT_SUPPORTED = 3000, /* cudnnStatus_t */
+};
+/* cudnnConvolutionFwdAlgoPerf_t, and BwdData's and BwdFilter's, which have the same fields (algo
+ * is each direction's own enum) */
+typedef struct cu_dnn_perf {
+  int algo, status; /* status 0: the other fields are valid */
+  float time;       /* -1 from the heuristics (nothing was timed) */
+  size_t memory;    /* workspace bytes */
+  int determinism, math_type;
+  int reserved[3];
+} cu_dnn_perf;
+/* The entry points, in cuDNN's argument order. */
+typedef struct cu_dnn_api {
+  size_t (*version)(void);
+  const char *(*error_string)(int status);
+  int (*create)(void **handle);
+  int (*set_stream)(void *handle, void *stream);
+  int (*tensor_create)(void **desc);
+  int (*tensor_destroy)(void *desc);
+  /* cudnnSetTensor4dDescriptorEx: sizes, then strides in elements */
+  int (*tensor_set)(void *desc, int type, int n, int c, int h, int w, int ns, int cs, int hs, int ws);
+  int (*filter_create)(void **desc);
+  int (*filter_destroy)(void *desc);
+  int (*filter_set)(void *desc, int type, int format, int k, int c, int h, int w);
+  int (*conv_create)(void **desc);
+  int (*conv_destroy)(void *desc);
+  int (*conv_set)(void *desc, int pad_h, int pad_w, int u, int v, int dil_h, int dil_w, int mode, int compute_type);
+  int (*conv_groups)(void *desc, int groups);
+  int (*conv_math)(void *desc, int math_type);
+  /* the _v7 heuristics: x, w, conv, y descriptors (forward); w, dy, conv, dx (data); x, dy, conv, dw (filter) */
+  int (*fwd_algos)(void *h, void *xd, void *wd, void *cd, void *yd, int want, int *got, cu_dnn_perf *perf);
+  int (*bwd_data_algos)(void *h, void *wd, void *dyd, void *cd, void *dxd, int want, int *got, cu_dnn_perf *perf);
+  int (*bwd_filter_algos)(void *h, void *xd, void *dyd, void *cd, void *dwd, int want, int *got, cu_dnn_perf *perf);
+  int (*fwd)(void *h, const void *alpha, void *xd, const void *x, void *wd, const void *w, void *cd, int algo, void *ws,
+             size_t ws_size, const void *beta, void *yd, void *y);
+  int (*bwd_data)(void *h, const void *alpha, void *wd, const void *w, void *dyd, const void *dy, void *cd, int algo,
+                  void *ws, size_t ws_size, const void *beta, void *dxd, void *dx);
+  int (*bwd_filter)(void *h, const void *alpha, void *xd, const void *x, void *dyd, const void *dy, void *cd, int algo,
+                    void *ws, size_t ws_size, const void *beta, void *dwd, void *dw);
+} cu_dnn_api;
+/* runtime/cuda_abi.c: whether the values above were checked against cudnn.h. */
+bool cu_dnn_abi_checked(void);
+
 /* ---- the driver (cuda.c) and its emulator (cuda_emu.c) ----
  *
  * Everything the runtime asks of a device goes through this table: the CUDA driver API's
@@ -225,6 +287,8 @@ typedef struct cu_driver {
               char *why, size_t cap);
   /* cuBLASLt's entry points (loaded at the first call), or NULL with the reason in why. */
   const cu_lt_api *(*lt)(char *why, size_t cap);
+  /* cuDNN's entry points (loaded at the first convolution), or NULL with the reason in why. */
+  const cu_dnn_api *(*dnn)(char *why, size_t cap);
 } cu_driver;
 
 /* ---- GEMMs through cuBLASLt: fused epilogues, a choice of algorithm (cuda.c, cuda_ops.c) ----
@@ -290,6 +354,36 @@ int cu_gemm_prepare(cu_gemm *g, em_tensor *a, em_tensor *b, em_tensor *bias, cu_
                     em_site site);
 /* Releases the copies g reads (after cu_lt_matmul has queued its work: the stream orders reuse). */
 void cu_gemm_release(cu_gemm *g);
+
+/* ---- convolutions through cuDNN (cuda.c, cuda_ops.c) ---- */
+
+/* One of the three convolution prims as cuDNN sees it: x [N, C, H, W], w [O, C/groups, kh, kw]
+ * (dense: cuDNN's filters are packed), y [N, O, OH, OW]; x and y with any strides (elements).
+ * The prim writes one of them (op: CONV2D y, CONV2D_BWD_INPUT x, CONV2D_BWD_WEIGHT w) from the
+ * other two. */
+typedef struct cu_dnn_problem {
+  em_prim op;
+  em_dtype dt; /* f32, f64, f16 or bf16 (f32 compute for the half types) */
+  bool tf32;   /* f32 may use TF32 tensor cores (em_cuda_set_allow_tf32) */
+  int x[4], w[4], y[4], xs[4], ys[4];
+  int pad[2], stride[2], dilation[2], groups;
+  uint64_t xp, wp, yp;
+} cu_dnn_problem;
+/* Runs p on the current stream: 0 on success; 1 when cuDNN is not there or takes no algorithm for
+ * p (the caller runs it another way); 2 on an error. why says which for 1 and 2. The workspace
+ * comes from the caching allocator (stream-ordered, as cuBLASLt's). */
+int cu_dnn_conv(const cu_dnn_problem *p, char *why, size_t cap);
+/* Convolutions cuDNN has run in this process (on a GPU or the emulator), for tests. */
+int64_t cu_dnn_convs(void);
+/* Whether cuDNN loads; false with the reason in why. */
+bool cu_dnn_available(char *why, size_t cap);
+/* The emulator's record of its cuDNN calls, for tests: convolutions run per direction (forward,
+ * data, filter), heuristic calls, the last algorithm and math type run. */
+typedef struct cu_emu_dnn_stats {
+  int64_t runs[3], heuristics;
+  int last_algo, last_math;
+} cu_emu_dnn_stats;
+cu_emu_dnn_stats cu_emu_dnn_stats_get(void);
 
 /* cuda_ops.c: runs prim op into out (allocated on the device by the dispatcher, or an in-place
  * destination) from in (all on the device); false with a reason in err. */

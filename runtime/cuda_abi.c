@@ -77,3 +77,61 @@ bool cu_lt_abi_checked(void) { return true; }
 #else
 bool cu_lt_abi_checked(void) { return false; }
 #endif
+
+/* cuDNN's legacy convolution API (cuda.h's CU_DNN_* and cu_dnn_perf), against cudnn.h. The
+ * functions are deprecated in cuDNN 9 but still there (PyTorch calls them); cudnn.h warns of
+ * that only under CUDNN_WARN_DEPRECATED. */
+#if defined(EMBER_HAVE_NVRTC) && defined(__has_include)
+#if __has_include(<cudnn.h>)
+#define EMBER_DNN_HEADERS 1
+#endif
+#endif
+
+#ifdef EMBER_DNN_HEADERS
+#include <cudnn.h>
+
+#define SAME(ours, theirs) _Static_assert((long long)(ours) == (long long)(theirs), #ours " differs from " #theirs)
+SAME(CU_DNN_DATA_FLOAT, CUDNN_DATA_FLOAT);
+SAME(CU_DNN_DATA_DOUBLE, CUDNN_DATA_DOUBLE);
+SAME(CU_DNN_DATA_HALF, CUDNN_DATA_HALF);
+SAME(CU_DNN_DATA_BFLOAT16, CUDNN_DATA_BFLOAT16);
+SAME(CU_DNN_TENSOR_NCHW, CUDNN_TENSOR_NCHW);
+SAME(CU_DNN_CROSS_CORRELATION, CUDNN_CROSS_CORRELATION);
+SAME(CU_DNN_DEFAULT_MATH, CUDNN_DEFAULT_MATH);
+SAME(CU_DNN_TENSOR_OP_MATH, CUDNN_TENSOR_OP_MATH);
+SAME(CU_DNN_FMA_MATH, CUDNN_FMA_MATH);
+SAME(CU_DNN_STATUS_SUCCESS, CUDNN_STATUS_SUCCESS);
+SAME(CU_DNN_STATUS_BAD_PARAM, CUDNN_STATUS_BAD_PARAM);
+SAME(CU_DNN_STATUS_NOT_SUPPORTED, CUDNN_STATUS_NOT_SUPPORTED);
+#undef SAME
+/* the three perf structs, field by field (cu_dnn_perf stands for each) */
+#define PERF(theirs)                                                                                             \
+  _Static_assert(sizeof(cu_dnn_perf) == sizeof(theirs), #theirs "'s size");                                      \
+  _Static_assert(offsetof(cu_dnn_perf, algo) == offsetof(theirs, algo), #theirs ".algo");                        \
+  _Static_assert(offsetof(cu_dnn_perf, status) == offsetof(theirs, status), #theirs ".status");                  \
+  _Static_assert(offsetof(cu_dnn_perf, time) == offsetof(theirs, time), #theirs ".time");                        \
+  _Static_assert(offsetof(cu_dnn_perf, memory) == offsetof(theirs, memory), #theirs ".memory");                  \
+  _Static_assert(offsetof(cu_dnn_perf, determinism) == offsetof(theirs, determinism), #theirs ".determinism");   \
+  _Static_assert(offsetof(cu_dnn_perf, math_type) == offsetof(theirs, mathType), #theirs ".mathType")
+PERF(cudnnConvolutionFwdAlgoPerf_t);
+PERF(cudnnConvolutionBwdDataAlgoPerf_t);
+PERF(cudnnConvolutionBwdFilterAlgoPerf_t);
+#undef PERF
+/* cu_dnn_api passes enums as int, handles and descriptors as void *, scaling factors by pointer */
+_Static_assert(sizeof(cudnnStatus_t) == sizeof(int) && sizeof(cudnnDataType_t) == sizeof(int) &&
+               sizeof(cudnnTensorFormat_t) == sizeof(int) && sizeof(cudnnConvolutionMode_t) == sizeof(int) &&
+               sizeof(cudnnMathType_t) == sizeof(int) && sizeof(cudnnConvolutionFwdAlgo_t) == sizeof(int) &&
+               sizeof(cudnnConvolutionBwdDataAlgo_t) == sizeof(int) &&
+               sizeof(cudnnConvolutionBwdFilterAlgo_t) == sizeof(int),
+               "a cuDNN enum is not int-sized");
+_Static_assert(sizeof(cudnnHandle_t) == sizeof(void *) && sizeof(cudnnTensorDescriptor_t) == sizeof(void *) &&
+               sizeof(cudnnFilterDescriptor_t) == sizeof(void *) &&
+               sizeof(cudnnConvolutionDescriptor_t) == sizeof(void *),
+               "cuDNN handles are pointers");
+/* the version the emulator reports is the header's (cuDNN 9: the ABI cuda.c's loader accepts) */
+_Static_assert(CUDNN_MAJOR == 9, "cuda.c speaks cuDNN 9's ABI");
+
+bool cu_dnn_abi_checked(void) { return true; }
+#else
+bool cu_dnn_abi_checked(void) { return false; }
+#endif

@@ -65,9 +65,20 @@ typedef struct e_ltmm {
   double alpha, beta;
 } e_ltmm;
 static void e_ltmm_run(const e_ltmm *x);
+/* A cuDNN convolution with its descriptors resolved: dir 0 forward (y from x, w), 1 backward
+ * data (x from y, w), 2 backward filter (w from x, y); out = alpha conv + beta out. */
+typedef struct e_conv {
+  int dir;
+  em_dtype dt;
+  int x[4], xs[4], w[4], y[4], ys[4], pad[2], stride[2], dil[2], groups;
+  uint64_t xp, wp, yp;
+  double alpha, beta;
+} e_conv;
+static bool e_conv_run(const e_conv *c);
 typedef struct e_op {
-  enum { OP_LAUNCH, OP_COPY, OP_GEMM, OP_LTMM } kind;
+  enum { OP_LAUNCH, OP_COPY, OP_GEMM, OP_LTMM, OP_CONV } kind;
   e_ltmm lt;
+  e_conv conv;
   const e_fn *f;
   unsigned gx, bx;
   void **params; /* the launch's parameters, copied */
@@ -160,6 +171,7 @@ static int e_graph_launch(void *exec, cu_stream s) {
     if (o->kind == OP_LAUNCH) o->f->run(o->params, o->gx, o->bx);
     else if (o->kind == OP_COPY) memmove((void *)(uintptr_t)o->dst, (const void *)(uintptr_t)o->src, o->n);
     else if (o->kind == OP_LTMM) e_ltmm_run(&o->lt);
+    else if (o->kind == OP_CONV && !e_conv_run(&o->conv)) return 2;
     else if (e_gemm(NULL, o->g.ta, o->g.tb, o->g.m, o->g.n, o->g.k, o->g.dt, o->g.a, o->g.lda, o->g.sa, o->g.b, o->g.ldb,
                     o->g.sb, o->g.c, o->g.ldc, o->g.sc, o->g.batch, o->g.acc, o->g.tf32, why, sizeof why))
       return 1;
@@ -622,6 +634,236 @@ static const cu_lt_api emu_lt = {
 };
 static const cu_lt_api *e_lt(char *why, size_t cap) { return (void)why, (void)cap, &emu_lt; }
 
+/* ---- cuDNN on the host ----
+ * The legacy convolution entry points Ember calls (cuda.h's cu_dnn_api), with cuDNN's argument
+ * conventions and enum values (checked against cudnn.h by runtime/cuda_abi.c), so runtime/cuda.c's
+ * cuDNN code runs unchanged in the tests. Stricter than the library where that finds mistakes:
+ * a descriptor of the wrong kind or never set, shapes that do not make the convolution the
+ * descriptor says, a compute type other than cuDNN's for the data type, too small a workspace
+ * or an algorithm the heuristic did not offer are CUDNN_STATUS_BAD_PARAM; a convolution mode
+ * other than cross-correlation is NOT_SUPPORTED. The heuristics offer two algorithms (1 with a
+ * workspace, then 0 without), which run the same host code: prims/extern.c's reference
+ * convolution (f64 sums; the half types read as f32), its result rounded once to the dtype. */
+enum { E_DNN_TENSOR = 0x7e5, E_DNN_FILTER = 0xf17, E_DNN_CONV = 0xc07 };
+typedef struct e_dnn_desc {
+  int kind, type;
+  bool set;
+  int d[4], s[4];      /* tensor: sizes, strides; filter: k, c, h, w (packed NCHW) */
+  int pad[2], stride[2], dil[2], mode, compute, groups, math; /* convolution */
+} e_dnn_desc;
+typedef struct e_dnn_handle { cu_stream stream; } e_dnn_handle;
+static cu_emu_dnn_stats dnn_stats;
+cu_emu_dnn_stats cu_emu_dnn_stats_get(void) { return dnn_stats; }
+#define E_DNN_WORKSPACE 4096 /* algorithm 1's */
+#define E_DNN_ALLOC_FAILED 4003 /* CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED */
+
+static size_t e_dnn_version(void) { return 91900; } /* the cuDNN whose header cuda_abi.c checks against */
+static const char *e_dnn_error(int st) {
+  return st == 0 ? "CUDNN_STATUS_SUCCESS" : st == CU_DNN_STATUS_BAD_PARAM ? "CUDNN_STATUS_BAD_PARAM (emulated)"
+       : st == CU_DNN_STATUS_NOT_SUPPORTED ? "CUDNN_STATUS_NOT_SUPPORTED (emulated)" : "cuDNN error (emulated)";
+}
+static int e_dnn_create(void **h) {
+  if (!h || !(*h = calloc(1, sizeof(e_dnn_handle)))) return CU_DNN_STATUS_BAD_PARAM;
+  return 0;
+}
+static int e_dnn_set_stream(void *h, void *s) {
+  if (!h) return CU_DNN_STATUS_BAD_PARAM;
+  return ((e_dnn_handle *)h)->stream = s, 0;
+}
+static int e_dnn_new(void **d, int kind) {
+  if (!d || !(*d = calloc(1, sizeof(e_dnn_desc)))) return CU_DNN_STATUS_BAD_PARAM;
+  return ((e_dnn_desc *)*d)->kind = kind, 0;
+}
+static int e_dnn_tensor_create(void **d) { return e_dnn_new(d, E_DNN_TENSOR); }
+static int e_dnn_filter_create(void **d) { return e_dnn_new(d, E_DNN_FILTER); }
+static int e_dnn_conv_create(void **d) { return e_dnn_new(d, E_DNN_CONV); }
+static int e_dnn_destroy(void *d) { return free(d), 0; }
+static bool e_dnn_type(int t) {
+  return t == CU_DNN_DATA_FLOAT || t == CU_DNN_DATA_DOUBLE || t == CU_DNN_DATA_HALF || t == CU_DNN_DATA_BFLOAT16;
+}
+static e_dnn_desc *e_dnn_is(void *d, int kind) {
+  e_dnn_desc *x = d;
+  return x && x->kind == kind ? x : NULL;
+}
+static int e_dnn_tensor_set(void *d, int type, int n, int c, int h, int w, int ns, int cs, int hs, int ws) {
+  e_dnn_desc *x = e_dnn_is(d, E_DNN_TENSOR);
+  if (!x || !e_dnn_type(type) || n < 1 || c < 1 || h < 1 || w < 1 || ns < 1 || cs < 1 || hs < 1 || ws < 1)
+    return CU_DNN_STATUS_BAD_PARAM;
+  *x = (e_dnn_desc){.kind = E_DNN_TENSOR, .type = type, .set = true, .d = {n, c, h, w}, .s = {ns, cs, hs, ws}};
+  return 0;
+}
+static int e_dnn_filter_set(void *d, int type, int format, int k, int c, int h, int w) {
+  e_dnn_desc *x = e_dnn_is(d, E_DNN_FILTER);
+  if (!x || !e_dnn_type(type) || format != CU_DNN_TENSOR_NCHW || k < 1 || c < 1 || h < 1 || w < 1)
+    return CU_DNN_STATUS_BAD_PARAM;
+  *x = (e_dnn_desc){.kind = E_DNN_FILTER, .type = type, .set = true, .d = {k, c, h, w}, .s = {c * h * w, h * w, w, 1}};
+  return 0;
+}
+static int e_dnn_conv_set(void *d, int ph, int pw, int u, int v, int dh, int dw, int mode, int compute) {
+  e_dnn_desc *x = e_dnn_is(d, E_DNN_CONV);
+  if (!x || ph < 0 || pw < 0 || u < 1 || v < 1 || dh < 1 || dw < 1 || !e_dnn_type(compute) ||
+      (mode != CU_DNN_CROSS_CORRELATION && mode != 0))
+    return CU_DNN_STATUS_BAD_PARAM;
+  *x = (e_dnn_desc){.kind = E_DNN_CONV, .set = true, .pad = {ph, pw}, .stride = {u, v}, .dil = {dh, dw}, .mode = mode,
+                    .compute = compute, .groups = x->groups ? x->groups : 1, .math = x->math};
+  return 0;
+}
+static int e_dnn_conv_groups(void *d, int g) {
+  e_dnn_desc *x = e_dnn_is(d, E_DNN_CONV);
+  if (!x || g < 1) return CU_DNN_STATUS_BAD_PARAM;
+  return x->groups = g, 0;
+}
+static int e_dnn_conv_math(void *d, int m) {
+  e_dnn_desc *x = e_dnn_is(d, E_DNN_CONV);
+  if (!x || m < 0 || m > 3) return CU_DNN_STATUS_BAD_PARAM;
+  return x->math = m, 0;
+}
+
+/* The convolution x, w, conv, y describe (dir as e_conv's), or BAD_PARAM when they disagree. */
+static int e_dnn_resolve(int dir, void *xd, void *wd, void *cd, void *yd, e_conv *r) {
+  const e_dnn_desc *x = e_dnn_is(xd, E_DNN_TENSOR), *w = e_dnn_is(wd, E_DNN_FILTER), *c = e_dnn_is(cd, E_DNN_CONV);
+  const e_dnn_desc *y = e_dnn_is(yd, E_DNN_TENSOR);
+  if (!x || !w || !c || !y || !x->set || !w->set || !c->set || !y->set) return CU_DNN_STATUS_BAD_PARAM;
+  if (c->mode != CU_DNN_CROSS_CORRELATION) return CU_DNN_STATUS_NOT_SUPPORTED;
+  int g = c->groups;
+  bool ok = x->type == w->type && y->type == w->type && x->d[0] == y->d[0] && x->d[1] == w->d[1] * g &&
+            w->d[0] % g == 0 && y->d[1] == w->d[0] &&
+            c->compute == (x->type == CU_DNN_DATA_DOUBLE ? CU_DNN_DATA_DOUBLE : CU_DNN_DATA_FLOAT);
+  for (int i = 0; i < 2 && ok; i++) {
+    int room = x->d[2 + i] + 2 * c->pad[i] - c->dil[i] * (w->d[2 + i] - 1) - 1;
+    ok = room >= 0 && y->d[2 + i] == room / c->stride[i] + 1;
+  }
+  if (!ok) return CU_DNN_STATUS_BAD_PARAM;
+  em_dtype dt = x->type == CU_DNN_DATA_FLOAT ? EM_F32 : x->type == CU_DNN_DATA_DOUBLE ? EM_F64
+              : x->type == CU_DNN_DATA_HALF ? EM_F16 : EM_BF16;
+  *r = (e_conv){.dir = dir, .dt = dt, .groups = g};
+  for (int i = 0; i < 4; i++)
+    r->x[i] = x->d[i], r->xs[i] = x->s[i], r->w[i] = w->d[i], r->y[i] = y->d[i], r->ys[i] = y->s[i];
+  for (int i = 0; i < 2; i++) r->pad[i] = c->pad[i], r->stride[i] = c->stride[i], r->dil[i] = c->dil[i];
+  return 0;
+}
+
+static int e_dnn_algos(int dir, void *xd, void *wd, void *cd, void *yd, int want, int *got, cu_dnn_perf *perf) {
+  e_conv r;
+  int st = e_dnn_resolve(dir, xd, wd, cd, yd, &r);
+  if (st) return st;
+  if (want < 1 || !got || !perf) return CU_DNN_STATUS_BAD_PARAM;
+  dnn_stats.heuristics++;
+  int math = ((e_dnn_desc *)cd)->math, n = 0;
+  for (int a = 1; a >= 0 && n < want; a--)
+    perf[n++] = (cu_dnn_perf){.algo = a, .time = -1, .memory = a ? E_DNN_WORKSPACE : 0, .math_type = math};
+  return *got = n, 0;
+}
+static int e_dnn_fwd_algos(void *h, void *xd, void *wd, void *cd, void *yd, int want, int *got, cu_dnn_perf *perf) {
+  return h ? e_dnn_algos(0, xd, wd, cd, yd, want, got, perf) : CU_DNN_STATUS_BAD_PARAM;
+}
+static int e_dnn_data_algos(void *h, void *wd, void *dyd, void *cd, void *dxd, int want, int *got, cu_dnn_perf *perf) {
+  return h ? e_dnn_algos(1, dxd, wd, cd, dyd, want, got, perf) : CU_DNN_STATUS_BAD_PARAM;
+}
+static int e_dnn_filter_algos(void *h, void *xd, void *dyd, void *cd, void *dwd, int want, int *got,
+                              cu_dnn_perf *perf) {
+  return h ? e_dnn_algos(2, xd, dwd, cd, dyd, want, got, perf) : CU_DNN_STATUS_BAD_PARAM;
+}
+
+/* The offset of packed element i in a [4] of sizes with strides. */
+static int64_t e_conv_off(int64_t i, const int *sizes, const int *strides) {
+  int64_t off = 0;
+  for (int d = 3; d >= 0; i /= sizes[d], d--) off += (i % sizes[d]) * strides[d];
+  return off;
+}
+
+/* One operand as the reference convolution reads it: in place for f32 and f64, else a packed f32
+ * copy in *tmp (NULL without memory). */
+static bool e_conv_buf(prim_buf *b, em_dtype dt, uint64_t p, const int *sizes, const int *strides, bool copy,
+                       char **tmp) {
+  *b = (prim_buf){.data = (char *)(uintptr_t)p, .dtype = dt == EM_F64 ? EM_F64 : EM_F32, .ndim = 4};
+  int64_t n = 1;
+  for (int d = 3; d >= 0; d--) b->sizes[d] = sizes[d], b->strides[d] = strides[d], n *= sizes[d];
+  *tmp = NULL;
+  if (dt == EM_F32 || dt == EM_F64) return true;
+  if (!(*tmp = malloc(sizeof(float) * (size_t)n))) return false;
+  float *f = (float *)*tmp;
+  size_t es = ir_dtype(dt)->size;
+  for (int64_t i = 0; i < n; i++)
+    f[i] = copy ? (float)prim_load(b->data + (size_t)e_conv_off(i, sizes, strides) * es, dt) : 0;
+  b->data = *tmp;
+  for (int d = 3, q = 1; d >= 0; d--) b->strides[d] = q, q *= sizes[d];
+  return true;
+}
+
+/* Runs through prims/extern.c's reference convolution (f64 sums, rounded once to f32 or f64),
+ * into a packed buffer of the compute dtype; then out = alpha conv + beta out in out's dtype. */
+static bool e_conv_run(const e_conv *c) {
+  static const em_prim prims[3] = {EM_PRIM_CONV2D, EM_PRIM_CONV2D_BWD_INPUT, EM_PRIM_CONV2D_BWD_WEIGHT};
+  int wst[4] = {c->w[1] * c->w[2] * c->w[3], c->w[2] * c->w[3], c->w[3], 1};
+  prim_buf x, w, y;
+  char *tx = NULL, *tw = NULL, *ty = NULL, *to = NULL;
+  bool ok = e_conv_buf(&x, c->dt, c->xp, c->x, c->xs, c->dir != 1, &tx) &&
+            e_conv_buf(&w, c->dt, c->wp, c->w, wst, c->dir != 2, &tw) &&
+            e_conv_buf(&y, c->dt, c->yp, c->y, c->ys, c->dir != 0, &ty);
+  prim_buf *out = c->dir == 0 ? &y : c->dir == 1 ? &x : &w, res = *out;
+  int64_t n = 1;
+  for (int d = 3; d >= 0; d--) res.strides[d] = n, n *= res.sizes[d];
+  size_t es = ir_dtype(res.dtype)->size, eo = ir_dtype(c->dt)->size;
+  if (!ok || !(to = malloc(es * (size_t)n))) return free(tx), free(tw), free(ty), false; /* host memory ran out */
+  res.data = to;
+  prim_attrs at = {.conv = {{c->stride[0], c->stride[1]}, {c->pad[0], c->pad[1]}, {c->dil[0], c->dil[1]}, c->groups,
+                            EM_CONV_PAD_EXPLICIT}};
+  prim_conv2d_ref(prims[c->dir], &at, &res, c->dir == 1 ? &y : &x, c->dir == 2 ? &y : &w); /* the prims' operands */
+  const int *os = c->dir == 0 ? c->ys : c->dir == 1 ? c->xs : wst, *sz = c->dir == 0 ? c->y : c->dir == 1 ? c->x : c->w;
+  uint64_t op = c->dir == 0 ? c->yp : c->dir == 1 ? c->xp : c->wp;
+  for (int64_t i = 0; i < n; i++) {
+    char *at_ = (char *)(uintptr_t)op + (size_t)e_conv_off(i, sz, os) * eo;
+    double v = prim_load(to + (size_t)i * es, res.dtype) * c->alpha;
+    if (c->beta != 0) v += c->beta * prim_load(at_, c->dt);
+    prim_store(at_, c->dt, v);
+  }
+  free(tx), free(tw), free(ty), free(to);
+  return true;
+}
+
+static int e_dnn_run(void *h, int dir, const void *alpha, void *xd, const void *x, void *wd, const void *w, void *cd,
+                     int algo, void *ws, size_t ws_size, const void *beta, void *yd, const void *y) {
+  e_conv r;
+  int st = e_dnn_resolve(dir, xd, wd, cd, yd, &r);
+  if (st) return st;
+  size_t need = algo == 1 ? E_DNN_WORKSPACE : 0;
+  if (!h || !alpha || !beta || !x || !w || !y || (algo != 0 && algo != 1) || ws_size < need || (need && !ws))
+    return CU_DNN_STATUS_BAD_PARAM;
+  r.xp = (uintptr_t)x, r.wp = (uintptr_t)w, r.yp = (uintptr_t)y;
+  bool f64 = r.dt == EM_F64;
+  r.alpha = f64 ? *(const double *)alpha : *(const float *)alpha;
+  r.beta = f64 ? *(const double *)beta : *(const float *)beta;
+  if (need) memset(ws, 0xa5, need); /* the workspace is the algorithm's: it must be real, writable memory */
+  dnn_stats.runs[dir]++, dnn_stats.last_algo = algo, dnn_stats.last_math = ((e_dnn_desc *)cd)->math;
+  e_stream *s = e_capturing(((e_dnn_handle *)h)->stream);
+  if (s) return e_record(s, (e_op){.kind = OP_CONV, .conv = r});
+  return e_conv_run(&r) ? 0 : E_DNN_ALLOC_FAILED;
+}
+static int e_dnn_fwd(void *h, const void *alpha, void *xd, const void *x, void *wd, const void *w, void *cd, int algo,
+                     void *ws, size_t ws_size, const void *beta, void *yd, void *y) {
+  return e_dnn_run(h, 0, alpha, xd, x, wd, w, cd, algo, ws, ws_size, beta, yd, y);
+}
+static int e_dnn_bwd_data(void *h, const void *alpha, void *wd, const void *w, void *dyd, const void *dy, void *cd,
+                          int algo, void *ws, size_t ws_size, const void *beta, void *dxd, void *dx) {
+  return e_dnn_run(h, 1, alpha, dxd, dx, wd, w, cd, algo, ws, ws_size, beta, dyd, dy);
+}
+static int e_dnn_bwd_filter(void *h, const void *alpha, void *xd, const void *x, void *dyd, const void *dy, void *cd,
+                            int algo, void *ws, size_t ws_size, const void *beta, void *dwd, void *dw) {
+  return e_dnn_run(h, 2, alpha, xd, x, dwd, dw, cd, algo, ws, ws_size, beta, dyd, dy);
+}
+
+static const cu_dnn_api emu_dnn = {
+    .version = e_dnn_version, .error_string = e_dnn_error, .create = e_dnn_create, .set_stream = e_dnn_set_stream,
+    .tensor_create = e_dnn_tensor_create, .tensor_destroy = e_dnn_destroy, .tensor_set = e_dnn_tensor_set,
+    .filter_create = e_dnn_filter_create, .filter_destroy = e_dnn_destroy, .filter_set = e_dnn_filter_set,
+    .conv_create = e_dnn_conv_create, .conv_destroy = e_dnn_destroy, .conv_set = e_dnn_conv_set,
+    .conv_groups = e_dnn_conv_groups, .conv_math = e_dnn_conv_math, .fwd_algos = e_dnn_fwd_algos,
+    .bwd_data_algos = e_dnn_data_algos, .bwd_filter_algos = e_dnn_filter_algos, .fwd = e_dnn_fwd,
+    .bwd_data = e_dnn_bwd_data, .bwd_filter = e_dnn_bwd_filter,
+};
+static const cu_dnn_api *e_dnn(char *why, size_t cap) { return (void)why, (void)cap, &emu_dnn; }
+
 static const cu_driver emu = {
     .name = "CUDA emulator (host)", .emulated = true, .cache_salt = emu_prelude,
     .mem_alloc = e_mem_alloc, .mem_free = e_mem_free, .host_alloc = e_host_alloc, .host_free = e_host_free,
@@ -630,7 +872,7 @@ static const cu_driver emu = {
     .stream_wait_event = e_wait_event, .event_create = e_event_create, .event_destroy = e_event_destroy,
     .event_record = e_event_record, .event_sync = e_event_sync, .event_elapsed = e_elapsed,
     .module_load = e_module_load, .module_get_function = e_get_function, .launch = e_launch,
-    .ctx_sync = e_ctx_sync, .error_string = e_error, .compile = e_compile, .gemm = e_gemm, .lt = e_lt,
+    .ctx_sync = e_ctx_sync, .error_string = e_error, .compile = e_compile, .gemm = e_gemm, .lt = e_lt, .dnn = e_dnn,
     .stream_begin_capture = e_begin_capture, .stream_end_capture = e_end_capture, .graph_instantiate = e_instantiate,
     .graph_launch = e_graph_launch, .graph_exec_destroy = e_exec_destroy, .graph_destroy = e_graph_destroy,
 };

@@ -542,6 +542,21 @@ bool cu_nvrtc_ptx(const char *src, const char *name, const char *arch, char **pt
   return nvrtc_build(src, name, arch, true, ptx, &size, log);
 }
 
+bool cu_nvrtc_version(int *major, int *minor) {
+  *major = *minor = 0;
+#ifdef EMBER_HAVE_NVRTC
+  return nvrtcVersion(major, minor) == NVRTC_SUCCESS;
+#else
+  return false;
+#endif
+}
+
+void cu_nvrtc_cache_salt(char *buf, size_t cap) {
+  int major, minor;
+  if (cu_nvrtc_version(&major, &minor)) snprintf(buf, cap, "nvrtc cubin %d.%d", major, minor);
+  else snprintf(buf, cap, "nvrtc cubin (no version)");
+}
+
 bool cu_nvrtc_available(void) {
 #ifdef EMBER_HAVE_NVRTC
   return true;

@@ -12,6 +12,7 @@
 #include "cuda.h"
 #include "rt.h"
 #include "../ir/graph.h"
+#include "../frontend/frontend.h" /* EMBER_LOGS=perf: why a convolution skips cuDNN */
 
 #include <math.h>
 #include <string.h>
@@ -565,6 +566,74 @@ static k_conv conv_params(const em_conv2d_params *cp, const int64_t *x, const in
                   cp->padding[1], cp->dilation[0], cp->dilation[1]};
 }
 
+/* ---- convolutions through cuDNN ---- */
+
+static bool cudnn_enabled = true;
+void em_cuda_set_cudnn_enabled(bool enabled) { cudnn_enabled = enabled; }
+bool em_cuda_cudnn_enabled(void) { return cudnn_enabled; }
+
+static bool fits_int(int64_t v) { return v >= 0 && v <= INT32_MAX; }
+
+/* t's sizes and packed NCHW strides for a cuDNN descriptor (t dense: cuDNN's algorithms are
+ * written for packed NCHW or NHWC, so other layouts are copied first, as PyTorch does); false
+ * when one does not fit in an int. */
+static bool dnn_dims(const em_tensor *t, int *sizes, int *strides) {
+  int64_t packed = 1;
+  for (int d = 3; d >= 0; d--) {
+    if (!fits_int(t->sizes[d]) || !fits_int(packed)) return false;
+    sizes[d] = (int)t->sizes[d], strides[d] = (int)packed;
+    packed *= t->sizes[d];
+  }
+  return fits_int(packed);
+}
+
+/* Logs under EMBER_LOGS=perf why a convolution runs as im2col + GEMM instead of through cuDNN,
+ * once for each new reason (a training loop would repeat it every step). */
+static void log_fallback(const char *op, const char *why) {
+  static _Thread_local char last[256];
+  if (!fe_log_on(FE_LOG_PERF) || !strcmp(last, why)) return;
+  snprintf(last, sizeof last, "%s", why);
+  fe_log(FE_LOG_PERF, "%s on CUDA runs as im2col + GEMM: %s", op, why);
+}
+
+/* The convolution through cuDNN: 0 when it ran, 1 when cuDNN is off, missing or takes no
+ * algorithm for it (why says which: the caller runs im2col + GEMM), 2 on an error (in err). */
+static int conv_cudnn(em_prim op, const em_conv2d_params *cp, em_tensor *x, em_tensor *w, em_tensor *y, char *why,
+                      size_t wcap, char *err, size_t cap) {
+  if (!cudnn_enabled) return snprintf(why, wcap, "cuDNN is disabled (em_cuda_set_cudnn_enabled)"), 1;
+  em_dtype dt = x->dtype;
+  if (dt != EM_F32 && dt != EM_F64 && dt != EM_F16 && dt != EM_BF16)
+    return snprintf(why, wcap, "cuDNN has no %s convolution", em_dtype_name(dt)), 1;
+  em_tensor *xc = NULL, *wc = NULL, *yc = NULL;
+  cu_dnn_problem p = {.op = op, .dt = dt, .tf32 = allow_tf32, .groups = (int)cp->groups};
+  int rc = 1;
+  /* the result is dense (the dispatcher allocates it); operands in another layout are copied */
+  if (op != EM_PRIM_CONV2D_BWD_INPUT && !dense(x) && !(x = xc = contiguous_copy(x, err, cap))) goto fail;
+  if (op != EM_PRIM_CONV2D && !dense(y) && !(y = yc = contiguous_copy(y, err, cap))) goto fail;
+  if (op != EM_PRIM_CONV2D_BWD_WEIGHT && !dense(w) && !(w = wc = contiguous_copy(w, err, cap))) goto fail;
+  int ws[4];
+  bool fit = dense(x) && dense(y) && dense(w) && dnn_dims(x, p.x, p.xs) && dnn_dims(y, p.y, p.ys) &&
+             dnn_dims(w, p.w, ws) && fits_int(cp->groups);
+  for (int i = 0; i < 2; i++) {
+    fit &= fits_int(cp->padding[i]) && fits_int(cp->stride[i]) && fits_int(cp->dilation[i]);
+    if (fit) p.pad[i] = (int)cp->padding[i], p.stride[i] = (int)cp->stride[i], p.dilation[i] = (int)cp->dilation[i];
+  }
+  if (!fit) {
+    snprintf(why, wcap, "a size, stride or parameter exceeds cuDNN's 32-bit ints");
+  } else {
+    p.xp = dptr(x), p.wp = dptr(w), p.yp = dptr(y);
+    char msg[256] = "";
+    rc = cu_dnn_conv(&p, msg, sizeof msg);
+    if (rc == 1) snprintf(why, wcap, "%s", msg);
+    else if (rc == 2) snprintf(err, cap, "%s", msg);
+  }
+  em_release(xc), em_release(wc), em_release(yc);
+  return rc;
+fail:
+  em_release(xc), em_release(wc), em_release(yc);
+  return 2;
+}
+
 /* Convolutions: x [N, C, H, W], w [O, C/g, kh, kw], y [N, O, OH, OW]; the columns are
  * [C * kh * kw, N * OH * OW] (rows (c, i, j)), so group q's rows are one block. */
 static bool conv(em_prim op, const prim_attrs *at, em_tensor *out, em_tensor *const *in, char *err, size_t cap) {
@@ -576,6 +645,10 @@ static bool conv(em_prim op, const prim_attrs *at, em_tensor *out, em_tensor *co
   if (op == EM_PRIM_CONV2D) x = in[0], w = in[1], y = out;
   else if (op == EM_PRIM_CONV2D_BWD_INPUT) y = in[0], w = in[1], x = out;
   else x = in[0], y = in[1], w = out; /* in: x, grad_out */
+  char why[256];
+  int dnn = conv_cudnn(op, cp, x, w, y, why, sizeof why, err, cap);
+  if (dnn != 1) return dnn == 0;
+  log_fallback(prim_get(op)->name, why);
   /* x and w contiguous (im2col and the GEMMs assume it); a y operand may have any layout, it is
    * copied into the GEMMs' layout anyway */
   if (op != EM_PRIM_CONV2D_BWD_INPUT && !dense(x) && !(x = xc = contiguous_copy(x, err, cap))) goto done;

@@ -262,6 +262,142 @@ ETEST(cuda_eager, convolutions_and_pooling) {
   SAME(em_max_pool2d(x, 2, 2, 2, 2, 0, 0), em_max_pool2d(C(x), 2, 2, 2, 2, 0, 0), 0);
 }
 
+/* Convolutions run through cuDNN (runtime/cuda.c; on the emulator its host cuDNN): forward,
+ * input and weight gradients with stride, padding, dilation and groups, strided operands, f64,
+ * and the half types (f32 compute) against f32 on the CPU; then with cuDNN off, the same through
+ * im2col + GEMM, which cuDNN then does not see. */
+static void conv_case(em_dtype dt, em_conv2d_params p, bool strided_x, double tol) {
+  em_scope_begin();
+  int64_t g = p.groups;
+  em_tensor *x = rnd(dt, EM_SHAPE(2, 4, 7, 6)), *w = rnd(dt, EM_SHAPE(6, 4 / g, 3, 2));
+  em_tensor *dx = C(x), *dw = C(w);
+  if (strided_x) dx = em_transpose(em_contiguous(em_transpose(dx, 2, 3)), 2, 3); /* same values, W-major */
+  bool half = dt == EM_F16 || dt == EM_BF16;
+  /* the CPU reference: f32 from the same (rounded) values for the half types */
+  em_tensor *rx = half ? em_cast(x, F) : x, *rw = half ? em_cast(w, F) : w;
+  em_tensor *y = em_conv2d(rx, rw, EM_NONE, p), *dy = em_conv2d(dx, dw, EM_NONE, p);
+  em_tensor *up = rnd(dt, em_ndim(y), em_sizes(y)), *rup = half ? em_cast(up, F) : up;
+  const int64_t hw[2] = {7, 6}, khw[2] = {3, 2};
+  em_tensor *gx = em_conv2d_backward_input(rup, rw, hw, p), *dgx = em_conv2d_backward_input(C(up), dw, hw, p);
+  em_tensor *gw = em_conv2d_backward_weight(rx, rup, khw, p), *dgw = em_conv2d_backward_weight(dx, C(up), khw, p);
+  if (half) y = em_cast(y, dt), gx = em_cast(gx, dt), gw = em_cast(gw, dt);
+  SAME(y, dy, tol);
+  SAME(gx, dgx, tol);
+  SAME(gw, dgw, tol);
+  em_scope_end();
+}
+
+ETEST(cuda_eager, convolutions_through_cudnn) {
+  em_manual_seed(17);
+  char why[256];
+  bool have = cu_dnn_available(why, sizeof why);
+  if (!cu_drv()->emulated && !have) cr_skip_test("cuDNN did not load on this GPU machine: %s", why);
+  cr_assert(have, "the emulator's cuDNN: %s", why);
+  em_conv2d_params ps[] = {EM_CONV2D_DEFAULT, {{2, 1}, {1, 2}, {1, 2}, 1}, {{1, 2}, {2, 1}, {2, 1}, 2}};
+  cu_emu_dnn_stats e0 = cu_emu_dnn_stats_get();
+  int64_t n0 = cu_dnn_convs();
+  for (int i = 0; i < 3; i++) {
+    conv_case(D, ps[i], i == 2, 1e-12);
+    conv_case(F, ps[i], i == 1, 1e-5);
+  }
+  /* f32 without TF32 (the default) runs on FMA math: no algorithm rounds operands to 10 bits */
+  if (cu_drv()->emulated) cr_assert_eq(cu_emu_dnn_stats_get().last_math, CU_DNN_FMA_MATH);
+  conv_case(EM_BF16, ps[2], false, 2e-2);
+  conv_case(EM_F16, ps[1], true, 5e-3);
+  int convs = 3 * 8; /* eight cases, three convolutions each */
+  int64_t ran = cu_dnn_convs() - n0;
+  cr_assert_eq(ran, convs, "cuDNN ran %lld of %d convolutions", (long long)ran, convs);
+  if (cu_drv()->emulated) {
+    cu_emu_dnn_stats e1 = cu_emu_dnn_stats_get();
+    for (int d = 0; d < 3; d++)
+      cr_assert_eq(e1.runs[d] - e0.runs[d], 8, "direction %d ran %lld times", d, (long long)(e1.runs[d] - e0.runs[d]));
+    cr_assert_eq(e1.heuristics - e0.heuristics, convs);
+    cr_assert_eq(e1.last_algo, 1, "the heuristic's first choice (with a workspace) ran");
+    cr_assert_eq(e1.last_math, CU_DNN_TENSOR_OP_MATH, "the half types may use tensor cores");
+  }
+  /* autograd reaches the gradients' prims through cuDNN too */
+  em_tensor *x = rnd(F, EM_SHAPE(1, 2, 5, 5)), *w = rnd(F, EM_SHAPE(3, 2, 3, 3));
+  em_tensor *dx = em_detach(C(x)), *dw = em_detach(C(w));
+  em_requires_grad_(x, true), em_requires_grad_(w, true), em_requires_grad_(dx, true), em_requires_grad_(dw, true);
+  n0 = cu_dnn_convs();
+  em_backward(em_sum(em_conv2d(x, w, EM_NONE, ps[1]), 0, NULL, false), NULL);
+  em_backward(em_sum(em_conv2d(dx, dw, EM_NONE, ps[1]), 0, NULL, false), NULL);
+  cr_assert_eq(cu_dnn_convs() - n0, 3);
+  SAME(em_get_grad(x), em_get_grad(dx), 1e-5);
+  SAME(em_get_grad(w), em_get_grad(dw), 1e-5);
+  /* off: im2col + GEMM gives the same, and cuDNN sees none of it */
+  em_cuda_set_cudnn_enabled(false);
+  n0 = cu_dnn_convs();
+  for (int i = 0; i < 3; i++) conv_case(F, ps[i], i == 1, 1e-5);
+  conv_case(EM_BF16, ps[2], false, 2e-2);
+  em_cuda_set_cudnn_enabled(true);
+  cr_assert_eq(cu_dnn_convs(), n0, "cuDNN ran while disabled");
+}
+
+/* The three convolutions captured into a CUDA graph (mode reduce-overhead): cuDNN's calls are
+ * recorded with their workspaces from the graph's pool, and each replay computes its own call's
+ * inputs. */
+static em_outputs conv_three(void *ctx, em_tensor *const *in, int n) {
+  (void)ctx, (void)n;
+  em_conv2d_params p = {{2, 1}, {1, 1}, {1, 1}, 2, EM_CONV_PAD_EXPLICIT};
+  const int64_t hw[2] = {7, 6}, khw[2] = {3, 2};
+  return EM_OUTPUTS(em_conv2d(in[0], in[1], EM_NONE, p), em_conv2d_backward_input(in[2], in[1], hw, p),
+                    em_conv2d_backward_weight(in[0], in[2], khw, p));
+}
+
+ETEST(cuda_eager, convolutions_through_cudnn_in_cuda_graphs) {
+  em_manual_seed(23);
+  char why[256];
+  if (!cu_drv()->emulated && !cu_dnn_available(why, sizeof why)) cr_skip_test("cuDNN did not load: %s", why);
+  em_tensor *w = rnd(F, EM_SHAPE(6, 2, 3, 2)), *up = rnd(F, EM_SHAPE(2, 6, 4, 7));
+  em_compiled *c = em_compile(conv_three, &(em_compile_options){.name = "conv_three", .mode = "reduce-overhead"});
+  for (int call = 0; call < 4; call++) {
+    em_tensor *x = rnd(F, EM_SHAPE(2, 4, 7, 6));
+    int64_t n0 = cu_dnn_convs();
+    em_outputs o = em_call(c, NULL, C(x), C(w), C(up));
+    cr_assert(o.n == 3 && o.t[0] && o.t[1] && o.t[2], "call %d: %s", call, em_last_error());
+    em_outputs want = conv_three(NULL, (em_tensor *[]){x, w, up}, 3);
+    for (int i = 0; i < 3; i++) SAME(want.t[i], o.t[i], 1e-5);
+    if (call > 1) cr_assert_eq(cu_dnn_convs(), n0, "call %d: replayed, cuDNN not called again", call);
+  }
+  cr_assert_geq(em_compiled_stats(c).cuda_graph_replays, 2);
+  em_compiled_free(c);
+}
+
+/* A compiled CUDA step whose optimizer has state from eager steps before: AdamW's step counts
+ * are 0-dim f64 CPU tensors (as PyTorch's), updated by the graph on the device and written back
+ * to the CPU (frontend/compile.c, write_back). */
+typedef struct adamw_ctx { em_tensor *w; em_optimizer *opt; } adamw_ctx;
+static em_outputs adamw_step_fn(void *ctx, em_tensor *const *in, int n) {
+  (void)n;
+  adamw_ctx *a = ctx;
+  em_tensor *h = em_matmul(in[0], a->w), *l = em_sum(em_mul(h, h), 0, NULL, false);
+  em_optimizer_zero_grad(a->opt);
+  if (!l || !em_backward(l, NULL) || !em_optimizer_step(a->opt)) return EM_OUTPUTS(NULL);
+  return EM_OUTPUTS(l);
+}
+
+ETEST(cuda_eager, compiled_adamw_after_eager_steps) {
+  em_manual_seed(19);
+  em_tensor *w0 = rnd(F, EM_SHAPE(4, 3)), *x = C(rnd(F, EM_SHAPE(5, 4)));
+  adamw_ctx a[2];
+  for (int k = 0; k < 2; k++) {
+    a[k].w = em_requires_grad_(em_detach(C(w0)), true);
+    a[k].opt = em_adamw_new(1, &a[k].w, ((em_adamw_opts){1e-2, 0.9, 0.999, 1e-8, 1e-2, false}));
+    cr_assert(a[k].opt && adamw_step_fn(&a[k], &x, 1).t[0], "%s", em_last_error()); /* the state exists */
+  }
+  em_compiled *c = em_compile(adamw_step_fn, &(em_compile_options){.name = "adamw_step"});
+  cr_assert_not_null(c);
+  for (int s = 0; s < 3; s++) {
+    em_tensor *le = adamw_step_fn(&a[0], &x, 1).t[0], *lc = em_call_n(c, &a[1], 1, &x).t[0];
+    cr_assert(le && lc, "step %d: %s", s, em_last_error());
+    SAME(em_to(le, EM_CPU), lc, 1e-5);
+    SAME(em_to(a[0].w, EM_CPU), a[1].w, 1e-5);
+  }
+  em_compiled_free(c);
+  for (int k = 0; k < 2; k++) em_optimizer_free(a[k].opt);
+}
+
 ETEST(cuda_eager, autograd_through_composites) {
   em_manual_seed(8);
   em_tensor *x = rnd(F, EM_SHAPE(6, 10)), *w = rnd(F, EM_SHAPE(10)), *b = rnd(F, EM_SHAPE(10));
@@ -893,9 +1029,10 @@ ETEST(cuda_eager, reduce_overhead_falls_back_when_capture_fails) {
 /* ---- mode "max-autotune": launch configurations timed, the choice cached on disk ---- */
 static em_outputs softmax_relu(void *ctx, em_tensor *const *in, int n) {
   (void)ctx, (void)n;
-  /* a row kernel (the softmax with its prologue), then a pointwise one (the GEMM between) */
+  /* a row kernel (the softmax with its prologue), then a pointwise one over [40,40] (the GEMM
+   * between), which has a vector variant */
   em_tensor *s = em_softmax(em_relu(em_add(in[0], in[1])), 1);
-  return EM_OUTPUTS(s, em_tanh(em_mul_scalar(em_matmul(s, em_transpose(in[1], 0, 1)), 0.5)));
+  return EM_OUTPUTS(s, em_tanh(em_mul_scalar(em_matmul(em_transpose(s, 0, 1), in[1]), 0.5)));
 }
 
 /* The first compile times each kernel's candidates (pointwise and row) and gives eager's
@@ -924,6 +1061,9 @@ ETEST(cuda_eager, max_autotune_times_and_caches_choices) {
     ind_autotune_stats s1 = ind_autotune_stats_get();
     if (round == 0) {
       cr_assert_geq(s1.tuned - s0.tuned, 2, "%lld kernels timed", (long long)(s1.tuned - s0.tuned));
+      /* the pointwise kernel ([40,40]: 4-wide chunks) times 4 blocks with each variant, the
+       * softmax's row kernel at least 2 blocks */
+      cr_assert_geq(s1.candidates - s0.candidates, 10, "%lld configurations timed", (long long)(s1.candidates - s0.candidates));
     } else if (ind_cache_dir()) {
       cr_assert_eq(s1.tuned - s0.tuned, 0, "a second compile timed %lld kernels again", (long long)(s1.tuned - s0.tuned));
       cr_assert_geq(s1.cached - s0.cached, 2, "%lld choices from the cache", (long long)(s1.cached - s0.cached));
@@ -1207,4 +1347,61 @@ ETEST(cuda_eager, inductor_profile_prints_device_time_per_kernel) {
   unlink(path);
   cr_assert_eq(header, 1, "one header");
   cr_assert_eq(rows, kernels < 10 ? kernels : 10, "%d lines for %d kernels", rows, kernels);
+}
+
+/* ---- a dynamic entry's kernels on the device: sizes as arguments ---- */
+
+/* Pointwise over [s0, 24], one operand read through a transpose (index arithmetic over s0). */
+static em_outputs transposed_sum(void *ctx, em_tensor *const *in, int n) {
+  (void)ctx, (void)n;
+  return EM_OUTPUTS(em_tanh(em_add(em_mul_scalar(in[0], 2), em_transpose(in[1], 0, 1))));
+}
+
+static char *dyn_source; /* the last program's CUDA C */
+static void dyn_kernels_made(const char *graph, const ind_program *p) {
+  (void)graph;
+  free(dyn_source);
+  dyn_source = ind_kernel_ir(p) ? strdup(ind_kernel_ir(p)) : NULL;
+}
+
+/* A dynamic entry compiles its CUDA kernels with the sizes and strides in a table passed by
+ * value (cuda_codegen.c: ktab), so the graph at a new size renders the same source and nothing
+ * is compiled again; results stay eager's, through the scalar and the vector variants; the
+ * source compiles with NVRTC for sm_90. */
+ETEST(cuda_eager, dynamic_sizes_are_kernel_arguments) {
+  setenv("EMBER_DYNAMIC_COMPILE_AFTER", "1", 1); /* read once per process: each test has its own */
+  em_compiled *c = em_compile(transposed_sum, &(em_compile_options){.name = "transposed_sum", .dynamic = EM_DYNAMIC_ALWAYS});
+  ind_set_compiled_hook(dyn_kernels_made); /* em_compile installed the frontend's */
+  int64_t sizes[] = {37, 50, 41, 77, 123, 64};
+  int64_t compiled = 0;
+  for (int i = 0; i < 6; i++) {
+    em_scope_begin();
+    em_manual_seed(40 + i);
+    em_tensor *x = em_randn(F, EM_SHAPE(sizes[i], 24)), *y = em_randn(F, EM_SHAPE(24, sizes[i]));
+    em_outputs want = transposed_sum(NULL, (em_tensor *[]){x, y}, 2);
+    em_outputs got = em_call(c, NULL, C(x), C(y));
+    cr_assert(got.n == 1 && got.t[0], "size %lld: %s", (long long)sizes[i], em_last_error());
+    SAME(want.t[0], got.t[0], 1e-6);
+    em_scope_end();
+    if (i == 2) compiled = cu_compile_stats_get().compiled; /* the trace, the check, a size as arguments */
+  }
+  em_compile_stats s = em_compiled_stats(c);
+  cr_assert_eq(s.dynamic_entries, 1);
+  cr_assert_geq(s.graphs_compiled, 6, "every size compiled: %lld", (long long)s.graphs_compiled);
+  cr_assert_eq(cu_compile_stats_get().compiled, compiled, "three more sizes compiled %lld CUDA sources",
+               (long long)(cu_compile_stats_get().compiled - compiled));
+  em_compiled_free(c);
+  cr_assert(dyn_source && strstr(dyn_source, "em_ktab<"), "the kernels take a table of sizes:\n%s", dyn_source ? dyn_source : "");
+  if (cu_nvrtc_available()) {
+    const char *pre = cu_kernel_prelude();
+    char *src = malloc(strlen(pre) + strlen(dyn_source) + 1), *cubin = NULL, *log = NULL;
+    size_t size = 0;
+    strcpy(src, pre), strcat(src, dyn_source);
+    bool ok = cu_nvrtc_compile(src, "dynamic.cu", "sm_90", &cubin, &size, &log);
+    cr_assert(ok && size > 0 && (!log || !strstr(log, "warning")), "NVRTC:\n%s\n%s", log ? log : "?", dyn_source);
+    free(src), free(cubin), free(log);
+  } else {
+    fprintf(stderr, "test_cuda_eager: this build has NO NVRTC: the dynamic kernels were NOT compiled for sm_90\n");
+  }
+  free(dyn_source), dyn_source = NULL;
 }

@@ -57,6 +57,70 @@ ETEST(cuda_lt, abi_checked_against_the_toolkit_headers) {
             "runtime/cuda_abi.c was built without cublasLt.h: cuda.h's cuBLASLt values are unchecked");
 }
 
+ETEST(cuda_lt, cudnn_abi_checked_against_the_toolkit_headers) {
+  cr_assert(cu_dnn_abi_checked(), "runtime/cuda_abi.c was built without cudnn.h: cuda.h's cuDNN values are unchecked");
+}
+
+/* The kernel disk cache keys a cubin on NVRTC's version too (runtime/cuda.c, full_source): a new
+ * NVRTC must not load images an older one compiled. */
+ETEST(cuda_lt, nvrtc_version_is_in_the_kernel_cache_key) {
+  char salt[64], want[64];
+  int major, minor;
+  cu_nvrtc_cache_salt(salt, sizeof salt);
+  if (!cu_nvrtc_available()) {
+    cr_assert_not(cu_nvrtc_version(&major, &minor));
+    cr_assert_str_eq(salt, "nvrtc cubin (no version)");
+    return;
+  }
+  cr_assert(cu_nvrtc_version(&major, &minor) && major >= 11, "NVRTC %d.%d", major, minor);
+  snprintf(want, sizeof want, "nvrtc cubin %d.%d", major, minor);
+  cr_assert_str_eq(salt, want);
+  if (!cu_drv()->emulated) cr_assert_str_eq(cu_drv()->cache_salt, want, "the driver's cache salt");
+}
+
+/* The emulated cuDNN refuses what cuDNN would: descriptors of the wrong kind or not set, shapes
+ * that do not make the described convolution, the wrong compute type, too small a workspace. */
+ETEST(cuda_lt, emulated_cudnn_checks_its_arguments) {
+  if (!cu_drv()->emulated) cr_skip_test("the emulator's own checks (a GPU runs the library)");
+  char why[256];
+  const cu_dnn_api *D = cu_drv()->dnn(why, sizeof why);
+  cr_assert_not_null(D, "%s", why);
+  cr_assert_eq(D->version() / 10000, 9);
+  void *h, *xd, *yd, *wd, *cd;
+  cr_assert_eq(D->create(&h), 0);
+  cr_assert_eq(D->tensor_create(&xd) | D->tensor_create(&yd) | D->filter_create(&wd) | D->conv_create(&cd), 0);
+  cu_dnn_perf perf[4];
+  int n = -1;
+  cr_assert_eq(D->fwd_algos(h, xd, wd, cd, yd, 4, &n, perf), CU_DNN_STATUS_BAD_PARAM, "descriptors never set");
+  cr_assert_eq(D->tensor_set(xd, CU_DNN_DATA_FLOAT, 1, 4, 5, 5, 100, 25, 5, 1), 0);
+  cr_assert_eq(D->tensor_set(yd, CU_DNN_DATA_FLOAT, 1, 6, 3, 3, 54, 9, 3, 1), 0);
+  cr_assert_eq(D->filter_set(wd, CU_DNN_DATA_FLOAT, CU_DNN_TENSOR_NCHW, 6, 2, 3, 3), 0);
+  cr_assert_eq(D->filter_set(xd, CU_DNN_DATA_FLOAT, CU_DNN_TENSOR_NCHW, 6, 2, 3, 3), CU_DNN_STATUS_BAD_PARAM,
+               "a tensor descriptor is no filter descriptor");
+  cr_assert_eq(D->conv_set(cd, 0, 0, 1, 1, 1, 1, CU_DNN_CROSS_CORRELATION, CU_DNN_DATA_FLOAT), 0);
+  cr_assert_eq(D->fwd_algos(h, xd, wd, cd, yd, 4, &n, perf), CU_DNN_STATUS_BAD_PARAM, "4 channels, 2 a group, 1 group");
+  cr_assert_eq(D->conv_groups(cd, 2), 0);
+  cr_assert_eq(D->fwd_algos(h, xd, wd, cd, yd, 4, &n, perf), 0);
+  cr_assert_eq(n, 2);
+  cr_assert(perf[0].memory > 0 && perf[1].memory == 0 && perf[0].status == 0);
+  cr_assert_eq(D->fwd_algos(h, yd, wd, cd, xd, 4, &n, perf), CU_DNN_STATUS_BAD_PARAM, "x and y swapped");
+  cr_assert_eq(D->conv_set(cd, 0, 0, 1, 1, 1, 1, CU_DNN_CROSS_CORRELATION, CU_DNN_DATA_HALF), 0);
+  cr_assert_eq(D->fwd_algos(h, xd, wd, cd, yd, 4, &n, perf), CU_DNN_STATUS_BAD_PARAM, "f32 data computes in f32");
+  cr_assert_eq(D->conv_set(cd, 0, 0, 1, 1, 1, 1, 0 /* CUDNN_CONVOLUTION */, CU_DNN_DATA_FLOAT), 0);
+  cr_assert_eq(D->fwd_algos(h, xd, wd, cd, yd, 4, &n, perf), CU_DNN_STATUS_NOT_SUPPORTED, "true convolution");
+  cr_assert_eq(D->conv_set(cd, 0, 0, 1, 1, 1, 1, CU_DNN_CROSS_CORRELATION, CU_DNN_DATA_FLOAT), 0);
+  float x[100] = {0}, y[54], w[108] = {0}, one = 1, zero = 0;
+  char ws[8192];
+  cr_assert_eq(D->fwd(h, &one, xd, x, wd, w, cd, 1, ws, 16, &zero, yd, y), CU_DNN_STATUS_BAD_PARAM, "small workspace");
+  cr_assert_eq(D->fwd(h, &one, xd, x, wd, w, cd, 7, NULL, 0, &zero, yd, y), CU_DNN_STATUS_BAD_PARAM, "no such algo");
+  x[0] = 2, w[0] = 3; /* y[0, 0, 0, 0] = x[0, 0, 0, 0] w[0, 0, 0, 0] */
+  cr_assert_eq(D->fwd(h, &one, xd, x, wd, w, cd, 1, ws, sizeof ws, &zero, yd, y), 0);
+  cr_assert_eq(y[0], 6.0f);
+  cr_assert_eq(y[1], 0.0f);
+  D->tensor_destroy(xd), D->tensor_destroy(yd), D->filter_destroy(wd), D->conv_destroy(cd);
+  free(h);
+}
+
 ETEST(cuda_lt, emulated_library_checks_its_arguments) {
   if (!cu_drv()->emulated) cr_skip_test("the emulator's own checks (a GPU runs the library)");
   char why[256];
