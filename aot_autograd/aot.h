@@ -28,7 +28,11 @@ void aot_joint_info_free(aot_joint_info *info);
  * NULL with an error on failure. */
 ir_graph *aot_joint_graph(const ir_graph *fwd, const bool *in_rg, aot_joint_info *info, em_site site);
 
-typedef enum aot_partitioner { AOT_PARTITION_MIN_CUT, AOT_PARTITION_DEFAULT } aot_partitioner;
+/* MIN_CUT: the fewest bytes saved (partition.c); DEFAULT: every value the backward reads;
+ * RECOMPUTE: only the primal inputs (and random draws' counters), the backward recomputing the
+ * rest, as activation checkpointing does: nothing saved lacks autograd history, so a backward
+ * under create_graph is exact (aot.c: aot_backward). */
+typedef enum aot_partitioner { AOT_PARTITION_MIN_CUT, AOT_PARTITION_DEFAULT, AOT_PARTITION_RECOMPUTE } aot_partitioner;
 
 /* A forward graph (inputs: primals; outputs: forward outputs, then saved values) and a backward
  * graph (inputs: saved values, then tangents; outputs: the gradients, in primal order, of the

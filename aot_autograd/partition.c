@@ -17,7 +17,13 @@
  * recomputes the sink side (cheap pointwise, view and creation chains, and random values,
  * which are replayed from the forward's Philox counters through rng slots instead of saved).
  * Max flow is Dinic's algorithm (O(V^2 E), a few milliseconds for graphs of thousands of
- * nodes); capacities are int64 bytes. */
+ * nodes); capacities are int64 bytes.
+ *
+ * Recompute (activation checkpointing): the same network with every value but the primals
+ * unsaveable (infinite capacity) and nothing forced into the forward, so the cut is the primals:
+ * the backward recomputes everything else from them (random values from the forward's counters,
+ * as above). Eager fusion uses it (frontend/eager_fusion.c): a composite's backward then reads
+ * only values that carry autograd history, and double backward through it stays exact. */
 #include "aot.h"
 
 #include <stdarg.h>
@@ -317,8 +323,9 @@ bool aot_partition(const ir_graph *j, const aot_joint_info *info, aot_partitione
         e = net_edge(&f, S, 2 * v, INF_CAP) && net_edge(&f, 2 * v, 2 * v + 1, 0);
       } else {
         const ir_node *n = &j->nodes[d];
-        e = net_edge(&f, 2 * v, 2 * v + 1, value_bytes(j, v));
-        if (e && (banned(n->op) || compared[v])) e = net_edge(&f, S, 2 * v, INF_CAP);
+        bool recompute = p == AOT_PARTITION_RECOMPUTE;
+        e = net_edge(&f, 2 * v, 2 * v + 1, recompute ? INF_CAP : value_bytes(j, v));
+        if (e && !recompute && (banned(n->op) || compared[v])) e = net_edge(&f, S, 2 * v, INF_CAP);
         for (int k = 0; e && k < n->n_in; k++) e = net_edge(&f, 2 * ir_operands(j, n)[k] + 1, 2 * v, INF_CAP);
       }
       if (e && req[v]) e = net_edge(&f, 2 * v + 1, T, INF_CAP);

@@ -35,6 +35,35 @@ static inline double bench_median(double *v, int n) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* One memcpy of `bytes` between buffers kept for the process; returns ms (the bandwidth
+ * ceiling memory-bound kernels are compared with). Exits when the buffers cannot be had. */
+static inline double bench_memcpy_ms(size_t bytes) {
+  static char *a, *b;
+  static size_t have;
+  if (bytes > have) {
+    free(a), free(b);
+    a = malloc(bytes), b = malloc(bytes);
+    if (!a || !b) {
+      fprintf(stderr, "bench: out of memory for memcpy's %zu bytes\n", bytes);
+      exit(1);
+    }
+    memset(a, 1, bytes), memset(b, 2, bytes);
+    have = bytes;
+  }
+  double t0 = bench_now();
+  memcpy(b, a, bytes);
+  double dt = bench_now() - t0;
+  a[0] = b[bytes - 1];
+  return 1e3 * dt;
+}
+
+/* Removes the directory bench_fresh_cache made (and what the run wrote in it). */
+static inline void bench_remove_dir(const char *dir) {
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (system(cmd)) fprintf(stderr, "bench: could not remove %s\n", dir);
+}
+
 static inline void bench_report(const char *name, double value, const char *unit, const char *note) {
   if (bench_json)
     printf("{\"bench\": \"%s\", \"name\": \"%s\", \"value\": %.6g, \"unit\": \"%s\"}\n", bench_name, name, value, unit);

@@ -61,24 +61,6 @@ static double device_copy_ms(em_tensor *x) {
   return 1e3 * dt;
 }
 
-/* One memcpy of `bytes` between buffers kept for the process; returns ms. */
-static double memcpy_ms(size_t bytes) {
-  static char *a, *b;
-  static size_t have;
-  if (bytes > have) {
-    free(a), free(b);
-    a = malloc(bytes), b = malloc(bytes);
-    if (!a || !b) fail("malloc");
-    memset(a, 1, bytes), memset(b, 2, bytes);
-    have = bytes;
-  }
-  double t0 = bench_now();
-  memcpy(b, a, bytes);
-  double dt = bench_now() - t0;
-  a[0] = b[bytes - 1];
-  return 1e3 * dt;
-}
-
 /* One call, eager (c NULL) or compiled; returns ms. */
 static double once(em_compiled *c, em_model_fn fn, void *ctx, em_tensor *const *in, int n) {
   em_scope_begin();
@@ -149,7 +131,7 @@ static void run(const char *name, em_model_fn fn, void *ctx, em_tensor *const *i
   for (int r = -1; r < REPS; r++)
     for (int k = 0; k <= copy; k++) {
       if (k == copy && bytes_moved <= 0) continue;
-      double ms = k == copy ? (cuda ? device_copy_ms(in[0]) : memcpy_ms((size_t)(bytes_moved / 2)))
+      double ms = k == copy ? (cuda ? device_copy_ms(in[0]) : bench_memcpy_ms((size_t)(bytes_moved / 2)))
                             : once(k ? c[k - 1] : NULL, fn, ctx, in, n);
       if (r >= 0) t[k][r] = ms;
     }
@@ -218,11 +200,6 @@ static void train(const char *name, em_model_fn loss_fn, net *m, em_tensor *x, e
   em_optimizer_free(s.opt);
 }
 
-static em_outputs softmax_fn(void *ctx, em_tensor *const *in, int n) { return EM_OUTPUTS(em_softmax(in[0], 1)); }
-static em_outputs layer_norm_fn(void *ctx, em_tensor *const *in, int n) {
-  em_tensor **wb = ctx;
-  return EM_OUTPUTS(em_layer_norm(in[0], 1, wb[0], wb[1], 1e-5));
-}
 /* GELU alone (forward) and forward plus backward (the gradient of y against an upstream g), the
  * pointwise kernels of a transformer's MLP (issue 20): both forms, f32 [2048, 1024]. */
 static char tanh_form; /* its address as ctx: the tanh form */
@@ -391,16 +368,7 @@ int main(int argc, char **argv) {
                                               em_randint(0, g2.vocab, EM_SHAPE(g2.batch, g2.ctx))}, 2, 0);
     gpt2_free(&g);
   }
-  {
-    em_no_grad_begin();
-    if (!rows) rows = cuda ? 32768 : 4096;
-    em_tensor *x = em_randn(EM_F32, EM_SHAPE(rows, 1024));
-    em_tensor *wb[2] = {em_rand(EM_F32, EM_SHAPE(1024)), em_randn(EM_F32, EM_SHAPE(1024))};
-    double bytes = 2.0 * (double)rows * 1024 * 4;
-    run("softmax", softmax_fn, NULL, &x, 1, bytes);
-    run("layer_norm", layer_norm_fn, wb, &x, 1, bytes);
-    em_no_grad_end();
-  }
+  models_rows(run, rows ? rows : cuda ? 32768 : 4096);
   {
     em_tensor *x = em_randn(EM_F32, EM_SHAPE(2048, 1024)), *g = em_randn(EM_F32, EM_SHAPE(2048, 1024));
     double bytes = 2.0 * 2048 * 1024 * 4; /* x read, y written */
@@ -415,10 +383,6 @@ int main(int argc, char **argv) {
   }
   em_scope_end();
   em_thread_cleanup();
-  if (own_dir) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd)) fprintf(stderr, "bench compiled: could not remove %s\n", dir);
-  }
+  if (own_dir) bench_remove_dir(dir);
   return 0;
 }

@@ -148,4 +148,27 @@ static inline em_outputs model_train_step(void *ctx, em_tensor *const *in, int n
   return EM_OUTPUTS(loss);
 }
 
+/* The row-wise workload of bench/compiled and bench/eager_fusion: softmax and layer_norm over
+ * [rows, 1024] f32 rows without grad, each handed to run(name, fn, ctx, inputs, n, bytes) with
+ * the bytes a pass reads and writes once. */
+typedef void (*models_run_fn)(const char *name, em_model_fn fn, void *ctx, em_tensor *const *in, int n, double bytes);
+static inline em_outputs models_softmax_fn(void *ctx, em_tensor *const *in, int n) {
+  (void)ctx, (void)n;
+  return EM_OUTPUTS(em_softmax(in[0], 1));
+}
+static inline em_outputs models_layer_norm_fn(void *ctx, em_tensor *const *in, int n) {
+  em_tensor **wb = ctx;
+  (void)n;
+  return EM_OUTPUTS(em_layer_norm(in[0], 1, wb[0], wb[1], 1e-5));
+}
+static inline void models_rows(models_run_fn run, int64_t rows) {
+  em_no_grad_begin();
+  em_tensor *x = em_randn(EM_F32, EM_SHAPE(rows, 1024));
+  em_tensor *wb[2] = {em_rand(EM_F32, EM_SHAPE(1024)), em_randn(EM_F32, EM_SHAPE(1024))};
+  double bytes = 2.0 * (double)rows * 1024 * 4;
+  run("softmax", models_softmax_fn, NULL, &x, 1, bytes);
+  run("layer_norm", models_layer_norm_fn, wb, &x, 1, bytes);
+  em_no_grad_end();
+}
+
 #endif

@@ -480,7 +480,8 @@ static void log_aot(em_compiled *c, const aot_compiled *a) {
   if (!fe_log_on(FE_LOG_AOT)) return;
   const aot_split *sp = aot_get_split(a);
   fe_log(FE_LOG_AOT, "%s: %s partition: forward %d nodes, backward %d nodes (%d recomputed), %d saved values, "
-         "%lld bytes saved (not counting inputs)", c->name, c->partitioner == AOT_PARTITION_MIN_CUT ? "min-cut" : "default",
+         "%lld bytes saved (not counting inputs)", c->name,
+         c->partitioner == AOT_PARTITION_MIN_CUT ? "min-cut" : c->partitioner == AOT_PARTITION_RECOMPUTE ? "recompute" : "default",
          sp->fwd->n_nodes, sp->bwd->n_nodes, sp->n_recomputed, sp->n_saved, (long long)sp->saved_bytes);
   const ir_graph *f = sp->fwd;
   for (int k = 0; k < sp->n_saved; k++) {
@@ -1790,8 +1791,8 @@ em_compiled *em_compile_at(em_model_fn fn, const em_compile_options *opts, em_si
   /* as in PyTorch: recomputation pays off when the recomputed ops fuse into the backward's
    * kernels (inductor); run one op at a time (aot_eager), it only adds passes over memory */
   const char *part = o.partitioner ? o.partitioner : strcmp(backend, "inductor") ? "default" : "min_cut";
-  if (strcmp(part, "min_cut") && strcmp(part, "default"))
-    return rt_error(site, "em_compile", "unknown partitioner \"%s\" (\"min_cut\" or \"default\")", part);
+  if (strcmp(part, "min_cut") && strcmp(part, "default") && strcmp(part, "recompute"))
+    return rt_error(site, "em_compile", "unknown partitioner \"%s\" (\"min_cut\", \"default\" or \"recompute\")", part);
   /* torch.compile's modes; "max-autotune" also captures CUDA graphs, as torch's does */
   const char *mode = o.mode ? o.mode : "default";
   ind_options io = {0};
@@ -1814,7 +1815,9 @@ em_compiled *em_compile_at(em_model_fn fn, const em_compile_options *opts, em_si
   snprintf(c->backend, sizeof c->backend, "%s", backend);
   c->aot = !strcmp(backend, "aot_eager") || !strcmp(backend, "inductor");
   c->inductor = !strcmp(backend, "inductor");
-  c->partitioner = strcmp(part, "default") ? AOT_PARTITION_MIN_CUT : AOT_PARTITION_DEFAULT;
+  c->partitioner = !strcmp(part, "default")     ? AOT_PARTITION_DEFAULT
+                   : !strcmp(part, "recompute") ? AOT_PARTITION_RECOMPUTE
+                                                : AOT_PARTITION_MIN_CUT;
   c->fullgraph = o.fullgraph;
   if ((unsigned)o.dynamic > EM_DYNAMIC_NEVER) {
     free(c);

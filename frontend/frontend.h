@@ -18,6 +18,7 @@ typedef enum fe_artifact {
   FE_LOG_OUTPUT_CODE,
   FE_LOG_PERF,
   FE_LOG_DYNAMIC,
+  FE_LOG_FUSION, /* eager fusion (eager_fusion.c): signatures that fell back to op by op */
   FE_LOG_COUNT
 } fe_artifact;
 

@@ -8,7 +8,7 @@
 #include <string.h>
 
 static const char *const names[FE_LOG_COUNT] = {"graph", "guards", "recompiles", "graph_breaks",
-                                                "aot", "schedule", "output_code", "perf", "dynamic"};
+                                                "aot", "schedule", "output_code", "perf", "dynamic", "fusion"};
 static int enabled = -1; /* bit mask; -1 until read */
 static int dump_counter;
 
@@ -28,7 +28,7 @@ void fe_log_reload(void) {
         if (!strcmp(tok, names[i])) mask |= 1 << i, known = true;
       if (!known)
         fprintf(stderr, "[ember] EMBER_LOGS: unknown artifact '%s' (known: graph, guards, recompiles, "
-                        "graph_breaks, aot, schedule, output_code, perf, all)\n", tok);
+                        "graph_breaks, aot, schedule, output_code, perf, dynamic, fusion, all)\n", tok);
     }
   }
   __atomic_store_n(&enabled, mask, __ATOMIC_RELAXED);

@@ -1376,7 +1376,8 @@ void em_loader_free(em_loader *l);
  * site.
  *
  * Backends: "eager" runs each captured graph with the graph interpreter on the eager kernels
- * (results are bit-identical to eager execution; autograd works on the outputs as in eager).
+ * (results are bit-identical to op-by-op eager execution, EMBER_EAGER_FUSION=0; autograd works on
+ * the outputs as in eager).
  * "aot_eager" differentiates ahead of time (as AOTAutograd does): when grad mode is on and some
  * input requires grad, the graph's forward and the autograd engine's backward are traced into
  * one joint graph, optimised (CSE, folding, rewrites) and split into a forward and a backward
@@ -1387,9 +1388,13 @@ void em_loader_free(em_loader *l);
  * replayed from the same Philox counters, so dropout's mask is the forward's). As in PyTorch,
  * aot_eager defaults to "default": without fusion, recomputing costs extra passes over memory
  * (measured: the transformer of bench/aot's backward took twice as long); inductor defaults to
- * "min_cut", whose recomputed values fuse into the backward's kernels.
+ * "min_cut", whose recomputed values fuse into the backward's kernels. "recompute" saves only
+ * the function's inputs and recomputes the rest in the backward (activation checkpointing, as
+ * torch.utils.checkpoint): the least memory, a second forward's work, and a backward that reads
+ * nothing without autograd history, so double backward (create_graph) through it is exact.
  * Gradients equal eager's up to rounding (the summation order may differ). Differentiating a
- * compiled backward again (double backward) is not supported, as in torch.compile.
+ * compiled backward again (double backward) is not supported with the other partitioners, as in
+ * torch.compile.
  * "inductor" (the default) is aot_eager whose graphs (forward, backward, or a whole traced
  * training step) run as generated CPU code where no autograd recording is needed: pointwise
  * chains, reductions with their prologues and epilogues (softmax, layer_norm, cross entropy:
@@ -1467,8 +1472,8 @@ typedef struct em_compile_options {
   bool fullgraph;      /* a graph break is an error instead */
   const char *name;    /* used in logs and dumps; NULL: "fn" */
   int recompile_limit; /* entries before falling back to eager; <= 0: 8 (torch's default) */
-  const char *partitioner; /* "default" or "min_cut" (see below); NULL: min_cut for inductor,
-                            * default for aot_eager */
+  const char *partitioner; /* "default", "min_cut" or "recompute" (see below); NULL: min_cut for
+                            * inductor, default for aot_eager */
   bool accuracy;       /* the accuracy checker: every compiled graph is also run by the
                         * reference and compared (see "When a compiled result is wrong" below);
                         * EMBER_COMPILE_ACCURACY=1 turns it on for every compiled function */
@@ -1571,6 +1576,55 @@ em_kernel_cache_stats em_kernel_cache_info(void);
 /* Frees the compiled function, its entries and graphs. NULL-safe. Outputs it returned stay
  * valid, and em_backward through them still works (their backward nodes hold what they need). */
 void em_compiled_free(em_compiled *c);
+
+/* Eager fusion (frontend/eager_fusion.c; issue 23). Outside em_compile, the hot composites
+ * (em_softmax, em_log_softmax, em_layer_norm, em_rms_norm, em_gelu, em_silu, em_sigmoid,
+ * em_relu, em_cross_entropy, em_mse_loss) and em_optimizer_step's per-parameter updates (SGD after its first
+ * step with momentum, AdamW; the writes into the parameter and the state happen in place, as
+ * em_compile's functionalization writes them back)
+ * run as kernels the inductor compiles from their own decomposition, instead of one pass over
+ * memory per prim: each stays one definition for eager, tracing and autograd. A call is fused
+ * when fusion is on, no trace is active (inside em_compile the composite records its prims as
+ * before), its inputs are contiguous CPU tensors with every dim <= 65536, the first has at least
+ * EMBER_EAGER_FUSION_MIN elements (default 4096), and its signature (composite, non-tensor
+ * arguments, input dtypes and ranks, absent inputs, requires_grad of each, grad mode) has been
+ * called twice before: the first two calls of a signature run op by op, and the third starts its
+ * compile on a background thread (on copies of its inputs: the caller may go on writing them)
+ * and runs op by op too, as every call does until the compile is done; then one compiled
+ * function per signature (em_compile with EM_DYNAMIC_ALWAYS, so one kernel module serves every
+ * size) takes over, with its tiering at a size it has not seen: that size's first
+ * EMBER_DYNAMIC_COMPILE_AFTER - 1 calls run the graph op by op, then it is specialized on the
+ * calling thread (the kernel module is shared: no LLVM). EMBER_EAGER_FUSION_ASYNC=0 compiles on
+ * the calling thread instead, in the third call. Kernels are cached in memory and on disk.
+ * Arguments are checked before fusion, so errors are the
+ * composite's own. Gradients come from one autograd node whose backward is the compiled
+ * backward; as in torch.compile, differentiating that backward again (double backward through a
+ * fused composite) is not supported: run with fusion off. Results agree with op by op within
+ * the inductor's rounding (1e-5 relative in f32, 1e-12 in f64; see "inductor" above). A fused
+ * call that fails inside the compiler runs op by op, then and from then on for its signature,
+ * with a line under EMBER_LOGS=fusion. EMBER_EAGER_FUSION=0 turns it off (op by op, as before);
+ * CUDA tensors always run op by op. */
+typedef struct em_eager_fusion_stats {
+  bool enabled;            /* fusion on (em_eager_fusion_config, else EMBER_EAGER_FUSION) */
+  int64_t min_numel;       /* the smallest first input fused */
+  int64_t functions;       /* signatures seen, one compiled function each */
+  int64_t warmup_calls;    /* calls run op by op because their signature was new */
+  int64_t fused_calls;     /* calls run through a compiled function */
+  int64_t op_by_op_graphs; /* of them, graphs run op by op at a size's first calls */
+  int64_t kernel_runs;     /* generated kernels those calls ran */
+  int64_t traces;          /* traces of composites made for them (probes included) */
+  int64_t graphs_compiled; /* graphs the compiled functions handed to the inductor */
+  int64_t fallbacks;       /* fused calls that failed and ran op by op (signature dropped) */
+} em_eager_fusion_stats;
+/* The process's counters (all threads). */
+em_eager_fusion_stats em_eager_fusion_info(void);
+/* Waits for the background compiles running now (tests, benchmarks, before reading the live
+ * tensor counters: a compile holds copies of the inputs of the call that started it). */
+void em_eager_fusion_wait(void);
+/* Overrides the environment: enabled 1 on, 0 off (op by op), -1 EMBER_EAGER_FUSION again;
+ * min_numel the smallest first input fused, -1 EMBER_EAGER_FUSION_MIN (or 4096) again.
+ * For tests and benchmarks; takes effect at the next composite call. */
+void em_eager_fusion_config(int enabled, int64_t min_numel);
 
 /* One graph break as em_explain reports it: the op that broke, why, and the user's site. */
 typedef struct em_graph_break_info {

@@ -27,6 +27,23 @@
     return kept_;                             \
   } while (0)
 
+/* Eager fusion (see rt_fused in rt.h): after the argument checks, so a bad call fails with the
+ * composite's own message; returns the fused result when the hook ran the composite. */
+#define FUSED(op, site, n_args, args, ...)                                                       \
+  do {                                                                                            \
+    em_tensor *fused_, *const fused_in_[] = {__VA_ARGS__};                                        \
+    if (rt_fused((op), (args), (n_args), fused_in_, (int)(sizeof fused_in_ / sizeof *fused_in_), &fused_, (site))) \
+      return fused_;                                                                              \
+  } while (0)
+
+rt_fuse_fn rt_fuse_hook;
+
+bool rt_fused(rt_fuse_op op, const double *args, int n_args, em_tensor *const *in, int n_in, em_tensor **out,
+              em_site site) {
+  /* inside a trace (em_compile's, or the fused kernel's own) the composite is its prims */
+  return rt_fuse_hook && !rt_tracing() && rt_fuse_hook(op, args, n_args, in, n_in, out, site);
+}
+
 /* A number operand: a CPU scalar whatever the default device (it joins operands on any device). */
 static em_tensor *num(em_dtype dt, double v, em_site site) { return rt_scope_add(rt_scalar(dt, v, "scalar", site), "scalar", site); }
 
@@ -43,6 +60,7 @@ static bool float_arg(em_tensor *x, const char *name, em_site site) {
  * of maximum's tie-splitting rule. */
 em_tensor *em_relu_at(em_tensor *x, em_site site) {
   if (!x) return NULL;
+  FUSED(RT_FUSE_RELU, site, 0, NULL, x);
   BEGIN(site);
   END(em_where_at(em_le_scalar_at(x, 0, site), num(x->dtype, 0, site), x, site), site);
 }
@@ -55,6 +73,7 @@ em_tensor *em_leaky_relu_at(em_tensor *x, double slope, em_site site) {
 
 em_tensor *em_gelu_at(em_tensor *x, bool tanh_approx, em_site site) {
   if (!x || !float_arg(x, "em_gelu", site)) return NULL;
+  FUSED(RT_FUSE_GELU, site, 1, ((double[]){tanh_approx}), x);
   BEGIN(site);
   em_tensor *inner;
   if (tanh_approx) {
@@ -69,6 +88,7 @@ em_tensor *em_gelu_at(em_tensor *x, bool tanh_approx, em_site site) {
 
 em_tensor *em_sigmoid_at(em_tensor *x, em_site site) {
   if (!x || !float_arg(x, "em_sigmoid", site)) return NULL;
+  FUSED(RT_FUSE_SIGMOID, site, 0, NULL, x);
   BEGIN(site);
   /* e = exp(-|x|) <= 1: x >= 0 gives 1 / (1 + e), x < 0 gives e / (1 + e). -|x| is written as
    * a select, not neg(abs(x)): abs's gradient at 0 is 0 (torch's sign(0)), which made sigmoid's
@@ -81,6 +101,7 @@ em_tensor *em_sigmoid_at(em_tensor *x, em_site site) {
 
 em_tensor *em_silu_at(em_tensor *x, em_site site) {
   if (!x || !float_arg(x, "em_silu", site)) return NULL;
+  FUSED(RT_FUSE_SILU, site, 0, NULL, x);
   BEGIN(site);
   END(em_mul_at(x, em_sigmoid_at(x, site), site), site);
 }
@@ -121,6 +142,7 @@ em_tensor *em_softmax_at(em_tensor *x, int axis, em_site site) {
   if (!x || !(x = rt_autocast_f32(x, site)) || !float_arg(x, "em_softmax", site) ||
       !axis_arg(x, axis, "em_softmax", site, &a))
     return NULL;
+  FUSED(RT_FUSE_SOFTMAX, site, 1, ((double[]){a}), x);
   BEGIN(site);
   int64_t ax = a;
   em_tensor *e = em_exp_at(shifted(x, 1, &ax, site), site);
@@ -160,6 +182,7 @@ em_tensor *em_log_softmax_at(em_tensor *x, int axis, em_site site) {
   if (!x || !(x = rt_autocast_f32(x, site)) || !float_arg(x, "em_log_softmax", site) ||
       !axis_arg(x, axis, "em_log_softmax", site, &a))
     return NULL;
+  FUSED(RT_FUSE_LOG_SOFTMAX, site, 1, ((double[]){a}), x);
   BEGIN(site);
   int64_t ax = a;
   em_tensor *z = shifted(x, 1, &ax, site);
@@ -222,6 +245,7 @@ em_tensor *em_layer_norm_at(em_tensor *x, int n_norm, em_tensor *w, em_tensor *b
   if (!float_arg(x, name, site) || !norm_dims(x, n_norm, name, site, axes) ||
       !affine_arg(w, x, n_norm, "weight", name, site) || !affine_arg(b, x, n_norm, "bias", name, site))
     return NULL;
+  FUSED(RT_FUSE_LAYER_NORM, site, 2, ((double[]){n_norm, eps}), x, w, b);
   BEGIN(site);
   em_tensor *d = em_sub_at(x, em_mean_at(x, n_norm, axes, true, site), site);
   em_tensor *var = em_mean_at(em_mul_at(d, d, site), n_norm, axes, true, site);
@@ -237,6 +261,7 @@ em_tensor *em_rms_norm_at(em_tensor *x, int n_norm, em_tensor *w, double eps, em
   if (!x || !w) return NULL;
   if (!float_arg(x, name, site) || !norm_dims(x, n_norm, name, site, axes) || !affine_arg(w, x, n_norm, "weight", name, site))
     return NULL;
+  FUSED(RT_FUSE_RMS_NORM, site, 2, ((double[]){n_norm, eps}), x, w);
   BEGIN(site);
   em_tensor *ms = em_mean_at(em_mul_at(x, x, site), n_norm, axes, true, site);
   em_tensor *y = em_mul_at(x, em_rsqrt_at(em_add_scalar_at(ms, eps, site), site), site);
@@ -447,6 +472,8 @@ em_tensor *em_cross_entropy_at(em_tensor *logits, em_tensor *target, em_cross_en
     return rt_error(site, name, "probability targets %s must have the logits' shape %s", rt_fmt(b0, sizeof b0, target),
                     rt_fmt(b1, sizeof b1, logits));
   double eps = o.label_smoothing, c = (double)logits->sizes[1];
+  FUSED(RT_FUSE_CROSS_ENTROPY, site, 3, ((double[]){(double)o.ignore_index, o.label_smoothing, o.reduction}), logits,
+        target, w ? w : EM_NONE);
   BEGIN(site);
   em_tensor *logp = em_log_softmax_at(logits, 1, site), *l = NULL, *valid = EM_NONE;
   /* the weights as [1, C, 1...], to scale logp's class axis */
@@ -483,6 +510,7 @@ em_tensor *em_mse_loss_at(em_tensor *x, em_tensor *y, em_reduction reduction, em
   if (!float_arg(x, "em_mse_loss", site) || !float_arg(y, "em_mse_loss", site) ||
       !reduction_arg(reduction, "em_mse_loss", site))
     return NULL;
+  FUSED(RT_FUSE_MSE_LOSS, site, 1, ((double[]){reduction}), x, y);
   BEGIN(site);
   em_tensor *d = em_sub_at(x, y, site);
   END(reduce_loss(em_mul_at(d, d, site), reduction, EM_NONE, site), site);

@@ -247,20 +247,32 @@ double em_optimizer_get_lr(const em_optimizer *o) { return !o ? NAN : o->kind ==
  * momentum buf + (1 - dampening) g; g = nesterov ? g + momentum buf : buf; p -= lr g. */
 static bool sgd_step(em_optimizer *o, int i, em_tensor *p, em_tensor *g, em_site site) {
   const em_sgd_opts *s = &o->sgd;
-  if (s->weight_decay != 0) g = em_add_at(g, em_mul_scalar_at(p, s->weight_decay, site), site);
-  if (s->momentum != 0) {
-    em_tensor **buf = &o->state[0][i];
-    if (!*buf) {
-      /* A copy, not g itself: g may be the parameter's .grad, which backward accumulates into.
-       * The optimizer's reference keeps it alive past the step's scope. */
-      if (!(*buf = em_retain(em_clone_at(g, site)))) return false;
-    } else if (!em_mul_scalar__at(*buf, s->momentum, site) ||
-               !em_add__at(*buf, em_mul_scalar_at(g, 1 - s->dampening, site), site)) {
-      return false;
-    }
+  em_tensor **buf = &o->state[0][i];
+  if (s->momentum != 0 && !*buf) { /* the first step makes the buffer, outside any fused update */
+    if (s->weight_decay != 0) g = em_add_at(g, em_mul_scalar_at(p, s->weight_decay, site), site);
+    /* A copy, not g itself: g may be the parameter's .grad, which backward accumulates into.
+     * The optimizer's reference keeps it alive past the step's scope. */
+    if (!(*buf = em_retain(em_clone_at(g, site)))) return false;
     g = s->nesterov ? em_add_at(g, em_mul_scalar_at(*buf, s->momentum, site), site) : *buf;
+    return em_sub__at(p, em_mul_at(g, as_dtype(o->lr, p->dtype, site), site), site) != NULL;
   }
-  return em_sub__at(p, em_mul_at(g, as_dtype(o->lr, p->dtype, site), site), site) != NULL;
+  return rt_sgd_update(p, g, s->momentum != 0 ? *buf : NULL, o->lr, s->weight_decay, s->momentum, s->dampening,
+                       s->nesterov, site);
+}
+
+bool rt_sgd_update(em_tensor *p, em_tensor *g, em_tensor *buf, em_tensor *lr, double weight_decay, double momentum,
+                   double dampening, bool nesterov, em_site site) {
+  em_tensor *fused;
+  if (rt_fused(RT_FUSE_SGD, (double[]){weight_decay, momentum, dampening, nesterov}, 4,
+               (em_tensor *[]){p, g, buf ? buf : EM_NONE, lr}, 4, &fused, site))
+    return fused != NULL;
+  if (weight_decay != 0) g = em_add_at(g, em_mul_scalar_at(p, weight_decay, site), site);
+  if (buf) {
+    if (!em_mul_scalar__at(buf, momentum, site) || !em_add__at(buf, em_mul_scalar_at(g, 1 - dampening, site), site))
+      return false;
+    g = nesterov ? em_add_at(g, em_mul_scalar_at(buf, momentum, site), site) : buf;
+  }
+  return em_sub__at(p, em_mul_at(g, as_dtype(lr, p->dtype, site), site), site) != NULL;
 }
 
 /* torch.optim.AdamW, per parameter at step t: p *= 1 - lr wd; m = b1 m + (1 - b1) g;
@@ -278,7 +290,15 @@ static bool adamw_step(em_optimizer *o, int i, em_tensor *p, em_tensor *g, em_si
       if (!o->state[k][i]) return false;
     }
   if (!o->steps[i] && !(o->steps[i] = host_scalar(0, site))) return false;
-  em_tensor *m = o->state[0][i], *v = o->state[1][i], *vmax = o->state[2][i], *t = o->steps[i], *lr = o->lr;
+  return rt_adamw_update(p, g, o->state[0][i], o->state[1][i], o->state[2][i], o->steps[i], o->lr, a, site);
+}
+
+bool rt_adamw_update(em_tensor *p, em_tensor *g, em_tensor *m, em_tensor *v, em_tensor *vmax, em_tensor *t,
+                     em_tensor *lr, const em_adamw_opts *a, em_site site) {
+  em_tensor *fused;
+  if (rt_fused(RT_FUSE_ADAMW, (double[]){a->beta1, a->beta2, a->eps, a->weight_decay, a->amsgrad}, 5,
+               (em_tensor *[]){p, g, m, v, vmax ? vmax : EM_NONE, t, lr}, 7, &fused, site))
+    return fused != NULL;
   if (!em_add_scalar__at(t, 1, site)) return false;
   em_dtype dt = p->dtype;
   /* p *= 1 - lr wd, with 1 - lr wd formed in f64 */

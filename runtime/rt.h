@@ -326,6 +326,48 @@ bool rt_axes_arg(const em_tensor *x, int n_axes, const int64_t *axes, const char
     if (!rt_tensor_arg((t), (name), (site))) return NULL; \
   } while (0)
 
+/* Eager fusion (issue 23). A hot composite, once its arguments are checked, offers itself to
+ * rt_fused: with the hook installed (frontend/eager_fusion.c does, at load time; runtime/ does not
+ * call up into frontend/) and no trace active, the hook may run the composite as compiled kernels
+ * made from the composite's own decomposition, returning true with *out set (a tensor owned by
+ * the current scope). False: run the decomposition op by op (fusion off, tracing, inside a fused
+ * call, too small, a compile that failed). args are the composite's non-tensor arguments, in[]
+ * its tensor arguments (EM_NONE where absent). */
+typedef enum rt_fuse_op {
+  RT_FUSE_SOFTMAX,       /* args: axis */
+  RT_FUSE_LOG_SOFTMAX,   /* args: axis */
+  RT_FUSE_LAYER_NORM,    /* args: n_norm, eps; in: x, weight, bias */
+  RT_FUSE_RMS_NORM,      /* args: n_norm, eps; in: x, weight */
+  RT_FUSE_GELU,          /* args: tanh_approx */
+  RT_FUSE_SILU,          /* no args */
+  RT_FUSE_CROSS_ENTROPY, /* args: ignore_index, label_smoothing, reduction; in: logits, target, weight */
+  RT_FUSE_RELU,          /* no args */
+  RT_FUSE_SIGMOID,       /* no args */
+  RT_FUSE_SGD,           /* args: weight_decay, momentum, dampening, nesterov; in: p, grad, buf, lr (an update:
+                          * *out is p, written in place) */
+  RT_FUSE_ADAMW,         /* args: beta1, beta2, eps, weight_decay, amsgrad; in: p, grad, m, v, vmax, step, lr
+                          * (an update, as SGD's) */
+  RT_FUSE_MSE_LOSS,      /* args: reduction; in: x, y */
+  RT_FUSE_COUNT
+} rt_fuse_op;
+enum { RT_FUSE_MAX_ARGS = 6, RT_FUSE_MAX_IN = 8 };
+typedef bool (*rt_fuse_fn)(rt_fuse_op op, const double *args, int n_args, em_tensor *const *in, int n_in,
+                           em_tensor **out, em_site site);
+extern rt_fuse_fn rt_fuse_hook;
+bool rt_fused(rt_fuse_op op, const double *args, int n_args, em_tensor *const *in, int n_in, em_tensor **out,
+              em_site site);
+
+/* nn.c: one SGD update of p in place from its gradient g and momentum buffer buf (NULL when
+ * momentum is 0; updated in place), lr a 0-dim tensor: the decomposition eager fusion compiles.
+ * False with an error recorded. */
+bool rt_sgd_update(em_tensor *p, em_tensor *g, em_tensor *buf, em_tensor *lr, double weight_decay, double momentum,
+                   double dampening, bool nesterov, em_site site);
+
+/* nn.c: one AdamW update of p, m, v (vmax with amsgrad, else NULL) and the step count t (0-dim),
+ * all in place: the decomposition eager fusion compiles. False with an error recorded. */
+bool rt_adamw_update(em_tensor *p, em_tensor *g, em_tensor *m, em_tensor *v, em_tensor *vmax, em_tensor *t,
+                     em_tensor *lr, const em_adamw_opts *a, em_site site);
+
 /* The active trace of this thread (NULL when none or suspended). */
 rt_trace *rt_tracing(void);
 /* The trace of this thread even while suspended at a break (NULL when none). */

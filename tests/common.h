@@ -60,6 +60,7 @@ static inline void etest_begin(void) {
 static inline void etest_end(void) {
   em_scope_end();
   em_thread_cleanup();
+  em_eager_fusion_wait(); /* a background compile holds copies of its inputs until it ends */
   if (etest_on_cuda()) {
     em_cuda_memory_stats s = em_cuda_memory_stats_get();
     cr_assert_eq(s.allocated_bytes, 0, "%lld device bytes leaked", (long long)s.allocated_bytes);

@@ -213,6 +213,8 @@ static void lm_free(lm *a) {
 /* Batch and sequence length both vary (two symbols, B * T among the formulas); training steps
  * keep the parameters equal to eager training's. */
 static void transformer_sweep(void) {
+  /* the reference is op by op: eager fusion's kernels round otherwise than backend eager */
+  em_eager_fusion_config(0, -1);
   for (int bi = 0; bi < 3; bi++)
     for (int train = 0; train < 2; train++) {
       lm a[2];

@@ -1,0 +1,120 @@
+/* bench/eager_fusion.c: eager composites fused into compiled kernels (issue 23) against op by op
+ * (fusion off, EMBER_EAGER_FUSION=0), in one process, runs alternated:
+ *   - softmax and layer_norm over [4096, 1024] f32 rows (no grad): ms per call fused and op by
+ *     op, GB/s (bytes read + written once) against memcpy of the same bytes in the same run;
+ *   - their first calls: a new signature's first call (op by op by design) against an op-by-op
+ *     call, the third (which copies its inputs and starts the background compile), the slowest
+ *     call until the first fused one, and the number of calls until then (a training step has
+ *     several signatures: the steady state below waits for all their compiles);
+ *   - eager training steps (forward, backward, SGD momentum 0.9) of the Fashion-MNIST MLP
+ *     (784-512-512-10, batch 128) and the transformer of bench/compiled (2 layers, d_model 256,
+ *     context 128, batch 16): ms per step fused and op by op.
+ * The disk kernel cache starts empty (a fresh EMBER_CACHE_DIR), so first calls include LLVM.
+ * --json: one JSON object per figure. */
+#define _POSIX_C_SOURCE 200809L /* setenv, mkdtemp */
+#define MODELS_FULL_SIZE
+#include "bench.h"
+#include "models.h"
+
+enum { REPS = 15 };
+
+static void fail(const char *what) {
+  fprintf(stderr, "bench eager_fusion: %s: %s\n", what, em_last_error() ? em_last_error() : "?");
+  exit(1);
+}
+
+
+/* One call of fn with fusion on or off; returns ms. */
+static double once(bool fused, em_model_fn fn, void *ctx, em_tensor *const *in, int n) {
+  em_eager_fusion_config(fused, -1);
+  em_scope_begin();
+  double t0 = bench_now();
+  if (!fn(ctx, in, n).t[0]) fail("call");
+  double dt = bench_now() - t0;
+  em_scope_end();
+  return 1e3 * dt;
+}
+
+static void report(const char *name, const char *what, double v, const char *unit, const char *note) {
+  char key[96];
+  snprintf(key, sizeof key, "%s_%s", name, what);
+  bench_report(key, v, unit, note);
+}
+
+/* Fused against op by op on fn(ctx, in): first calls, then steady state. */
+static void run(const char *name, em_model_fn fn, void *ctx, em_tensor *const *in, int n, double bytes) {
+  double off1 = once(false, fn, ctx, in, n); /* also the op-by-op warm-up */
+  off1 = once(false, fn, ctx, in, n);
+  em_eager_fusion_stats s0 = em_eager_fusion_info();
+  double first = once(true, fn, ctx, in, n), slowest = first, third = 0;
+  int calls = 1;
+  while (em_eager_fusion_info().fused_calls == s0.fused_calls && calls < 200) {
+    double ms = once(true, fn, ctx, in, n);
+    slowest = ms > slowest ? ms : slowest;
+    if (++calls == 3) third = ms;
+  }
+  report(name, "first_call_ms", first, "ms", "a new signature's first call, fusion on (op by op by design)");
+  report(name, "op_by_op_call_ms", off1, "ms", "a warm op-by-op call, for comparison");
+  report(name, "third_call_ms", third, "ms", "the call that copies its inputs and starts the background compile");
+  report(name, "slowest_warmup_call_ms", slowest, "ms", "the slowest call until the first fused one");
+  report(name, "calls_until_fused", calls, "", "calls with fusion on until the first fused call (itself included)");
+  em_eager_fusion_wait(); /* steady state: every signature's compile done (a step has several) */
+  double t[3][REPS];
+  int64_t k0 = em_eager_fusion_info().kernel_runs;
+  for (int r = -1; r < REPS; r++)
+    for (int k = 0; k < 3; k++) {
+      if (k == 2 && bytes <= 0) continue;
+      double ms = k == 2 ? bench_memcpy_ms((size_t)(bytes / 2)) : once(k == 1, fn, ctx, in, n);
+      if (r >= 0) t[k][r] = ms;
+    }
+  double off = bench_median(t[0], REPS), on = bench_median(t[1], REPS);
+  report(name, "op_by_op_ms", off, "ms", "per call, EMBER_EAGER_FUSION=0");
+  report(name, "fused_ms", on, "ms", "per call, eager fusion");
+  report(name, "speedup", off / on, "x", "op by op / fused");
+  report(name, "kernels_per_call", (double)(em_eager_fusion_info().kernel_runs - k0) / (REPS + 1), "",
+         "generated kernels run per fused call");
+  if (bytes > 0) {
+    double mc = bench_median(t[2], REPS);
+    report(name, "memcpy_GBps", bytes / (mc * 1e6), "GB/s", "memcpy of the same bytes (read + write), alternated");
+    report(name, "fused_GBps", bytes / (on * 1e6), "GB/s", "bytes read + written once / fused time");
+    report(name, "op_by_op_GBps", bytes / (off * 1e6), "GB/s", NULL);
+    report(name, "fused_of_memcpy", mc / on, "x", "fused bandwidth / memcpy bandwidth");
+  }
+}
+
+
+static void train(const char *name, em_model_fn loss_fn, net *m, em_tensor *x, em_tensor *y) {
+  model_step_ctx s = {loss_fn, m, em_sgd_new(m->n_params, m->params, ((em_sgd_opts){0.01, 0.9, 0, 0, false}))};
+  if (!s.opt) fail("optimizer");
+  run(name, model_train_step, &s, (em_tensor *[]){x, y}, 2, 0);
+  em_optimizer_free(s.opt);
+}
+
+int main(int argc, char **argv) {
+  bench_init("eager_fusion", argc, argv);
+  char dir[] = "/tmp/ember-bench-cacheXXXXXX";
+  bool own_dir = mkdtemp(dir);
+  if (own_dir) setenv("EMBER_CACHE_DIR", dir, 1);
+  em_scope_begin();
+  em_manual_seed(0);
+  models_rows(run, 4096);
+  {
+    net m = {0};
+    models_mlp(&m, 784, 512, 512, 10);
+    train("mlp", mlp_fn, &m, em_rand(EM_F32, EM_SHAPE(128, 784)), em_randint(0, 10, EM_SHAPE(128)));
+  }
+  {
+    net m = {0};
+    models_transformer(&m);
+    train("transformer", transformer_fn, &m, em_randint(0, VOCAB, EM_SHAPE(BATCH, CTX)),
+          em_randint(0, VOCAB, EM_SHAPE(BATCH, CTX)));
+  }
+  em_eager_fusion_stats s = em_eager_fusion_info();
+  report("all", "signatures", (double)s.functions, "", "compiled functions made (one per signature)");
+  report("all", "graphs_compiled", (double)s.graphs_compiled, "", NULL);
+  report("all", "fallbacks", (double)s.fallbacks, "", "fused calls that failed and ran op by op");
+  em_scope_end();
+  em_thread_cleanup();
+  if (own_dir) bench_remove_dir(dir);
+  return 0;
+}

@@ -1,0 +1,374 @@
+/* frontend/eager_fusion.c: eager composites run as kernels compiled from their own
+ * decomposition (issue 23).
+ *
+ * Eager runs a composite (softmax, layer_norm, cross_entropy, gelu, ...) as its decomposition
+ * into prims, one pass over memory per prim. Here the hot ones run instead as the inductor's
+ * kernels for that same decomposition: each (composite, non-tensor arguments, input dtypes and
+ * ranks, which inputs are absent, requires_grad of each, grad mode) gets one lazily made
+ * em_compiled whose model function calls the composite; under its trace the composite is its
+ * prims (rt_fused declines while tracing), so eager, tracing and autograd keep one definition.
+ * em_compile then brings everything it already has: guards, one autograd node whose backward is
+ * the compiled (AOT) backward, symbolic sizes (EM_DYNAMIC_ALWAYS: one kernel module serves every
+ * size whose schedule has the same shape), the in-memory and on-disk kernel caches, and its
+ * tiering (a new size's first EMBER_DYNAMIC_COMPILE_AFTER - 1 calls run the graph op by op on
+ * the eager kernels, then it is specialized and compiled).
+ *
+ * Tiering: a signature's first two calls run op by op (no trace for one-off calls); the third
+ * starts the compile on a background thread and runs op by op as well, as every call does until
+ * the compile is done. The background thread calls the compiled function on copies of that
+ * call's inputs (made on the caller's thread: the caller may write the originals meanwhile, and
+ * an optimizer update must write only the copies) until its kernels exist. That relies on what
+ * em_compile already promises to threads (independent compiled functions run in parallel): the
+ * tracer, scopes, grad mode and errors are per thread, reference counts and the allocator's
+ * counters atomic, the LLVM JIT behind its lock, table setup in pthread_once or constructors,
+ * and one compiled function's calls serialized by its lock (the caller never calls a compiled
+ * function while its background compile runs: the state says COMPILING). What stays global:
+ * the fault injector's allocation count (em_debug_fail_alloc) and the live-tensor counters,
+ * which see the copies: em_eager_fusion_wait waits for them. EMBER_EAGER_FUSION_ASYNC=0
+ * compiles on the calling thread, in the third call.
+ *
+ * Only contiguous CPU inputs whose sizes fit the symbols' range, at least min_numel elements,
+ * are offered to the kernel; anything else, or a call that fails inside the compiled path,
+ * runs op by op (the failure is logged under EMBER_LOGS=fusion and the signature is never
+ * fused again). */
+/* _GNU_SOURCE comes with the build's flags (LLVM's): syscall(SYS_gettid), a thread's own nice value */
+#include "frontend.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *const op_names[RT_FUSE_COUNT] = {
+    "softmax", "log_softmax", "layer_norm", "rms_norm", "gelu", "silu", "cross_entropy", "relu", "sigmoid", "sgd",
+    "adamw", "mse_loss"};
+
+typedef struct fuse_key {
+  rt_fuse_op op;
+  int n_args, n_in;
+  double args[RT_FUSE_MAX_ARGS];
+  em_dtype dtype[RT_FUSE_MAX_IN];
+  int ndim[RT_FUSE_MAX_IN];
+  bool none[RT_FUSE_MAX_IN], requires_grad[RT_FUSE_MAX_IN];
+  bool grad_mode;
+} fuse_key;
+
+typedef struct fuse_slot {
+  fuse_key key;       /* also the compiled function's ctx: its address is stable */
+  em_compiled *c;
+  int64_t calls;      /* offers of this signature, fused or not */
+  int state;          /* COLD, COMPILING (on a background thread), READY, BROKEN (op by op from now on) */
+  pthread_t thread;   /* the background compile, joinable while `joinable` */
+  int joinable;
+} fuse_slot;
+
+enum { COLD, COMPILING, READY, BROKEN };
+
+static struct {
+  pthread_mutex_t lock;
+  fuse_slot **slots;
+  int n, cap;
+  int64_t fused_calls, fallbacks, warmup_calls;
+} table = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static _Thread_local bool inside; /* this thread is inside a fused call: composites decompose */
+
+static int enabled_override = -1;       /* em_eager_fusion_config; -1: EMBER_EAGER_FUSION */
+static int64_t min_numel_override = -1; /* -1: EMBER_EAGER_FUSION_MIN or the default */
+
+/* The smallest input fused. Not the per-call overhead: a replayed em_call costs less than the
+ * dispatches it replaces even at 16 elements (measured, mean of softmax, layer_norm and gelu on
+ * [r, c] f32: 3.4 us op by op against 1.7 us fused at 16 elements, 13.7 against 5.2 us at 4096,
+ * 82 against 24 us at 32768). It is the compile: a signature costs a trace, 6 probe traces and
+ * two LLVM modules (tens of ms) that a small tensor, saving microseconds a call, pays back only
+ * after thousands of calls; and small tensors are where tests compare eager results exactly. */
+enum { DEFAULT_MIN_NUMEL = 4096 };
+/* The sizes a symbol may take (dynamic.c's default range): a larger dim would fail the entry's
+ * guards on every call. */
+enum { MAX_SYMBOLIC_SIZE = 65536 };
+
+static bool fusion_on(void) {
+  int e = __atomic_load_n(&enabled_override, __ATOMIC_RELAXED);
+  if (e >= 0) return e;
+  const char *env = getenv("EMBER_EAGER_FUSION");
+  return !(env && !strcmp(env, "0"));
+}
+
+static int64_t min_numel(void) {
+  int64_t m = __atomic_load_n(&min_numel_override, __ATOMIC_RELAXED);
+  if (m >= 0) return m;
+  const char *env = getenv("EMBER_EAGER_FUSION_MIN");
+  return env && *env ? atoll(env) : DEFAULT_MIN_NUMEL;
+}
+
+/* Offers before a signature is handed to em_call: a composite called once (a one-off at
+ * start-up) never pays a trace. */
+static int fuse_after(void) { return 2; }
+
+/* The composite, called with the arguments the key recorded: what the compiled function traces. */
+static em_outputs fused_fn(void *ctx, em_tensor *const *in, int n) {
+  const fuse_key *k = ctx;
+  const double *a = k->args;
+  em_tensor *t[RT_FUSE_MAX_IN];
+  for (int i = 0, j = 0; i < k->n_in; i++) t[i] = k->none[i] ? EM_NONE : j < n ? in[j++] : NULL;
+  em_site site = EM_HERE;
+  switch (k->op) {
+  case RT_FUSE_SOFTMAX: return EM_OUTPUTS(em_softmax_at(t[0], (int)a[0], site));
+  case RT_FUSE_LOG_SOFTMAX: return EM_OUTPUTS(em_log_softmax_at(t[0], (int)a[0], site));
+  case RT_FUSE_LAYER_NORM: return EM_OUTPUTS(em_layer_norm_at(t[0], (int)a[0], t[1], t[2], a[1], site));
+  case RT_FUSE_RMS_NORM: return EM_OUTPUTS(em_rms_norm_at(t[0], (int)a[0], t[1], a[1], site));
+  case RT_FUSE_GELU: return EM_OUTPUTS(em_gelu_at(t[0], a[0] != 0, site));
+  case RT_FUSE_SILU: return EM_OUTPUTS(em_silu_at(t[0], site));
+  case RT_FUSE_RELU: return EM_OUTPUTS(em_relu_at(t[0], site));
+  case RT_FUSE_SIGMOID: return EM_OUTPUTS(em_sigmoid_at(t[0], site));
+  case RT_FUSE_SGD: /* an update: no outputs, the writes into p and buf are the result */
+    if (!rt_sgd_update(t[0], t[1], t[2] == EM_NONE ? NULL : t[2], t[3], a[0], a[1], a[2], a[3] != 0, site))
+      return EM_OUTPUTS(NULL);
+    return (em_outputs){0};
+  case RT_FUSE_ADAMW: {
+    em_adamw_opts o = {.beta1 = a[0], .beta2 = a[1], .eps = a[2], .weight_decay = a[3], .amsgrad = a[4] != 0};
+    if (!rt_adamw_update(t[0], t[1], t[2], t[3], t[4] == EM_NONE ? NULL : t[4], t[5], t[6], &o, site))
+      return EM_OUTPUTS(NULL);
+    return (em_outputs){0};
+  }
+  case RT_FUSE_CROSS_ENTROPY: {
+    em_cross_entropy_opts o = {(int64_t)a[0], a[1], (em_reduction)a[2], t[2]};
+    return EM_OUTPUTS(em_cross_entropy_at(t[0], t[1], o, site));
+  }
+  case RT_FUSE_MSE_LOSS: return EM_OUTPUTS(em_mse_loss_at(t[0], t[1], (em_reduction)a[0], site));
+  case RT_FUSE_COUNT: break;
+  }
+  return (em_outputs){0};
+}
+
+/* Index targets out of range must fail with the eager gather's message, so they run op by op
+ * (one pass over the targets, N against the logits' N x C). */
+static bool targets_in_range(em_tensor *logits, em_tensor *target, int64_t ignore) {
+  if (ir_is_float(target->dtype)) return true;
+  int64_t c = logits->sizes[1];
+  const char *p = rt_data(target);
+  for (int64_t i = 0; i < target->numel; i++) {
+    int64_t v = target->dtype == EM_I64   ? ((const int64_t *)p)[i]
+                : target->dtype == EM_I32 ? ((const int32_t *)p)[i]
+                                          : -1;
+    if (v != ignore && (v < 0 || v >= c)) return false;
+  }
+  return true;
+}
+
+/* Whether these inputs may go to the kernel, filling the key. */
+static bool signature(rt_fuse_op op, const double *args, int n_args, em_tensor *const *in, int n_in, fuse_key *k) {
+  if ((unsigned)op >= RT_FUSE_COUNT || n_args > RT_FUSE_MAX_ARGS || n_in > RT_FUSE_MAX_IN || n_in < 1) return false;
+  memset(k, 0, sizeof *k); /* keys are compared with memcmp */
+  k->op = op, k->n_args = n_args, k->n_in = n_in;
+  for (int i = 0; i < n_args; i++) k->args[i] = args[i];
+  k->grad_mode = em_is_grad_enabled();
+  /* floating inputs only (relu takes integers too, which stay op by op) */
+  if (!in[0] || in[0] == EM_NONE || !ir_is_float(in[0]->dtype) || in[0]->numel < min_numel()) return false;
+  for (int i = 0; i < n_in; i++) {
+    em_tensor *t = in[i];
+    if (!t) return false;
+    if ((k->none[i] = t == EM_NONE)) continue;
+    if (t->proxy || t->storage->device != EM_CPU || !em_is_contiguous(t)) return false;
+    for (int d = 0; d < t->ndim; d++)
+      if (t->sizes[d] > MAX_SYMBOLIC_SIZE) return false;
+    k->dtype[i] = t->dtype, k->ndim[i] = t->ndim, k->requires_grad[i] = t->requires_grad;
+  }
+  if (op == RT_FUSE_CROSS_ENTROPY && !targets_in_range(in[0], in[1], (int64_t)args[0])) return false;
+  /* mse_loss broadcasts inside (em_sub): a mismatch must fail with the op-by-op message */
+  if (op == RT_FUSE_MSE_LOSS &&
+      (in[0]->ndim != in[1]->ndim || memcmp(in[0]->sizes, in[1]->sizes, sizeof(int64_t) * (size_t)in[0]->ndim)))
+    return false;
+  return true;
+}
+
+/* The slot of k, made on first use; NULL when out of memory. */
+static fuse_slot *slot_for(const fuse_key *k, em_site site) {
+  fuse_slot *s = NULL;
+  pthread_mutex_lock(&table.lock);
+  for (int i = 0; i < table.n && !s; i++)
+    if (!memcmp(&table.slots[i]->key, k, sizeof *k)) s = table.slots[i];
+  if (!s && table.n == table.cap) {
+    fuse_slot **grown = realloc(table.slots, sizeof *table.slots * (size_t)(table.cap * 2 + 8));
+    if (grown) table.slots = grown, table.cap = table.cap * 2 + 8;
+  }
+  if (!s && table.n < table.cap && (s = calloc(1, sizeof *s))) {
+    s->key = *k;
+    char name[32];
+    snprintf(name, sizeof name, "eager_%s", op_names[k->op]);
+    /* no replay validation: fn reads nothing but its inputs and the key; many entries, as each
+     * new pattern of equal sizes (duck sizing) makes one */
+    /* the recompute partitioner: the backward reads only the composite's inputs, so double
+     * backward (create_graph) through a fused call is exact, as through the op-by-op one */
+    em_compile_options o = {.name = name, .check_every = -1, .recompile_limit = 64, .dynamic = EM_DYNAMIC_ALWAYS,
+                            .partitioner = "recompute"};
+    if (!(s->c = em_compile_at(fused_fn, &o, site))) free(s), s = NULL;
+    else table.slots[table.n++] = s;
+  }
+  if (s) s->calls++;
+  pthread_mutex_unlock(&table.lock);
+  return s;
+}
+
+static bool is_update(rt_fuse_op op) { return op == RT_FUSE_SGD || op == RT_FUSE_ADAMW; }
+
+/* Whether a signature compiles on a background thread (EMBER_EAGER_FUSION_ASYNC, default 1) or
+ * on the calling thread, in the call after its warm-up. */
+static bool async_compile(void) {
+  const char *env = getenv("EMBER_EAGER_FUSION_ASYNC");
+  return !(env && !strcmp(env, "0"));
+}
+
+/* A background compile: the compiled function called on copies of a call's inputs (the caller
+ * goes on writing the originals; an update writes only the copies) until its kernels exist. */
+typedef struct compile_job {
+  fuse_slot *s;
+  em_tensor *in[RT_FUSE_MAX_IN]; /* owned copies */
+  int n;
+  em_site site;
+} compile_job;
+
+static void *compile_job_run(void *arg) {
+  compile_job *j = arg;
+  fuse_slot *s = j->s;
+  /* below the caller's threads: on a busy machine the compile yields to the op-by-op calls */
+  if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10)) { /* best effort */
+  }
+  bool update = is_update(s->key.op), ok = em_scope_begin_at(j->site);
+  if (!s->key.grad_mode) em_no_grad_begin(); /* grad mode is per thread: the signature's */
+  /* a size's first calls run op by op, the EMBER_DYNAMIC_COMPILE_AFTER-th (3) compiles: one
+   * more call than that leaves nothing to compile for the caller at this size */
+  for (int i = 0; ok && i < 4; i++) {
+    em_scope_begin_at(j->site);
+    em_outputs r = em_call_at(s->c, &s->key, j->in, j->n, j->site);
+    ok = update ? r.n == 0 && !em_last_error() : r.n == 1 && r.t[0];
+    em_scope_end_at(j->site);
+  }
+  if (!s->key.grad_mode) em_no_grad_end();
+  if (!ok) {
+    fe_log(FE_LOG_FUSION, "em_%s at %s:%d: the background compile failed (%s); running op by op from now on",
+           op_names[s->key.op], j->site.file, j->site.line, em_last_error() ? em_last_error() : "no message");
+    __atomic_add_fetch(&table.fallbacks, 1, __ATOMIC_RELAXED);
+  }
+  em_clear_error();
+  for (int i = 0; i < j->n; i++) em_release(j->in[i]);
+  em_thread_cleanup();
+  __atomic_store_n(&s->state, ok ? READY : BROKEN, __ATOMIC_RELEASE);
+  free(j);
+  return NULL;
+}
+
+/* Starts s's background compile on copies of in (made here: one pass over the inputs, less than
+ * the op-by-op call this one also runs). False when it cannot (then the caller compiles). */
+static bool start_compile(fuse_slot *s, em_tensor *const *in, int n, bool had_error, em_site site) {
+  if (!async_compile()) return false;
+  compile_job *j = calloc(1, sizeof *j);
+  if (!j || !em_scope_begin_at(site)) return free(j), false;
+  j->s = s, j->n = n, j->site = site;
+  bool ok = true;
+  em_no_grad_begin(); /* detached copies: the background thread shares no autograd graph */
+  for (int i = 0; ok && i < n; i++) ok = (j->in[i] = em_retain(em_clone_at(in[i], site))) != NULL;
+  em_no_grad_end();
+  for (int i = 0; ok && i < n; i++)
+    if (in[i]->requires_grad) ok = em_requires_grad__at(j->in[i], true, site) != NULL;
+  em_scope_end_at(site);
+  if (!ok || pthread_create(&s->thread, NULL, compile_job_run, j)) {
+    if (!had_error) em_clear_error(); /* out of memory for the copies: not the caller's error */
+    for (int i = 0; i < n; i++) em_release(j->in[i]);
+    free(j);
+    return false;
+  }
+  __atomic_store_n(&s->joinable, 1, __ATOMIC_RELEASE);
+  return true;
+}
+
+static bool fuse(rt_fuse_op op, const double *args, int n_args, em_tensor *const *in, int n_in, em_tensor **out,
+                 em_site site) {
+  fuse_key k;
+  if (inside || !fusion_on() || !signature(op, args, n_args, in, n_in, &k)) return false;
+  fuse_slot *s = slot_for(&k, site);
+  if (!s) return false;
+  int state = __atomic_load_n(&s->state, __ATOMIC_ACQUIRE);
+  if (state == BROKEN) return false;
+  em_tensor *ins[RT_FUSE_MAX_IN];
+  int n = 0;
+  for (int i = 0; i < n_in; i++)
+    if (in[i] != EM_NONE) ins[n++] = in[i];
+  bool had_error = em_last_error() != NULL, update = is_update(op);
+  if (update && had_error) return false; /* an update's failure shows only as a new error */
+  if (state != READY) {
+    int cold = COLD;
+    bool started = false; /* this call started the background compile: it runs op by op */
+    if (s->calls > fuse_after() && state == COLD &&
+        __atomic_compare_exchange_n(&s->state, &cold, COMPILING, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) &&
+        !(started = start_compile(s, ins, n, had_error, site)))
+      __atomic_store_n(&s->state, READY, __ATOMIC_RELEASE); /* no thread: compile on this call */
+    if (started || __atomic_load_n(&s->state, __ATOMIC_ACQUIRE) != READY) {
+      __atomic_add_fetch(&table.warmup_calls, 1, __ATOMIC_RELAXED);
+      return false;
+    }
+  }
+  inside = true;
+  em_outputs r = em_call_at(s->c, &s->key, ins, n, site);
+  inside = false;
+  if (update ? r.n == 0 && !em_last_error() : r.n == 1 && r.t[0]) {
+    __atomic_add_fetch(&table.fused_calls, 1, __ATOMIC_RELAXED);
+    *out = update ? in[0] : r.t[0];
+    return true;
+  }
+  /* out of memory is the call's failure, as it would be op by op (and may pass): report it */
+  if (!had_error && em_last_error() && strstr(em_last_error(), "out of memory")) {
+    *out = NULL;
+    return true;
+  }
+  /* else the compiled path failed (the arguments were checked, so it is the compiler's failure):
+   * run op by op, now and from now on, and keep the user's error state as it was */
+  fe_log(FE_LOG_FUSION, "em_%s at %s:%d: the fused kernel failed (%s); running op by op from now on", op_names[op],
+         site.file, site.line, em_last_error() ? em_last_error() : "no message");
+  if (!had_error) em_clear_error();
+  __atomic_store_n(&s->state, BROKEN, __ATOMIC_RELEASE);
+  __atomic_add_fetch(&table.fallbacks, 1, __ATOMIC_RELAXED);
+  return false;
+}
+
+void em_eager_fusion_wait(void) {
+  for (int i = 0;; i++) {
+    pthread_mutex_lock(&table.lock);
+    fuse_slot *s = i < table.n ? table.slots[i] : NULL;
+    pthread_mutex_unlock(&table.lock);
+    if (!s) return;
+    if (__atomic_exchange_n(&s->joinable, 0, __ATOMIC_ACQ_REL)) pthread_join(s->thread, NULL);
+    while (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) == COMPILING) /* another thread joins it */
+      nanosleep(&(struct timespec){0, 1000000}, NULL);
+  }
+}
+
+__attribute__((constructor)) static void install(void) { rt_fuse_hook = fuse; }
+/* A compile still running at exit finishes first (LLVM's own destructors run after this). */
+__attribute__((destructor)) static void finish(void) { em_eager_fusion_wait(); }
+
+void em_eager_fusion_config(int enabled, int64_t min_numel_) {
+  __atomic_store_n(&enabled_override, enabled < 0 ? -1 : enabled != 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&min_numel_override, min_numel_ < 0 ? -1 : min_numel_, __ATOMIC_RELAXED);
+}
+
+em_eager_fusion_stats em_eager_fusion_info(void) {
+  em_eager_fusion_stats st = {0};
+  pthread_mutex_lock(&table.lock);
+  st.fused_calls = table.fused_calls, st.fallbacks = table.fallbacks, st.warmup_calls = table.warmup_calls;
+  st.functions = table.n;
+  for (int i = 0; i < table.n; i++) {
+    em_compile_stats c = em_compiled_stats(table.slots[i]->c);
+    st.graphs_compiled += c.graphs_compiled;
+    st.kernel_runs += c.kernel_runs;
+    st.traces += c.traces + c.probe_traces;
+    st.op_by_op_graphs += c.dynamic_op_by_op;
+  }
+  st.enabled = fusion_on();
+  st.min_numel = min_numel();
+  pthread_mutex_unlock(&table.lock);
+  return st;
+}
