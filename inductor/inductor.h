@@ -152,6 +152,15 @@ bool ind_accepts(const ind_program *p, em_tensor *const *inputs, int n_inputs);
  * version is bumped, and outputs[o] is the input itself. */
 bool ind_run(const ind_program *p, em_tensor *const *inputs, int n_inputs, em_tensor **outputs, const int *donate,
              em_site site);
+/* ind_run for a graph with random nodes: their Philox counters come from the rng slots of
+ * rng (NULL: none) as rt_interpret takes them (a slot the forward filled is replayed, an empty
+ * one filled), else are reserved at the call, in graph order; CPU kernels compute the values in
+ * their loops (issue 20). */
+bool ind_run_rng(const ind_program *p, em_tensor *const *inputs, int n_inputs, em_tensor **outputs, const int *donate,
+                 const rt_interp_opts *rng, em_site site);
+/* Whether the code generator takes g's random nodes: every one on the CPU (CUDA graphs with
+ * random nodes run op by op). */
+bool ind_takes_random(const ir_graph *g);
 /* Bytes of the arena a run of p allocates for its intermediates, and the planned peak of the
  * bytes its kernels store (arena and outputs). */
 int64_t ind_arena_bytes(const ind_program *p);
