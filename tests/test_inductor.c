@@ -1306,3 +1306,95 @@ ETEST(inductor, dtypes_without_kernels_are_counted) {
   ind_free(p);
   ir_graph_free(g);
 }
+
+/* ---- random values inside generated kernels (issue 20) ---- */
+
+typedef struct rand_case {
+  em_dtype dt;
+  bool normal;
+  int ndim;
+  int64_t sizes[3];
+} rand_case;
+
+/* A random tensor of x's shape fused with arithmetic on x, and dropout of x (uniform, mask,
+ * scale) beside it. */
+static int random_chain(em_tensor *const *in, em_tensor **out, void *ctx) {
+  const rand_case *rc = ctx;
+  em_tensor *x = in[0];
+  em_tensor *r = rc->normal ? em_randn(rc->dt, rc->ndim, rc->sizes) : em_rand(rc->dt, rc->ndim, rc->sizes);
+  out[0] = em_add(em_mul_scalar(x, 2), r);
+  out[1] = em_dropout(em_neg(x), 0.3, true);
+  return 2;
+}
+
+/* Traces random_chain on x into a graph compiled by the inductor. */
+static ind_program *compile_random_chain(em_tensor *x, rand_case *rc, ir_graph **gp, em_tensor **gin) {
+  rt_trace tr;
+  cr_assert(rt_trace_begin(&tr, "t", refuse_break, NULL, EM_HERE));
+  em_scope_begin();
+  em_tensor *o[2];
+  random_chain(&x, o, rc);
+  for (int i = 0; i < 2; i++) cr_assert(ir_add_output(tr.g, rt_trace_value_of(&tr, o[i])));
+  em_scope_end();
+  ir_graph *g = ir_graph_clone(tr.g);
+  cr_assert_eq(tr.n_lifted, 1);
+  *gin = tr.lifted[0];
+  rt_trace_end(&tr);
+  cr_assert(ir_graph_compact(g, NULL, NULL));
+  char err[256];
+  ind_program *p = ind_compile(g, gin, NULL, err, sizeof err);
+  cr_assert_not_null(p, "%s", err);
+  *gp = g;
+  return p;
+}
+
+/* Uniform and normal, f32 and f64, over sizes that are not multiples of the vector lanes (one
+ * element, a tail only, primes, a 3-d shape read through a transposed input, 90,300 elements
+ * split across threads): the values computed inside the kernels are eager's bits, the generator
+ * advances as eager's, and the next call draws other values. */
+ETEST(inductor, random_values_inside_kernels_are_eagers_bits) {
+  static const int64_t shapes[][3] = {{1}, {7}, {37, 29}, {3, 5, 17}, {300, 301}};
+  static const int ndims[] = {1, 1, 2, 3, 2};
+  for (int s = 0; s < 5; s++)
+    for (int m = 0; m < 4; m++) {
+      em_scope_begin();
+      rand_case rc = {m & 1 ? EM_F64 : EM_F32, m >= 2, ndims[s], {shapes[s][0], shapes[s][1], shapes[s][2]}};
+      int nd = rc.ndim;
+      int64_t rev[3];
+      for (int d = 0; d < nd; d++) rev[d] = rc.sizes[nd - 1 - d];
+      em_tensor *x = em_randn(rc.dt, nd, rev); /* x as the transpose of a contiguous tensor */
+      if (nd == 3) x = em_permute(x, 3, (int64_t[]){2, 1, 0});
+      else if (nd == 2) x = em_transpose(x, 0, 1);
+      ir_graph *g;
+      em_tensor *gin;
+      ind_program *p = compile_random_chain(x, &rc, &g, &gin);
+      const char *text = ind_schedule(p);
+      cr_assert(text && !strstr(text, "philox_uniform (eager") && !strstr(text, "philox_normal (eager"),
+                "the random nodes run inside kernels:\n%s", text);
+      ind_stats st = ind_program_stats(p);
+      cr_assert_eq(st.kernels, 1, "case %d/%d: one kernel holds both chains:\n%s", s, m, text);
+      em_tensor *want[2], *got[2], *again[2];
+      uint64_t s0, o0, s1, o1;
+      em_manual_seed(90 + s);
+      random_chain(&x, want, &rc);
+      em_rng_get_state(&s0, &o0);
+      em_manual_seed(90 + s);
+      cr_assert(ind_run_rng(p, &gin, 1, got, NULL, NULL, EM_HERE), "%s", em_last_error());
+      em_rng_get_state(&s1, &o1);
+      cr_assert_eq(o1, o0, "the generator advanced by %llu, eager by %llu", (unsigned long long)o1, (unsigned long long)o0);
+      for (int i = 0; i < 2; i++) {
+        rt_scope_add(got[i], "test", EM_HERE);
+        EXPECT_SAME_BITS(got[i], want[i], i ? "dropout" : "random values");
+      }
+      cr_assert(ind_run_rng(p, &gin, 1, again, NULL, NULL, EM_HERE), "%s", em_last_error());
+      for (int i = 0; i < 2; i++) rt_scope_add(again[i], "test", EM_HERE);
+      int64_t n = em_numel(want[0]);
+      if (n > 1) {
+        double d = em_item(em_amax(em_abs(em_sub(got[0], again[0])), 0, NULL, false));
+        cr_assert_gt(d, 0, "case %d/%d: the second call drew the same values", s, m);
+      }
+      ind_free(p);
+      ir_graph_free(g);
+      em_scope_end();
+    }
+}
