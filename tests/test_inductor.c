@@ -1398,3 +1398,129 @@ ETEST(inductor, random_values_inside_kernels_are_eagers_bits) {
       em_scope_end();
     }
 }
+
+typedef struct drop_mlp {
+  em_tensor *w1, *b1, *w2, *b2;
+} drop_mlp;
+
+/* An MLP with dropout on its hidden layer: the loss and the dropped activations. */
+static em_outputs drop_mlp_loss(void *ctx, em_tensor *const *in, int n) {
+  drop_mlp *m = ctx;
+  em_tensor *h = em_dropout(em_relu(em_linear(in[0], m->w1, m->b1)), 0.4, true);
+  em_tensor *l = em_cross_entropy(em_linear(h, m->w2, m->b2), in[1], EM_CROSS_ENTROPY_DEFAULT);
+  return EM_OUTPUTS(l, h);
+}
+
+static int random_kernels, random_eager;
+/* Counts compiled programs whose schedule holds a random node inside a kernel, or on its own. */
+static void count_random_kernels(const char *graph, const ind_program *p) {
+  const char *s = ind_schedule(p);
+  for (const char *l = s; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+    const char *e = strchr(l, '\n') ? strchr(l, '\n') : l + strlen(l);
+    const char *k = strstr(l, "kernel over"), *r = strstr(l, "philox_");
+    if (r && r < e) {
+      if (k && k < r) random_kernels++;
+      else if (strstr(l, "(eager kernel") && strstr(l, "(eager kernel") < e) random_eager++;
+    }
+  }
+}
+
+/* A few training steps of the MLP with dropout, forward compiled by the default backend (AOT:
+ * forward and backward graphs as generated kernels, the backward replaying the forward's mask
+ * through its rng slot), SGD eager, against the same steps run eagerly with the same seed each
+ * step: the first step's dropped activations are eager's bits, every later step's masks are
+ * eager's (the parameters differ in the last bits: kernels sum bias gradients in another order),
+ * losses and parameters agree within 1e-5; the dropout ran inside the forward's kernel; two
+ * calls without reseeding draw different masks. */
+ETEST(inductor, dropout_training_steps_match_eager) {
+  drop_mlp m[2];
+  em_optimizer *opt[2];
+  em_manual_seed(17);
+  em_tensor *x = em_randn(EM_F32, EM_SHAPE(24, 20)), *y = em_randint(0, 6, EM_SHAPE(24));
+  for (int k = 0; k < 2; k++) {
+    em_manual_seed(18);
+    m[k].w1 = em_keep(em_requires_grad_(em_mul_scalar(em_randn(EM_F32, EM_SHAPE(40, 20)), 0.3), true));
+    m[k].b1 = em_keep(em_requires_grad_(em_mul_scalar(em_randn(EM_F32, EM_SHAPE(40)), 0.1), true));
+    m[k].w2 = em_keep(em_requires_grad_(em_mul_scalar(em_randn(EM_F32, EM_SHAPE(6, 40)), 0.3), true));
+    m[k].b2 = em_keep(em_requires_grad_(em_zeros(EM_F32, EM_SHAPE(6)), true));
+    opt[k] = em_sgd_new(4, ((em_tensor *[]){m[k].w1, m[k].b1, m[k].w2, m[k].b2}), ((em_sgd_opts){0.1, 0.9, 0, 0, false}));
+  }
+  em_compiled *c = em_compile(drop_mlp_loss, &(em_compile_options){.name = "dropout_mlp"});
+  cr_assert_not_null(c, "%s", em_last_error());
+  ind_set_compiled_hook(count_random_kernels); /* em_compile installed the frontend's; ours until the next */
+  random_kernels = random_eager = 0;
+  for (int step = 0; step < 4; step++) {
+    em_scope_begin();
+    em_tensor *h[2];
+    double l[2];
+    for (int k = 0; k < 2; k++) {
+      em_manual_seed(700 + step);
+      em_outputs o = k ? em_call(c, &m[k], x, y) : drop_mlp_loss(&m[k], (em_tensor *[]){x, y}, 2);
+      cr_assert_not_null(o.t[0], "%s", em_last_error());
+      l[k] = em_item(o.t[0]), h[k] = o.t[1];
+      em_optimizer_zero_grad(opt[k]);
+      cr_assert(em_backward(o.t[0], NULL), "%s", em_last_error());
+      cr_assert(em_optimizer_step(opt[k]), "%s", em_last_error());
+    }
+    if (step == 0) EXPECT_SAME_BITS(h[1], h[0], "dropped activations");
+    EXPECT_SAME_BITS(em_eq_scalar(h[1], 0), em_eq_scalar(h[0], 0), "dropout mask");
+    expect_close(h[1], h[0], 1e-5, "dropped activations at step", step);
+    cr_assert(fabs(l[1] - l[0]) <= 1e-5 * fabs(l[0]), "step %d: loss %.9g, eager %.9g", step, l[1], l[0]);
+    em_scope_end();
+  }
+  em_tensor *pe[4] = {m[0].w1, m[0].b1, m[0].w2, m[0].b2}, *pc[4] = {m[1].w1, m[1].b1, m[1].w2, m[1].b2};
+  for (int i = 0; i < 4; i++) expect_close(pc[i], pe[i], 1e-5, "parameter", i);
+  em_compile_stats st = em_compiled_stats(c);
+  cr_assert_eq(st.inductor_fallbacks, 0);
+  cr_assert_gt(st.kernel_runs, 4, "the forward and backward ran as generated kernels");
+  cr_assert_gt(random_kernels, 0, "the dropout's uniform ran inside a generated kernel");
+  cr_assert_eq(random_eager, 0, "no random node ran op by op");
+  /* two calls, one generator: other masks */
+  em_scope_begin();
+  em_tensor *a = em_call(c, &m[1], x, y).t[1], *b = em_call(c, &m[1], x, y).t[1];
+  cr_assert_gt(em_item(em_sum(em_ne(em_eq_scalar(a, 0), em_eq_scalar(b, 0)), 0, NULL, false)), 0, "the masks differ");
+  em_scope_end();
+  em_compiled_free(c);
+  for (int k = 0; k < 2; k++) em_optimizer_free(opt[k]);
+}
+
+static em_outputs tanh_dropout(void *ctx, em_tensor *const *in, int n) {
+  em_tensor *h = em_dropout(em_tanh(em_mul(in[0], in[1])), 0.5, true);
+  return EM_OUTPUTS(em_sum(em_mul(h, h), 0, NULL, false));
+}
+
+/* With the default partitioner the backward recomputes dropout's uniform instead of saving it:
+ * its kernel reads the counters the forward drew (rng slot), even when something else draws
+ * between forward and backward, so the gradients are eager's; min-cut saves the bool mask. Both
+ * run the random node inside generated kernels. */
+ETEST(inductor, dropout_mask_replayed_in_compiled_backward) {
+  static const char *const partitioners[2] = {"min_cut", "default"};
+  em_manual_seed(4);
+  em_tensor *x = em_requires_grad_(em_randn(EM_F32, EM_SHAPE(67)), true);
+  em_tensor *w = em_requires_grad_(em_randn(EM_F32, EM_SHAPE(67)), true);
+  for (int p = 0; p < 2; p++) {
+    em_compiled *c = em_compile(tanh_dropout, &(em_compile_options){.partitioner = partitioners[p]});
+    ind_set_compiled_hook(count_random_kernels);
+    random_kernels = random_eager = 0;
+    for (int i = 0; i < 3; i++) {
+      em_scope_begin();
+      em_manual_seed(100 + i);
+      em_tensor *want = tanh_dropout(NULL, (em_tensor *[]){x, w}, 2).t[0], *ge[2], *gc[2];
+      cr_assert(em_grad(1, &want, NULL, 2, ((em_tensor *[]){x, w}), ge, false, false));
+      em_manual_seed(100 + i);
+      em_tensor *got = em_call(c, NULL, x, w).t[0];
+      cr_assert_not_null(got, "%s", em_last_error());
+      em_rand(EM_F32, EM_SHAPE(8)); /* a draw between forward and backward: the backward must not redraw */
+      cr_assert(em_grad(1, &got, NULL, 2, ((em_tensor *[]){x, w}), gc, false, false), "%s", em_last_error());
+      expect_close(got, want, 1e-5, "loss", i);
+      expect_close(gc[0], ge[0], 1e-5, "grad x", i);
+      expect_close(gc[1], ge[1], 1e-5, "grad w", i);
+      em_scope_end();
+    }
+    cr_assert_eq(em_compiled_stats(c).inductor_fallbacks, 0);
+    cr_assert_eq(random_eager, 0, "%s: no random node ran op by op", partitioners[p]);
+    cr_assert_geq(random_kernels, p == 1 ? 2 : 1, "%s: %d kernels with random nodes (the forward's, and the "
+                  "backward's recomputation under the default partitioner)", partitioners[p], random_kernels);
+    em_compiled_free(c);
+  }
+}
