@@ -4,7 +4,9 @@
  *     function) of the Fashion-MNIST MLP (784-512-512-10) and LeNet-5 at batch 128, and of a
  *     decoder-only transformer (2 layers, d_model 256, 4 heads, context 128, batch 16, byte
  *     vocabulary);
- *   - softmax and layer_norm over [4096, 1024] rows, against memcpy of the same bytes.
+ *   - softmax and layer_norm over [4096, 1024] rows, against memcpy of the same bytes;
+ *   - dropout: three residual blocks x + dropout(relu(h), 0.1) over [4096, 1024] (issue 20: the
+ *     uniforms computed inside the kernel), against memcpy of x and the result.
  * Figures per workload: ms per step eager and compiled (medians of alternated runs in one
  * process) and their ratio, generated kernels run per step, cold compile ms (first call:
  * trace, AOT, lowering, LLVM, JIT, and that first run; also less a compiled step's time), warm
@@ -178,6 +180,12 @@ static em_outputs layer_norm_fn(void *ctx, em_tensor *const *in, int n) {
   return EM_OUTPUTS(em_layer_norm(in[0], 1, wb[0], wb[1], 1e-5));
 }
 static em_outputs transformer_loss(void *ctx, em_tensor *const *in, int n) { return transformer_fn(ctx, in, n); }
+/* Three residual blocks of dropout(relu(h), 0.1) (issue 20): uniform, mask and scale each time. */
+static em_outputs dropout_fn(void *ctx, em_tensor *const *in, int n) {
+  em_tensor *h = in[0];
+  for (int i = 0; i < 3; i++) h = em_add(in[0], em_dropout(em_relu(h), 0.1, true));
+  return EM_OUTPUTS(h);
+}
 
 int main(int argc, char **argv) {
   bench_init("compiled", argc, argv);
@@ -224,6 +232,7 @@ int main(int argc, char **argv) {
     double bytes = 2.0 * 4096 * 1024 * 4;
     run("softmax", softmax_fn, NULL, &x, 1, bytes);
     run("layer_norm", layer_norm_fn, wb, &x, 1, bytes);
+    run("dropout", dropout_fn, NULL, &x, 1, bytes);
     em_no_grad_end();
   }
   em_scope_end();

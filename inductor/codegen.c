@@ -769,6 +769,10 @@ bool ind_emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const sign
     for (int i = 0; i < k->n_nodes; i++) {
       sappend(&txt, &len, "      ");
       node_text(&txt, &len, g, &g->nodes[k->nodes[i]]);
+      if (prim_get(g->nodes[k->nodes[i]].op)->flags & P_RANDOM) { /* its element: the flat index */
+        sappend(&txt, &len, " at element ");
+        index_text(&txt, &len, nd, sizes, acc[nb].strides, nm);
+      }
       sappend(&txt, &len, "\n");
     }
     for (int o = 0; o < k->n_out; o++) {
