@@ -449,11 +449,47 @@ static LLVMValueRef box_muller(cg *c, LLVMValueRef u1, LLVMValueRef u2, LLVMValu
   return out;
 }
 
+/* f32 uniforms over w >= 4 lanes from flat index i0: the lanes need calls i0/4 .. (i0+w-1)/4, at
+ * most w/4 + 1 of them, so w/2 lanes of rounds make each once (not once a lane: half the work of
+ * the general path, which dominates a dropout kernel); each lane's word comes through one of four
+ * shuffles, the one for s = i0 % 4 (the same for every lane). Bits as the general path. */
+static LLVMValueRef philox_uniform_f32(cg *c, const philox_ctr *ctr, LLVMValueRef idx, int w) {
+  LLVMBuilderRef b = c->b;
+  int cw = w / 2;
+  LLVMTypeRef i32 = LLVMInt32TypeInContext(c->ctx);
+  LLVMValueRef lane[64];
+  for (int l = 0; l < cw; l++) lane[l] = LLVMConstInt(c->i64, (unsigned long long)l, 0);
+  LLVMValueRef q = LLVMBuildAdd(b, splat(c, LLVMBuildLShr(b, idx, LLVMConstInt(c->i64, 2, 0), ""), cw),
+                                LLVMConstVector(lane, (unsigned)cw), "");
+  LLVMValueRef off = splat(c, ctr->offset, cw), lo = LLVMBuildAdd(b, off, q, "");
+  LLVMValueRef hi = LLVMBuildZExt(b, LLVMBuildICmp(b, LLVMIntULT, lo, off, ""), lanes_of(c->i64, cw), "");
+  LLVMValueRef x[4];
+  philox_rounds(c, lo, hi, ctr->seed, cw, x);
+  LLVMValueRef cat[64];
+  for (int l = 0; l < 2 * cw; l++) cat[l] = LLVMConstInt(i32, (unsigned long long)l, 0);
+  LLVMValueRef both = LLVMConstVector(cat, (unsigned)(2 * cw));
+  LLVMValueRef a = LLVMBuildShuffleVector(b, x[0], x[1], both, ""), bb = LLVMBuildShuffleVector(b, x[2], x[3], both, "");
+  LLVMValueRef s = LLVMBuildTrunc(b, LLVMBuildAnd(b, idx, LLVMConstInt(c->i64, 3, 0), ""), i32, ""), r = NULL;
+  for (int sv = 3; sv >= 0; sv--) { /* lane e: word (sv + e) % 4 of call (sv + e) / 4; a holds words 0, 1, bb 2, 3 */
+    LLVMValueRef m[64];
+    for (int e = 0; e < w; e++) {
+      int f = sv + e, l = f >> 2, wd = f & 3;
+      m[e] = LLVMConstInt(i32, (unsigned long long)(wd * cw + l), 0);
+    }
+    LLVMValueRef sh = LLVMBuildShuffleVector(b, a, bb, LLVMConstVector(m, (unsigned)w), "");
+    r = r ? LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntEQ, s, LLVMConstInt(i32, (unsigned long long)sv, 0), ""), sh, r, "")
+          : sh;
+  }
+  LLVMValueRef u = LLVMBuildLShr(b, r, vconst32(c, 8, w), "");
+  return LLVMBuildFMul(b, LLVMBuildUIToFP(b, u, lanes_of(c->f32, w), ""), dconst(c, EM_F32, 0x1p-24, w), "");
+}
+
 /* Node n's w lanes at flat element index idx (i64 scalar: the first lane's). */
 static LLVMValueRef emit_philox(cg *c, const ir_graph *g, const ir_node *n, const philox_ctr *ctr, LLVMValueRef idx,
                                 int w) {
   LLVMBuilderRef b = c->b;
   bool f32 = g->values[n->out].type.dtype == EM_F32, normal = n->op == EM_PRIM_PHILOX_NORMAL;
+  if (f32 && !normal && w >= 4) return philox_uniform_f32(c, ctr, idx, w);
   LLVMTypeRef i32 = LLVMInt32TypeInContext(c->ctx), v32 = lanes_of(i32, w), v64 = lanes_of(c->i64, w);
   LLVMValueRef i = splat(c, idx, w);
   if (w > 1) {

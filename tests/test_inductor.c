@@ -1316,29 +1316,30 @@ typedef struct rand_case {
   int64_t sizes[3];
 } rand_case;
 
-/* A random tensor of x's shape fused with arithmetic on x, and dropout of x (uniform, mask,
- * scale) beside it. */
+/* A random tensor of x's shape fused with arithmetic on x and a broadcast row b (which keeps the
+ * kernel's rows apart, so vectors start at every flat index modulo 4), and dropout of x
+ * (uniform, mask, scale) beside it. */
 static int random_chain(em_tensor *const *in, em_tensor **out, void *ctx) {
   const rand_case *rc = ctx;
   em_tensor *x = in[0];
   em_tensor *r = rc->normal ? em_randn(rc->dt, rc->ndim, rc->sizes) : em_rand(rc->dt, rc->ndim, rc->sizes);
-  out[0] = em_add(em_mul_scalar(x, 2), r);
+  out[0] = em_add(em_add(em_mul_scalar(x, 2), r), in[1]);
   out[1] = em_dropout(em_neg(x), 0.3, true);
   return 2;
 }
 
-/* Traces random_chain on x into a graph compiled by the inductor. */
-static ind_program *compile_random_chain(em_tensor *x, rand_case *rc, ir_graph **gp, em_tensor **gin) {
+/* Traces random_chain on in (x, b) into a graph compiled by the inductor. */
+static ind_program *compile_random_chain(em_tensor **in, rand_case *rc, ir_graph **gp, em_tensor **gin) {
   rt_trace tr;
   cr_assert(rt_trace_begin(&tr, "t", refuse_break, NULL, EM_HERE));
   em_scope_begin();
   em_tensor *o[2];
-  random_chain(&x, o, rc);
+  random_chain(in, o, rc);
   for (int i = 0; i < 2; i++) cr_assert(ir_add_output(tr.g, rt_trace_value_of(&tr, o[i])));
   em_scope_end();
   ir_graph *g = ir_graph_clone(tr.g);
-  cr_assert_eq(tr.n_lifted, 1);
-  *gin = tr.lifted[0];
+  cr_assert_eq(tr.n_lifted, 2);
+  gin[0] = tr.lifted[0], gin[1] = tr.lifted[1];
   rt_trace_end(&tr);
   cr_assert(ir_graph_compact(g, NULL, NULL));
   char err[256];
@@ -1349,9 +1350,9 @@ static ind_program *compile_random_chain(em_tensor *x, rand_case *rc, ir_graph *
 }
 
 /* Uniform and normal, f32 and f64, over sizes that are not multiples of the vector lanes (one
- * element, a tail only, primes, a 3-d shape read through a transposed input, 90,300 elements
- * split across threads): the values computed inside the kernels are eager's bits, the generator
- * advances as eager's, and the next call draws other values. */
+ * element, a tail only, primes, a 3-d shape, 90,300 elements split across threads), x read
+ * contiguous or through a transpose (a gathered flat kernel): the values computed inside the
+ * kernels are eager's bits, the generator advances as eager's, the next call draws others. */
 ETEST(inductor, random_values_inside_kernels_are_eagers_bits) {
   static const int64_t shapes[][3] = {{1}, {7}, {37, 29}, {3, 5, 17}, {300, 301}};
   static const int ndims[] = {1, 1, 2, 3, 2};
@@ -1362,12 +1363,13 @@ ETEST(inductor, random_values_inside_kernels_are_eagers_bits) {
       int nd = rc.ndim;
       int64_t rev[3];
       for (int d = 0; d < nd; d++) rev[d] = rc.sizes[nd - 1 - d];
-      em_tensor *x = em_randn(rc.dt, nd, rev); /* x as the transpose of a contiguous tensor */
-      if (nd == 3) x = em_permute(x, 3, (int64_t[]){2, 1, 0});
-      else if (nd == 2) x = em_transpose(x, 0, 1);
+      bool transposed = (s + m) % 2;
+      em_tensor *x = transposed ? em_randn(rc.dt, nd, rev) : em_randn(rc.dt, nd, rc.sizes);
+      if (transposed && nd == 3) x = em_permute(x, 3, (int64_t[]){2, 1, 0});
+      else if (transposed && nd == 2) x = em_transpose(x, 0, 1);
+      em_tensor *in[2] = {x, em_randn(rc.dt, 1, &rc.sizes[nd - 1])}, *gin[2];
       ir_graph *g;
-      em_tensor *gin;
-      ind_program *p = compile_random_chain(x, &rc, &g, &gin);
+      ind_program *p = compile_random_chain(in, &rc, &g, gin);
       const char *text = ind_schedule(p);
       cr_assert(text && !strstr(text, "philox_uniform (eager") && !strstr(text, "philox_normal (eager"),
                 "the random nodes run inside kernels:\n%s", text);
@@ -1376,17 +1378,17 @@ ETEST(inductor, random_values_inside_kernels_are_eagers_bits) {
       em_tensor *want[2], *got[2], *again[2];
       uint64_t s0, o0, s1, o1;
       em_manual_seed(90 + s);
-      random_chain(&x, want, &rc);
+      random_chain(in, want, &rc);
       em_rng_get_state(&s0, &o0);
       em_manual_seed(90 + s);
-      cr_assert(ind_run_rng(p, &gin, 1, got, NULL, NULL, EM_HERE), "%s", em_last_error());
+      cr_assert(ind_run_rng(p, gin, 2, got, NULL, NULL, EM_HERE), "%s", em_last_error());
       em_rng_get_state(&s1, &o1);
       cr_assert_eq(o1, o0, "the generator advanced by %llu, eager by %llu", (unsigned long long)o1, (unsigned long long)o0);
       for (int i = 0; i < 2; i++) {
         rt_scope_add(got[i], "test", EM_HERE);
         EXPECT_SAME_BITS(got[i], want[i], i ? "dropout" : "random values");
       }
-      cr_assert(ind_run_rng(p, &gin, 1, again, NULL, NULL, EM_HERE), "%s", em_last_error());
+      cr_assert(ind_run_rng(p, gin, 2, again, NULL, NULL, EM_HERE), "%s", em_last_error());
       for (int i = 0; i < 2; i++) rt_scope_add(again[i], "test", EM_HERE);
       int64_t n = em_numel(want[0]);
       if (n > 1) {
