@@ -1395,6 +1395,14 @@ ETEST(inductor, random_values_inside_kernels_are_eagers_bits) {
         double d = em_item(em_amax(em_abs(em_sub(got[0], again[0])), 0, NULL, false));
         cr_assert_gt(d, 0, "case %d/%d: the second call drew the same values", s, m);
       }
+      /* the counters are arguments, not code: the same graph compiled again is a cache hit */
+      ind_cache_stats c0 = ind_cache_counters();
+      char err[256];
+      ind_program *p2 = ind_compile(g, gin, NULL, err, sizeof err);
+      cr_assert_not_null(p2, "%s", err);
+      ind_cache_stats c1 = ind_cache_counters();
+      cr_assert(c1.misses == c0.misses && c1.memory_hits == c0.memory_hits + 1, "the kernels came from the cache");
+      ind_free(p2);
       ind_free(p);
       ir_graph_free(g);
       em_scope_end();
