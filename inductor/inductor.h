@@ -23,6 +23,12 @@
  *    softmax, log_softmax, layer_norm, rms_norm and cross entropy's log-softmax are one kernel.
  *    Each value is computed once per row, in the pass over the row where its inputs are ready;
  *    one a later pass reads is kept in a per-thread scratch row (the row is in cache).
+ *  - random values (issue 20): a Philox uniform or normal in f32 or f64 on the CPU joins a
+ *    pointwise kernel over its shape, which computes each element from its Philox counter as the
+ *    eager kernel does (the same bits: dropout's uniform, mask and scale fuse with their
+ *    neighbours); each call reserves the counters in graph order and passes seed and offset to
+ *    the kernel (ind_run_rng), so the code never changes. Row kernels and CUDA programs do not
+ *    take them (CUDA graphs with random nodes run op by op).
  * A node that fits neither closes the kernel. The consumers of a GEMM's output (bias,
  * activation, residual) are the first nodes of the kernel after it: the GEMM's epilogue.
  * EMBER_LOGS=schedule prints every step: kernel, iteration space, nodes, bytes moved.
