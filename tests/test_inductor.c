@@ -1493,3 +1493,32 @@ ETEST(inductor, dropout_training_steps_match_eager) {
   em_compiled_free(c);
   for (int k = 0; k < 2; k++) em_optimizer_free(opt[k]);
 }
+
+/* A draw nothing reads, then dropout: no kernel computes the unused values, but their counters
+ * are still taken, so the dropout's mask and the generator's offset are eager's. */
+static em_outputs unused_draw(void *ctx, em_tensor *const *in, int n) {
+  em_rand(EM_F32, EM_SHAPE(100));
+  return EM_OUTPUTS(em_dropout(in[0], 0.5, true));
+}
+
+ETEST(inductor, unused_random_values_still_take_their_counters) {
+  em_tensor *x = em_ones(EM_F32, EM_SHAPE(40));
+  em_compiled *c = em_compile(unused_draw, NULL);
+  for (int i = 0; i < 3; i++) {
+    em_scope_begin();
+    uint64_t s0, o0, s1, o1;
+    em_manual_seed(60 + i);
+    em_tensor *want = unused_draw(NULL, &x, 1).t[0];
+    em_rng_get_state(&s0, &o0);
+    em_manual_seed(60 + i);
+    em_tensor *got = em_call(c, NULL, x).t[0];
+    em_rng_get_state(&s1, &o1);
+    cr_assert_not_null(got, "%s", em_last_error());
+    EXPECT_SAME_BITS(got, want, "dropout after an unused draw");
+    cr_assert_eq(o1, o0, "the generator advanced by %llu, eager by %llu", (unsigned long long)o1, (unsigned long long)o0);
+    em_scope_end();
+  }
+  em_compile_stats st = em_compiled_stats(c);
+  cr_assert(st.kernel_runs > 0 && st.inductor_fallbacks == 0, "compiled");
+  em_compiled_free(c);
+}
