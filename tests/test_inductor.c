@@ -1494,6 +1494,58 @@ ETEST(inductor, dropout_training_steps_match_eager) {
   for (int k = 0; k < 2; k++) em_optimizer_free(opt[k]);
 }
 
+typedef struct drop_trainer {
+  drop_mlp m;
+  em_optimizer *opt;
+} drop_trainer;
+
+/* The whole step (loss, backward, SGD) of the MLP with dropout, for compiling as one graph. */
+static em_outputs drop_train_step(void *ctx, em_tensor *const *in, int n) {
+  drop_trainer *t = ctx;
+  em_outputs o = drop_mlp_loss(&t->m, in, n);
+  em_optimizer_zero_grad(t->opt);
+  if (!o.t[0] || !em_backward(o.t[0], NULL) || !em_optimizer_step(t->opt)) return EM_OUTPUTS(NULL);
+  return o;
+}
+
+/* The same steps compiled whole (the mask's uniform in the graph beside its use in the backward,
+ * parameters updated in place by the kernels): the masks are eager's, losses and parameters
+ * within 1e-5. */
+ETEST(inductor, whole_dropout_training_step_matches_eager) {
+  drop_trainer t[2];
+  em_manual_seed(17);
+  em_tensor *x = em_randn(EM_F32, EM_SHAPE(24, 20)), *y = em_randint(0, 6, EM_SHAPE(24));
+  for (int k = 0; k < 2; k++) {
+    em_manual_seed(18);
+    drop_mlp *m = &t[k].m;
+    m->w1 = em_keep(em_requires_grad_(em_mul_scalar(em_randn(EM_F32, EM_SHAPE(40, 20)), 0.3), true));
+    m->b1 = em_keep(em_requires_grad_(em_mul_scalar(em_randn(EM_F32, EM_SHAPE(40)), 0.1), true));
+    m->w2 = em_keep(em_requires_grad_(em_mul_scalar(em_randn(EM_F32, EM_SHAPE(6, 40)), 0.3), true));
+    m->b2 = em_keep(em_requires_grad_(em_zeros(EM_F32, EM_SHAPE(6)), true));
+    t[k].opt = em_sgd_new(4, ((em_tensor *[]){m->w1, m->b1, m->w2, m->b2}), ((em_sgd_opts){0.1, 0.9, 0, 0, false}));
+  }
+  em_compiled *c = em_compile(drop_train_step, &(em_compile_options){.name = "dropout_step"});
+  for (int step = 0; step < 5; step++) {
+    em_scope_begin();
+    em_outputs o[2];
+    for (int k = 0; k < 2; k++) {
+      em_manual_seed(900 + step);
+      o[k] = k ? em_call(c, &t[k], x, y) : drop_train_step(&t[k], (em_tensor *[]){x, y}, 2);
+      cr_assert_not_null(o[k].t[0], "%s", em_last_error());
+    }
+    EXPECT_SAME_BITS(em_eq_scalar(o[1].t[1], 0), em_eq_scalar(o[0].t[1], 0), "dropout mask");
+    double l0 = em_item(o[0].t[0]), l1 = em_item(o[1].t[0]);
+    cr_assert(fabs(l1 - l0) <= 1e-5 * fabs(l0), "step %d: loss %.9g, eager %.9g", step, l1, l0);
+    em_scope_end();
+  }
+  em_tensor *pe[4] = {t[0].m.w1, t[0].m.b1, t[0].m.w2, t[0].m.b2}, *pc[4] = {t[1].m.w1, t[1].m.b1, t[1].m.w2, t[1].m.b2};
+  for (int i = 0; i < 4; i++) expect_close(pc[i], pe[i], 1e-5, "parameter", i);
+  em_compile_stats st = em_compiled_stats(c);
+  cr_assert(st.kernel_runs > 5 && st.inductor_fallbacks == 0, "compiled: %lld kernel runs", (long long)st.kernel_runs);
+  em_compiled_free(c);
+  for (int k = 0; k < 2; k++) em_optimizer_free(t[k].opt);
+}
+
 /* A draw nothing reads, then dropout: no kernel computes the unused values, but their counters
  * are still taken, so the dropout's mask and the generator's offset are eager's. */
 static em_outputs unused_draw(void *ctx, em_tensor *const *in, int n) {
