@@ -203,6 +203,15 @@ int main(int argc, char **argv) {
     em_set_default_device(EM_CUDA); /* the models' parameters, the inputs, everything */
   }
   if (probe) bench_json = false;
+  else /* what the figures were measured with (issue 20): the JIT's and oneDNN's ceiling, and the C code's target */
+    fprintf(bench_json ? stderr : stdout, "bench compiled: CPU ISA %s (EMBER_CPU_ISA; eager C code: %s)\n",
+            em_cpu_isa(),
+#ifdef EMBER_CPU_ISA_DEFAULT
+            "x86-64-v3, -Dcpu_isa=avx2"
+#else
+            "-march=native unless -Dnative=false"
+#endif
+    );
   /* cold compiles start from an empty disk cache, which this run fills for the warm probes */
   char dir[] = "/tmp/ember-bench-cacheXXXXXX";
   bool own_dir = !probe && mkdtemp(dir);

@@ -5,10 +5,13 @@
  *       writes each workload's initial parameters and inputs (Ember's own init, seed 0) as .npy
  *       files under DIR/<workload>/, with params.txt naming them in order. Every system loads
  *       these: same weights, same data.
- *   peers_ember --workload W --mode eager|compiled --dir DIR [--steps N]
- *       loads DIR/W, runs two steps (the first call's time is the compile time in compiled
- *       mode; their losses are the math check), then N timed steps, and prints one JSON object:
- *       ms_per_step (median), first_call_ms, loss1, loss2, peak_rss_mb.
+ *   peers_ember --workload W --mode eager|compiled --dir DIR [--steps N] [--seconds S] [--warmup K]
+ *       loads DIR/W, runs K warm-up calls (default 5: the first compiles, the second SGD step
+ *       compiles again for its momentum buffers; the first two losses are the math check), then
+ *       timed calls until there are N (default 5) and they took S seconds (default 0), and prints
+ *       one JSON object: ms_per_step (median of the timed calls), first_call_ms, warmup_ms (time
+ *       to steady state: the K warm-up calls less K medians), steady_after (calls before the
+ *       first within twice the median), loss1, loss2, peak_rss_mb, cpu_isa (em_cpu_isa).
  *
  * Workloads: mlp (784-512-512-10 ReLU, batch 128, SGD lr 0.01 momentum 0.9), lenet (LeNet-5 on
  * [128,1,28,28], the same SGD), transformer (bench/compiled's: 2 layers, d_model 256, 4 heads,
@@ -195,17 +198,21 @@ static double step(em_compiled *c, workload *w, double *loss) {
 
 int main(int argc, char **argv) {
   const char *dir = NULL, *name = NULL, *mode = "eager";
-  int steps = 20;
+  int steps = 5, warmup = 5;
+  double seconds = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--init") && i + 1 < argc) init_all(argv[++i]), exit(0);
     else if (!strcmp(argv[i], "--dir") && i + 1 < argc) dir = argv[++i];
     else if (!strcmp(argv[i], "--workload") && i + 1 < argc) name = argv[++i];
     else if (!strcmp(argv[i], "--mode") && i + 1 < argc) mode = argv[++i];
     else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--seconds") && i + 1 < argc) seconds = atof(argv[++i]);
+    else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--device") && i + 1 < argc) /* cuda: every tensor made on the device */
       em_set_default_device(strcmp(argv[++i], "cuda") ? EM_CPU : EM_CUDA);
     else {
-      fprintf(stderr, "usage: %s --init DIR | --workload W --mode eager|compiled --dir DIR [--steps N] [--device cpu|cuda]\n",
+      fprintf(stderr, "usage: %s --init DIR | --workload W --mode eager|compiled --dir DIR [--steps N] [--seconds S] "
+                      "[--warmup K] [--device cpu|cuda]\n",
               argv[0]);
       return 2;
     }
@@ -223,18 +230,36 @@ int main(int argc, char **argv) {
   em_compiled *c = NULL;
   if (!strcmp(mode, "compiled")) c = em_compile(train_step, &(em_compile_options){.name = name}), adds_per_step = 1;
   else if (strcmp(mode, "eager")) return fprintf(stderr, "peers_ember: mode %s: eager or compiled\n", mode), 2;
-  double loss1, loss2;
-  double first = step(c, &w, &loss1);
-  step(c, &w, &loss2);
-  double *t = malloc(sizeof(double) * (size_t)(steps > 0 ? steps : 1));
-  for (int i = 0; i < steps; i++) t[i] = step(c, &w, NULL);
-  double ms = steps > 0 ? bench_median(t, steps) : NAN;
-  if (w.ops_per_call) ms /= adds_per_step, first /= adds_per_step;
+  /* The first `warmup` calls compile (and compile again: the second SGD step's momentum buffers);
+   * then at least `steps` timed calls lasting at least `seconds`. */
+  if (warmup < 2) warmup = 2; /* the two losses */
+  if (steps < 1) steps = 1;
+  double loss1 = NAN, loss2 = NAN, timed = 0;
+  int cap = 64, n = 0;
+  double *t = malloc(sizeof(double) * (size_t)cap);
+  while (n < warmup + steps || timed < 1e3 * seconds) {
+    if (n == cap && !(t = realloc(t, sizeof(double) * (size_t)(cap *= 2)))) die("realloc");
+    t[n] = step(c, &w, n == 0 ? &loss1 : n == 1 ? &loss2 : NULL);
+    if (n >= warmup) timed += t[n];
+    n++;
+  }
+  double first = t[0], head = 0;
+  for (int i = 0; i < warmup; i++) head += t[i];
+  double *sorted = malloc(sizeof(double) * (size_t)(n - warmup));
+  if (!sorted) die("malloc");
+  memcpy(sorted, t + warmup, sizeof(double) * (size_t)(n - warmup));
+  double ms = bench_median(sorted, n - warmup);
+  free(sorted);
+  double to_steady = head - warmup * ms; /* time to steady state, less the steps it ran */
+  int steady_after = 0;
+  while (t[steady_after] > 2 * ms) steady_after++;
+  if (w.ops_per_call) ms /= adds_per_step, first /= adds_per_step, to_steady /= adds_per_step;
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   printf("{\"system\": \"ember\", \"workload\": \"%s\", \"mode\": \"%s\", \"ms_per_step\": %.6g, \"first_call_ms\": %.6g, "
-         "\"loss1\": %.9g, \"loss2\": %.9g, \"peak_rss_mb\": %.1f, \"steps\": %d%s}\n",
-         name, mode, ms, first, loss1, loss2, ru.ru_maxrss / 1024.0, steps,
+         "\"warmup_ms\": %.6g, \"steady_after\": %d, \"loss1\": %.9g, \"loss2\": %.9g, \"peak_rss_mb\": %.1f, "
+         "\"steps\": %d, \"cpu_isa\": \"%s\"%s}\n",
+         name, mode, ms, first, to_steady, steady_after, loss1, loss2, ru.ru_maxrss / 1024.0, n - warmup, em_cpu_isa(),
          w.ops_per_call ? (c ? ", \"per\": \"call\"" : ", \"per\": \"op\"") : "");
   free(t);
   if (c) em_compiled_free(c);

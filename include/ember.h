@@ -1398,7 +1398,11 @@ void em_loader_free(em_loader *l);
  * pointwise values a later kernel needs recomputed there instead of stored (as PyTorch's
  * min-cut partitioner does; EMBER_INDUCTOR_REMAT=0 stores them); max-pooling windows as
  * pointwise maxima, reads that do not run along the vector dim as gathers; intermediates in one planned
- * arena; optimizer updates written in place. Compiled kernels are
+ * arena; optimizer updates written in place. An f32 GEMM's bias add over its rows and a ReLU or
+ * GELU after it (em_linear, em_relu, em_gelu; with or without the bias) run on each tile of the
+ * GEMM as the library writes it, with the bits of the kernel it replaces, not as a kernel that
+ * reads the product back (EMBER_LOGS=schedule: "GEMM tile epilogue bias+relu";
+ * EMBER_INDUCTOR_EPILOGUE=0 turns GEMM epilogues off, on CUDA too). Compiled kernels are
  * cached in memory and on disk (EMBER_CACHE_DIR, default $XDG_CACHE_HOME/ember/kernels or
  * ~/.cache/ember/kernels; EMBER_CACHE=0 turns the disk cache off), so a second process skips
  * LLVM. Results agree with eager within rounding: exp, log, erf and the like within SLEEF's
@@ -1831,6 +1835,23 @@ void em_cuda_event_free(em_cuda_event *e);
  * products, f32 accumulation). Off by default, as torch.backends.cuda.matmul.allow_tf32. */
 void em_cuda_set_allow_tf32(bool allow);
 bool em_cuda_allow_tf32(void);
+
+/* ---- CPU instruction set (issues 20 and 23) ----
+ *
+ * The widest x86 vector ISA Ember's CPU code uses in this process: "avx512", "avx2", "baseline"
+ * (a host without AVX2), or "native" off x86. The environment variable EMBER_CPU_ISA, read once
+ * (at the first call here, or the first compilation or oneDNN call), sets a ceiling:
+ *   native (default) or avx512: what the host has (AVX-512 on Zen 4 and 5);
+ *   avx2: no AVX-512 even where the host has it, as on Zen 3: the LLVM code generator runs with
+ *         every AVX-512 feature off, tuned for znver3 (x86-64-v3 on other vendors), 8-lane f32
+ *         vectors and SLEEF's AVX2 functions, its kernels cached apart from the native ones;
+ *         oneDNN (f32 GEMM, convolutions) is held by dnnl_set_max_cpu_isa(dnnl_cpu_isa_avx2).
+ * EMBER_NO_AVX512 (any value) is an older alias for EMBER_CPU_ISA=avx2. The eager C kernels are
+ * compiled ahead of time: for AVX2-only code there too, configure a build with -Dcpu_isa=avx2
+ * (x86-64-v3, tuned for znver3), which also makes avx2 this variable's default. OpenBLAS (f64
+ * GEMM) picks its kernels when loaded: OPENBLAS_CORETYPE=Haswell holds it. An unknown value is
+ * reported on stderr once and taken as native. Never fails. */
+const char *em_cpu_isa(void);
 
 #ifdef __cplusplus
 }

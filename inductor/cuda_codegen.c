@@ -134,11 +134,52 @@ static int vector_width(const ir_graph *g, const prim_meta *meta, const kernel *
   return w;
 }
 
+/* Sizes as arguments (ind_options.sizes_as_args, a dynamic entry's graphs): the sizes and
+ * strides a pointwise kernel's index arithmetic uses are read from a table passed by value
+ * (`const em_ktab<N> K`, after n) instead of written into the text, so the same graph at another
+ * size renders the same source, whose name (a hash of the text) finds the module the CUDA kernel
+ * caches hold instead of compiling it again with NVRTC. As on the CPU (codegen.c: kint), 0 and 1
+ * stay literals: the code's shape depends on them. The scalar and vector variants append to one
+ * table, which both take. Row kernels keep their sizes literal: their structure (columns a
+ * thread keeps in registers, the block) follows from the row length. */
+typedef struct ktab {
+  bool on;
+  int base; /* the variant being rendered numbers its entries from here */
+  int n, cap;
+  int64_t *v;
+  bool oom;
+} ktab;
+
+enum { KTAB_MAX = 128 }; /* 1 KiB of parameters: past it, literals */
+
+/* Writes number v of the index arithmetic: K.v[i] (a new entry) or the literal. */
+static void knum(ir_sbuf *b, ktab *t, int64_t v) {
+  if (!t || !t->on || v == 0 || v == 1 || t->n == KTAB_MAX) {
+    ir_sb_printf(b, "%lld", (long long)v);
+    return;
+  }
+  if (t->n == t->cap) {
+    int cap = t->cap ? 2 * t->cap : 16;
+    int64_t *nv = realloc(t->v, sizeof(int64_t) * (size_t)cap);
+    if (!nv) {
+      t->oom = true;
+      ir_sb_printf(b, "%lld", (long long)v);
+      return;
+    }
+    t->v = nv, t->cap = cap;
+  }
+  t->v[t->n] = v;
+  ir_sb_printf(b, "K.v[%d]", t->n++ - t->base);
+}
+
 /* Renders kernel k as the parameter list and body of a kernel (after its name) into b: the
  * scalar variant (vec 0: a thread an element), or the vector variant of width vec (a thread a
  * chunk of vec elements, its size parameter the number of chunks; vector_width). */
+static bool render_body(ir_sbuf *b, ir_sbuf *helpers, const ir_graph *g, const prim_meta *meta, const kernel *k, int vec,
+                        ktab *tab, bool fits32, char *err, size_t cap);
+
 static bool render_kernel(ir_sbuf *b, ir_sbuf *helpers, const ir_graph *g, const prim_meta *meta, const kernel *k, int vec,
-                          char *err, size_t cap) {
+                          ktab *tab, char *err, size_t cap) {
   const ir_type *t = &k->shape;
   int64_t n = numel_of(t), cont[EM_MAX_DIMS];
   ir_contiguous_strides(t->ndim, t->sizes, cont);
@@ -151,11 +192,33 @@ static bool render_kernel(ir_sbuf *b, ir_sbuf *helpers, const ir_graph *g, const
     ir_sb_printf(b, "%s%s%s *__restrict__ %s%d", i ? ", " : "(", i < k->n_out ? "" : "const ", T,
                  i < k->n_out ? "o" : "x", i < k->n_out ? i : i - k->n_out);
   }
+  /* the body goes to its own buffer first: the table's length, known after it, is in the
+   * parameter list */
+  ir_sbuf body = {0};
+  int tab0 = tab ? tab->n : 0;
+  if (tab) tab->base = tab0;
+  bool ok = render_body(&body, helpers, g, meta, k, vec, tab, fits32, err, cap);
+  char *bt = ir_sb_finish(&body);
+  if (ok && (!bt || (tab && tab->oom))) ok = ir_fail(err, cap, "out of memory");
+  /* a variant's table: its own entries, [tab0, tab->n) */
+  if (ok && tab && tab->n > tab0) ir_sb_printf(b, ", i64 n, const em_ktab<%d> K) {\n%s", tab->n - tab0, bt);
+  else if (ok) ir_sb_printf(b, ", i64 n) {\n%s", bt);
+  free(bt);
+  return ok;
+}
+
+/* The statements of kernel k's body (render_kernel), after its parameter list; with tab, the
+ * sizes and strides numbered from the variant's first entry. */
+static bool render_body(ir_sbuf *b, ir_sbuf *helpers, const ir_graph *g, const prim_meta *meta, const kernel *k, int vec,
+                        ktab *tab, bool fits32, char *err, size_t cap) {
+  const ir_type *t = &k->shape;
+  int64_t cont[EM_MAX_DIMS];
+  ir_contiguous_strides(t->ndim, t->sizes, cont);
   /* 32-bit indexing where every element index fits (32-bit division is several times cheaper);
    * i + the grid's stride stays below 2^32 then */
   if (fits32)
-    ir_sb_printf(b, ", i64 n) {\n  for (unsigned q = blockIdx.x * blockDim.x + threadIdx.x; q < (unsigned)n; q += gridDim.x * blockDim.x) {\n");
-  else ir_sb_printf(b, ", i64 n) {\n  EM_GRID_LOOP(q, n) {\n");
+    ir_sb_printf(b, "  for (unsigned q = blockIdx.x * blockDim.x + threadIdx.x; q < (unsigned)n; q += gridDim.x * blockDim.x) {\n");
+  else ir_sb_printf(b, "  EM_GRID_LOOP(q, n) {\n");
   if (vec) ir_sb_printf(b, "    const %s i = q * %d;\n", fits32 ? "unsigned" : "i64", vec);
   else ir_sb_printf(b, "    const %s i = q;\n", fits32 ? "unsigned" : "i64");
   /* the element's coordinates along the dims some strided input (neither dense nor a broadcast
@@ -174,8 +237,8 @@ static bool render_kernel(ir_sbuf *b, ir_sbuf *helpers, const ir_graph *g, const
     ir_sb_printf(b, "    %s r = (%s)i;\n", I, I);
     for (int d = t->ndim - 1; d >= lowest; d--) {
       if (t->sizes[d] == 1) continue;
-      if (used[d]) ir_sb_printf(b, "    const i64 c%d = (i64)(r %% %lld);\n", d, (long long)t->sizes[d]);
-      if (d > lowest) ir_sb_printf(b, "    r /= %lld;\n", (long long)t->sizes[d]);
+      if (used[d]) ir_sb_printf(b, "    const i64 c%d = (i64)(r %% ", d), knum(b, tab, t->sizes[d]), ir_sb_printf(b, ");\n");
+      if (d > lowest) ir_sb_printf(b, "    r /= "), knum(b, tab, t->sizes[d]), ir_sb_printf(b, ";\n");
     }
   }
   char nm[48];
@@ -193,7 +256,11 @@ static bool render_kernel(ir_sbuf *b, ir_sbuf *helpers, const ir_graph *g, const
     else {
       bool first = true;
       for (int d = 0; d < t->ndim; d++)
-        if (t->sizes[d] != 1 && m->strides[d]) ir_sb_printf(&off, "%sc%d * %lld", first ? "" : " + ", d, (long long)m->strides[d]), first = false;
+        if (t->sizes[d] != 1 && m->strides[d]) {
+          ir_sb_printf(&off, "%sc%d * ", first ? "" : " + ", d);
+          knum(&off, tab, m->strides[d]);
+          first = false;
+        }
       if (first) ir_sb_printf(&off, "0");
     }
     char *o = ir_sb_finish(&off);
@@ -589,12 +656,18 @@ static bool kernel_source(ind_program *p, const prim_meta *meta, kernel *k, char
     ir_sb_printf(&helpers, "#ifndef EM_VEC_DEFINED\n#define EM_VEC_DEFINED\n"
                  "template <typename T, int W> struct alignas(sizeof(T) * W < 16 ? sizeof(T) * W : 16) em_vec { T v[W]; };\n"
                  "#endif\n");
+  ktab tab = {.on = p->opts.sizes_as_args && !k->row};
+  if (tab.on) /* the table of sizes, passed by value */
+    ir_sb_printf(&helpers, "#ifndef EM_KTAB_DEFINED\n#define EM_KTAB_DEFINED\ntemplate <int N> struct em_ktab { i64 v[N]; };\n#endif\n");
   bool ok = k->row ? render_row_kernel(&body, &helpers, p->g, meta, p->kind, k, err, cap)
-                   : render_kernel(&body, &helpers, p->g, meta, k, 0, err, cap);
+                   : render_kernel(&body, &helpers, p->g, meta, k, 0, &tab, err, cap);
+  int scalar_entries = tab.n;
   /* the vector variant's helpers go in once: each render emits the one-line helpers its
    * expressions use (em_fmod_py, ...), and a second copy in the same source does not compile */
   ir_sbuf vhelpers = {0};
-  if (ok && k->vec) ok = render_kernel(&vbody, &vhelpers, p->g, meta, k, k->vec, err, cap);
+  if (ok && k->vec) ok = render_kernel(&vbody, &vhelpers, p->g, meta, k, k->vec, &tab, err, cap);
+  free(k->table);
+  k->table = tab.v, k->n_table = tab.n, k->vtab = scalar_entries;
   char *vh = ir_sb_finish(&vhelpers);
   for (const char *line = vh; line && *line;) {
     const char *nl = strchr(line, '\n');
@@ -683,15 +756,25 @@ static bool build_kernel(ind_program *p, const prim_meta *meta, kernel *k, char 
  * and written to the disk cache (next to the CUDA kernel cache, keyed by the default
  * configuration's kernel, the device's name and architecture), so a later compile of the same
  * kernel on the same device takes the choice without timing. Pointwise kernels: 128 to 1024
- * threads a block (one compiled kernel: the grid-stride loop takes any). Row kernels: half,
- * once and twice the heuristic block (each its own kernel: how many columns a thread keeps in
- * registers follows from it). */
+ * threads a block (one compiled kernel: the grid-stride loop takes any), each with the scalar
+ * variant and, where the kernel has one and the buffers are 16-byte aligned, the vector
+ * variant (a thread a 16-byte chunk; vector_width), so the choice of width is timed too. Row
+ * kernels: half, once and twice the heuristic block (each its own kernel: how many columns a
+ * thread keeps in registers follows from it). */
 struct ind_tune {
   int n;
-  void *fn[4];
-  unsigned block[4];
+  void *fn[8];
+  unsigned block[8];
+  bool vec[8]; /* the vector variant (its size parameter: chunks, not elements) */
   char key[32];
 };
+
+/* A tuning choice on disk: "block B" (older entries: the launcher picks the variant by
+ * alignment) or "block B scalar" (the scalar variant timed faster than the vector one). */
+typedef struct tune_choice {
+  unsigned block;
+  bool scalar;
+} tune_choice;
 
 static _Thread_local ind_autotune_stats tune_stats;
 ind_autotune_stats ind_autotune_stats_get(void) { return tune_stats; }
@@ -710,20 +793,22 @@ static bool tune_path(const char *key, char *path, size_t cap) {
   return true;
 }
 
-static unsigned tune_read(const char *key) {
-  char path[1200];
+static tune_choice tune_read(const char *key) {
+  char path[1200], word[16] = "";
   int64_t size;
   FILE *f = tune_path(key, path, sizeof path) ? rt_cache_open(path, &size) : NULL;
-  unsigned b = 0;
-  if (f && (fscanf(f, "block %u", &b) != 1 || b < 1 || b > 1024 || (b & (b - 1)))) b = 0;
+  tune_choice c = {0, false};
+  int got = f ? fscanf(f, "block %u %15s", &c.block, word) : 0;
+  if (got < 1 || c.block < 1 || c.block > 1024 || (c.block & (c.block - 1))) c.block = 0;
+  c.scalar = got == 2 && !strcmp(word, "scalar");
   if (f) fclose(f);
-  return b;
+  return c;
 }
 
-static void tune_write(const char *key, unsigned block) {
-  char path[1200], text[32];
+static void tune_write(const char *key, tune_choice c) {
+  char path[1200], text[48];
   if (!tune_path(key, path, sizeof path)) return;
-  int n = snprintf(text, sizeof text, "block %u\n", block);
+  int n = snprintf(text, sizeof text, "block %u%s\n", c.block, c.scalar ? " scalar" : "");
   rt_write_file_whole(path, text, (size_t)n, "", 0); /* best effort: a lost choice is timed again */
 }
 
@@ -795,11 +880,13 @@ bool ind_cuda_build_kernels(ind_program *p, const prim_meta *meta, char *err, si
     if (!p->opts.autotune) continue;
     char key[32];
     snprintf(key, sizeof key, "%s", k->name);
-    unsigned dflt = k->block, chosen = tune_read(key);
-    if (chosen) { /* timed before, on this device */
+    unsigned dflt = k->block;
+    tune_choice chosen = tune_read(key);
+    if (chosen.block) { /* timed before, on this device */
       tune_stats.cached++;
-      k->block = chosen;
-      if (k->row && chosen != dflt && !build_kernel(p, meta, k, err, cap)) return false;
+      k->block = chosen.block;
+      if (chosen.scalar) k->cu_vec = NULL;
+      if (k->row && chosen.block != dflt && !build_kernel(p, meta, k, err, cap)) return false;
       continue;
     }
     struct ind_tune *t = calloc(1, sizeof *t);
@@ -809,7 +896,9 @@ bool ind_cuda_build_kernels(ind_program *p, const prim_meta *meta, char *err, si
     char dname[32];
     snprintf(dname, sizeof dname, "%s", k->name);
     static const unsigned pw[4] = {128, 256, 512, 1024};
-    for (int c = 0; c < 4 && !k->row; c++) t->fn[t->n] = dfn, t->block[t->n++] = pw[c];
+    for (int v = 0; v < 2 && !k->row; v++)
+      for (int c = 0; c < 4 && (v == 0 || k->cu_vec); c++)
+        t->fn[t->n] = v ? k->cu_vec : dfn, t->vec[t->n] = v, t->block[t->n++] = pw[c];
     for (int c = 0; c < 3 && k->row; c++) {
       unsigned b = c == 0 ? dflt / 2 : c == 1 ? dflt : dflt * 2;
       if (b < 32 || b > 1024) continue;
@@ -831,7 +920,7 @@ bool ind_cuda_autotune(kernel *k, const ir_graph *g, char **bufs, em_site site) 
   int nb = k->n_out + k->n_in;
   em_tensor *scratch[64] = {0};
   uint64_t ptr[131];
-  void *params[132];
+  void *params[133];
   int64_t n = k->n_elems;
   bool ok = nb <= 130 && k->n_out <= 64;
   for (int o = 0; ok && o < k->n_out; o++) { /* the outputs may be stored into inputs: time into scratch */
@@ -841,8 +930,11 @@ bool ind_cuda_autotune(kernel *k, const ir_graph *g, char **bufs, em_site site) 
     if (ok) ptr[o] = (uint64_t)(uintptr_t)rt_data(scratch[o]);
   }
   for (int q = k->n_out; ok && q < nb; q++) ptr[q] = (uint64_t)(uintptr_t)bufs[q];
-  for (int q = 0; q < nb && q < 130; q++) params[q] = &ptr[q];
-  params[nb < 130 ? nb : 130] = &n;
+  bool aligned = true; /* the vector candidates need every buffer 16-byte aligned, as run.c's launch does */
+  for (int q = 0; q < nb && q < 130; q++) params[q] = &ptr[q], aligned = aligned && ptr[q] % 16 == 0;
+  int64_t nv = k->vec ? n / k->vec : n, arg = n;
+  params[nb < 130 ? nb : 130] = &arg;
+  params[(nb < 130 ? nb : 130) + 1] = NULL;
   const cu_driver *d = cu_drv();
   cu_event ev[2] = {NULL, NULL};
   cu_enter();
@@ -851,7 +943,12 @@ bool ind_cuda_autotune(kernel *k, const ir_graph *g, char **bufs, em_site site) 
   int pick = 0;
   char why[256] = "";
   for (int c = 0; ok && c < t->n; c++) {
-    int64_t threads = k->row ? n * t->block[c] : n;
+    if (t->vec[c] && !aligned) continue;
+    arg = t->vec[c] ? nv : n;
+    /* sizes_as_args: the variant's table of sizes (kernel_source), by value after n */
+    if (t->vec[c] ? k->n_table > k->vtab : k->vtab > 0) params[(nb < 130 ? nb : 130) + 1] = t->vec[c] ? k->table + k->vtab : k->table;
+    int64_t threads = k->row ? n * t->block[c] : arg;
+    tune_stats.candidates++;
     ok = cu_launch(t->fn[c], threads, t->block[c], params, why, sizeof why); /* warm up */
     ok = ok && !d->event_record(ev[0], cu_current_stream());
     for (int r = 0; ok && r < 5; r++) ok = cu_launch(t->fn[c], threads, t->block[c], params, why, sizeof why);
@@ -864,8 +961,12 @@ bool ind_cuda_autotune(kernel *k, const ir_graph *g, char **bufs, em_site site) 
     if (ev[e]) d->event_destroy(ev[e]);
   for (int o = 0; o < k->n_out && o < 64; o++) em_release(scratch[o]);
   if (!ok) return rt_error(site, "em_call", "autotuning kernel %s: %s", k->name, why[0] ? why : "out of memory"), false;
-  k->cu_fn = t->fn[pick], k->block = t->block[pick];
-  tune_write(t->key, k->block);
+  k->block = t->block[pick];
+  if (!t->vec[pick]) k->cu_fn = t->fn[pick];
+  /* the scalar variant won although the vector one ran: keep to it (unaligned calls take it anyway) */
+  bool scalar = k->cu_vec && aligned && !t->vec[pick];
+  if (scalar) k->cu_vec = NULL;
+  tune_write(t->key, (tune_choice){k->block, scalar});
   tune_stats.tuned++;
   ind_cuda_tune_free(k);
   return true;

@@ -123,7 +123,9 @@ static ind_program *compile(const ir_graph *graph, em_tensor *const *inputs, con
   for (int i = 0; i < graph->n_nodes; i++) concrete = concrete && ir_type_concrete(&graph->values[graph->nodes[i].out].type);
   if (!concrete) return ir_fail(err, cap, "symbolic sizes"), NULL;
   ind_program *p = calloc(1, sizeof *p);
-  if (p) p->device = device, p->opts = opts ? *opts : (ind_options){0}, p->g = ind_rewrite(graph, remat_enabled(), &p->stats);
+  const ind_renderer *rend = opts && opts->renderer ? opts->renderer : ind_renderer_for(device);
+  if (p) p->device = device, p->rend = rend, p->opts = opts ? *opts : (ind_options){0};
+  if (p) p->g = ind_rewrite(graph, rend, remat_enabled(), &p->stats);
   prim_meta *meta = p && p->g ? calloc((size_t)p->g->n_values + 1, sizeof(prim_meta)) : NULL;
   if (!meta) {
     if (p) ir_graph_free(p->g);
@@ -143,7 +145,7 @@ static ind_program *compile(const ir_graph *graph, em_tensor *const *inputs, con
   if (ok && !p->kind) ok = ir_fail(err, cap, "out of memory");
   if (ok && !ind_schedule_program(p, meta)) ok = ir_fail(err, cap, "out of memory scheduling");
   if (ok && p->n_kernels)
-    ok = device == EM_CUDA ? ind_cuda_build_kernels(p, meta, err, cap) : ind_build_kernels(p, meta, err, cap);
+    ok = rend->build(p, meta, err, cap);
   if (ok) ind_describe_schedule(p);
   if (ok && p->opts.cuda_graphs && !p->n_rand && !ind_cgraph_attach(p)) ok = ir_fail(err, cap, "out of memory");
   free(meta);

@@ -30,7 +30,9 @@
  *    the kernel (ind_run_rng), so the code never changes. Row kernels and CUDA programs do not
  *    take them (CUDA graphs with random nodes run op by op).
  * A node that fits neither closes the kernel. The consumers of a GEMM's output (bias,
- * activation, residual) are the first nodes of the kernel after it: the GEMM's epilogue.
+ * activation, residual) are the first nodes of the kernel after it: the GEMM's epilogue; but an
+ * f32 bias add over the rows and a ReLU or GELU after it (em_linear's pattern) run inside the
+ * GEMM, on each of its tiles while in cache (schedule.c, prim_gemm_epilogue).
  * EMBER_LOGS=schedule prints every step: kernel, iteration space, nodes, bytes moved.
  *
  * Memory planning. Liveness over the schedule, alias-aware (a view keeps its base alive). The
@@ -90,11 +92,41 @@ typedef struct ind_stats {
   int recomputed_nodes; /* nodes emitted again where a later kernel reads their value (rewrite.c) */
   int scatter_sums;     /* sums of slice scatters made one cat (rewrite.c) */
   int window_reductions; /* amax / amin over a small non-trailing window made pointwise (rewrite.c) */
-  int gemm_epilogues;    /* GEMMs whose bias and activation cuBLASLt applies (CUDA) */
+  int gemm_epilogues;    /* GEMMs whose bias and activation cuBLASLt (CUDA) or the GEMM's tiles (CPU) apply */
   double compile_ms;  /* lowering, LLVM optimisation and JIT */
 } ind_stats;
 
 /* How programs run: em_compile_options.mode (all false: "default"). */
+/* A code generator target, as QBE's Target and tinygrad's Renderer: the facts the scheduler
+ * asks of it and the entry that turns a schedule's kernels into code. One schedule (schedule.c)
+ * is walked by either renderer: the LLVM one for the CPU (codegen.c, jit.c) and the CUDA C one
+ * (cuda_codegen.c). Both render each pointwise node from its prim's scalar expression in the
+ * prim table (prims.def, prim_scalar_expr), so a prim's math is written once; what differs per
+ * target is in this table. The two do not share a per-node walker: the LLVM renderer builds SSA
+ * vectors of LANES lanes with masked tails and row passes over a thread's rows, the CUDA one
+ * writes scalar C per thread with grid-stride loops and block reductions; a common walker would
+ * force one model on the other, and both already share the schedule (which nodes make which
+ * kernel, its iteration shape, its passes, its inputs and outputs) and the expressions. */
+typedef struct ind_renderer {
+  const char *name;  /* "llvm" or "cuda" */
+  em_device device;  /* where its kernels run */
+  /* whether pointwise node n's value can be computed inside its kernels (its scalar expression
+   * instantiated for the node's dtypes uses only ops the renderer has for them) */
+  bool (*renders)(const ir_graph *g, const ir_node *n);
+  /* whether n runs op by op only because of its dtypes (counted in ind_stats.dtype_eager_nodes);
+   * NULL: not counted */
+  bool (*dtype_eager)(const ir_graph *g, const ir_node *n);
+  bool column_reductions;  /* reductions over leading dims accumulate in its pointwise kernels */
+  bool row_f64;            /* its row kernels accumulate f64 as well as f32 */
+  bool gemm_epilogues;     /* matmul + bias [+ ReLU | tanh GELU] run as one library call */
+  /* renders p's scheduled kernels and makes them callable (p->kernels[k].fn or .cu_fn) */
+  bool (*build)(ind_program *p, const prim_meta *meta, char *err, size_t cap);
+} ind_renderer;
+
+/* renderer.c: the CPU's and the GPU's renderers, and the one for a device. */
+extern const ind_renderer ind_llvm_renderer, ind_cuda_renderer;
+const ind_renderer *ind_renderer_for(em_device device);
+
 typedef struct ind_options {
   bool cuda_graphs; /* "reduce-overhead": a CUDA program's calls replay one CUDA graph (cudagraph.c) */
   bool autotune;    /* "max-autotune": CUDA kernels' launch configurations and GEMMs' cuBLASLt algorithms
@@ -103,6 +135,8 @@ typedef struct ind_options {
                      * table passed at run time instead of having them as immediates: the same
                      * graph at another size (a dynamic entry) emits the same LLVM IR, so its
                      * module is found in the kernel cache instead of compiled again */
+  const ind_renderer *renderer; /* the renderer to compile with; NULL: the one for the inputs'
+                     * device (tests hand one that renders less, to check the scheduler asks it) */
 } ind_options;
 
 /* Compiles g for inputs with these layouts. NULL with a reason in err when something is not
@@ -117,6 +151,7 @@ int64_t ind_cuda_graph_replays(void);
 typedef struct ind_autotune_stats {
   int64_t tuned, cached;
   int64_t gemms_tuned, gemms_cached; /* GEMMs whose cuBLASLt algorithm was timed, or found on disk */
+  int64_t candidates; /* kernel configurations timed (block sizes, scalar and vector variants) */
 } ind_autotune_stats;
 ind_autotune_stats ind_autotune_stats_get(void);
 /* Tests: a nonzero salt keys every later autotuning choice apart from earlier runs' (0: none). */

@@ -9,6 +9,7 @@
  *   run.c       running a program: threads, arena, in-place updates, the profile
  *   rewrite.c   graph rewrites before scheduling: rematerialization, sums of slice scatters
  *   cuda_codegen.c  the CUDA C renderer of a schedule's kernels
+ *   renderer.c  the renderers' tables (ind_renderer): what each target renders, its build entry
  *   cudagraph.c reduce-overhead: a CUDA program's calls replayed as one CUDA graph */
 #ifndef EMBER_INDUCTOR_INTERNAL_H
 #define EMBER_INDUCTOR_INTERNAL_H
@@ -70,8 +71,11 @@ typedef struct kernel {
   int64_t rows, cols;     /* the iteration space as the generated loops see it */
   int64_t bytes;          /* bytes read and written, for EMBER_LOGS=schedule */
   char *loop_ir;          /* the loop-level form, printed under EMBER_LOGS=schedule */
-  int64_t *table;         /* sizes_as_args: the numbers its code reads at run time (bufs[n_out + n_in]) */
+  int64_t *table;         /* sizes_as_args: the numbers its code reads at run time (CPU: bufs[n_out + n_in];
+                           * CUDA: a by-value parameter after n, the scalar variant's entries then the
+                           * vector variant's) */
   int n_table;
+  int vtab;               /* CUDA: the scalar variant's entries, table[0, vtab); the vector's follow */
   double prof_ms;         /* EMBER_INDUCTOR_PROFILE: time in this kernel, all runs */
   int64_t prof_runs;
   int n_rng, *rng;        /* its random nodes' entries in the program's counter table (ind_program.rand),
@@ -79,12 +83,14 @@ typedef struct kernel {
                            * bufs[n_out + n_in + 1 + r] (codegen.c: emit_philox) */
 } kernel;
 
-/* A GEMM whose epilogue cuBLASLt fuses (schedule.c finds them in CUDA programs): the value
- * act(matmul(a, b) [reshaped] + bias), act a cu_epilogue (runtime/cuda.h). */
+/* A GEMM whose epilogue is fused (schedule.c): the value act(matmul(a, b) [reshaped] + bias), act
+ * a cu_epilogue (runtime/cuda.h) run by cuBLASLt in CUDA programs, a prim_activation (prims.h)
+ * run on each GEMM tile in CPU ones (there the bias is optional). */
 typedef struct ind_epilogue {
   int mm;              /* the matmul node */
-  int bias;            /* the bias value: N elements, N the product's last dim */
-  int act;             /* CU_EPI_BIAS, CU_EPI_BIAS_RELU or CU_EPI_BIAS_GELU_TANH */
+  int bias;            /* the bias value: N elements, N the product's last dim (CPU: -1 for none) */
+  int act;             /* CUDA: CU_EPI_BIAS, CU_EPI_BIAS_RELU or CU_EPI_BIAS_GELU_TANH; CPU: a prim_activation */
+  bool keep;           /* CPU: the product (and its reshape in the chain) has other readers: stored too */
   int n_nodes, *nodes; /* the nodes it stands for, in graph order, the last one its result: run eagerly
                         * when cuBLASLt cannot take the GEMM at run time */
   int n_reads, *reads; /* the values those nodes read from outside them */
@@ -104,7 +110,7 @@ typedef struct step {
   int tmat;   /* >= 0: node is clone(transpose(matmul(a, b))), run as matmul(b^T, a^T): this matmul */
   bool alias; /* node is a clone of a value nothing else reads: the same tensor when contiguous */
   int n_release, *release; /* values whose last reader is this step */
-  int epi;    /* > 0: node is the result of p->epis[epi - 1], run as one cuBLASLt GEMM */
+  int epi;    /* > 0: node is the result of p->epis[epi - 1], run as one GEMM with its epilogue */
 } step;
 
 struct ind_program {
@@ -115,7 +121,7 @@ struct ind_program {
   int n_steps;
   kernel *kernels;
   int n_kernels;
-  ind_epilogue *epis;      /* GEMMs with cuBLASLt epilogues (CUDA) */
+  ind_epilogue *epis;      /* GEMMs with fused epilogues */
   int n_epis;
   ind_gemm_choice *gemm;   /* [n_steps] CUDA programs: each GEMM step's algorithm (max-autotune) */
   signed char *kind;  /* [n_values] K_FULL / K_ROW for values computed inside kernels */
@@ -131,6 +137,7 @@ struct ind_program {
   char *schedule_text;
   ind_stats stats;
   em_device device;       /* EM_CUDA: inputs on the GPU, kernels in CUDA C (cuda_codegen.c) */
+  const ind_renderer *rend; /* the renderer of device's kernels */
   struct ind_cgraph *cgraph; /* reduce-overhead: its calls replay a CUDA graph (cudagraph.c) */
   ind_options opts;
   uint8_t module_key[16]; /* the JIT module holding its kernels, while has_module (jit.c) */
@@ -144,7 +151,7 @@ struct ind_program {
 /* g rewritten for scheduling (rewrite.c): with rematerialize, each cheap pointwise value that a
  * later kernel would read recomputed there instead; sums of slice scatters that tile a value made
  * one cat. Counts both in st. NULL when out of memory. */
-ir_graph *ind_rewrite(const ir_graph *g, bool rematerialize, ind_stats *st);
+ir_graph *ind_rewrite(const ir_graph *g, const ind_renderer *rend, bool rematerialize, ind_stats *st);
 
 /* codegen.c: whether the LLVM renderer renders pointwise node n: its prim's scalar expression
  * (prims.def), instantiated for the node's dtypes, uses only scalar ops the renderer has for them
@@ -162,12 +169,6 @@ bool ind_dtype_blocks(const ir_graph *g, const ir_node *n);
  * values, the prim table's scalar expression for their compute dtypes). */
 bool ind_cuda_renders(const ir_graph *g, const ir_node *n);
 
-/* Pointwise nodes the code generator fuses: the ones it renders (LLVM for the CPU; CUDA C for
- * the GPU: device_fusible). */
-static inline bool fusible(const ir_graph *g, const ir_node *n) { return ind_renders(g, n); }
-static inline bool device_fusible(em_device d, const ir_graph *g, const ir_node *n) {
-  return d == EM_CUDA ? ind_cuda_renders(g, n) : ind_renders(g, n);
-}
 
 /* A sum, amax or amin in f32 or f64 (operand and result of one dtype) that the generated kernels
  * accumulate (CUDA schedules take f32 ones only). */

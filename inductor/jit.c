@@ -13,6 +13,7 @@
 #include <llvm-c/Transforms/PassBuilder.h>
 #include <llvm-c/blake3.h>
 #include <pthread.h>
+#include <string.h>
 #include <stdio.h>
 
 int ind_lanes = 8;
@@ -33,18 +34,81 @@ static LLVMOrcLLJITRef jit;
 static char jit_error[256];
 static bool jit_tried;
 
+/* EMBER_CPU_ISA=avx2 on an AVX-512 host (em_cpu_isa, runtime/isa.c): LLVM's host features with
+ * every AVX-512 feature turned off ("+avx512f" becomes "-avx512f", and so on for avx512*, evex512,
+ * avx10* and amx*, which need AVX-512's state), in place: the code generator then emits no EVEX
+ * instruction and no zmm register. Its CPU becomes Zen 3 on a Zen 4 or 5 (znver3's cost model
+ * for AVX2 code, as the AVX2 machines the project measures), x86-64-v3 elsewhere; the caller
+ * frees *cpu. These, and LANES, are what the kernels' attributes, the target machine and the
+ * kernel cache key use, so held kernels are cached apart from native ones. 1 when it held
+ * something, 0 when the host has no AVX-512, -1 when out of memory. */
+static int hold_to_avx2(char **cpu, char *features) {
+  static const char *const off[] = {"avx512", "evex512", "avx10", "amx"};
+  bool held = false;
+  for (char *t = features; t && *t;) {
+    size_t n = strcspn(t, ",");
+    for (size_t i = 0; *t == '+' && i < sizeof off / sizeof *off; i++)
+      if (!strncmp(t + 1, off[i], strlen(off[i]))) *t = '-', held = true;
+    t += n + (t[n] == ',');
+  }
+  if (!held) return 0;
+  char *tuned = strdup(!strncmp(*cpu, "znver", 5) ? "znver3" : "x86-64-v3");
+  if (!tuned) return -1;
+  LLVMDisposeMessage(*cpu);
+  *cpu = tuned;
+  return 1;
+}
+
+/* A builder whose target machine is the effective CPU and features (the JIT adds object files
+ * the kernels' own target machine made, so this only keeps the two in agreement); NULL when
+ * LLVM has no such target machine. */
+static LLVMOrcLLJITBuilderRef jit_builder(const char *cpu, const char *features) {
+  char *triple = LLVMGetDefaultTargetTriple(), *msg = NULL;
+  LLVMTargetRef target;
+  if (!triple || LLVMGetTargetFromTriple(triple, &target, &msg)) {
+    LLVMDisposeMessage(triple), LLVMDisposeMessage(msg);
+    return NULL;
+  }
+  LLVMTargetMachineRef tm = LLVMCreateTargetMachine(target, triple, cpu, features, LLVMCodeGenLevelAggressive,
+                                                    LLVMRelocPIC, LLVMCodeModelSmall);
+  LLVMDisposeMessage(triple);
+  if (!tm) return NULL;
+  LLVMOrcLLJITBuilderRef b = LLVMOrcCreateLLJITBuilder();
+  LLVMOrcLLJITBuilderSetJITTargetMachineBuilder(b, LLVMOrcJITTargetMachineBuilderCreateFromTargetMachine(tm));
+  return b;
+}
+
 /* Creates the JIT into jit (NULL and jit_error on an LLVM error; *oom when it ran out of
  * memory, which is worth another try later). Guarded, under jit_lock. */
 static void create_jit(void *arg) {
   bool *oom = arg;
   LLVMInitializeNativeTarget();
   LLVMInitializeNativeAsmPrinter();
+  char *cpu = LLVMGetHostCPUName(), *features = LLVMGetHostCPUFeatures(); /* strdup'd: may be NULL */
+  LLVMOrcLLJITBuilderRef builder = NULL; /* NULL: LLJIT's own, the host's */
+  if (cpu && features && !strcmp(em_cpu_isa(), "avx2")) {
+    int held = hold_to_avx2(&cpu, features);
+    if (held < 0) LLVMDisposeMessage(features), features = NULL; /* out of memory: below */
+    if (held > 0 && !(builder = jit_builder(cpu, features))) {
+      snprintf(jit_error, sizeof jit_error, "creating the LLJIT: no %s target machine without AVX-512 (EMBER_CPU_ISA)",
+               cpu);
+      LLVMDisposeMessage(cpu), LLVMDisposeMessage(features);
+      return;
+    }
+  }
+  if (!cpu || !features) {
+    LLVMDisposeMessage(cpu), LLVMDisposeMessage(features);
+    snprintf(jit_error, sizeof jit_error, "creating the LLJIT: out of memory");
+    *oom = true;
+    return;
+  }
   LLVMOrcLLJITRef j = NULL;
-  LLVMErrorRef e = LLVMOrcCreateLLJIT(&j, NULL);
+  LLVMErrorRef e = LLVMOrcCreateLLJIT(&j, builder); /* takes the builder */
   if (e) {
     char *m = LLVMGetErrorMessage(e);
     snprintf(jit_error, sizeof jit_error, "creating the LLJIT: %s", m ? m : "out of memory");
     LLVMDisposeErrorMessage(m);
+    LLVMDisposeMessage(cpu), LLVMDisposeMessage(features);
     return;
   }
   /* kernels call SLEEF and libm, which the process has loaded */
@@ -55,19 +119,13 @@ static void create_jit(void *arg) {
     snprintf(jit_error, sizeof jit_error, "process symbol generator: %s", m ? m : "out of memory");
     LLVMDisposeErrorMessage(m);
     LLVMOrcDisposeLLJIT(j);
+    LLVMDisposeMessage(cpu), LLVMDisposeMessage(features);
     return;
   }
   LLVMOrcJITDylibAddGenerator(LLVMOrcLLJITGetMainJITDylib(j), gen);
-  char *cpu = LLVMGetHostCPUName(), *features = LLVMGetHostCPUFeatures(); /* strdup'd: may be NULL */
-  if (!cpu || !features) {
-    LLVMDisposeMessage(cpu), LLVMDisposeMessage(features);
-    LLVMOrcDisposeLLJIT(j);
-    snprintf(jit_error, sizeof jit_error, "creating the LLJIT: out of memory");
-    *oom = true;
-    return;
-  }
   ind_host_cpu = cpu, ind_host_features = features;
-  if (ind_host_features && strstr(ind_host_features, "+avx512f,") && !getenv("EMBER_NO_AVX512")) LANES = 16;
+  /* 16 f32 lanes (one zmm register) where AVX-512 is on; held to AVX2 its "+avx512f" is "-" */
+  if (strstr(ind_host_features, "+avx512f,")) LANES = 16;
   jit = j;
 }
 
@@ -96,8 +154,9 @@ static void retire_jit(const char *why) {
 
 /* ---- the kernel cache ----
  *
- * A module's key is the BLAKE3 hash of its LLVM IR before optimisation, the host CPU and its
- * features, the LLVM version and the cache format. Its kernels are named after the key. In
+ * A module's key is the BLAKE3 hash of its LLVM IR before optimisation, the CPU and features the
+ * code is made for (the host's, or held to AVX2 by EMBER_CPU_ISA), the vector lanes, the LLVM
+ * version and the cache format. Its kernels are named after the key. In
  * memory, each module loaded into the JIT has its own resource tracker and an entry in `mods`,
  * counting the programs that use it: a program built again finds its module there. The cache
  * is bounded (LRU): past the limit (EMBER_KERNEL_CACHE_MODULES, default 256 modules), the least

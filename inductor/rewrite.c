@@ -42,6 +42,7 @@
 
 typedef struct rewriter {
   const ir_graph *g;
+  const ind_renderer *rend; /* the target's renderer: what its kernels compute */
   ir_graph *ng;
   int *def;       /* [n_values] defining node, -1 for inputs */
   int *seg;       /* [n_nodes] barriers before node i */
@@ -59,8 +60,8 @@ static bool is_view(const ir_node *n) { return (prim_get(n->op)->flags & P_VIEW)
 static bool scalar_full(const ir_node *n) { return n->op == EM_PRIM_FULL && n->attrs.shape.ndim == 0; }
 
 /* Nodes a kernel can hold, or that only make headers: everything else ends a kernel. */
-static bool barrier(const ir_graph *g, const ir_node *n) {
-  return !(fusible(g, n) || is_view(n) || scalar_full(n) || trailing_reduction(g, n) >= 0 || leading_reduction(g, n) >= 0);
+static bool barrier(const ind_renderer *rend, const ir_graph *g, const ir_node *n) {
+  return !(rend->renders(g, n) || is_view(n) || scalar_full(n) || trailing_reduction(g, n) >= 0 || leading_reduction(g, n) >= 0);
 }
 
 static bool anchored(rewriter *r, int v) {
@@ -71,7 +72,7 @@ static bool anchored(rewriter *r, int v) {
   for (int k = r->user_at[v]; k < r->user_at[v + 1] && !a; k++) {
     const ir_node *u = &g->nodes[r->users[k]];
     if (is_view(u)) a = anchored(r, u->out);
-    else a = barrier(g, u);
+    else a = barrier(r->rend, g, u);
   }
   return (r->anchored[v] = a) != 0;
 }
@@ -85,7 +86,7 @@ static bool recomputable(rewriter *r, int v) {
   const ir_node *n = &r->g->nodes[d];
   if (scalar_full(n)) return true;
   if (is_view(n)) return true;
-  return fusible(r->g, n) && !anchored(r, v);
+  return r->rend->renders(r->g, n) && !anchored(r, v);
 }
 
 /* Walks v's cone (marking values with this walk's stamp): counts its nodes and remembers its one
@@ -110,7 +111,7 @@ static bool cheap(rewriter *r, int v) {
   if (r->cheap[v] >= 0) return r->cheap[v];
   bool ok = false;
   int d = r->def[v];
-  if (d >= 0 && (fusible(r->g, &r->g->nodes[d]) || is_view(&r->g->nodes[d])) && !anchored(r, v)) {
+  if (d >= 0 && (r->rend->renders(r->g, &r->g->nodes[d]) || is_view(&r->g->nodes[d])) && !anchored(r, v)) {
     int n = 0, leaf = -1;
     ok = walk_cone(r, v, ++r->stamp, &n, &leaf, numel_of_value(r->g, v));
   }
@@ -335,9 +336,9 @@ static bool build(rewriter *r) {
   return ok && !r->ng->oom;
 }
 
-ir_graph *ind_rewrite(const ir_graph *g, bool rematerialize, ind_stats *st) {
+ir_graph *ind_rewrite(const ir_graph *g, const ind_renderer *rend, bool rematerialize, ind_stats *st) {
   size_t nv = (size_t)g->n_values + 1, nn = (size_t)g->n_nodes + 1;
-  rewriter r = {.g = g, .remat = rematerialize};
+  rewriter r = {.g = g, .rend = rend, .remat = rematerialize};
   r.def = malloc(sizeof(int) * nv), r.seg = malloc(sizeof(int) * nn);
   r.anchored = malloc(nv), r.cheap = malloc(nv);
   r.map = malloc(sizeof(int) * nv), r.rec = malloc(sizeof(int) * nv), r.rec_seg = malloc(sizeof(int) * nv);
@@ -352,7 +353,7 @@ ir_graph *ind_rewrite(const ir_graph *g, bool rematerialize, ind_stats *st) {
       const ir_node *n = &g->nodes[i];
       r.def[n->out] = i;
       r.seg[i] = s;
-      s += barrier(g, n);
+      s += barrier(rend, g, n);
       for (int k = 0; k < n->n_in; k++) r.user_at[ir_operands(g, n)[k] + 1]++;
     }
     for (size_t v = 0; v < nv; v++) r.user_at[v + 1] += r.user_at[v];

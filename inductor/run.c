@@ -225,16 +225,50 @@ static em_tensor *matmul_step(const ind_program *p, int s, const ir_node *m, em_
   return rt_dispatch(m->opname, EM_PRIM_MATMUL, (em_tensor *[]){a, b}, 2, &m->attrs, m->site);
 }
 
-/* A GEMM epilogue step (schedule.c): one cuBLASLt call, its result reshaped as the chain's last
- * node's; when cuBLASLt cannot take it, the chain's nodes run eagerly, their intermediates
- * dropped after. */
+/* A CPU GEMM epilogue: act(a @ b [+ bias]) from prim_gemm_epilogue, the product's shape, and with
+ * prod the product itself in *prod; NULL with the error recorded. */
+static em_tensor *cpu_gemm_epilogue(const ir_node *mm, em_tensor *a, em_tensor *b, em_tensor *bias, int act,
+                                    em_tensor **prod, em_site site) {
+  prim_meta in[2] = {rt_meta(a), rt_meta(b)}, om;
+  char err[256];
+  if (!prim_meta_fn(EM_PRIM_MATMUL, &mm->attrs, in, 2, &om, err, sizeof err))
+    return rt_error(site, mm->opname, "%s", err);
+  em_tensor *r = rt_new(om.dtype, om.ndim, om.sizes, mm->opname, site);
+  if (prod && r && !(*prod = rt_new(om.dtype, om.ndim, om.sizes, mm->opname, site))) em_release(r), r = NULL;
+  if (!r) return NULL;
+  prim_buf ob = rt_buf(r), ab = rt_buf(a), bb = rt_buf(b);
+  prim_buf cb = bias ? rt_buf(bias) : ob, pb = prod ? rt_buf(*prod) : ob;
+  if (!prim_gemm_epilogue(&ob, prod ? &pb : NULL, &ab, &bb, bias ? &cb : NULL, (prim_activation)act, err, sizeof err)) {
+    em_release(r);
+    if (prod) em_release(*prod), *prod = NULL;
+    return rt_error(site, mm->opname, "%s", err);
+  }
+  return r;
+}
+
+/* A GEMM epilogue step (schedule.c): one cuBLASLt call (CUDA) or the GEMM with its epilogue on
+ * each tile (CPU), its result reshaped as the chain's last node's; a kept product (CPU) goes into
+ * vals with its reshape. When cuBLASLt cannot take the GEMM, the chain's nodes run eagerly, their
+ * intermediates dropped after. */
 static em_tensor *epilogue_step(const ind_program *p, int s, const ind_epilogue *e, em_tensor **vals) {
   const ir_graph *g = p->g;
   const ir_node *mm = &g->nodes[e->mm], *last = &g->nodes[e->nodes[e->n_nodes - 1]];
   const ir_type *t = &g->values[last->out].type;
-  bool fallback;
-  em_tensor *r = ind_cuda_gemm(p, s, vals[ir_operands(g, mm)[0]], vals[ir_operands(g, mm)[1]], vals[e->bias], e->act,
-                               &fallback, last->site);
+  bool fallback = false;
+  em_tensor *a = vals[ir_operands(g, mm)[0]], *b = vals[ir_operands(g, mm)[1]], *prod = NULL;
+  em_tensor *r = p->device == EM_CUDA
+                     ? ind_cuda_gemm(p, s, a, b, vals[e->bias], e->act, &fallback, last->site)
+                     : cpu_gemm_epilogue(mm, a, b, e->bias >= 0 ? vals[e->bias] : NULL, e->act, e->keep ? &prod : NULL,
+                                         last->site);
+  if (r && prod) {
+    vals[mm->out] = prod;
+    for (int i = 0; i < e->n_nodes; i++) { /* the reshape of the product in the chain */
+      const ir_node *n = &g->nodes[e->nodes[i]];
+      if (n->op != EM_PRIM_RESHAPE || ir_operands(g, n)[0] != mm->out) continue;
+      if (!(vals[n->out] = rt_reshape(prod, n->attrs.shape.ndim, n->attrs.shape.sizes, n->opname, n->site)))
+        return em_release(r), NULL;
+    }
+  }
   if (r) {
     em_tensor *v = r->ndim == t->ndim && !memcmp(r->sizes, t->sizes, sizeof(int64_t) * (size_t)t->ndim)
                        ? em_retain(r) : rt_reshape(r, t->ndim, t->sizes, last->opname, last->site);
@@ -463,7 +497,7 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
       }
       if (ok && cuda) {
         uint64_t ptr[130];
-        void *params[131];
+        void *params[132];
         int nb = k->n_out + k->n_in;
         if (nb > 130) {
           ok = (rt_error(site, "em_call", "CUDA kernel %s with %d buffers", k->name, nb), false);
@@ -477,6 +511,8 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
           bool vec = k->cu_vec != NULL;
           for (int q = 0; vec && q < nb; q++) vec = ptr[q] % 16 == 0;
           if (vec) n /= k->vec, vector_runs++;
+          /* sizes_as_args: the variant's table of sizes, by value after n (cuda_codegen.c: ktab) */
+          if (vec ? k->n_table > k->vtab : k->vtab > 0) params[nb + 1] = vec ? k->table + k->vtab : k->table;
           em_tensor *part = NULL; /* a split row kernel's partial results (cuda_codegen.c: split_parts) */
           if (ok && k->parts) {
             int64_t e = n * k->parts * k->n_out;

@@ -188,7 +188,7 @@ static bool try_add(builder *b, int i) {
   for (int a = 0; a < n->n_in; a++) /* a column reduction is complete only when its kernel ends */
     if (b->in_group[ir_operands(g, n)[a]] && kind[ir_operands(g, n)[a]] == K_COL) return false;
   /* column reductions accumulate across the CPU kernel's threads; on the GPU they run eagerly */
-  if (leading_reduction(g, n) >= 0 && gr->mode != G_ROW && b->p->device != EM_CUDA) {
+  if (leading_reduction(g, n) >= 0 && gr->mode != G_ROW && b->p->rend->column_reductions) {
     int u = ir_operands(g, n)[0];
     const ir_type *ut = &g->values[u].type;
     if (gr->mode == G_EMPTY) gr->mode = G_PW, gr->shape = *ut, gr->split = ut->ndim, gr->rows = numel_of(ut);
@@ -198,7 +198,7 @@ static bool try_add(builder *b, int i) {
   }
   bool rnd = random_renders(b->p, n);
   if (rnd && gr->mode == G_ROW) return false;
-  if (rnd || device_fusible(b->p->device, g, n)) {
+  if (rnd || b->p->rend->renders(g, n)) {
     if (gr->mode == G_EMPTY) {
       if (!operands_ok(b, n, K_FULL)) return false;
       gr->mode = G_PW, gr->shape = *t, gr->split = t->ndim, gr->rows = numel_of(t);
@@ -209,7 +209,7 @@ static bool try_add(builder *b, int i) {
     return false;
   }
   int k = trailing_reduction(g, n);
-  if (b->p->device == EM_CUDA && g->values[n->out].type.dtype != EM_F32) k = -1; /* CUDA rows accumulate f32 */
+  if (!b->p->rend->row_f64 && g->values[n->out].type.dtype != EM_F32) k = -1; /* CUDA rows accumulate f32 */
   if (k >= 0) {
     int u = ir_operands(g, n)[0];
     const ir_type *ut = &g->values[u].type;
@@ -391,7 +391,7 @@ static void find_transposed_products(builder *b) {
   free(uses), free(def);
 }
 
-/* ---- GEMM epilogues through cuBLASLt (CUDA) ----
+/* ---- GEMM epilogues: cuBLASLt (CUDA), the GEMM's tiles (CPU) ----
  *
  * matmul -> add(bias broadcast over the rows) [-> relu | tanh GELU] becomes one cublasLtMatmul
  * with the BIAS, RELU_BIAS or GELU_BIAS epilogue when nothing else reads the product or the sums
@@ -400,24 +400,31 @@ static void find_transposed_products(builder *b) {
  * Otherwise the GEMM runs alone and a generated kernel is its epilogue, as before.
  * Numerics: cuBLASLt applies the bias and the activation to the f32 accumulator and rounds once
  * (eager rounds an f16/bf16 product before adding); its ReLU is max(x, 0), which takes a NaN to
- * 0 where eager's where(x <= 0, 0, x) keeps it. */
+ * 0 where eager's where(x <= 0, 0, x) keeps it.
+ * On the CPU the same chains (f32, erf GELU too, the bias optional) run as one extern step,
+ * prim_gemm_epilogue: the oneDNN sgemm tiles, each followed by the bias and activation while it
+ * is in cache, with the generated kernel's bits (prims/extern.c), instead of that kernel reading
+ * the product back from memory. The product may have other readers there (a training forward
+ * saves it for the backward): the step then stores it too, when they all come after the chain. */
 
 /* The activations cuBLASLt applies after the bias, as patterns over the pre-activation h: what
  * em_relu and em_gelu(x, tanh_approx=true) trace (runtime/composite.c). add and mul match either
  * way round; a number matches a scalar constant (a 0-dim full, or an expand of one) that rounds
  * to the same f32. cuBLASLt's GELU is the tanh form only: erf GELU is no match. */
 static const struct {
-  int act;
+  int act, cpu; /* the cu_epilogue (-1: none on CUDA), the prim_activation (CPU) */
   const char *name, *pattern;
 } activations[] = {
-    {CU_EPI_BIAS_RELU, "bias+relu", "where(le(h, 0), 0, h)"},
-    {CU_EPI_BIAS_GELU_TANH, "bias+gelu_tanh",
+    {CU_EPI_BIAS_RELU, PRIM_ACT_RELU, "bias+relu", "where(le(h, 0), 0, h)"},
+    {CU_EPI_BIAS_GELU_TANH, PRIM_ACT_GELU_TANH, "bias+gelu_tanh",
      "mul(mul(h, 0.5), add(tanh(mul(add(h, mul(mul(mul(h, h), h), 0.044715)), 0.7978845608028654)), 1))"},
+    {-1, PRIM_ACT_GELU_ERF, "bias+gelu_erf", "mul(mul(h, 0.5), add(erf(mul(h, 0.7071067811865476)), 1))"},
 };
 
-static const char *epilogue_name(int act) {
+/* act: a cu_epilogue in a CUDA program, a prim_activation in a CPU one (ind_epilogue.act). */
+static const char *epilogue_name(bool cuda, int act) {
   for (size_t i = 0; i < sizeof activations / sizeof activations[0]; i++)
-    if (activations[i].act == act) return activations[i].name;
+    if ((cuda ? activations[i].act : activations[i].cpu) == act) return activations[i].name;
   return "bias";
 }
 
@@ -519,25 +526,30 @@ static bool used_only_by(const ir_graph *g, const int *uses, int v, const int *n
 
 /* The product, reshape and bias feeding add node i: the chain's first nodes (matmul, reshape,
  * the bias's expand) into m->nodes and the bias value into *bias; false when i is no bias add of
- * a GEMM this schedule may fuse. */
+ * a GEMM this schedule may fuse. On the CPU the product (or its reshape) may have other readers:
+ * the epilogue step then stores it too (ind_epilogue.keep). */
 static bool bias_add(const builder *b, const int *def, const int *uses, int i, matcher *m, int *bias) {
   const ir_graph *g = b->p->g;
   const ir_node *add = &g->nodes[i];
   const ir_type *t = &g->values[add->out].type;
-  if (add->op != EM_PRIM_ADD || (t->dtype != EM_F32 && t->dtype != EM_F16 && t->dtype != EM_BF16) || t->ndim < 1)
+  bool cuda = b->p->device == EM_CUDA; /* the CPU's epilogue is on oneDNN's sgemm: f32 only */
+  if (add->op != EM_PRIM_ADD || (t->dtype != EM_F32 && (!cuda || (t->dtype != EM_F16 && t->dtype != EM_BF16))) ||
+      t->ndim < 1)
     return false;
   for (int side = 0; side < 2; side++) {
     int x = ir_operands(g, add)[side], e = ir_operands(g, add)[1 - side], rs = -1, ex = -1;
-    if (def[x] >= 0 && g->nodes[def[x]].op == EM_PRIM_RESHAPE && uses[x] == 1)
+    if (def[x] >= 0 && g->nodes[def[x]].op == EM_PRIM_RESHAPE && (uses[x] == 1 || !cuda))
       rs = def[x], x = ir_operands(g, &g->nodes[rs])[0];
-    if (def[x] < 0 || uses[x] != 1) continue;
+    if (def[x] < 0 || (cuda && uses[x] != 1)) continue;
     const ir_node *mm = &g->nodes[def[x]];
     const ir_type *mt = &g->values[x].type;
-    if (mm->op != EM_PRIM_MATMUL || mt->dtype != t->dtype || mt->sizes[mt->ndim - 1] != t->sizes[t->ndim - 1]) continue;
+    if (mm->op != EM_PRIM_MATMUL || mt->dtype != t->dtype || mt->ndim < 2 ||
+        mt->sizes[mt->ndim - 1] != t->sizes[t->ndim - 1])
+      continue;
     int64_t N = t->sizes[t->ndim - 1];
     if (def[e] >= 0 && g->nodes[def[e]].op == EM_PRIM_EXPAND) ex = def[e], e = ir_operands(g, &g->nodes[ex])[0];
     const ir_type *bt = &g->values[e].type;
-    bool row = bt->device == EM_CUDA && bt->dtype == t->dtype && bt->ndim >= 1 && bt->sizes[bt->ndim - 1] == N;
+    bool row = bt->device == b->p->device && bt->dtype == t->dtype && bt->ndim >= 1 && bt->sizes[bt->ndim - 1] == N;
     for (int d = 0; row && d < bt->ndim - 1; d++) row = bt->sizes[d] == 1;
     if (!row) continue;
     m->n = 0;
@@ -558,7 +570,7 @@ static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(co
 
 /* Records the epilogue of the chain in m (its nodes, and the constants only it reads) and marks
  * its nodes skipped but for the last, which runs it. */
-static bool add_epilogue(builder *b, const int *uses, matcher *m, int bias, int act) {
+static bool add_epilogue(builder *b, const int *uses, matcher *m, int bias, int act, bool keep) {
   ind_program *p = b->p;
   const ir_graph *g = p->g;
   int all[128], n = 0;
@@ -587,7 +599,7 @@ static bool add_epilogue(builder *b, const int *uses, matcher *m, int bias, int 
   if (!ne) return false;
   p->epis = ne;
   ind_epilogue *e = &p->epis[p->n_epis];
-  *e = (ind_epilogue){.mm = m->nodes[0], .bias = bias, .act = act, .n_nodes = n, .n_reads = nr};
+  *e = (ind_epilogue){.mm = m->nodes[0], .bias = bias, .act = act, .keep = keep, .n_nodes = n, .n_reads = nr};
   e->nodes = malloc(sizeof(int) * (size_t)n), e->reads = malloc(sizeof(int) * (size_t)(nr + 1));
   if (!e->nodes || !e->reads) return free(e->nodes), free(e->reads), false;
   memcpy(e->nodes, all, sizeof(int) * (size_t)n), memcpy(e->reads, reads, sizeof(int) * (size_t)nr);
@@ -597,10 +609,81 @@ static bool add_epilogue(builder *b, const int *uses, matcher *m, int bias, int 
   return true;
 }
 
+/* The activation (a pattern above) whose root reads h after node `after`: its nodes appended to
+ * m->nodes from base, its code returned (cuBLASLt's or prim_gemm_epilogue's); none when no
+ * pattern matches with its interior values read inside it only, and with h read by it only
+ * unless h_shared (h is then stored too). */
+static int find_activation(const builder *b, const int *uses, matcher *m, int h, int after, bool h_shared, int none) {
+  const ir_graph *g = b->p->g;
+  bool cuda = b->p->device == EM_CUDA;
+  int base = m->n;
+  for (size_t a = 0; a < sizeof activations / sizeof activations[0]; a++) {
+    if (cuda && activations[a].act < 0) continue;
+    /* the activation's root: a reader of h, the last node of its pattern */
+    pats ps = {.n = 0};
+    const char *src = activations[a].pattern;
+    int top = pat_parse(&ps, &src);
+    EM_ASSERT(top == 0 && !*src);
+    for (int r = after + 1; r < g->n_nodes; r++) {
+      m->h = h, m->n = base, m->nc = 0;
+      if (!match(m, &ps, 0, g->nodes[r].out)) continue;
+      bool only = h_shared || used_only_by(g, uses, h, m->nodes + base, m->n - base);
+      for (int k = base + 1; only && k < m->n; k++) /* interior values: read inside the pattern only */
+        only = used_only_by(g, uses, g->nodes[m->nodes[k]].out, m->nodes + base, m->n - base);
+      for (int k = base; only && k < m->n; k++)
+        only = !b->skip[m->nodes[k]] && b->tmat[m->nodes[k]] < 0 && !b->alias[m->nodes[k]] && !b->epi[m->nodes[k]];
+      if (only) return cuda ? activations[a].act : activations[a].cpu;
+    }
+  }
+  m->n = base, m->nc = 0;
+  return none;
+}
+
+/* CPU, a chain in m (the matmul first, then perhaps its reshape) whose product or reshape other
+ * nodes read too (*keep): whether all those readers come after the chain's last node, where the
+ * step that stores them runs. */
+static bool kept_in_time(const ir_graph *g, const int *uses, const matcher *m, bool *keep) {
+  int last = 0, vals[2] = {g->nodes[m->nodes[0]].out, -1};
+  for (int k = 0; k < m->n; k++) last = m->nodes[k] > last ? m->nodes[k] : last;
+  if (m->n > 1 && g->nodes[m->nodes[1]].op == EM_PRIM_RESHAPE) vals[1] = g->nodes[m->nodes[1]].out;
+  *keep = false;
+  for (int q = 0; q < 2 && vals[q] >= 0; q++) {
+    if (used_only_by(g, uses, vals[q], m->nodes, m->n)) continue;
+    *keep = true;
+    for (int j = 0; j <= last; j++) {
+      bool inside = false;
+      for (int k = 0; k < m->n && !inside; k++) inside = m->nodes[k] == j;
+      for (int a = 0; !inside && a < g->nodes[j].n_in; a++)
+        if (ir_operands(g, &g->nodes[j])[a] == vals[q]) return false;
+    }
+  }
+  return true;
+}
+
+/* CPU: matmul [-> reshape] -> activation, no bias (the transformer's MLP): the chain into m. */
+static int bare_activation(const builder *b, const int *def, const int *uses, int i, matcher *m) {
+  const ir_graph *g = b->p->g;
+  const ir_node *mm = &g->nodes[i];
+  const ir_type *t = &g->values[mm->out].type;
+  if (mm->op != EM_PRIM_MATMUL || t->dtype != EM_F32 || t->ndim < 2 || b->skip[i] || b->tmat[i] >= 0 || b->epi[i])
+    return PRIM_ACT_NONE;
+  for (int r = i; r < g->n_nodes; r++) { /* h: the product, or a reshape of it */
+    const ir_node *x = &g->nodes[r];
+    if (r > i && (x->op != EM_PRIM_RESHAPE || ir_operands(g, x)[0] != mm->out || b->skip[r] || b->epi[r])) continue;
+    m->n = m->nc = 0;
+    m->nodes[m->n++] = i;
+    if (r > i) m->nodes[m->n++] = r;
+    int act = find_activation(b, uses, m, x->out, r, true, PRIM_ACT_NONE);
+    if (act != PRIM_ACT_NONE) return act;
+  }
+  (void)def;
+  return PRIM_ACT_NONE;
+}
+
 static bool find_gemm_epilogues(builder *b) {
   const ir_graph *g = b->p->g;
   char why[256];
-  bool available = false, asked = false;
+  bool available = false, asked = false, cuda = b->p->device == EM_CUDA;
   int *uses = malloc(sizeof(int) * (size_t)(g->n_values + 1)), *def = malloc(sizeof(int) * (size_t)(g->n_values + 1));
   bool ok = uses && def;
   if (ok) ir_count_uses(g, uses);
@@ -609,38 +692,37 @@ static bool find_gemm_epilogues(builder *b) {
   for (int i = 0; ok && i < g->n_nodes; i++) {
     matcher m = {.g = g, .def = def};
     int bias;
+    bool keep = false;
+    if (!cuda) {
+      int act = bare_activation(b, def, uses, i, &m);
+      if (act != PRIM_ACT_NONE && kept_in_time(g, uses, &m, &keep)) {
+        ok = add_epilogue(b, uses, &m, -1, act, keep);
+        continue;
+      }
+      m = (matcher){.g = g, .def = def};
+    }
     if (!bias_add(b, def, uses, i, &m, &bias)) continue;
-    if (!asked) asked = true, available = cu_lt_available(why, sizeof why);
+    if (!asked) asked = true, available = !cuda || cu_lt_available(why, sizeof why);
     if (!available) break;
-    int h = g->nodes[i].out, act = CU_EPI_BIAS, base = m.n;
+    const int none = cuda ? CU_EPI_BIAS : PRIM_ACT_NONE;
+    int h = g->nodes[i].out, act = none, base = m.n;
     bool free_h = true; /* no graph output is h, nor (below) any other reader than the activation */
     for (int o = 0; o < g->n_outputs; o++) free_h = free_h && g->outputs[o] != h;
-    for (size_t a = 0; free_h && a < sizeof activations / sizeof activations[0]; a++) {
-      /* the activation's root: a reader of h, the last node of its pattern */
-      pats ps = {.n = 0};
-      const char *src = activations[a].pattern;
-      int top = pat_parse(&ps, &src);
-      EM_ASSERT(top == 0 && !*src);
-      for (int r = i + 1; r < g->n_nodes; r++) {
-        m.h = h, m.n = base, m.nc = 0;
-        if (!match(&m, &ps, 0, g->nodes[r].out)) continue;
-        bool only = used_only_by(g, uses, h, m.nodes + base, m.n - base);
-        for (int k = base + 1; only && k < m.n; k++) /* interior values: read inside the pattern only */
-          only = used_only_by(g, uses, g->nodes[m.nodes[k]].out, m.nodes + base, m.n - base);
-        for (int k = base; only && k < m.n; k++)
-          only = !b->skip[m.nodes[k]] && b->tmat[m.nodes[k]] < 0 && !b->alias[m.nodes[k]];
-        if (only) {
-          act = activations[a].act;
-          break;
-        }
-      }
-      if (act != CU_EPI_BIAS) break;
+    if (free_h) act = find_activation(b, uses, &m, h, i, false, none);
+    if (!cuda && !kept_in_time(g, uses, &m, &keep)) { /* a reader of the product before the activation's end */
+      m.n = base, m.nc = 0, act = none;
+      if (!kept_in_time(g, uses, &m, &keep)) continue;
     }
-    if (act == CU_EPI_BIAS) m.n = base, m.nc = 0;
-    ok = add_epilogue(b, uses, &m, bias, act);
+    ok = add_epilogue(b, uses, &m, bias, act, keep);
   }
   free(uses), free(def);
   return ok;
+}
+
+/* EMBER_INDUCTOR_EPILOGUE=0 turns GEMM epilogues off (to measure what they gain). */
+static bool epilogues_enabled(void) {
+  const char *e = getenv("EMBER_INDUCTOR_EPILOGUE");
+  return !e || strcmp(e, "0") != 0;
 }
 
 static bool schedule(builder *b) {
@@ -655,7 +737,7 @@ static bool schedule(builder *b) {
   for (int i = 0; ok && i < g->n_nodes; i++) b->tmat[i] = -1;
   if (ok) ok = random_table(b);
   if (ok) find_transposed_products(b);
-  if (ok && b->p->device == EM_CUDA) ok = find_gemm_epilogues(b);
+  if (ok && b->p->rend->gemm_epilogues && epilogues_enabled()) ok = find_gemm_epilogues(b);
   for (int i = 0; ok && i < g->n_nodes; i++) {
     const ir_node *x = &g->nodes[i];
     if (b->skip[i]) continue;
@@ -704,6 +786,12 @@ static bool plan_memory(ind_program *p) {
       const ind_epilogue *e = st->epi ? &p->epis[st->epi - 1] : NULL; /* an epilogue reads what its nodes read */
       for (int a = 0; a < (e ? e->n_reads : r->n_in); a++) last[e ? e->reads[a] : ir_operands(g, r)[a]] = s;
       prod[n->out] = s;
+      for (int i = 0; e && e->keep && i < e->n_nodes; i++) { /* a kept product and its reshape: made here too */
+        const ir_node *x = &g->nodes[e->nodes[i]];
+        if (x->op == EM_PRIM_MATMUL) prod[x->out] = s;
+        if (x->op == EM_PRIM_RESHAPE && ir_operands(g, x)[0] == g->nodes[e->mm].out)
+          prod[x->out] = s, root[x->out] = root[g->nodes[e->mm].out];
+      }
       if (((prim_get(n->op)->flags & P_VIEW) || st->alias) && st->tmat < 0) root[n->out] = root[ir_operands(g, n)[0]];
     } else {
       const kernel *k = &p->kernels[st->kernel];
@@ -887,9 +975,9 @@ void ind_describe_schedule(ind_program *p) {
   p->stats.dtype_eager_nodes = 0;
   for (int s = 0; s < p->n_steps; s++) {
     const step *st = &p->steps[s];
-    if (p->device == EM_CUDA || st->node < 0 || st->epi || st->tmat >= 0) continue;
+    if (!p->rend->dtype_eager || st->node < 0 || st->epi || st->tmat >= 0) continue;
     const ir_node *x = &g->nodes[st->node];
-    if (!ind_dtype_eager(g, x)) continue;
+    if (!p->rend->dtype_eager(g, x)) continue;
     p->stats.dtype_eager_nodes++;
     if (nw < 320)
       nw += snprintf(why + nw, sizeof why - (size_t)nw, "%s%s %s", nw ? ", " : "", em_dtype_name(blocking_dtype(g, x)),
@@ -906,10 +994,14 @@ void ind_describe_schedule(ind_program *p) {
       if (st->epi) {
         const ind_epilogue *e = &p->epis[st->epi - 1];
         const int *o = ir_operands(g, &g->nodes[e->mm]);
-        n = snprintf(line, sizeof line, "  step %d: %%%d = matmul(%%%d, %%%d) + %%%d%s (cublasLt epilogue %s, %d nodes)\n",
-                     s, x->out, o[0], o[1], e->bias,
-                     e->act == CU_EPI_BIAS_RELU ? ", relu" : e->act == CU_EPI_BIAS_GELU_TANH ? ", gelu(tanh)" : "",
-                     epilogue_name(e->act), e->n_nodes);
+        bool cuda = p->device == EM_CUDA;
+        const char *name = epilogue_name(cuda, e->act), *act = strchr(name, '+');
+        char plus[32] = "";
+        if (e->bias >= 0) snprintf(plus, sizeof plus, " + %%%d", e->bias);
+        n = snprintf(line, sizeof line, "  step %d: %%%d = matmul(%%%d, %%%d)%s%s%s (%s %s, %d nodes%s)\n", s, x->out,
+                     o[0], o[1], plus, act ? ", " : "", act ? act + 1 : "",
+                     cuda ? "cublasLt epilogue" : "GEMM tile epilogue",
+                     e->bias >= 0 || !act ? name : act + 1, e->n_nodes, e->keep ? "; the product stored too" : "");
       } else if (st->tmat >= 0)
         n = snprintf(line, sizeof line, "  step %d: %%%d = matmul(%%%d^T, %%%d^T) (GEMM library; the clone of a transposed product)\n", s,
                      x->out, ir_operands(g, &g->nodes[st->tmat])[1], ir_operands(g, &g->nodes[st->tmat])[0]);
@@ -919,7 +1011,7 @@ void ind_describe_schedule(ind_program *p) {
       else {
         bool timed = x->op == EM_PRIM_MATMUL && p->device == EM_CUDA && p->opts.autotune;
         unsigned fl = prim_get(x->op)->flags;
-        bool dt = p->device != EM_CUDA && ind_dtype_eager(g, x);
+        bool dt = p->rend->dtype_eager && p->rend->dtype_eager(g, x);
         n = snprintf(line, sizeof line, "  step %d: %%%d = %s (%s%s%s)\n", s, x->out, prim_get(x->op)->name,
                      timed ? "library: cublasLt, algorithms timed"
                      : fl & P_EXTERN ? "library" : fl & P_VIEW ? "view" : "eager kernel",

@@ -220,6 +220,25 @@ bool prim_run_extern(em_prim op, const prim_attrs *at, const prim_buf *out, cons
 bool prim_run_scan(em_prim op, const prim_attrs *at, const prim_buf *out, const prim_buf *in, char *err,
                    size_t cap);
 
+/* A GEMM's epilogue on the CPU (inductor/schedule.c fuses matmul [-> add(bias)] [-> activation]
+ * into one step): the activation after the bias, in eager's f32 operations. */
+typedef enum {
+  PRIM_ACT_NONE,
+  PRIM_ACT_RELU,      /* where(h <= 0, 0, h): em_relu */
+  PRIM_ACT_GELU_TANH, /* (h * 0.5) * (tanh((h + h*h*h * 0.044715) * sqrt(2/pi)) + 1): em_gelu(x, true) */
+  PRIM_ACT_GELU_ERF,  /* (h * 0.5) * (erf(h * sqrt(1/2)) + 1): em_gelu(x, false) */
+} prim_activation;
+
+/* out = act(a @ b + bias): f32 matmul (a: [..., m, k], b: [..., k, n], any strides, as
+ * prim_run_extern's MATMUL) into out (contiguous, the product's shape); bias NULL or n elements
+ * (its dims before the last of size 1, any stride). prod NULL: the epilogue works in place in
+ * out; else the product itself is stored in prod (contiguous, the product's shape) and the
+ * epilogue reads it from there. The epilogue runs on each tile of the product right after the
+ * tile is computed, while it is in cache, and gives the bits eager's matmul, add and activation
+ * ops give one after another. False with a reason in err when the library fails. */
+bool prim_gemm_epilogue(const prim_buf *out, const prim_buf *prod, const prim_buf *a, const prim_buf *b,
+                        const prim_buf *bias, prim_activation act, char *err, size_t cap);
+
 /* Plain-loop references for the extern prims, kept as the oracle for the library paths. */
 void prim_matmul_ref(const prim_buf *out, const prim_buf *a, const prim_buf *b);
 void prim_conv2d_ref(em_prim op, const prim_attrs *at, const prim_buf *out, const prim_buf *a,

@@ -893,9 +893,10 @@ ETEST(cuda_eager, reduce_overhead_falls_back_when_capture_fails) {
 /* ---- mode "max-autotune": launch configurations timed, the choice cached on disk ---- */
 static em_outputs softmax_relu(void *ctx, em_tensor *const *in, int n) {
   (void)ctx, (void)n;
-  /* a row kernel (the softmax with its prologue), then a pointwise one (the GEMM between) */
+  /* a row kernel (the softmax with its prologue), then a pointwise one over [40,40] (the GEMM
+   * between), which has a vector variant */
   em_tensor *s = em_softmax(em_relu(em_add(in[0], in[1])), 1);
-  return EM_OUTPUTS(s, em_tanh(em_mul_scalar(em_matmul(s, em_transpose(in[1], 0, 1)), 0.5)));
+  return EM_OUTPUTS(s, em_tanh(em_mul_scalar(em_matmul(em_transpose(s, 0, 1), in[1]), 0.5)));
 }
 
 /* The first compile times each kernel's candidates (pointwise and row) and gives eager's
@@ -924,6 +925,9 @@ ETEST(cuda_eager, max_autotune_times_and_caches_choices) {
     ind_autotune_stats s1 = ind_autotune_stats_get();
     if (round == 0) {
       cr_assert_geq(s1.tuned - s0.tuned, 2, "%lld kernels timed", (long long)(s1.tuned - s0.tuned));
+      /* the pointwise kernel ([40,40]: 4-wide chunks) times 4 blocks with each variant, the
+       * softmax's row kernel at least 2 blocks */
+      cr_assert_geq(s1.candidates - s0.candidates, 10, "%lld configurations timed", (long long)(s1.candidates - s0.candidates));
     } else if (ind_cache_dir()) {
       cr_assert_eq(s1.tuned - s0.tuned, 0, "a second compile timed %lld kernels again", (long long)(s1.tuned - s0.tuned));
       cr_assert_geq(s1.cached - s0.cached, 2, "%lld choices from the cache", (long long)(s1.cached - s0.cached));
@@ -1207,4 +1211,61 @@ ETEST(cuda_eager, inductor_profile_prints_device_time_per_kernel) {
   unlink(path);
   cr_assert_eq(header, 1, "one header");
   cr_assert_eq(rows, kernels < 10 ? kernels : 10, "%d lines for %d kernels", rows, kernels);
+}
+
+/* ---- a dynamic entry's kernels on the device: sizes as arguments ---- */
+
+/* Pointwise over [s0, 24], one operand read through a transpose (index arithmetic over s0). */
+static em_outputs transposed_sum(void *ctx, em_tensor *const *in, int n) {
+  (void)ctx, (void)n;
+  return EM_OUTPUTS(em_tanh(em_add(em_mul_scalar(in[0], 2), em_transpose(in[1], 0, 1))));
+}
+
+static char *dyn_source; /* the last program's CUDA C */
+static void dyn_kernels_made(const char *graph, const ind_program *p) {
+  (void)graph;
+  free(dyn_source);
+  dyn_source = ind_kernel_ir(p) ? strdup(ind_kernel_ir(p)) : NULL;
+}
+
+/* A dynamic entry compiles its CUDA kernels with the sizes and strides in a table passed by
+ * value (cuda_codegen.c: ktab), so the graph at a new size renders the same source and nothing
+ * is compiled again; results stay eager's, through the scalar and the vector variants; the
+ * source compiles with NVRTC for sm_90. */
+ETEST(cuda_eager, dynamic_sizes_are_kernel_arguments) {
+  setenv("EMBER_DYNAMIC_COMPILE_AFTER", "1", 1); /* read once per process: each test has its own */
+  em_compiled *c = em_compile(transposed_sum, &(em_compile_options){.name = "transposed_sum", .dynamic = EM_DYNAMIC_ALWAYS});
+  ind_set_compiled_hook(dyn_kernels_made); /* em_compile installed the frontend's */
+  int64_t sizes[] = {37, 50, 41, 77, 123, 64};
+  int64_t compiled = 0;
+  for (int i = 0; i < 6; i++) {
+    em_scope_begin();
+    em_manual_seed(40 + i);
+    em_tensor *x = em_randn(F, EM_SHAPE(sizes[i], 24)), *y = em_randn(F, EM_SHAPE(24, sizes[i]));
+    em_outputs want = transposed_sum(NULL, (em_tensor *[]){x, y}, 2);
+    em_outputs got = em_call(c, NULL, C(x), C(y));
+    cr_assert(got.n == 1 && got.t[0], "size %lld: %s", (long long)sizes[i], em_last_error());
+    SAME(want.t[0], got.t[0], 1e-6);
+    em_scope_end();
+    if (i == 2) compiled = cu_compile_stats_get().compiled; /* the trace, the check, a size as arguments */
+  }
+  em_compile_stats s = em_compiled_stats(c);
+  cr_assert_eq(s.dynamic_entries, 1);
+  cr_assert_geq(s.graphs_compiled, 6, "every size compiled: %lld", (long long)s.graphs_compiled);
+  cr_assert_eq(cu_compile_stats_get().compiled, compiled, "three more sizes compiled %lld CUDA sources",
+               (long long)(cu_compile_stats_get().compiled - compiled));
+  em_compiled_free(c);
+  cr_assert(dyn_source && strstr(dyn_source, "em_ktab<"), "the kernels take a table of sizes:\n%s", dyn_source ? dyn_source : "");
+  if (cu_nvrtc_available()) {
+    const char *pre = cu_kernel_prelude();
+    char *src = malloc(strlen(pre) + strlen(dyn_source) + 1), *cubin = NULL, *log = NULL;
+    size_t size = 0;
+    strcpy(src, pre), strcat(src, dyn_source);
+    bool ok = cu_nvrtc_compile(src, "dynamic.cu", "sm_90", &cubin, &size, &log);
+    cr_assert(ok && size > 0 && (!log || !strstr(log, "warning")), "NVRTC:\n%s\n%s", log ? log : "?", dyn_source);
+    free(src), free(cubin), free(log);
+  } else {
+    fprintf(stderr, "test_cuda_eager: this build has NO NVRTC: the dynamic kernels were NOT compiled for sm_90\n");
+  }
+  free(dyn_source), dyn_source = NULL;
 }

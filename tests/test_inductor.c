@@ -22,6 +22,13 @@
 #undef EM_NONE
 #undef EM_CUDA
 #define EM_NONE (&em_none_sentinel)
+#ifdef EMBER_HAVE_DNNL
+#include <oneapi/dnnl/dnnl.h>
+#endif
+#include <llvm-c/Core.h>
+#include <llvm-c/Disassembler.h>
+#include <llvm-c/Target.h>
+#include <llvm-c/TargetMachine.h>
 #include <llvm-c/blake3.h>
 
 #include "random_program.h"
@@ -43,6 +50,9 @@ static int check_against(builder_fn build, em_tensor *const *in, void *ctx, ind_
  * largest magnitude (f64 programs: 1e-12); rel 0 takes check_against's f32 tolerance. */
 static int check_within(builder_fn build, em_tensor *const *in, void *ctx, ind_stats *st, const char *what,
                         bool f64_truth, double rel);
+
+/* The options check_within compiles with (NULL: the defaults). */
+static const ind_options *check_opts;
 
 static int check(builder_fn build, em_tensor *const *in, void *ctx, ind_stats *st, const char *what) {
   return check_against(build, in, ctx, st, what, false);
@@ -79,7 +89,7 @@ static int check_within(builder_fn build, em_tensor *const *in, void *ctx, ind_s
   rt_trace_end(&tr);
   cr_assert(ir_graph_compact(g, NULL, NULL));
   char err[512];
-  ind_program *p = ind_compile(g, gin, st, err, sizeof err);
+  ind_program *p = ind_compile_opts(g, gin, check_opts, st, err, sizeof err);
   cr_assert_not_null(p, "%s: %s", what, err);
   cr_assert(ind_run(p, gin, n_in, got, NULL, EM_HERE), "%s: %s", what, em_last_error() ? em_last_error() : "");
   int exact = 0;
@@ -210,6 +220,39 @@ static int one_composite(em_tensor *const *in, em_tensor **out, void *ctx) {
   default: out[0] = em_amax(em_exp(x), 1, (int64_t[]){0}, true); break;
   }
   return 1;
+}
+
+/* A renderer that is the LLVM one without tanh and without column reductions. */
+static bool renders_no_tanh(const ir_graph *g, const ir_node *n) {
+  return n->op != EM_PRIM_TANH && ind_llvm_renderer.renders(g, n);
+}
+
+/* The scheduler and the rewriter reach the target only through its ind_renderer (renderer.c):
+ * a renderer that lacks tanh gets tanh as an op-by-op step between two kernels, and one without
+ * column reductions gets the column sum as a step, with eager's results either way. */
+ETEST(inductor, the_schedule_follows_the_renderer) {
+  em_manual_seed(11);
+  em_tensor *x = em_randn(EM_F32, EM_SHAPE(13, 67)), *b = em_randn(EM_F32, EM_SHAPE(67)), *w = em_randn(EM_F32, EM_SHAPE(67));
+  ind_stats full, less;
+  check(chain, (em_tensor *[]){x, b}, NULL, &full, "llvm renderer");
+  ind_renderer r = ind_llvm_renderer;
+  r.renders = renders_no_tanh;
+  r.column_reductions = false;
+  ind_options o = {.renderer = &r};
+  check_opts = &o;
+  check(chain, (em_tensor *[]){x, b}, NULL, &less, "renderer without tanh");
+  int col = 4;
+  ind_stats cfull, cless;
+  check(one_composite, (em_tensor *[]){x, w, NULL, NULL}, &col, &cless, "renderer without column reductions");
+  check_opts = NULL;
+  check(one_composite, (em_tensor *[]){x, w, NULL, NULL}, &col, &cfull, "column reduction");
+  cr_assert_eq(less.fallback_nodes, full.fallback_nodes + 1, "tanh alone runs op by op: %d steps against %d",
+               less.fallback_nodes, full.fallback_nodes);
+  cr_assert_eq(less.fused_nodes, full.fused_nodes - 1);
+  cr_assert_eq(cless.fallback_nodes, cfull.fallback_nodes + 1, "the column sum runs op by op: %d steps against %d",
+               cless.fallback_nodes, cfull.fallback_nodes);
+  cr_assert_str_eq(ind_renderer_for(EM_CPU)->name, "llvm");
+  cr_assert_str_eq(ind_renderer_for(EM_CUDA)->name, "cuda");
 }
 
 /* Row reductions fuse with their prologue and epilogue into one kernel over rows (softmax,
@@ -840,6 +883,128 @@ ETEST(inductor, disk_cache_second_process_corruption_and_concurrent_writers) {
 }
 
 
+/* ---- EMBER_CPU_ISA=avx2 (issues 20 and 23) ---------------------------------------------- */
+
+/* Whether an instruction (AT&T syntax) needs AVX-512: a zmm register, an EVEX-only register
+ * (xmm16-31, ymm16-31), a mask register or an embedded broadcast. */
+static bool needs_avx512(const char *insn) {
+  if (strstr(insn, "zmm") || strstr(insn, "{1to") || strstr(insn, "{%k")) return true;
+  for (const char *p = insn; (p = strstr(p, "mm")); p += 2)
+    if (p > insn && (p[-1] == 'x' || p[-1] == 'y') && p[2] >= '1' && p[2] <= '3' && p[3] >= '0' && p[3] <= '9' &&
+        (p[2] - '0') * 10 + (p[3] - '0') >= 16)
+      return true;
+  return false;
+}
+
+/* Disassembles the executable sections of the cache entry at path (a 56-byte header, then an
+ * ELF object); counts instructions that need AVX-512 and those on ymm registers; appends the
+ * object's SLEEF symbol names, space-separated, to sleef. */
+static void scan_entry(const char *path, int *avx512, int *ymm, char *sleef, size_t cap) {
+  size_t n;
+  char *e = slurp(path, &n), *obj = e + 56;
+  Elf64_Ehdr eh;
+  cr_assert(n > 56 + sizeof eh);
+  memcpy(&eh, obj, sizeof eh);
+  LLVMInitializeNativeTarget();
+  LLVMInitializeNativeDisassembler();
+  char *triple = LLVMGetDefaultTargetTriple();
+  LLVMDisasmContextRef dc = LLVMCreateDisasm(triple, NULL, 0, NULL, NULL);
+  LLVMDisposeMessage(triple);
+  cr_assert(dc, "an LLVM disassembler for the host");
+  for (int i = 0; i < eh.e_shnum; i++) {
+    Elf64_Shdr sh;
+    memcpy(&sh, obj + eh.e_shoff + (size_t)i * sizeof sh, sizeof sh);
+    if (sh.sh_type == SHT_STRTAB)
+      for (size_t o = 0; o < sh.sh_size; o += strlen(obj + sh.sh_offset + o) + 1) {
+        const char *name = obj + sh.sh_offset + o;
+        if (!strncmp(name, "Sleef_", 6)) snprintf(sleef + strlen(sleef), cap - strlen(sleef), "%s ", name);
+      }
+    if (sh.sh_type != SHT_PROGBITS || !(sh.sh_flags & SHF_EXECINSTR)) continue;
+    uint8_t *code = (uint8_t *)obj + sh.sh_offset;
+    for (uint64_t pc = 0; pc < sh.sh_size;) {
+      char text[256];
+      size_t len = LLVMDisasmInstruction(dc, code + pc, sh.sh_size - pc, pc, text, sizeof text);
+      if (!len) { /* padding or data: step over a byte */
+        pc++;
+        continue;
+      }
+      *avx512 += needs_avx512(text);
+      *ymm += strstr(text, "ymm") != NULL;
+      pc += len;
+    }
+  }
+  LLVMDisasmDispose(dc);
+  free(e);
+}
+
+/* EMBER_CPU_ISA=avx2 holds the generated code to AVX2 on an AVX-512 host: cache_probe's softmax
+ * and tanh (SLEEF) kernels, compiled in a process under the switch, match eager there, and their
+ * object code has no AVX-512 instruction (zmm, EVEX-only registers, masks) but ymm vectors, and
+ * calls SLEEF's 8-lane AVX2 functions. The same graph compiled natively is another cache entry
+ * (the key holds the effective features), and on an AVX-512 host its code does use zmm: the
+ * check that would fail if the switch did nothing. */
+ETEST(inductor, cpu_isa_avx2_holds_generated_code_to_avx2) {
+  char dir[] = "/tmp/ember-isa-testXXXXXX";
+  cr_assert(mkdtemp(dir));
+  long c[1][4];
+  setenv("EMBER_CPU_ISA", "avx2", 1);
+  probe(dir, 1, c); /* fails unless the result matches eager */
+  cr_assert(c[0][2] == 1, "compiled under avx2 (misses %ld)", c[0][2]);
+  char held[1024], native[1024];
+  cache_file(dir, NULL, held, sizeof held);
+  unsetenv("EMBER_CPU_ISA");
+  setenv("EMBER_NO_AVX512", "1", 1); /* the older switch: an alias, the same kernels */
+  probe(dir, 1, c);
+  unsetenv("EMBER_NO_AVX512");
+  cr_assert(c[0][1] == 1 && c[0][2] == 0, "EMBER_NO_AVX512 finds the avx2 entry (misses %ld)", c[0][2]);
+  setenv("EMBER_CPU_ISA", "native", 1);
+  probe(dir, 1, c);
+  unsetenv("EMBER_CPU_ISA");
+  bool host512 = __builtin_cpu_supports("avx512f");
+  int avx512 = 0, ymm = 0;
+  char sleef[1024] = "";
+  scan_entry(held, &avx512, &ymm, sleef, sizeof sleef);
+  cr_assert_eq(avx512, 0, "%d instructions of the avx2 kernels need AVX-512", avx512);
+  cr_assert_gt(ymm, 0, "the avx2 kernels run on ymm vectors");
+#ifdef EMBER_HAVE_SLEEF
+  cr_assert(strstr(sleef, "f8_") && !strstr(sleef, "f16_"), "SLEEF's AVX2 functions, not: %s", sleef);
+#endif
+  if (!host512) { /* nothing to hold: the same features, the same entry */
+    cr_assert(c[0][1] == 1 && c[0][2] == 0, "no AVX-512 here: native finds the avx2 entry");
+    fprintf(stderr, "[inductor] this host has no AVX-512: avx2 and native generate the same code\n");
+  } else {
+    cr_assert(c[0][2] == 1 && c[0][1] == 0, "native is another cache entry (disk hits %ld)", c[0][1]);
+    cache_file(dir, held, native, sizeof native);
+    int native512 = 0, native_ymm = 0;
+    char native_sleef[1024] = "";
+    scan_entry(native, &native512, &native_ymm, native_sleef, sizeof native_sleef);
+    cr_assert_gt(native512, 0, "the native kernels of this AVX-512 host use it");
+#ifdef EMBER_HAVE_SLEEF
+    cr_assert(strstr(native_sleef, "f16_"), "native calls SLEEF's 16-lane functions: %s", native_sleef);
+#endif
+  }
+  char cmd[1100];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  cr_assert_eq(system(cmd), 0);
+}
+
+#ifdef EMBER_HAVE_DNNL
+/* And oneDNN: a convolution (and a GEMM) in this process under EMBER_CPU_ISA=avx2 runs AVX2
+ * kernels. Each test is a process of its own, so the switch is read here for the first time. */
+ETEST(inductor, cpu_isa_avx2_holds_onednn) {
+  setenv("EMBER_CPU_ISA", "avx2", 1);
+  em_tensor *x = em_randn(EM_F32, EM_SHAPE(2, 3, 9, 9)), *w = em_randn(EM_F32, EM_SHAPE(4, 3, 3, 3));
+  em_tensor *y = em_conv2d(x, w, EM_NONE, EM_CONV2D_DEFAULT);
+  em_tensor *m = em_matmul(em_randn(EM_F32, EM_SHAPE(33, 65)), em_randn(EM_F32, EM_SHAPE(65, 17)));
+  unsetenv("EMBER_CPU_ISA");
+  cr_assert(y && m, "%s", em_last_error() ? em_last_error() : "");
+  cr_assert_str_eq(em_cpu_isa(), __builtin_cpu_supports("avx2") ? "avx2" : "baseline");
+  if (__builtin_cpu_supports("avx2"))
+    cr_assert_eq(dnnl_get_effective_cpu_isa(), dnnl_cpu_isa_avx2, "oneDNN's ISA is %#x",
+                 (unsigned)dnnl_get_effective_cpu_isa());
+}
+#endif
+
 /* ---- issue 15 regressions: each failed on the default backend before its fix ------------- */
 
 /* Reductions and axis-taking views with negative and unsorted axes. Root cause: graph nodes kept
@@ -1305,6 +1470,238 @@ ETEST(inductor, dtypes_without_kernels_are_counted) {
   cr_assert(strstr(text, "sum (eager kernel: no generated code for i64)"), "%s", text);
   ind_free(p);
   ir_graph_free(g);
+}
+
+/* ---- GEMM epilogues on the CPU (schedule.c, prim_gemm_epilogue) ----
+ * matmul [-> add(bias over the rows)] [-> relu | gelu] runs as one GEMM step whose tiles get the
+ * bias and activation right after the library writes them, in eager's f32 operations: the
+ * results are the unfused program's bits, and no generated kernel reads the product back. */
+
+enum { EPI_BIAS, EPI_RELU, EPI_GELU_TANH, EPI_GELU_ERF };
+static const char *const epi_names[] = {"bias", "bias+relu", "bias+gelu_tanh", "bias+gelu_erf"};
+
+static em_tensor *activate(em_tensor *h, int kind) {
+  return kind == EPI_RELU        ? em_relu(h)
+         : kind == EPI_GELU_TANH ? em_gelu(h, true)
+         : kind == EPI_GELU_ERF  ? em_gelu(h, false)
+                                 : h;
+}
+
+/* ctx: the activation (EPI_*). */
+static int linear_act(em_tensor *const *in, em_tensor **out, void *ctx) {
+  out[0] = activate(em_linear(in[0], in[1], in[2]), *(const int *)ctx);
+  return 1;
+}
+
+/* build traced and compiled as check compiles it (with EMBER_INDUCTOR_EPILOGUE=0 unless
+ * epilogues); its graph in *g, its inputs in gin. */
+static ind_program *traced_program(builder_fn build, em_tensor *const *in, void *ctx, bool epilogues, ir_graph **g,
+                                   em_tensor **gin, int *n_in) {
+  rt_trace tr;
+  cr_assert(rt_trace_begin(&tr, "t", refuse_break, NULL, EM_HERE));
+  em_scope_begin();
+  em_tensor *o[8];
+  int n = build(in, o, ctx);
+  for (int i = 0; i < n; i++) cr_assert(ir_add_output(tr.g, rt_trace_value_of(&tr, o[i])));
+  *g = ir_graph_clone(tr.g);
+  *n_in = tr.n_lifted;
+  for (int i = 0; i < *n_in; i++) gin[i] = tr.lifted[i];
+  em_scope_end();
+  rt_trace_end(&tr);
+  cr_assert(ir_graph_compact(*g, NULL, NULL));
+  char err[256];
+  ind_stats st;
+  if (!epilogues) setenv("EMBER_INDUCTOR_EPILOGUE", "0", 1);
+  ind_program *p = ind_compile(*g, gin, &st, err, sizeof err);
+  unsetenv("EMBER_INDUCTOR_EPILOGUE");
+  cr_assert_not_null(p, "%s", err);
+  return p;
+}
+
+/* The schedule line of the GEMM epilogue step in build's program ("" when there is none), in buf. */
+static const char *epilogue_line(builder_fn build, em_tensor *const *in, void *ctx, char *buf, size_t cap) {
+  ir_graph *g;
+  em_tensor *gin[8];
+  int n_in;
+  ind_program *p = traced_program(build, in, ctx, true, &g, gin, &n_in);
+  const char *s = ind_schedule(p), *at = s ? strstr(s, "GEMM tile epilogue") : NULL;
+  buf[0] = 0;
+  if (at) {
+    const char *eol = strchr(at, '\n');
+    snprintf(buf, cap, "%.*s", (int)(eol ? eol - at : (ptrdiff_t)strlen(at)), at);
+  }
+  ind_free(p);
+  ir_graph_free(g);
+  return buf;
+}
+
+/* Whether build's program gives the same bits with its GEMM epilogues as without them (the
+ * generated kernels then run what the epilogues ran). */
+static bool same_bits_unfused(builder_fn build, em_tensor *const *in, void *ctx, const char *what) {
+  em_tensor *got[2][8];
+  int n = 0;
+  for (int pass = 0; pass < 2; pass++) {
+    ir_graph *g;
+    em_tensor *gin[8];
+    int n_in;
+    ind_program *p = traced_program(build, in, ctx, pass == 0, &g, gin, &n_in);
+    n = g->n_outputs;
+    cr_assert(ind_run(p, gin, n_in, got[pass], NULL, EM_HERE), "%s: %s", what, em_last_error());
+    for (int i = 0; i < n; i++) got[pass][i] = rt_scope_add(got[pass][i], "test", EM_HERE);
+    ind_free(p);
+    ir_graph_free(g);
+  }
+  for (int i = 0; i < n; i++) {
+    int64_t m = em_numel(got[0][i]);
+    float *x = malloc(sizeof(float) * (size_t)(m + 1)), *y = malloc(sizeof(float) * (size_t)(m + 1));
+    cr_assert(em_to_buffer(got[0][i], EM_F32, x, sizeof(float) * (size_t)m) &&
+              em_to_buffer(got[1][i], EM_F32, y, sizeof(float) * (size_t)m));
+    bool same = !memcmp(x, y, sizeof(float) * (size_t)m);
+    free(x), free(y);
+    if (!same) return false;
+  }
+  return true;
+}
+
+/* The results are eager's bits, but for the tanh GELU, whose tanh is the generated kernels' (u35,
+ * codegen.c): they are the unfused program's bits then. */
+ETEST(inductor, linear_bias_activation_is_one_gemm_step_with_the_unfused_bits) {
+  /* odd sizes (tails of 8 lanes), a 3-D input (a reshape between the GEMM and the add), and a
+   * product cut into several row and column tiles (the bias read from each tile's first column) */
+  static const int64_t shapes[][4] = {{0, 7, 12, 9},      {0, 37, 19, 70},   {2, 5, 12, 9},
+                                      {0, 300, 256, 600}, {3, 100, 64, 520}};
+  for (int kind = EPI_BIAS; kind <= EPI_GELU_ERF; kind++)
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+      em_scope_begin();
+      em_manual_seed(40 + kind * 10 + (int)s);
+      const int64_t *d = shapes[s];
+      em_tensor *x = d[0] ? em_randn(EM_F32, EM_SHAPE(d[0], d[1], d[2])) : em_randn(EM_F32, EM_SHAPE(d[1], d[2]));
+      em_tensor *in[3] = {x, em_mul_scalar(em_randn(EM_F32, EM_SHAPE(d[3], d[2])), 0.3),
+                          em_randn(EM_F32, EM_SHAPE(d[3]))};
+      char what[128];
+      snprintf(what, sizeof what, "%s, x %s%lldx%lld, %lld out", epi_names[kind], d[0] ? "3-D " : "", (long long)d[1],
+               (long long)d[2], (long long)d[3]);
+      ind_stats st;
+      cr_assert_geq(check(linear_act, in, &kind, &st, what), kind != EPI_GELU_TANH, "%s: not eager's bits", what);
+      cr_assert(same_bits_unfused(linear_act, in, &kind, what), "%s: not the unfused program's bits", what);
+      cr_assert_eq(st.gemm_epilogues, 1, "%s: %d GEMM epilogues", what, st.gemm_epilogues);
+      cr_assert_eq(st.kernels, 0, "%s: a generated kernel beside the epilogue (%d)", what, st.kernels);
+      char line[256], want[64];
+      snprintf(want, sizeof want, "GEMM tile epilogue %s,", epi_names[kind]);
+      cr_assert(strstr(epilogue_line(linear_act, in, &kind, line, sizeof line), want),
+                "%s: the schedule lacks '%s': '%s'", what, want, line);
+      em_scope_end();
+    }
+}
+
+/* An empty inner dimension: the product is zeros, the epilogue still runs (relu(bias)). */
+ETEST(inductor, gemm_epilogue_with_an_empty_inner_dimension) {
+  int kind = EPI_RELU;
+  em_tensor *in[3] = {em_zeros(EM_F32, EM_SHAPE(3, 0)), em_zeros(EM_F32, EM_SHAPE(4, 0)),
+                      em_randn(EM_F32, EM_SHAPE(4))};
+  ind_stats st;
+  cr_assert_eq(check(linear_act, in, &kind, &st, "k = 0"), 1);
+  cr_assert_eq(st.gemm_epilogues, 1);
+}
+
+/* ctx: which of the chains below. x [12, 10], w [12, 10], b [12], r [12, 12] or [10, 12]. */
+static int epilogue_cases(em_tensor *const *in, em_tensor **out, void *ctx) {
+  em_tensor *x = in[0], *w = in[1], *b = in[2], *r = in[3];
+  em_tensor *mm = em_matmul(x, em_transpose(w, 0, 1));
+  switch (*(const int *)ctx) {
+  case 0: { /* the pre-activation is an output */
+    em_tensor *h = em_add(mm, b);
+    out[0] = em_relu(h), out[1] = h;
+    return 2;
+  }
+  case 1: { /* the pre-activation read beside the relu */
+    em_tensor *h = em_add(mm, b);
+    out[0] = em_mul(em_relu(h), h);
+    return 1;
+  }
+  case 2: out[0] = em_relu(em_add(mm, b)), out[1] = em_sum(mm, 0, NULL, false); return 2; /* the product read after */
+  case 3: out[0] = em_relu(em_add(mm, r)); return 1;                       /* a residual [M, N], not a bias */
+  case 4: out[0] = em_relu(em_add(mm, em_slice(r, 1, 0, 1, 1))); return 1; /* [M, 1]: over the columns */
+  case 5: out[0] = em_relu(em_add(em_transpose(mm, 0, 1), b)); return 1;   /* the product transposed */
+  case 6: out[0] = em_relu(em_add(mm, b)), out[1] = em_mul_scalar(b, 2); return 2; /* the bias read elsewhere */
+  case 7: /* x given transposed (a slice of wider rows), w as [in, out]: other layouts for the GEMM */
+    out[0] = em_gelu(em_add(em_matmul(em_transpose(r, 0, 1), em_transpose(w, 0, 1)), b), true);
+    return 1;
+  case 8: out[0] = em_gelu(mm, true); return 1; /* no bias */
+  case 9: { /* no bias, the product read before the activation ends */
+    em_tensor *s = em_sum(mm, 1, (int64_t[]){1}, true);
+    out[0] = em_gelu(mm, true), out[1] = s;
+    return 2;
+  }
+  default: { /* no bias, a 3-D input, the reshaped product returned as a training forward saves it */
+    em_tensor *h = em_linear(em_reshape(r, EM_SHAPE(2, 5, 12)), em_slice(r, 0, 2, 10, 1), EM_NONE);
+    out[0] = em_gelu(h, false), out[1] = h;
+    return 2;
+  }
+  }
+}
+
+/* What must not swallow the activation or the add falls back to the GEMM and a generated kernel,
+ * with eager's results; the schedule line says which epilogue ran. */
+ETEST(inductor, gemm_epilogue_only_where_nothing_else_reads_what_it_swallows) {
+  em_manual_seed(61);
+  em_tensor *in[4] = {em_randn(EM_F32, EM_SHAPE(12, 10)), em_randn(EM_F32, EM_SHAPE(12, 10)),
+                      em_randn(EM_F32, EM_SHAPE(12)), em_slice(em_randn(EM_F32, EM_SHAPE(10, 14)), 1, 1, 13, 1)};
+  static const char *const what[] = {"pre-activation returned", "pre-activation read twice", "product read after",
+                                     "residual add", "bias over the columns", "transposed product",
+                                     "bias read elsewhere", "transposed x", "no bias", "product read before",
+                                     "3-D, no bias, product returned"};
+  static const char *const line[] = {"epilogue bias,", "epilogue bias,", "epilogue bias+relu,", NULL, NULL, NULL,
+                                     "epilogue bias+relu,", "epilogue bias+gelu_tanh,", "epilogue gelu_tanh,", NULL,
+                                     "epilogue gelu_erf,"};
+  for (int c = 0; c < 11; c++) {
+    em_scope_begin();
+    em_tensor *ops[4] = {in[0], in[1], in[2], c == 3 || c == 4 ? em_randn(EM_F32, EM_SHAPE(12, 12)) : in[3]};
+    if (c == 10) ops[3] = em_randn(EM_F32, EM_SHAPE(10, 12));
+    ind_stats st;
+    /* outputs that must be eager's bits: those the epilogue makes, and bias adds and ReLUs */
+    static const int exact[] = {2, 1, 1, 0, 0, 0, 2, 0, 0, 0, 2}; /* not the tanh GELUs (u35) */
+    cr_assert_geq(check(epilogue_cases, ops, &c, &st, what[c]), exact[c], "%s: not eager's bits", what[c]);
+    cr_assert_eq(st.gemm_epilogues, line[c] != NULL, "%s: %d GEMM epilogues", what[c], st.gemm_epilogues);
+    char buf[256];
+    epilogue_line(epilogue_cases, ops, &c, buf, sizeof buf);
+    if (line[c]) cr_assert(strstr(buf, line[c]), "%s: the schedule lacks '%s': '%s'", what[c], line[c], buf);
+    else cr_assert_eq(buf[0], 0, "%s: an epilogue matched: '%s'", what[c], buf);
+    bool kept = c == 2 || c == 10;
+    cr_assert(same_bits_unfused(epilogue_cases, ops, &c, what[c]), "%s: not the unfused program's bits", what[c]);
+    cr_assert_eq(strstr(buf, "the product stored too") != NULL, kept, "%s: '%s'", what[c], buf);
+    em_scope_end();
+  }
+  /* f64: oneDNN's sgemm is f32 only, so no epilogue */
+  int kind = EPI_RELU;
+  em_tensor *d[3] = {em_cast(in[0], EM_F64), em_cast(in[1], EM_F64), em_cast(in[2], EM_F64)};
+  ind_stats st;
+  check(linear_act, d, &kind, &st, "f64");
+  cr_assert_eq(st.gemm_epilogues, 0);
+}
+
+/* ctx: the activation. loss = mean(act(linear(x, w, b))^2) and its gradients in one graph: the
+ * backward reads the pre-activation, so only the bias joins the forward's GEMM. */
+static int linear_loss_grads(em_tensor *const *in, em_tensor **out, void *ctx) {
+  em_tensor *h = activate(em_linear(in[0], in[1], in[2]), *(const int *)ctx);
+  out[0] = em_mean(em_mul(h, h), 0, NULL, false);
+  em_tensor *wrt[3] = {in[0], in[1], in[2]};
+  em_grad(1, &out[0], NULL, 3, wrt, &out[1], false, false);
+  return 4;
+}
+
+ETEST(inductor, gemm_epilogue_in_a_graph_with_its_backward) {
+  for (int kind = EPI_BIAS; kind <= EPI_GELU_ERF; kind++) {
+    em_scope_begin();
+    em_manual_seed(70 + kind);
+    em_tensor *in[3] = {em_requires_grad_(em_randn(EM_F32, EM_SHAPE(2, 33, 40)), true),
+                        em_requires_grad_(em_mul_scalar(em_randn(EM_F32, EM_SHAPE(24, 40)), 0.2), true),
+                        em_requires_grad_(em_randn(EM_F32, EM_SHAPE(24)), true)};
+    ind_stats st;
+    check(linear_loss_grads, in, &kind, &st, epi_names[kind]);
+    cr_assert_eq(st.gemm_epilogues, 1, "%s: %d GEMM epilogues", epi_names[kind], st.gemm_epilogues);
+    em_scope_end();
+  }
 }
 
 /* ---- random values inside generated kernels (issue 20) ---- */

@@ -2,11 +2,15 @@
 mode, one process; the protocol of bench/peers_ember.c.
 
     python peers.py --system torch|jax|tinygrad --workload W --mode M --dir DIR [--steps N]
+                    [--seconds S] [--warmup K]
 
-loads the parameters and inputs Ember wrote (peers_ember --init DIR), runs two steps (the first
-call's time includes compiling; the two losses check the math against Ember's), then N timed
-steps, and prints one JSON object: ms_per_step (median), first_call_ms, loss1, loss2,
-peak_rss_mb. Modes: eager; compiled (torch.compile default, jax.jit, tinygrad TinyJit);
+loads the parameters and inputs Ember wrote (peers_ember --init DIR), runs K warm-up calls (5:
+the first compiles; torch.compile and Ember compile again at the second SGD step, whose momentum
+buffers now exist; TinyJit captures at its second call; the first two losses check the math
+against Ember's), then timed calls until there are N of them and they took S seconds, and prints
+one JSON object: ms_per_step (median of the timed calls), first_call_ms, warmup_ms (time to
+steady state: the K warm-up calls less K medians), steady_after (calls before the first within
+twice the median), loss1, loss2, peak_rss_mb. Modes: eager; compiled (torch.compile default, jax.jit, tinygrad TinyJit);
 max-autotune (torch.compile mode="max-autotune"). The math is Ember's (bench/models.h): the
 same layers in the same order, PyTorch's SGD and AdamW formulas written out for JAX, f32.
 """
@@ -329,31 +333,37 @@ def main():
     ap.add_argument("--workload", required=True)
     ap.add_argument("--mode", default="eager", choices=["eager", "compiled", "max-autotune"])
     ap.add_argument("--dir", required=True)
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=5, help="timed calls, at least")
+    ap.add_argument("--seconds", type=float, default=0, help="timed seconds, at least (more calls then)")
+    ap.add_argument("--warmup", type=int, default=5, help="calls before the timed ones (compiles, recompiles)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     a = ap.parse_args()
     names, params, inputs = load(a.dir, a.workload)
     step, versions = SYSTEMS[a.system](a.workload, a.mode, names, params, inputs, a.device)
-    t0 = time.perf_counter()
-    loss1 = step()
-    first = (time.perf_counter() - t0) * 1e3
-    loss2 = step()
-    if a.system == "tinygrad" and a.mode == "compiled":
-        step()  # TinyJit captures on its second call and replays from the third
-    times = []
-    for _ in range(a.steps):
+    a.warmup, a.steps = max(2, a.warmup), max(1, a.steps)  # two losses; a median
+    times, losses = [], []
+    # the first --warmup calls compile (and recompile: the second SGD step's momentum buffers,
+    # TinyJit's capture on its second call); then at least --steps timed calls and --seconds
+    while len(times) < a.warmup + a.steps or sum(times[a.warmup:]) < 1e3 * a.seconds:
         t0 = time.perf_counter()
-        step()
+        loss = step()
         times.append((time.perf_counter() - t0) * 1e3)
-    ms = statistics.median(times) if times else float("nan")
+        if len(losses) < 2:
+            losses.append(loss)
+    loss1, loss2 = losses
+    first = times[0]
+    ms = statistics.median(times[a.warmup:])
+    warmup = sum(times[:a.warmup]) - a.warmup * ms  # time to steady state, less the steps it ran
+    steady_after = next(i for i, t in enumerate(times) if t <= 2 * ms)
     per = None
     if a.workload == "add":
         per = "op" if a.mode == "eager" else "call"
         if a.mode == "eager":
-            ms, first = ms / ADDS, first / ADDS
+            ms, first, warmup = ms / ADDS, first / ADDS, warmup / ADDS
     out = {"system": a.system, "workload": a.workload, "mode": a.mode, "ms_per_step": ms, "first_call_ms": first,
-           "loss1": loss1, "loss2": loss2, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
-           "steps": a.steps, "versions": versions}
+           "warmup_ms": warmup, "steady_after": steady_after, "loss1": loss1, "loss2": loss2,
+           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+           "steps": len(times) - a.warmup, "versions": versions}
     if per:
         out["per"] = per
     print(json.dumps(out))

@@ -1,27 +1,32 @@
 #!/usr/bin/env python3
 """bench/peers/run.py: Ember against PyTorch 2, JAX and tinygrad on the same workloads, in one
-run, on one machine (issue 8). Standard library only; see bench/README.md.
+run, on one machine (issues 8 and 23). Standard library only; see bench/README.md.
 
     python3 bench/peers/run.py [--build build] [--rounds 3] [--only mlp,transformer]
+                               [--isa native|avx2|avx512] [--contention N] [--seconds 2]
                                [--device cpu|cuda --python /path/to/python3]
 
-1. Builds Ember (ninja -C BUILD) and makes a virtual environment BUILD/peers-venv with numpy,
-   torch, tinygrad and jax[cpu] from PyPI when it is missing (with --python, that interpreter is
-   used as it is and nothing is installed: a GPU machine's python with PyTorch 2 and Triton).
+1. Builds Ember (ninja -C BUILD) and makes a virtual environment BUILD/peers-venv with the pinned
+   numpy, torch, tinygrad and jax[cpu] (PINS) from PyPI when they are missing or other versions
+   (a failed pip install is reported; with --python, that interpreter is used as it is and
+   nothing is installed: a GPU machine's python with PyTorch 2 and Triton).
 2. Writes the workloads' weights and inputs once (peers_ember --init: Ember's init, seed 0), so
    every system starts from the same numbers.
 3. For each round, for each workload, runs every (system, mode) in its own process, in an order
-   that rotates from round to round (Ember and the peers alternate), with 2 threads.
+   that rotates from round to round (Ember and the peers alternate), with 2 threads, held to
+   --isa, beside --contention busy processes; each times at least 5 steps and --seconds seconds
+   after 5 warm-up calls (compiles and recompiles: the second SGD step's momentum buffers).
 4. Prints one table (medians over rounds) and writes it to BUILD/peers/results.json and
-   results.md: eager and compiled ms per step, first-call ms, peak resident memory, ratios to
-   Ember compiled, and whether each system's first two losses match Ember's (the first checks
-   the forward, the second the optimizer's formulas).
+   results.md: eager and compiled ms per step, first-call ms, time to steady state, peak resident
+   memory, ratios to Ember compiled, and whether each system's first two losses match Ember's
+   (the first checks the forward, the second the optimizer's formulas).
 A system that cannot be installed or fails on a workload gets its reason in the table.
 """
 import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -37,13 +42,24 @@ CONFIGS = [("ember", "eager", "Ember eager"), ("ember", "compiled", "Ember em_co
            ("torch", "max-autotune", "torch.compile max-autotune"),
            ("jax", "eager", "JAX eager"), ("jax", "compiled", "jax.jit"),
            ("tinygrad", "eager", "tinygrad"), ("tinygrad", "compiled", "tinygrad TinyJit")]
-STEPS = {"mlp": 30, "lenet": 20, "transformer": 8, "softmax": 30, "layer_norm": 30, "add": 30}
+MIN_STEPS = 5  # timed steps, at least; and --seconds of them
 SLOW = {("transformer", "tinygrad", "eager"): 3, ("transformer", "tinygrad", "compiled"): 3,
-        ("transformer", "jax", "eager"): 4}  # seconds-long steps: fewer of them
-PACKAGES = {"torch": ["torch"], "jax": ["jax[cpu]"], "tinygrad": ["tinygrad"]}
+        ("transformer", "jax", "eager"): 3}  # seconds-long steps: fewer of them
+# The versions the published figures were measured with; the venv gets exactly these.
+PINS = {"numpy": "2.4.6", "torch": "2.15.0", "jax": "0.10.2", "tinygrad": "0.14.0"}
+PACKAGES = {"torch": [f"torch=={PINS['torch']}"], "jax": [f"jax[cpu]=={PINS['jax']}"],
+            "tinygrad": [f"tinygrad=={PINS['tinygrad']}"]}
 VERSION_OF = {"torch": "import torch; print(torch.__version__)",
               "jax": "import jax, jaxlib; print(jax.__version__)",
               "tinygrad": "import importlib.metadata as m, tinygrad; print(m.version('tinygrad'))"}
+# How each system is held to AVX2 under --isa avx2 (an AVX-512 machine measuring an AVX2 one).
+HELD_AVX2 = {
+    "ember": "EMBER_CPU_ISA=avx2: generated code (no AVX-512 features, znver3, 8 lanes) and oneDNN",
+    "torch": "ATEN_CPU_CAPABILITY=avx2 (eager kernels, torch.compile's vector ISA), ONEDNN/DNNL_MAX_CPU_ISA=AVX2, "
+             "MKL_ENABLE_INSTRUCTIONS=AVX2, TORCHINDUCTOR_CPP_MARCH=znver3 (torch.compile's C++)",
+    "jax": "XLA_FLAGS=--xla_cpu_max_isa=AVX2",
+    "tinygrad": "DEV=CPU::x86_64,znver3 (clang -march=znver3 for its kernels)",
+}
 TOL = 1e-4  # relative, on the losses
 
 
@@ -51,8 +67,14 @@ def log(*a):
     print(*a, file=sys.stderr, flush=True)
 
 
+def installed(py, system):
+    r = subprocess.run([py, "-c", VERSION_OF[system]], capture_output=True, text=True)
+    return r.stdout.strip().split("+")[0] if r.returncode == 0 else None  # torch: 2.x.y+cpu
+
+
 def setup_python(args):
     """The interpreter for the peers and, per system, its version or why it is missing."""
+    failed = {}
     if args.python:
         py = args.python
     else:
@@ -64,34 +86,75 @@ def setup_python(args):
             if r.returncode != 0:
                 sys.exit("peers: python3 -m venv failed (Debian: apt-get install python3-venv)")
         for system, pkgs in PACKAGES.items():
-            if subprocess.run([py, "-c", VERSION_OF[system]], capture_output=True).returncode == 0:
+            if installed(py, system) == PINS[system]:
                 continue
             log(f"peers: installing {' '.join(pkgs)} into {venv}")
-            subprocess.run([py, "-m", "pip", "install", "--quiet", "numpy"] + pkgs)
+            r = subprocess.run([py, "-m", "pip", "install", "--quiet", f"numpy=={PINS['numpy']}"] + pkgs)
+            if r.returncode != 0:
+                failed[system] = f"pip install {' '.join(pkgs)} failed (exit {r.returncode})"
+                log(f"peers: {failed[system]}")
     versions, missing = {}, {}
     for system in PACKAGES:
         r = subprocess.run([py, "-c", VERSION_OF[system]], capture_output=True, text=True)
-        if r.returncode == 0:
+        if system in failed:
+            missing[system] = failed[system]
+        elif r.returncode == 0:
             versions[system] = r.stdout.strip()
         else:
             missing[system] = (r.stderr.strip().splitlines() or ["import failed"])[-1]
     return py, versions, missing
 
 
-def run_one(cmd, timeout):
+def isa_env(system, isa):
+    """The environment that holds system to isa (native: nothing beyond Ember's own switch)."""
+    if system == "ember":
+        return {"EMBER_CPU_ISA": isa}
+    if isa != "avx2":
+        return {}
+    env = {"OPENBLAS_CORETYPE": "Haswell"}  # numpy's OpenBLAS, and any other loaded
+    if system == "torch":
+        env.update(ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2", DNNL_MAX_CPU_ISA="AVX2",
+                   MKL_ENABLE_INSTRUCTIONS="AVX2", TORCHINDUCTOR_CPP_MARCH="znver3")
+    elif system == "tinygrad":
+        env["DEV"] = "CPU::x86_64,znver3"
+    return env
+
+
+def spin():
+    while True:
+        pass
+
+
+def run_one(cmd, timeout, system, isa, contention):
     """Runs one measurement with 2 threads and every compilation cache cold and private to the
     run (Ember's kernel cache off, a fresh TorchInductor/Triton cache directory, tinygrad's
     CACHELEVEL=0; JAX keeps no persistent cache by default), so first-call times are compile
-    times."""
+    times; held to isa, beside `contention` busy processes (forked spin loops, killed after)."""
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="peers-cache-") as cache:
-        env = dict(os.environ, OMP_NUM_THREADS="2", MKL_NUM_THREADS="2", EMBER_CACHE="0",
-                   TORCHINDUCTOR_CACHE_DIR=cache, TRITON_CACHE_DIR=os.path.join(cache, "triton"), CACHELEVEL="0",
-                   XLA_FLAGS="--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads=2")
+        # XLA's CPU thread pools are sized by NPROC (XLA_FLAGS has no thread-count flag: XLA aborts
+        # on --intra_op_parallelism_threads, and without the dashes it was ignored)
+        xla = "--xla_cpu_multi_thread_eigen=true" + (" --xla_cpu_max_isa=AVX2" if isa == "avx2" else "")
+        env = dict(os.environ, OMP_NUM_THREADS="2", MKL_NUM_THREADS="2", NPROC="2", NUM_CPU_THREADS="2",
+                   EMBER_CACHE="0", TORCHINDUCTOR_CACHE_DIR=cache, TRITON_CACHE_DIR=os.path.join(cache, "triton"),
+                   CACHELEVEL="0", XLA_FLAGS=xla, **isa_env(system, isa))
+        spinners = []
+        for _ in range(contention):
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    spin()
+                finally:
+                    os._exit(0)
+            spinners.append(pid)
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
             return {"error": f"timed out after {timeout} s"}
+        finally:
+            for pid in spinners:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
     if r.returncode != 0 or not lines:
         err = r.stderr.strip().splitlines()
@@ -100,6 +163,15 @@ def run_one(cmd, timeout):
     out = json.loads(lines[-1])
     out["wall_s"] = time.time() - t0
     return out
+
+
+def build_cpu_isa(build):
+    """The build's -Dcpu_isa (native when the build predates it)."""
+    try:
+        with open(os.path.join(build, "meson-info", "intro-buildoptions.json")) as f:
+            return next((o["value"] for o in json.load(f) if o["name"] == "cpu_isa"), "native")
+    except (OSError, ValueError):
+        return "native"
 
 
 def fmt(v, unit=""):
@@ -120,6 +192,11 @@ def main():
     ap.add_argument("--systems", default="ember,torch,jax,tinygrad")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--python", help="use this interpreter for the peers and install nothing")
+    ap.add_argument("--isa", default="native", choices=["native", "avx2", "avx512"],
+                    help="hold every system to this CPU ISA (avx2: what an AVX2-only machine runs; for Ember's eager "
+                         "C kernels too, give --build a build configured with -Dcpu_isa=avx2)")
+    ap.add_argument("--contention", type=int, default=0, help="busy processes (spin loops) beside every timed run")
+    ap.add_argument("--seconds", type=float, default=2.0, help="timed seconds per run, at least")
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per run")
     ap.add_argument("--render", action="store_true", help="print the table of BUILD/peers/results.json again; run nothing")
     args = ap.parse_args()
@@ -128,7 +205,7 @@ def main():
         out_dir = os.path.join(args.build, "peers")
         with open(os.path.join(out_dir, "results.json")) as f:
             r = json.load(f)
-        render(out_dir, r["machine"], r["cores"], r["device"], r["rounds"], r["versions"], r["missing"], r["rows"])
+        render(out_dir, r, r["rows"])
         return
     workloads = [w for w in args.only.split(",") if w]
     systems = args.systems.split(",")
@@ -143,7 +220,22 @@ def main():
     subprocess.run([ember, "--init", data], check=True)
     cpu = subprocess.run(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"], capture_output=True,
                          text=True).stdout.strip()
-    log(f"peers: {cpu}, {os.cpu_count()} cores; {versions}; missing: {missing or 'none'}")
+    host512 = "avx512f" in open("/proc/cpuinfo").read()
+    held = {}
+    if args.isa == "avx2":
+        held = {k: v for k, v in HELD_AVX2.items() if k in systems}
+        if "ember" in held:
+            if build_cpu_isa(args.build) == "avx2":
+                held["ember"] += "; eager C kernels built for x86-64-v3 (-Dcpu_isa=avx2)"
+            else:
+                held["ember"] += "; NOT its eager C kernels (-march=native: pass --build a -Dcpu_isa=avx2 build)"
+                log(f"peers: {args.build} is not configured with -Dcpu_isa=avx2: Ember's eager C kernels use AVX-512")
+    meta = {"machine": cpu, "cores": os.cpu_count(), "device": args.device, "rounds": args.rounds,
+            "versions": versions, "missing": missing, "pins": PINS, "python": py,
+            "isa": args.isa if args.isa != "native" else ("native (avx512)" if host512 else "native (avx2)"),
+            "held": held, "contention": args.contention, "min_seconds": args.seconds}
+    log(f"peers: {cpu}, {os.cpu_count()} cores; {versions}; missing: {missing or 'none'}; ISA {meta['isa']}; "
+        f"{args.contention} busy processes beside each run")
 
     configs = [c for c in CONFIGS if c[0] in systems]
     results = {}  # (workload, system, mode) -> list of run outputs
@@ -155,18 +247,17 @@ def main():
                 key = (w, system, mode)
                 if system in missing:
                     continue
-                steps = SLOW.get(key, STEPS[w])
+                timing = ["--steps", str(SLOW.get(key, MIN_STEPS)), "--seconds", str(args.seconds)]
                 if system == "ember":
-                    cmd = [ember, "--workload", w, "--mode", mode, "--dir", data, "--steps", str(steps),
-                           "--device", args.device]
+                    cmd = [ember, "--workload", w, "--mode", mode, "--dir", data, "--device", args.device] + timing
                 else:
                     cmd = [py, os.path.join(HERE, "peers.py"), "--system", system, "--workload", w, "--mode", mode,
-                           "--dir", data, "--steps", str(steps), "--device", args.device]
-                r = run_one(cmd, args.timeout)
+                           "--dir", data, "--device", args.device] + timing
+                r = run_one(cmd, args.timeout, system, args.isa, args.contention)
                 results.setdefault(key, []).append(r)
                 log(f"round {rnd + 1} {w:12s} {system:9s} {mode:13s} " +
-                    (f"{r['ms_per_step']:.4g} ms/step, first {r['first_call_ms']:.4g} ms" if "error" not in r
-                     else "ERROR " + r["error"]))
+                    (f"{r['ms_per_step']:.4g} ms/step ({r['steps']} steps), first {r['first_call_ms']:.4g} ms, "
+                     f"to steady state {r['warmup_ms']:.4g} ms" if "error" not in r else "ERROR " + r["error"]))
 
     # aggregate: medians over rounds
     table = []
@@ -182,10 +273,12 @@ def main():
             elif not ok:
                 row["error"] = runs[0]["error"] if runs else "not run"
             else:
-                row["ms_per_step"] = statistics.median(r["ms_per_step"] for r in ok)
-                row["first_call_ms"] = statistics.median(r["first_call_ms"] for r in ok)
+                for k in ["ms_per_step", "first_call_ms", "warmup_ms"]:
+                    row[k] = statistics.median(r[k] for r in ok)
+                row["steady_after"] = max(r["steady_after"] for r in ok)
                 row["peak_rss_mb"] = max(r["peak_rss_mb"] for r in ok)
                 row["runs"] = len(ok)
+                row["steps"] = min(r["steps"] for r in ok)
                 row["per"] = ok[0].get("per", "step")
                 row["loss1"], row["loss2"] = ok[0]["loss1"], ok[0]["loss2"]
                 # the compiled add is one add a call, the eager one 100: each against Ember's own
@@ -197,16 +290,25 @@ def main():
                     row["loss_rel_diff"] = d
             table.append(row)
 
-    render(out_dir, cpu, os.cpu_count(), args.device, args.rounds, versions, missing, table, results)
+    render(out_dir, meta, table, results)
 
 
-def render(out_dir, cpu, cores, device, rounds, versions, missing, table, results=None):
+def render(out_dir, meta, table, results=None):
     """Prints the table and writes results.md (and results.json when results are given)."""
-    md = [f"Machine: {cpu}, {cores} cores, 2 threads per system; device {device}; "
-          f"{rounds} rounds, medians. Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) +
-          (("; not installed: " + ", ".join(f"{k} ({v})" for k, v in missing.items())) if missing else "") + ".", "",
-          "| workload | system | ms per step | first call ms (cold caches) | peak RSS MB | time / Ember compiled (add eager: / Ember eager) | losses vs Ember |",
-          "| --- | --- | --- | --- | --- | --- | --- |"]
+    versions, missing = meta["versions"], meta["missing"]
+    off_pin = {k: v for k, v in versions.items() if k in meta.get("pins", {}) and v.split("+")[0] != meta["pins"][k]}
+    md = [f"Machine: {meta['machine']}, {meta['cores']} cores, 2 threads per system; device {meta['device']}; "
+          f"ISA {meta.get('isa', 'native')}; {meta.get('contention', 0)} busy processes beside each run; "
+          f"{meta['rounds']} rounds, medians of at least {meta.get('min_seconds', 0):g} s of steps. Versions: " +
+          ", ".join(f"{k} {v}" for k, v in versions.items()) +
+          (("; not installed: " + ", ".join(f"{k} ({v})" for k, v in missing.items())) if missing else "") +
+          (("; NOT the pinned versions: " + ", ".join(f"{k} {v} (pinned {meta['pins'][k]})" for k, v in off_pin.items()))
+           if off_pin else "") + "."]
+    if meta.get("held"):
+        md += ["", "Held to AVX2: " + "; ".join(f"{k}: {v}" for k, v in meta["held"].items()) + "."]
+    md += ["", "| workload | system | ms per step | first call ms (cold caches) | to steady state ms | peak RSS MB | "
+           "time / Ember compiled (add eager: / Ember eager) | losses vs Ember |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     def ember_ms(w, mode):
         return next((r.get("ms_per_step") for r in table if r["workload"] == w and r["system"] == "ember" and r["mode"] == mode), None)
 
@@ -216,22 +318,25 @@ def render(out_dir, cpu, cores, device, rounds, versions, missing, table, result
             row["vs_ember"] = row["ms_per_step"] / ref
     for row in table:
         if "error" in row:
-            md.append(f"| {row['workload']} | {row['label']} | {row['error']} | | | | |")
+            md.append(f"| {row['workload']} | {row['label']} | {row['error']} | | | | | |")
             continue
         ms = fmt(row["ms_per_step"])
         if row["per"] in ("op", "call"):  # microseconds read better here
             ms = f"{row['ms_per_step'] * 1e3:.2f} µs per {row['per']}"
         md.append(f"| {row['workload']} | {row['label']} | {ms} | {fmt(row['first_call_ms'])} | "
-                  f"{row['peak_rss_mb']:.0f} | {fmt(row.get('vs_ember'))} | {row.get('loss_check', '-')} |")
+                  f"{fmt(row.get('warmup_ms'))} | {row['peak_rss_mb']:.0f} | {fmt(row.get('vs_ember'))} | "
+                  f"{row.get('loss_check', '-')} |")
+    md += ["", "To steady state: the wall time of the first 5 calls less 5 times the median step (compiling, "
+           "compiling again at the second SGD step for its momentum buffers, TinyJit's capture), so a "
+           "system's cost before it runs at its speed; negative within noise."]
     text = "\n".join(md)
     print(text)
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write(text + "\n")
     if results is not None:
         with open(os.path.join(out_dir, "results.json"), "w") as f:
-            json.dump({"machine": cpu, "cores": cores, "device": device, "rounds": rounds,
-                       "versions": versions, "missing": missing, "rows": table,
-                       "runs": [{"workload": k[0], "system": k[1], "mode": k[2], "results": v} for k, v in results.items()]},
+            json.dump(dict(meta, rows=table,
+                           runs=[{"workload": k[0], "system": k[1], "mode": k[2], "results": v} for k, v in results.items()]),
                       f, indent=1)
     log(f"peers: wrote {out_dir}/results.md" + (" and results.json" if results is not None else ""))
 
