@@ -548,6 +548,9 @@ static bool bias_add(const builder *b, const int *def, const int *uses, int i, m
       continue;
     int64_t N = t->sizes[t->ndim - 1];
     if (def[e] >= 0 && g->nodes[def[e]].op == EM_PRIM_EXPAND) ex = def[e], e = ir_operands(g, &g->nodes[ex])[0];
+    /* the GEMM applies the bias to its tiles: a bias made after the product (the product itself
+     * in add(mm, mm), fuzz program 2065) does not exist yet */
+    if (def[e] >= def[x]) continue;
     const ir_type *bt = &g->values[e].type;
     bool row = bt->device == b->p->device && bt->dtype == t->dtype && bt->ndim >= 1 && bt->sizes[bt->ndim - 1] == N;
     for (int d = 0; row && d < bt->ndim - 1; d++) row = bt->sizes[d] == 1;

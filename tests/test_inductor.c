@@ -1956,3 +1956,21 @@ ETEST(inductor, unused_random_values_still_take_their_counters) {
   cr_assert(st.kernel_runs > 0 && st.inductor_fallbacks == 0, "compiled");
   em_compiled_free(c);
 }
+
+/* Fuzz program 2065, reached once graphs with dropout compiled: add(mm, mm) where the product
+ * is a row ([1, 1, N]) took the product as its own epilogue bias, before it existed. */
+static em_outputs product_twice(void *ctx, em_tensor *const *in, int n) {
+  em_tensor *v = em_sigmoid(in[0]);
+  em_tensor *mm = em_matmul(em_transpose(v, 1, 2), v);
+  return EM_OUTPUTS(em_add(mm, mm));
+}
+
+ETEST(inductor, a_product_added_to_itself_is_no_bias_epilogue) {
+  em_manual_seed(1);
+  em_tensor *x = em_randn(EM_F32, EM_SHAPE(1, 4, 1));
+  em_compiled *c = em_compile(product_twice, NULL);
+  em_tensor *got = em_call(c, NULL, x).t[0];
+  cr_assert_not_null(got, "%s", em_last_error());
+  EXPECT_SAME_BITS(got, product_twice(NULL, &x, 1).t[0], "2 (a b)");
+  em_compiled_free(c);
+}
