@@ -58,10 +58,10 @@ void aot_set_inductor(aot_compiled *a, bool use_inductor, const ind_options *opt
  * interpreter. */
 static bool run_graph(aot_compiled *a, const ir_graph *g, ind_variants *v, em_tensor *const *in, int n_in,
                       em_tensor **out, const rt_interp_opts *opts, em_site site) {
-  bool random = false;
-  for (int i = 0; i < g->n_nodes && !random; i++) random = prim_get(g->nodes[i].op)->flags & P_RANDOM;
-  ind_program *p = a->use_inductor && !random && !rt_grad_enabled() ? ind_variant(v, g, in, n_in) : NULL;
-  if (p) return ind_run(p, in, n_in, out, NULL, site); /* else the interpreter runs it */
+  /* random nodes: the program draws or replays their counters through the rng slots, as the
+   * interpreter does (issue 20) */
+  ind_program *p = a->use_inductor && ind_takes_random(g) && !rt_grad_enabled() ? ind_variant(v, g, in, n_in) : NULL;
+  if (p) return ind_run_rng(p, in, n_in, out, NULL, opts, site); /* else the interpreter runs it */
   return rt_interpret(g, in, n_in, out, opts, site);
 }
 

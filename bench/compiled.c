@@ -13,6 +13,8 @@
  *     emulator cannot run the full size in reasonable time), --rows the row kernels' rows.
  *   - GELU (tanh and erf forms) over [2048, 1024], forward alone and forward plus backward
  *     (issue 20), against memcpy of the bytes they must read and write.
+ *   - dropout: three residual blocks x + dropout(relu(h), 0.1) over [4096, 1024] (issue 20: the
+ *     uniforms computed inside the kernel), against memcpy of x and the result.
  * Figures per workload: ms per step eager and compiled (medians of alternated runs in one
  * process) and their ratio, generated kernels run per step, cold compile ms (first call:
  * trace, AOT, lowering, LLVM, JIT, and that first run; also less a compiled step's time), warm
@@ -210,6 +212,12 @@ static em_outputs gelu_grad_fn(void *ctx, em_tensor *const *in, int n) {
   return EM_OUTPUTS(y, gx);
 }
 static em_outputs transformer_loss(void *ctx, em_tensor *const *in, int n) { return transformer_fn(ctx, in, n); }
+/* Three residual blocks of dropout(relu(h), 0.1) (issue 20): uniform, mask and scale each time. */
+static em_outputs dropout_fn(void *ctx, em_tensor *const *in, int n) {
+  em_tensor *h = in[0];
+  for (int i = 0; i < 3; i++) h = em_add(in[0], em_dropout(em_relu(h), 0.1, true));
+  return EM_OUTPUTS(h);
+}
 
 /* ---- a GPT-2-small-shaped training step (CUDA) ----
  * GPT-2's layout, as examples/gpt_model.c (whose model stops at 7 layers, the decoding step's
@@ -380,6 +388,12 @@ int main(int argc, char **argv) {
     /* x and g read, y and the gradient written: the least a fused forward and backward moves */
     run("gelu_tanh_grad", gelu_grad_fn, &tanh_form, (em_tensor *[]){x, g}, 2, 2 * bytes);
     run("gelu_erf_grad", gelu_grad_fn, NULL, (em_tensor *[]){x, g}, 2, 2 * bytes);
+  }
+  {
+    em_no_grad_begin();
+    em_tensor *x = em_randn(EM_F32, EM_SHAPE(4096, 1024));
+    run("dropout", dropout_fn, NULL, &x, 1, 2.0 * 4096 * 1024 * 4);
+    em_no_grad_end();
   }
   em_scope_end();
   em_thread_cleanup();

@@ -682,12 +682,11 @@ static bool fe_run_graph(const fe_graph *cfg, em_tensor *const *in, int n_in, em
   bool prev = fg->no_grad ? em_set_grad_enabled(false) : rt_grad_enabled();
   bool needs_autograd = false;
   for (int i = 0; i < n_in && !needs_autograd; i++) needs_autograd = rt_grad_enabled() && in[i]->requires_grad;
-  bool random = false;
-  for (int i = 0; i < fg->g->n_nodes && !random; i++) random = prim_get(fg->g->nodes[i].op)->flags & P_RANDOM;
-  ind_program *prog = fg->inductor && !needs_autograd && !random ? ind_variant(&fg->ind, fg->g, in, n_in) : NULL;
+  bool takes = ind_takes_random(fg->g); /* CPU random nodes run inside the kernels (issue 20) */
+  ind_program *prog = fg->inductor && !needs_autograd && takes ? ind_variant(&fg->ind, fg->g, in, n_in) : NULL;
   if (prog) { /* else the interpreter runs it */
     if (fe_planted_bug() == FE_PLANT_CRASH) raise(SIGSEGV); /* tests of the crash repro */
-    bool ok = ind_run(prog, in, n_in, out, donate, site);
+    bool ok = ind_run_rng(prog, in, n_in, out, donate, NULL, site);
     if (fg->no_grad) em_set_grad_enabled(prev);
     return ok;
   }

@@ -470,6 +470,159 @@ static LLVMValueRef emit_node(cg *c, const ir_graph *g, const ir_node *n, LLVMVa
   return r[e.n - 1];
 }
 
+/* ---- random values (issue 20) ----
+ *
+ * A Philox uniform or normal inside a pointwise kernel: element i of its flattened result is made
+ * from Philox call q = i/4 (f32) or i/2 (f64) with counter offset + q and key seed, exactly as the
+ * eager kernel (prims/creation.c) makes it, so fused dropout masks are eager's bits. Each lane
+ * runs the ten rounds for its own element's call (four lanes share a call for f32 and compute it
+ * each: vector multiplies cost less than shuffling one call's words out to four lanes). seed and
+ * offset are read at run time from bufs[n_out + n_in + 1 + r] (run.c reserves them per call), so
+ * the code is the same every call and the kernel cache hits. The normals take eager's libm log,
+ * cos and sin in double per lane (Box-Muller; SLEEF's would differ in the last bit), then round
+ * to f32 once as eager does. */
+typedef struct philox_ctr {
+  LLVMValueRef seed, offset; /* i64, loaded in the kernel's entry block */
+} philox_ctr;
+
+static LLVMValueRef vconst32(cg *c, uint32_t v, int w) {
+  return splat(c, LLVMConstInt(LLVMInt32TypeInContext(c->ctx), v, 0), w);
+}
+
+/* The four words of Philox4x32-10 for counters (lo, hi) (i64 lanes) and key (i64 scalar). */
+static void philox_rounds(cg *c, LLVMValueRef lo, LLVMValueRef hi, LLVMValueRef key, int w, LLVMValueRef x[4]) {
+  LLVMBuilderRef b = c->b;
+  LLVMTypeRef i32 = LLVMInt32TypeInContext(c->ctx), v32 = lanes_of(i32, w), v64 = lanes_of(c->i64, w);
+  LLVMValueRef s32 = splat(c, LLVMConstInt(c->i64, 32, 0), w);
+  x[0] = LLVMBuildTrunc(b, lo, v32, ""), x[1] = LLVMBuildTrunc(b, LLVMBuildLShr(b, lo, s32, ""), v32, "");
+  x[2] = LLVMBuildTrunc(b, hi, v32, ""), x[3] = LLVMBuildTrunc(b, LLVMBuildLShr(b, hi, s32, ""), v32, "");
+  LLVMValueRef k0 = splat(c, LLVMBuildTrunc(b, key, i32, ""), w);
+  LLVMValueRef k1 = splat(c, LLVMBuildTrunc(b, LLVMBuildLShr(b, key, LLVMConstInt(c->i64, 32, 0), ""), i32, ""), w);
+  LLVMValueRef m0 = splat(c, LLVMConstInt(c->i64, 0xD2511F53u, 0), w), m1 = splat(c, LLVMConstInt(c->i64, 0xCD9E8D57u, 0), w);
+  for (int r = 0; r < 10; r++) {
+    if (r) k0 = LLVMBuildAdd(b, k0, vconst32(c, 0x9E3779B9u, w), ""), k1 = LLVMBuildAdd(b, k1, vconst32(c, 0xBB67AE85u, w), "");
+    LLVMValueRef p0 = LLVMBuildMul(b, LLVMBuildZExt(b, x[0], v64, ""), m0, "");
+    LLVMValueRef p1 = LLVMBuildMul(b, LLVMBuildZExt(b, x[2], v64, ""), m1, "");
+    LLVMValueRef n0 = LLVMBuildXor(b, LLVMBuildXor(b, LLVMBuildTrunc(b, LLVMBuildLShr(b, p1, s32, ""), v32, ""), x[1], ""), k0, "");
+    LLVMValueRef n2 = LLVMBuildXor(b, LLVMBuildXor(b, LLVMBuildTrunc(b, LLVMBuildLShr(b, p0, s32, ""), v32, ""), x[3], ""), k1, "");
+    x[1] = LLVMBuildTrunc(b, p1, v32, ""), x[3] = LLVMBuildTrunc(b, p0, v32, "");
+    x[0] = n0, x[2] = n2;
+  }
+}
+
+/* Word sel (i32 lanes, values 0..n-1) of the n words x. */
+static LLVMValueRef pick(cg *c, LLVMValueRef sel, LLVMValueRef *x, int n, int w) {
+  LLVMValueRef r = x[n - 1];
+  for (int q = n - 2; q >= 0; q--)
+    r = LLVMBuildSelect(c->b, LLVMBuildICmp(c->b, LLVMIntEQ, sel, vconst32(c, (uint32_t)q, w), ""), x[q], r, "");
+  return r;
+}
+
+/* The 53-bit integer (hi << 32 | lo) >> 11 as a double (exact). */
+static LLVMValueRef bits53(cg *c, LLVMValueRef lo, LLVMValueRef hi, int w) {
+  LLVMBuilderRef b = c->b;
+  LLVMTypeRef v64 = lanes_of(c->i64, w);
+  LLVMValueRef h = LLVMBuildShl(b, LLVMBuildZExt(b, hi, v64, ""), splat(c, LLVMConstInt(c->i64, 32, 0), w), "");
+  LLVMValueRef u = LLVMBuildOr(b, h, LLVMBuildZExt(b, lo, v64, ""), "");
+  return LLVMBuildUIToFP(b, LLVMBuildLShr(b, u, splat(c, LLVMConstInt(c->i64, 11, 0), w), ""), lanes_of(c->f64, w), "");
+}
+
+/* Box-Muller's z0 (even elements) or z1 (odd) per lane, in double through libm, as eager. */
+static LLVMValueRef box_muller(cg *c, LLVMValueRef u1, LLVMValueRef u2, LLVMValueRef odd, int w) {
+  LLVMBuilderRef b = c->b;
+  LLVMValueRef out = LLVMGetUndef(lanes_of(c->f64, w));
+  for (int l = 0; l < w; l++) {
+    LLVMValueRef li = LLVMConstInt(c->i64, (unsigned long long)l, 0);
+    LLVMValueRef a = w == 1 ? u1 : LLVMBuildExtractElement(b, u1, li, "");
+    LLVMValueRef t = w == 1 ? u2 : LLVMBuildExtractElement(b, u2, li, "");
+    LLVMValueRef o = w == 1 ? odd : LLVMBuildExtractElement(b, odd, li, "");
+    LLVMValueRef lg = call_fn(c, "log", c->f64, &a, 1);
+    LLVMValueRef rad = intrinsic(c, "llvm.sqrt", LLVMBuildFMul(b, LLVMConstReal(c->f64, -2.0), lg, ""));
+    LLVMValueRef th = LLVMBuildFMul(b, LLVMConstReal(c->f64, 6.28318530717958647692528676655900577), t, "");
+    LLVMValueRef cs = call_fn(c, "cos", c->f64, &th, 1), sn = call_fn(c, "sin", c->f64, &th, 1);
+    LLVMValueRef z = LLVMBuildFMul(b, rad, LLVMBuildSelect(b, o, sn, cs, ""), "");
+    out = w == 1 ? z : LLVMBuildInsertElement(b, out, z, li, "");
+  }
+  return out;
+}
+
+/* f32 uniforms over w >= 4 lanes from flat index i0: the lanes need calls i0/4 .. (i0+w-1)/4, at
+ * most w/4 + 1 of them, so w/2 lanes of rounds make each once (not once a lane: half the work of
+ * the general path, which dominates a dropout kernel); each lane's word comes through one of four
+ * shuffles, the one for s = i0 % 4 (the same for every lane). Bits as the general path. */
+static LLVMValueRef philox_uniform_f32(cg *c, const philox_ctr *ctr, LLVMValueRef idx, int w) {
+  LLVMBuilderRef b = c->b;
+  int cw = w / 2;
+  LLVMTypeRef i32 = LLVMInt32TypeInContext(c->ctx);
+  LLVMValueRef lane[64];
+  for (int l = 0; l < cw; l++) lane[l] = LLVMConstInt(c->i64, (unsigned long long)l, 0);
+  LLVMValueRef q = LLVMBuildAdd(b, splat(c, LLVMBuildLShr(b, idx, LLVMConstInt(c->i64, 2, 0), ""), cw),
+                                LLVMConstVector(lane, (unsigned)cw), "");
+  LLVMValueRef off = splat(c, ctr->offset, cw), lo = LLVMBuildAdd(b, off, q, "");
+  LLVMValueRef hi = LLVMBuildZExt(b, LLVMBuildICmp(b, LLVMIntULT, lo, off, ""), lanes_of(c->i64, cw), "");
+  LLVMValueRef x[4];
+  philox_rounds(c, lo, hi, ctr->seed, cw, x);
+  LLVMValueRef cat[64];
+  for (int l = 0; l < 2 * cw; l++) cat[l] = LLVMConstInt(i32, (unsigned long long)l, 0);
+  LLVMValueRef both = LLVMConstVector(cat, (unsigned)(2 * cw));
+  LLVMValueRef a = LLVMBuildShuffleVector(b, x[0], x[1], both, ""), bb = LLVMBuildShuffleVector(b, x[2], x[3], both, "");
+  LLVMValueRef s = LLVMBuildTrunc(b, LLVMBuildAnd(b, idx, LLVMConstInt(c->i64, 3, 0), ""), i32, ""), r = NULL;
+  for (int sv = 3; sv >= 0; sv--) { /* lane e: word (sv + e) % 4 of call (sv + e) / 4; a holds words 0, 1, bb 2, 3 */
+    LLVMValueRef m[64];
+    for (int e = 0; e < w; e++) {
+      int f = sv + e, l = f >> 2, wd = f & 3;
+      m[e] = LLVMConstInt(i32, (unsigned long long)(wd * cw + l), 0);
+    }
+    LLVMValueRef sh = LLVMBuildShuffleVector(b, a, bb, LLVMConstVector(m, (unsigned)w), "");
+    r = r ? LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntEQ, s, LLVMConstInt(i32, (unsigned long long)sv, 0), ""), sh, r, "")
+          : sh;
+  }
+  LLVMValueRef u = LLVMBuildLShr(b, r, vconst32(c, 8, w), "");
+  return LLVMBuildFMul(b, LLVMBuildUIToFP(b, u, lanes_of(c->f32, w), ""), dconst(c, EM_F32, 0x1p-24, w), "");
+}
+
+/* Node n's w lanes at flat element index idx (i64 scalar: the first lane's). */
+static LLVMValueRef emit_philox(cg *c, const ir_graph *g, const ir_node *n, const philox_ctr *ctr, LLVMValueRef idx,
+                                int w) {
+  LLVMBuilderRef b = c->b;
+  bool f32 = g->values[n->out].type.dtype == EM_F32, normal = n->op == EM_PRIM_PHILOX_NORMAL;
+  if (f32 && !normal && w >= 4) return philox_uniform_f32(c, ctr, idx, w);
+  LLVMTypeRef i32 = LLVMInt32TypeInContext(c->ctx), v32 = lanes_of(i32, w), v64 = lanes_of(c->i64, w);
+  LLVMValueRef i = splat(c, idx, w);
+  if (w > 1) {
+    LLVMValueRef lane[64];
+    for (int l = 0; l < w; l++) lane[l] = LLVMConstInt(c->i64, (unsigned long long)l, 0);
+    i = LLVMBuildAdd(b, i, LLVMConstVector(lane, (unsigned)w), "");
+  }
+  LLVMValueRef q = LLVMBuildLShr(b, i, splat(c, LLVMConstInt(c->i64, f32 ? 2 : 1, 0), w), "");
+  LLVMValueRef off = splat(c, ctr->offset, w), lo = LLVMBuildAdd(b, off, q, "");
+  LLVMValueRef hi = LLVMBuildZExt(b, LLVMBuildICmp(b, LLVMIntULT, lo, off, ""), v64, ""); /* the carry */
+  LLVMValueRef x[4];
+  philox_rounds(c, lo, hi, ctr->seed, w, x);
+  LLVMValueRef word = LLVMBuildTrunc(b, LLVMBuildAnd(b, i, splat(c, LLVMConstInt(c->i64, f32 ? 3 : 1, 0), w), ""), v32, "");
+  LLVMValueRef odd = LLVMBuildICmp(b, LLVMIntNE, LLVMBuildAnd(b, word, vconst32(c, 1, w), ""), vconst32(c, 0, w), "");
+  LLVMValueRef lo2[2] = {x[0], x[2]}, hi2[2] = {x[1], x[3]};
+  if (!normal && f32) { /* (w >> 8) * 2^-24 */
+    LLVMValueRef u = LLVMBuildLShr(b, pick(c, word, x, 4, w), vconst32(c, 8, w), "");
+    return LLVMBuildFMul(b, LLVMBuildUIToFP(b, u, lanes_of(c->f32, w), ""), dconst(c, EM_F32, 0x1p-24, w), "");
+  }
+  if (!normal) /* word pair r: ((w[2r+1] << 32 | w[2r]) >> 11) * 2^-53 */
+    return LLVMBuildFMul(b, bits53(c, pick(c, word, lo2, 2, w), pick(c, word, hi2, 2, w), w), dconst(c, EM_F64, 0x1p-53, w), "");
+  LLVMValueRef u1, u2;
+  if (f32) { /* pair j = (i % 4) / 2: u = (w + 1) * 2^-32 from words 2j, 2j + 1 */
+    LLVMValueRef j = LLVMBuildLShr(b, word, vconst32(c, 1, w), "");
+    LLVMValueRef one = dconst(c, EM_F64, 1, w), scale = dconst(c, EM_F64, 0x1p-32, w);
+    u1 = LLVMBuildFMul(b, LLVMBuildFAdd(b, LLVMBuildUIToFP(b, pick(c, j, lo2, 2, w), lanes_of(c->f64, w), ""), one, ""), scale, "");
+    u2 = LLVMBuildFMul(b, LLVMBuildFAdd(b, LLVMBuildUIToFP(b, pick(c, j, hi2, 2, w), lanes_of(c->f64, w), ""), one, ""), scale, "");
+  } else { /* u = (b + 1) * 2^-53 from words (0, 1) and (2, 3) */
+    LLVMValueRef one = dconst(c, EM_F64, 1, w), scale = dconst(c, EM_F64, 0x1p-53, w);
+    u1 = LLVMBuildFMul(b, LLVMBuildFAdd(b, bits53(c, x[0], x[1], w), one, ""), scale, "");
+    u2 = LLVMBuildFMul(b, LLVMBuildFAdd(b, bits53(c, x[2], x[3], w), one, ""), scale, "");
+  }
+  LLVMValueRef z = box_muller(c, u1, u2, odd, w);
+  return f32 ? LLVMBuildFPTrunc(b, z, lanes_of(c->f32, w), "") : z;
+}
+
 /* Layout of one buffer of a kernel in the coalesced iteration space. A gathered input (flat
  * kernels, see ind_emit_kernel) reads element j of the flat column block at
  * sum_d ((j / div[d]) % size[d]) * stride[d] past its row offset. */
@@ -571,7 +724,8 @@ static LLVMValueRef kernel_function(cg *c, const char *name) {
 }
 
 static void emit_body(cg *c, const ir_graph *g, const kernel *k, LLVMValueRef *base, LLVMValueRef *off,
-                      const buf_access *acc, int inner, int w, LLVMValueRef *vals, LLVMValueRef j) {
+                      const buf_access *acc, int inner, int w, LLVMValueRef *vals, LLVMValueRef j, const philox_ctr *ctr) {
+  int r = 0; /* random nodes so far: off[n_out + n_in] is their flat element index */
   for (int i = 0; i < k->n_in; i++) {
     const buf_access *a = &acc[k->n_out + i];
     vals[k->in[i]] = a->gather ? gather_load(c, base[k->n_out + i], off[k->n_out + i], a, j, w)
@@ -581,7 +735,8 @@ static void emit_body(cg *c, const ir_graph *g, const kernel *k, LLVMValueRef *b
     const ir_node *n = &g->nodes[k->nodes[e]];
     bool col = false;
     for (int i = 0; i < k->n_out && !col; i++) col = k->out[i] == n->out && acc[i].col != (em_prim)-1;
-    vals[n->out] = col ? vals[ir_operands(g, n)[0]] : emit_node(c, g, n, vals, w);
+    if (prim_get(n->op)->flags & P_RANDOM) vals[n->out] = emit_philox(c, g, n, &ctr[r++], off[k->n_out + k->n_in], w);
+    else vals[n->out] = col ? vals[ir_operands(g, n)[0]] : emit_node(c, g, n, vals, w);
   }
   for (int i = 0; i < k->n_out; i++) {
     LLVMValueRef x = vals[k->out[i]];
@@ -659,7 +814,10 @@ bool ind_emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const sign
                      size_t cap) {
   const ir_type *t = &k->shape;
   int nb = k->n_out + k->n_in;
-  buf_access acc[128];
+  /* with random nodes, acc[nb] is no buffer but their flat element index: contiguous strides
+   * over S, coalesced and flattened like an output, its offset the index */
+  int nx = nb + (k->n_rng > 0);
+  buf_access acc[129];
   if (nb > 128) return ir_fail(err, cap, "kernel with %d buffers", nb);
   /* coalesce dims: merge i into i+1 where every buffer's strides allow it */
   int64_t sizes[EM_MAX_DIMS];
@@ -670,7 +828,11 @@ bool ind_emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const sign
     int v = bi < k->n_out ? k->out[bi] : k->in[bi - k->n_out];
     acc[bi].dtype = g->values[v].type.dtype;
   }
-  int64_t st[128][EM_MAX_DIMS];
+  int64_t st[129][EM_MAX_DIMS];
+  if (nx > nb) {
+    acc[nb].dtype = EM_I64, acc[nb].col = (em_prim)-1;
+    for (int d = 0; d < t->ndim; d++) st[nb][d] = cont[d];
+  }
   for (int bi = 0; bi < nb; bi++) {
     int v = bi < k->n_out ? k->out[bi] : k->in[bi - k->n_out];
     acc[bi].col = bi < k->n_out && kind[v] == K_COL ? EM_PRIM_SUM : (em_prim)-1;
@@ -692,27 +854,27 @@ bool ind_emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const sign
   for (int d = 0; d < t->ndim; d++) {
     if (t->sizes[d] == 1) continue; /* size-1 dims contribute nothing */
     bool merge = nd > 0;
-    for (int bi = 0; merge && bi < nb; bi++) merge = acc[bi].strides[nd - 1] == st[bi][d] * t->sizes[d];
+    for (int bi = 0; merge && bi < nx; bi++) merge = acc[bi].strides[nd - 1] == st[bi][d] * t->sizes[d];
     if (merge) {
       sizes[nd - 1] *= t->sizes[d];
-      for (int bi = 0; bi < nb; bi++) acc[bi].strides[nd - 1] = st[bi][d];
+      for (int bi = 0; bi < nx; bi++) acc[bi].strides[nd - 1] = st[bi][d];
     } else {
       sizes[nd] = t->sizes[d];
-      for (int bi = 0; bi < nb; bi++) acc[bi].strides[nd] = st[bi][d];
+      for (int bi = 0; bi < nx; bi++) acc[bi].strides[nd] = st[bi][d];
       nd++;
     }
   }
   if (nd == 0) { /* a single element */
     sizes[0] = 1;
-    for (int bi = 0; bi < nb; bi++) acc[bi].strides[0] = 0;
+    for (int bi = 0; bi < nx; bi++) acc[bi].strides[0] = 0;
     nd = 1;
   }
   int W = kernel_lanes(g, k);
-  for (int bi = 0; bi < nb; bi++) acc[bi].gather = 0;
-  flatten(acc, nb, k->n_out, sizes, &nd, W);
+  for (int bi = 0; bi < nx; bi++) acc[bi].gather = 0;
+  flatten(acc, nx, k->n_out, sizes, &nd, W);
   int inner = nd - 1;
   bool vec = true;
-  for (int bi = 0; bi < nb; bi++) vec = vec && (acc[bi].gather || acc[bi].strides[inner] == 0 || acc[bi].strides[inner] == 1);
+  for (int bi = 0; bi < nx; bi++) vec = vec && (acc[bi].gather || acc[bi].strides[inner] == 0 || acc[bi].strides[inner] == 1);
   int64_t outer = 1;
   for (int d = 0; d < inner; d++) outer *= sizes[d];
   int64_t cols = sizes[inner];
@@ -740,6 +902,10 @@ bool ind_emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const sign
     for (int i = 0; i < k->n_nodes; i++) {
       sappend(&txt, &len, "      ");
       node_text(&txt, &len, g, &g->nodes[k->nodes[i]]);
+      if (prim_get(g->nodes[k->nodes[i]].op)->flags & P_RANDOM) { /* its element: the flat index */
+        sappend(&txt, &len, " at element ");
+        index_text(&txt, &len, nd, sizes, acc[nb].strides, nm);
+      }
       sappend(&txt, &len, "\n");
     }
     for (int o = 0; o < k->n_out; o++) {
@@ -769,6 +935,15 @@ bool ind_emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const sign
     base[bi] = LLVMBuildLoad2(b, c->ptr, pp, "");
   }
   table_begin(c, bufs, nb);
+  philox_ctr ctr[64];
+  if (k->n_rng > 64) return ir_fail(err, cap, "kernel with %d random nodes", k->n_rng);
+  for (int r = 0; r < k->n_rng; r++) { /* {seed, offset} of random node r, after the table's slot */
+    LLVMValueRef idx = LLVMConstInt(c->i64, (unsigned long long)(nb + 1 + r), 0);
+    LLVMValueRef pc = LLVMBuildLoad2(b, c->ptr, LLVMBuildGEP2(b, c->ptr, bufs, &idx, 1, ""), "");
+    LLVMValueRef one_ = LLVMConstInt(c->i64, 1, 0);
+    ctr[r].seed = LLVMBuildLoad2(b, c->i64, pc, "seed");
+    ctr[r].offset = LLVMBuildLoad2(b, c->i64, LLVMBuildGEP2(b, c->i64, pc, &one_, 1, ""), "offset");
+  }
   LLVMBuildBr(b, ohdr);
   LLVMValueRef zero = LLVMConstInt(c->i64, 0, 0), one = LLVMConstInt(c->i64, 1, 0);
   /* outer: r in [0, outer) */
@@ -776,14 +951,14 @@ bool ind_emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const sign
   LLVMValueRef r = LLVMBuildPhi(b, c->i64, "r");
   LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, r, r1, ""), obody, exitb);
   LLVMPositionBuilderAtEnd(b, obody);
-  LLVMValueRef row[128];
-  for (int bi = 0; bi < nb; bi++) row[bi] = zero;
+  LLVMValueRef row[129];
+  for (int bi = 0; bi < nx; bi++) row[bi] = zero;
   LLVMValueRef rem = r;
   for (int d = inner - 1; d >= 0; d--) { /* r's index in each leading dim (sizes are constants) */
     LLVMValueRef sz = d > 0 ? kint(c, sizes[d]) : NULL;
     LLVMValueRef id = d > 0 ? LLVMBuildURem(b, rem, sz, "") : rem;
     if (d > 0) rem = LLVMBuildUDiv(b, rem, sz, "");
-    for (int bi = 0; bi < nb; bi++)
+    for (int bi = 0; bi < nx; bi++)
       if (acc[bi].strides[d]) row[bi] = LLVMBuildAdd(b, row[bi], LLVMBuildMul(b, id, kint(c, acc[bi].strides[d]), ""), "");
   }
   LLVMBuildBr(b, vhdr);
@@ -797,9 +972,9 @@ bool ind_emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const sign
   LLVMValueRef *vals = calloc((size_t)g->n_values + 1, sizeof(LLVMValueRef));
   if (!vals) return ir_fail(err, cap, "out of memory");
   LLVMPositionBuilderAtEnd(b, vbody);
-  LLVMValueRef off[128];
-  column_offsets(c, acc, nb, inner, row, j, off);
-  if (vec) emit_body(c, g, k, base, off, acc, inner, W, vals, j);
+  LLVMValueRef off[129];
+  column_offsets(c, acc, nx, inner, row, j, off);
+  if (vec) emit_body(c, g, k, base, off, acc, inner, W, vals, j, ctr);
   LLVMValueRef jn = LLVMBuildAdd(b, j, lanes, "");
   LLVMBuildBr(b, vhdr);
   LLVMValueRef jin[2] = {j0, jn};
@@ -810,8 +985,8 @@ bool ind_emit_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const sign
   LLVMValueRef t2 = LLVMBuildPhi(b, c->i64, "t");
   LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, t2, ncols, ""), tbody, olatch);
   LLVMPositionBuilderAtEnd(b, tbody);
-  column_offsets(c, acc, nb, inner, row, t2, off);
-  emit_body(c, g, k, base, off, acc, inner, 1, vals, t2);
+  column_offsets(c, acc, nx, inner, row, t2, off);
+  emit_body(c, g, k, base, off, acc, inner, 1, vals, t2, ctr);
   LLVMValueRef tn = LLVMBuildAdd(b, t2, one, "");
   LLVMBuildBr(b, thdr);
   LLVMValueRef tin[2] = {j, tn};

@@ -123,7 +123,7 @@ static bool capture(const ind_program *p, ind_cgraph *cgr, em_tensor *const *in,
   if (ok && !(cgr->pool = cu_pool_new())) ok = (snprintf(why, cap, "out of memory for the graph's pool"), false);
   if (ok && !cu_capture_begin(cgr->pool, why, cap)) ok = false;
   else if (ok) {
-    bool ran = ind_run_steps(p, cgr->in, cgr->n_in, cgr->out, NULL, site);
+    bool ran = ind_run_steps(p, cgr->in, cgr->n_in, cgr->out, NULL, NULL, site);
     char ended_why[256] = "";
     bool ended = cu_capture_end(ran, &cgr->graph, &cgr->exec, &cgr->checks, &cgr->n_checks, ended_why, sizeof ended_why);
     if (!ran) snprintf(why, cap, "%s", em_last_error() ? em_last_error() : "the captured run failed");
@@ -151,10 +151,10 @@ static bool cgraph_run(const ind_program *p, em_tensor *const *in, int n_in, em_
   ind_cgraph *cgr = p->cgraph;
   const ir_graph *g = p->g;
   cgr->calls++;
-  if (cgr->failed) return ind_run_steps(p, in, n_in, out, donate, site);
+  if (cgr->failed) return ind_run_steps(p, in, n_in, out, donate, NULL, site);
   if (cgr->calls == 1) { /* the first call runs as usual */
     for (int i = 0; i < n_in; i++) cgr->first[i] = address(in[i]);
-    return ind_run_steps(p, in, n_in, out, donate, site);
+    return ind_run_steps(p, in, n_in, out, donate, NULL, site);
   }
   char why[256] = "";
   bool recapture = false;
@@ -166,7 +166,7 @@ static bool cgraph_run(const ind_program *p, em_tensor *const *in, int n_in, em_
     fprintf(stderr, "[ember] reduce-overhead: graph %s runs without a CUDA graph: %s\n", g->name, why);
     em_clear_error();
     cgr->failed = true;
-    return ind_run_steps(p, in, n_in, out, donate, site);
+    return ind_run_steps(p, in, n_in, out, donate, NULL, site);
   }
   for (int i = 0; i < n_in; i++)
     if (cgr->copied[i] && !copy_in(cgr->in[i], in[i], site)) return false;

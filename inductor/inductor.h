@@ -23,6 +23,12 @@
  *    softmax, log_softmax, layer_norm, rms_norm and cross entropy's log-softmax are one kernel.
  *    Each value is computed once per row, in the pass over the row where its inputs are ready;
  *    one a later pass reads is kept in a per-thread scratch row (the row is in cache).
+ *  - random values (issue 20): a Philox uniform or normal in f32 or f64 on the CPU joins a
+ *    pointwise kernel over its shape, which computes each element from its Philox counter as the
+ *    eager kernel does (the same bits: dropout's uniform, mask and scale fuse with their
+ *    neighbours); each call reserves the counters in graph order and passes seed and offset to
+ *    the kernel (ind_run_rng), so the code never changes. Row kernels and CUDA programs do not
+ *    take them (CUDA graphs with random nodes run op by op).
  * A node that fits neither closes the kernel. The consumers of a GEMM's output (bias,
  * activation, residual) are the first nodes of the kernel after it: the GEMM's epilogue; but an
  * f32 bias add over the rows and a ReLU or GELU after it (em_linear's pattern) run inside the
@@ -187,6 +193,15 @@ bool ind_accepts(const ind_program *p, em_tensor *const *inputs, int n_inputs);
  * version is bumped, and outputs[o] is the input itself. */
 bool ind_run(const ind_program *p, em_tensor *const *inputs, int n_inputs, em_tensor **outputs, const int *donate,
              em_site site);
+/* ind_run for a graph with random nodes: their Philox counters come from the rng slots of
+ * rng (NULL: none) as rt_interpret takes them (a slot the forward filled is replayed, an empty
+ * one filled), else are reserved at the call, in graph order; CPU kernels compute the values in
+ * their loops (issue 20). */
+bool ind_run_rng(const ind_program *p, em_tensor *const *inputs, int n_inputs, em_tensor **outputs, const int *donate,
+                 const rt_interp_opts *rng, em_site site);
+/* Whether the code generator takes g's random nodes: every one on the CPU (CUDA graphs with
+ * random nodes run op by op). */
+bool ind_takes_random(const ir_graph *g);
 /* Bytes of the arena a run of p allocates for its intermediates, and the planned peak of the
  * bytes its kernels store (arena and outputs). */
 int64_t ind_arena_bytes(const ind_program *p);

@@ -78,6 +78,9 @@ typedef struct kernel {
   int vtab;               /* CUDA: the scalar variant's entries, table[0, vtab); the vector's follow */
   double prof_ms;         /* EMBER_INDUCTOR_PROFILE: time in this kernel, all runs */
   int64_t prof_runs;
+  int n_rng, *rng;        /* its random nodes' entries in the program's counter table (ind_program.rand),
+                           * in node order: the code reads entry rng[r]'s {seed, offset} at
+                           * bufs[n_out + n_in + 1 + r] (codegen.c: emit_philox) */
 } kernel;
 
 /* A GEMM whose epilogue is fused (schedule.c): the value act(matmul(a, b) [reshaped] + bias), act
@@ -139,6 +142,10 @@ struct ind_program {
   ind_options opts;
   uint8_t module_key[16]; /* the JIT module holding its kernels, while has_module (jit.c) */
   bool has_module;
+  /* random nodes, in graph order: each run reserves their Philox counters in this order before
+   * any step runs (as the interpreter does node by node), so kernels and eager steps see eager's
+   * counters whatever the schedule's order; rand_of[node] is the node's entry or -1 */
+  int n_rand, *rand, *rand_of;
 };
 
 /* g rewritten for scheduling (rewrite.c): with rematerialize, each cheap pointwise value that a
@@ -303,7 +310,8 @@ em_tensor *ind_cuda_gemm(const ind_program *p, int s, em_tensor *a, em_tensor *b
                          bool *fallback, em_site site);
 
 /* run.c: runs p's steps (ind_run has checked the inputs' layouts). */
-bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **out, const int *donate, em_site site);
+bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **out, const int *donate,
+                   const rt_interp_opts *rng, em_site site);
 
 /* cudagraph.c: reduce-overhead. ind_cgraph_attach gives CUDA program p a CUDA graph (not when an
  * output aliases an input); false when out of memory. ind_cgraph_run runs p's call through it. */

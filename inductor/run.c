@@ -347,12 +347,47 @@ bool ind_run(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **o
   for (int i = 0; i < p->g->n_outputs; i++) out[i] = NULL;
   if (!ind_accepts(p, in, n_in))
     return rt_error(site, "em_call", "the inputs do not have the layouts the kernels were compiled for"), false;
-  return p->cgraph ? ind_cgraph_run(p, in, n_in, out, donate, site) : ind_run_steps(p, in, n_in, out, donate, site);
+  return p->cgraph ? ind_cgraph_run(p, in, n_in, out, donate, site) : ind_run_steps(p, in, n_in, out, donate, NULL, site);
 }
 
-bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **out, const int *donate, em_site site) {
+bool ind_run_rng(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **out, const int *donate,
+                 const rt_interp_opts *rng, em_site site) {
+  if (!p->n_rand) return ind_run(p, in, n_in, out, donate, site);
+  for (int i = 0; i < p->g->n_outputs; i++) out[i] = NULL;
+  if (!ind_accepts(p, in, n_in))
+    return rt_error(site, "em_call", "the inputs do not have the layouts the kernels were compiled for"), false;
+  return ind_run_steps(p, in, n_in, out, donate, rng, site); /* never a CUDA graph: see ind_takes_random */
+}
+
+bool ind_takes_random(const ir_graph *g) {
+  for (int i = 0; i < g->n_nodes; i++)
+    if ((prim_get(g->nodes[i].op)->flags & P_RANDOM) && g->values[g->nodes[i].out].type.device != EM_CPU) return false;
+  return true;
+}
+
+/* The Philox counters of p's random nodes for this run, in graph order, as rt_interpret draws
+ * them: from the node's rng slot when the forward filled it (a backward replaying its mask),
+ * else reserved now (and the slot filled). ctr[r] = {seed, offset}. */
+static void reserve_random(const ind_program *p, const rt_interp_opts *rng, uint64_t (*ctr)[2]) {
+  for (int r = 0; r < p->n_rand; r++) {
+    const ir_node *n = &p->g->nodes[p->rand[r]];
+    rt_rng_slot *slot = rng && n->rng_slot >= 0 && n->rng_slot < rng->n_slots ? &rng->slots[n->rng_slot] : NULL;
+    if (slot && slot->filled) {
+      ctr[r][0] = slot->seed, ctr[r][1] = slot->offset;
+      continue;
+    }
+    rt_rng_reserve(prim_philox_calls(n->op, n->attrs.dtype, ir_numel(n->attrs.shape.ndim, n->attrs.shape.sizes)),
+                   &ctr[r][0], &ctr[r][1]);
+    if (slot) *slot = (rt_rng_slot){ctr[r][0], ctr[r][1], true};
+  }
+}
+
+bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **out, const int *donate,
+                   const rt_interp_opts *rng, em_site site) {
   const ir_graph *g = p->g;
   for (int i = 0; i < g->n_outputs; i++) out[i] = NULL;
+  uint64_t (*ctr)[2] = p->n_rand ? rt_alloc(sizeof *ctr * (size_t)p->n_rand, 16) : NULL;
+  if (p->n_rand && !ctr) return rt_error(site, "em_call", "out of memory"), false;
   int nv = g->n_values;
   em_tensor **vals = rt_alloc(sizeof(em_tensor *) * (size_t)(nv + 1), 16);
   if (!vals) return rt_error(site, "em_call", "out of memory"), false;
@@ -405,6 +440,7 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
   if (prof && cuda && !cu_capturing() && (sev = rt_alloc(sizeof(step_timing) * (size_t)p->n_steps, 16)))
     memset(sev, 0, sizeof(step_timing) * (size_t)p->n_steps);
   rt_trace_suspend();
+  if (ctr) reserve_random(p, rng, ctr); /* untraced, as rt_interpret draws them */
   for (int s = 0; ok && s < p->n_steps; s++) {
     const step *st = &p->steps[s];
     double t0 = prof ? now_ms() : 0;
@@ -420,8 +456,7 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
       prim_attrs at = n->attrs;
       step_timing *tm = sev ? &sev[s] : NULL;
       if (tm) step_timing_begin(tm);
-      if (prim_get(n->op)->flags & P_RANDOM)
-        rt_rng_reserve(prim_philox_calls(n->op, at.dtype, ir_numel(at.shape.ndim, at.shape.sizes)), &at.seed, &at.offset);
+      if (p->rand_of[st->node] >= 0) at.seed = ctr[p->rand_of[st->node]][0], at.offset = ctr[p->rand_of[st->node]][1];
       em_tensor *r;
       if (st->epi) {
         r = epilogue_step(p, s, &p->epis[st->epi - 1], vals);
@@ -469,8 +504,11 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
     } else {
       const kernel *k = &p->kernels[st->kernel];
       /* the buffers, then the kernel's table of sizes (sizes_as_args; codegen.c) */
-      char *small[33], **bufs = k->n_out + k->n_in < 33 ? small : rt_alloc(sizeof(char *) * (size_t)(k->n_out + k->n_in + 1), 16);
+      /* the buffers, the table, then each random node's {seed, offset} (codegen.c: emit_philox) */
+      int nbuf = k->n_out + k->n_in + 1 + k->n_rng;
+      char *small[33], **bufs = nbuf <= 33 ? small : rt_alloc(sizeof(char *) * (size_t)nbuf, 16);
       if (bufs) bufs[k->n_out + k->n_in] = (char *)k->table;
+      for (int r = 0; bufs && r < k->n_rng; r++) bufs[k->n_out + k->n_in + 1 + r] = (char *)ctr[k->rng[r]];
       if (!bufs) {
         ok = (rt_error(site, "em_call", "out of memory"), false);
         break;
@@ -581,7 +619,7 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
   rt_trace_resume();
   if (kev) profile_device_times(p, kev);
   if (sev) profile_step_times(p, sev);
-  rt_free(scratch), rt_free(into);
+  rt_free(scratch), rt_free(into), rt_free(ctr);
   em_release(arena);
   if (ok)
     for (int i = 0; i < g->n_outputs; i++) out[i] = em_retain(vals[g->outputs[i]]);

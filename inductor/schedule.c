@@ -123,6 +123,61 @@ static void add(builder *b, int node, int kind) {
 }
 
 
+static bool contains(const int *a, int n, int v);
+
+/* ---- random nodes (issue 20) ----
+ *
+ * A Philox uniform or normal on the CPU in f32 or f64 joins a pointwise kernel over its own shape
+ * as a FULL value: the kernel computes element i from its counter (codegen.c: emit_philox), so
+ * dropout's uniform, mask and scale fuse with their neighbours instead of being written by the
+ * eager kernel and read back. Its counters are reserved at run time (ind_program.rand). Row
+ * kernels do not take them (their passes would need the element index too); a random node there
+ * closes the row kernel and opens a pointwise one. */
+static bool random_renders(const ind_program *p, const ir_node *n) {
+  if (!(prim_get(n->op)->flags & P_RANDOM) || p->device != EM_CPU) return false;
+  const ir_type *t = &p->g->values[n->out].type;
+  return t->device == EM_CPU && (t->dtype == EM_F32 || t->dtype == EM_F64) && ir_type_concrete(t);
+}
+
+static bool group_has_random(const builder *b) {
+  for (int i = 0; i < b->gr.n; i++)
+    if (prim_get(b->p->g->nodes[b->gr.nodes[i]].op)->flags & P_RANDOM) return true;
+  return false;
+}
+
+/* The program's counter table: its random nodes in graph order. A CPU random node nothing reads
+ * is skipped (its counters are still reserved, so later draws are eager's). */
+static bool random_table(builder *b) {
+  ind_program *p = b->p;
+  const ir_graph *g = p->g;
+  p->rand = malloc(sizeof(int) * (size_t)(g->n_nodes + 1));
+  p->rand_of = malloc(sizeof(int) * (size_t)(g->n_nodes + 1));
+  if (!p->rand || !p->rand_of) return false;
+  for (int i = 0; i < g->n_nodes; i++) {
+    const ir_node *n = &g->nodes[i];
+    p->rand_of[i] = -1;
+    if (!(prim_get(n->op)->flags & P_RANDOM)) continue;
+    p->rand_of[i] = p->n_rand, p->rand[p->n_rand++] = i;
+    bool used = false;
+    for (int o = 0; o < g->n_outputs && !used; o++) used = g->outputs[o] == n->out;
+    for (int j = i + 1; j < g->n_nodes && !used; j++) used = contains(ir_operands(g, &g->nodes[j]), g->nodes[j].n_in, n->out);
+    if (!used && random_renders(p, n)) b->skip[i] = true;
+  }
+  return true;
+}
+
+/* Kernel k's random nodes' entries in the counter table, in node order. */
+static bool kernel_random(const ind_program *p, kernel *k) {
+  k->n_rng = 0;
+  for (int i = 0; i < k->n_nodes; i++) k->n_rng += p->rand_of[k->nodes[i]] >= 0;
+  if (!k->n_rng) return true;
+  if (!(k->rng = malloc(sizeof(int) * (size_t)k->n_rng))) return false;
+  k->n_rng = 0;
+  for (int i = 0; i < k->n_nodes; i++)
+    if (p->rand_of[k->nodes[i]] >= 0) k->rng[k->n_rng++] = p->rand_of[k->nodes[i]];
+  return true;
+}
+
 /* Adds node i to the open group when it fits its iteration space; false when it does not. */
 static bool try_add(builder *b, int i) {
   const ir_graph *g = b->p->g;
@@ -141,7 +196,9 @@ static bool try_add(builder *b, int i) {
     gr->has_col = true;
     return add(b, i, K_COL), true;
   }
-  if (b->p->rend->renders(g, n)) {
+  bool rnd = random_renders(b->p, n);
+  if (rnd && gr->mode == G_ROW) return false;
+  if (rnd || b->p->rend->renders(g, n)) {
     if (gr->mode == G_EMPTY) {
       if (!operands_ok(b, n, K_FULL)) return false;
       gr->mode = G_PW, gr->shape = *t, gr->split = t->ndim, gr->rows = numel_of(t);
@@ -165,7 +222,7 @@ static bool try_add(builder *b, int i) {
     if (!same_shape(ut, &gr->shape)) return false;
     if (gr->mode == G_ROW) return k == gr->split && operands_ok(b, n, K_FULL) ? (add(b, i, K_ROW), true) : false;
     /* a pointwise group over S becomes a row kernel */
-    if (gr->has_col) return false;
+    if (gr->has_col || group_has_random(b)) return false;
     group saved = *gr;
     gr->mode = G_ROW, gr->split = k, gr->rows = prefix_numel(ut, k);
     if (!group_operands_ok(b, K_FULL) || !operands_ok(b, n, K_FULL)) return *gr = saved, false;
@@ -190,7 +247,7 @@ static bool try_add(builder *b, int i) {
     return add(b, i, K_FULL), true;
   }
   /* a pointwise group over per-row values becomes a row kernel over t */
-  if (gr->mode != G_PW || gr->has_col || numel_of(&gr->shape) != prefix_numel(t, k)) return false;
+  if (gr->mode != G_PW || gr->has_col || numel_of(&gr->shape) != prefix_numel(t, k) || group_has_random(b)) return false;
   group saved = *gr;
   gr->mode = G_ROW, gr->shape = *t, gr->split = k, gr->rows = prefix_numel(t, k);
   if (!group_operands_ok(b, K_ROW)) return *gr = saved, false;
@@ -268,6 +325,10 @@ static bool close_group(builder *b) {
         int t = k->out[i];
         k->out[i] = k->out[j], k->out[j] = t;
       }
+  if (!kernel_random(p, k)) {
+    free(k->nodes), free(k->in), free(k->out), free(redo);
+    return false;
+  }
   snprintf(k->name, sizeof k->name, "k%d", p->n_kernels); /* renamed after the module's key */
   for (int i = 0; i < n; i++) b->in_group[g->nodes[gr->nodes[i]].out] = false;
   p->n_kernels++;
@@ -487,6 +548,9 @@ static bool bias_add(const builder *b, const int *def, const int *uses, int i, m
       continue;
     int64_t N = t->sizes[t->ndim - 1];
     if (def[e] >= 0 && g->nodes[def[e]].op == EM_PRIM_EXPAND) ex = def[e], e = ir_operands(g, &g->nodes[ex])[0];
+    /* the GEMM applies the bias to its tiles: a bias made after the product (the product itself
+     * in add(mm, mm), fuzz program 2065) does not exist yet */
+    if (def[e] >= def[x]) continue;
     const ir_type *bt = &g->values[e].type;
     bool row = bt->device == b->p->device && bt->dtype == t->dtype && bt->ndim >= 1 && bt->sizes[bt->ndim - 1] == N;
     for (int d = 0; row && d < bt->ndim - 1; d++) row = bt->sizes[d] == 1;
@@ -674,6 +738,7 @@ static bool schedule(builder *b) {
   b->epi = calloc((size_t)g->n_nodes + 1, sizeof(int));
   bool ok = b->gr.nodes && b->in_group && b->tmat && b->skip && b->alias && b->epi;
   for (int i = 0; ok && i < g->n_nodes; i++) b->tmat[i] = -1;
+  if (ok) ok = random_table(b);
   if (ok) find_transposed_products(b);
   if (ok && b->p->rend->gemm_epilogues && epilogues_enabled()) ok = find_gemm_epilogues(b);
   for (int i = 0; ok && i < g->n_nodes; i++) {

@@ -1855,3 +1855,274 @@ ETEST(inductor, softmax_rows_with_infinities_nan_and_large_values) {
     cr_assert_geq(st.kernels, 1, "%s: compiled", what);
   }
 }
+
+/* ---- random values inside generated kernels (issue 20) ---- */
+
+typedef struct rand_case {
+  em_dtype dt;
+  bool normal;
+  int ndim;
+  int64_t sizes[3];
+} rand_case;
+
+/* A random tensor of x's shape fused with arithmetic on x and a broadcast row b (which keeps the
+ * kernel's rows apart, so vectors start at every flat index modulo 4), and dropout of x
+ * (uniform, mask, scale) beside it. */
+static int random_chain(em_tensor *const *in, em_tensor **out, void *ctx) {
+  const rand_case *rc = ctx;
+  em_tensor *x = in[0];
+  em_tensor *r = rc->normal ? em_randn(rc->dt, rc->ndim, rc->sizes) : em_rand(rc->dt, rc->ndim, rc->sizes);
+  out[0] = em_add(em_add(em_mul_scalar(x, 2), r), in[1]);
+  out[1] = em_dropout(em_neg(x), 0.3, true);
+  return 2;
+}
+
+/* Traces random_chain on in (x, b) into a graph compiled by the inductor. */
+static ind_program *compile_random_chain(em_tensor **in, rand_case *rc, ir_graph **gp, em_tensor **gin) {
+  rt_trace tr;
+  cr_assert(rt_trace_begin(&tr, "t", refuse_break, NULL, EM_HERE));
+  em_scope_begin();
+  em_tensor *o[2];
+  random_chain(in, o, rc);
+  for (int i = 0; i < 2; i++) cr_assert(ir_add_output(tr.g, rt_trace_value_of(&tr, o[i])));
+  em_scope_end();
+  ir_graph *g = ir_graph_clone(tr.g);
+  cr_assert_eq(tr.n_lifted, 2);
+  gin[0] = tr.lifted[0], gin[1] = tr.lifted[1];
+  rt_trace_end(&tr);
+  cr_assert(ir_graph_compact(g, NULL, NULL));
+  char err[256];
+  ind_program *p = ind_compile(g, gin, NULL, err, sizeof err);
+  cr_assert_not_null(p, "%s", err);
+  *gp = g;
+  return p;
+}
+
+/* Uniform and normal, f32 and f64, over sizes that are not multiples of the vector lanes (one
+ * element, a tail only, primes, a 3-d shape, 90,300 elements split across threads), x read
+ * contiguous or through a transpose (a gathered flat kernel): the values computed inside the
+ * kernels are eager's bits, the generator advances as eager's, the next call draws others. */
+ETEST(inductor, random_values_inside_kernels_are_eagers_bits) {
+  static const int64_t shapes[][3] = {{1}, {7}, {37, 29}, {3, 5, 17}, {300, 301}};
+  static const int ndims[] = {1, 1, 2, 3, 2};
+  for (int s = 0; s < 5; s++)
+    for (int m = 0; m < 4; m++) {
+      em_scope_begin();
+      rand_case rc = {m & 1 ? EM_F64 : EM_F32, m >= 2, ndims[s], {shapes[s][0], shapes[s][1], shapes[s][2]}};
+      int nd = rc.ndim;
+      int64_t rev[3];
+      for (int d = 0; d < nd; d++) rev[d] = rc.sizes[nd - 1 - d];
+      bool transposed = (s + m) % 2;
+      em_tensor *x = transposed ? em_randn(rc.dt, nd, rev) : em_randn(rc.dt, nd, rc.sizes);
+      if (transposed && nd == 3) x = em_permute(x, 3, (int64_t[]){2, 1, 0});
+      else if (transposed && nd == 2) x = em_transpose(x, 0, 1);
+      em_tensor *in[2] = {x, em_randn(rc.dt, 1, &rc.sizes[nd - 1])}, *gin[2];
+      ir_graph *g;
+      ind_program *p = compile_random_chain(in, &rc, &g, gin);
+      const char *text = ind_schedule(p);
+      cr_assert(text && !strstr(text, "philox_uniform (eager") && !strstr(text, "philox_normal (eager"),
+                "the random nodes run inside kernels:\n%s", text);
+      ind_stats st = ind_program_stats(p);
+      cr_assert_eq(st.kernels, 1, "case %d/%d: one kernel holds both chains:\n%s", s, m, text);
+      em_tensor *want[2], *got[2], *again[2];
+      uint64_t s0, o0, s1, o1;
+      em_manual_seed(90 + s);
+      random_chain(in, want, &rc);
+      em_rng_get_state(&s0, &o0);
+      em_manual_seed(90 + s);
+      cr_assert(ind_run_rng(p, gin, 2, got, NULL, NULL, EM_HERE), "%s", em_last_error());
+      em_rng_get_state(&s1, &o1);
+      cr_assert_eq(o1, o0, "the generator advanced by %llu, eager by %llu", (unsigned long long)o1, (unsigned long long)o0);
+      for (int i = 0; i < 2; i++) {
+        rt_scope_add(got[i], "test", EM_HERE);
+        EXPECT_SAME_BITS(got[i], want[i], i ? "dropout" : "random values");
+      }
+      cr_assert(ind_run_rng(p, gin, 2, again, NULL, NULL, EM_HERE), "%s", em_last_error());
+      for (int i = 0; i < 2; i++) rt_scope_add(again[i], "test", EM_HERE);
+      int64_t n = em_numel(want[0]);
+      if (n > 1) {
+        double d = em_item(em_amax(em_abs(em_sub(got[0], again[0])), 0, NULL, false));
+        cr_assert_gt(d, 0, "case %d/%d: the second call drew the same values", s, m);
+      }
+      /* the counters are arguments, not code: the same graph compiled again is a cache hit */
+      ind_cache_stats c0 = ind_cache_counters();
+      char err[256];
+      ind_program *p2 = ind_compile(g, gin, NULL, err, sizeof err);
+      cr_assert_not_null(p2, "%s", err);
+      ind_cache_stats c1 = ind_cache_counters();
+      cr_assert(c1.misses == c0.misses && c1.memory_hits == c0.memory_hits + 1, "the kernels came from the cache");
+      ind_free(p2);
+      ind_free(p);
+      ir_graph_free(g);
+      em_scope_end();
+    }
+}
+
+/* An MLP with dropout on its hidden layer (params w1, b1, w2, b2): the loss and the dropped
+ * activations. */
+static em_outputs drop_mlp_loss(void *ctx, em_tensor *const *in, int n) {
+  em_tensor **p = ((net *)ctx)->params;
+  em_tensor *h = em_dropout(em_relu(em_linear(in[0], p[0], p[1])), 0.4, true);
+  em_tensor *l = em_cross_entropy(em_linear(h, p[2], p[3]), in[1], EM_CROSS_ENTROPY_DEFAULT);
+  return EM_OUTPUTS(l, h);
+}
+
+/* The MLP's parameters (the same for the same generator state), kept beyond the scope. */
+static void drop_mlp_init(net *m) {
+  memset(m, 0, sizeof *m);
+  m->params[0] = em_mul_scalar(em_randn(EM_F32, EM_SHAPE(40, 20)), 0.3);
+  m->params[1] = em_mul_scalar(em_randn(EM_F32, EM_SHAPE(40)), 0.1);
+  m->params[2] = em_mul_scalar(em_randn(EM_F32, EM_SHAPE(6, 40)), 0.3);
+  m->params[3] = em_zeros(EM_F32, EM_SHAPE(6));
+  for (int i = 0; i < 4; i++) m->params[i] = em_keep(em_requires_grad_(m->params[i], true));
+  m->n_params = 4;
+}
+
+static int random_kernels, random_eager;
+/* Counts compiled programs whose schedule holds a random node inside a kernel, or on its own. */
+static void count_random_kernels(const char *graph, const ind_program *p) {
+  const char *s = ind_schedule(p);
+  for (const char *l = s; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+    const char *e = strchr(l, '\n') ? strchr(l, '\n') : l + strlen(l);
+    const char *k = strstr(l, "kernel over"), *r = strstr(l, "philox_");
+    if (r && r < e) {
+      if (k && k < r) random_kernels++;
+      else if (strstr(l, "(eager kernel") && strstr(l, "(eager kernel") < e) random_eager++;
+    }
+  }
+}
+
+/* A few training steps of the MLP with dropout, forward compiled by the default backend (AOT:
+ * forward and backward graphs as generated kernels, the backward replaying the forward's mask
+ * through its rng slot), SGD eager, against the same steps run eagerly with the same seed each
+ * step: the first step's dropped activations are eager's bits, every later step's masks are
+ * eager's (the parameters differ in the last bits: kernels sum bias gradients in another order),
+ * losses and parameters agree within 1e-5; the dropout ran inside the forward's kernel; two
+ * calls without reseeding draw different masks. */
+ETEST(inductor, dropout_training_steps_match_eager) {
+  net m[2];
+  em_optimizer *opt[2];
+  em_manual_seed(17);
+  em_tensor *x = em_randn(EM_F32, EM_SHAPE(24, 20)), *y = em_randint(0, 6, EM_SHAPE(24));
+  for (int k = 0; k < 2; k++) {
+    em_manual_seed(18);
+    drop_mlp_init(&m[k]);
+    opt[k] = em_sgd_new(4, m[k].params, ((em_sgd_opts){0.1, 0.9, 0, 0, false}));
+  }
+  em_compiled *c = em_compile(drop_mlp_loss, &(em_compile_options){.name = "dropout_mlp"});
+  cr_assert_not_null(c, "%s", em_last_error());
+  ind_set_compiled_hook(count_random_kernels); /* em_compile installed the frontend's; ours until the next */
+  random_kernels = random_eager = 0;
+  for (int step = 0; step < 4; step++) {
+    em_scope_begin();
+    em_tensor *h[2];
+    double l[2];
+    for (int k = 0; k < 2; k++) {
+      em_manual_seed(700 + step);
+      em_outputs o = k ? em_call(c, &m[k], x, y) : drop_mlp_loss(&m[k], (em_tensor *[]){x, y}, 2);
+      cr_assert_not_null(o.t[0], "%s", em_last_error());
+      l[k] = em_item(o.t[0]), h[k] = o.t[1];
+      em_optimizer_zero_grad(opt[k]);
+      cr_assert(em_backward(o.t[0], NULL), "%s", em_last_error());
+      cr_assert(em_optimizer_step(opt[k]), "%s", em_last_error());
+    }
+    if (step == 0) EXPECT_SAME_BITS(h[1], h[0], "dropped activations");
+    EXPECT_SAME_BITS(em_eq_scalar(h[1], 0), em_eq_scalar(h[0], 0), "dropout mask");
+    expect_close(h[1], h[0], 1e-5, "dropped activations at step", step);
+    cr_assert(fabs(l[1] - l[0]) <= 1e-5 * fabs(l[0]), "step %d: loss %.9g, eager %.9g", step, l[1], l[0]);
+    em_scope_end();
+  }
+  for (int i = 0; i < 4; i++) expect_close(m[1].params[i], m[0].params[i], 1e-5, "parameter", i);
+  em_compile_stats st = em_compiled_stats(c);
+  cr_assert_eq(st.inductor_fallbacks, 0);
+  cr_assert_gt(st.kernel_runs, 4, "the forward and backward ran as generated kernels");
+  cr_assert_gt(random_kernels, 0, "the dropout's uniform ran inside a generated kernel");
+  cr_assert_eq(random_eager, 0, "no random node ran op by op");
+  /* two calls, one generator: other masks */
+  em_scope_begin();
+  em_tensor *a = em_call(c, &m[1], x, y).t[1], *b = em_call(c, &m[1], x, y).t[1];
+  cr_assert_gt(em_item(em_sum(em_ne(em_eq_scalar(a, 0), em_eq_scalar(b, 0)), 0, NULL, false)), 0, "the masks differ");
+  em_scope_end();
+  em_compiled_free(c);
+  for (int k = 0; k < 2; k++) em_optimizer_free(opt[k]);
+}
+
+/* The same steps compiled whole (train_step: the mask's uniform in the graph beside its use in
+ * the backward, parameters updated in place by the kernels): losses and parameters within 1e-5
+ * of eager's (another mask would move the loss by far more). */
+ETEST(inductor, whole_dropout_training_step_matches_eager) {
+  trainer t[2];
+  em_manual_seed(17);
+  em_tensor *x = em_randn(EM_F32, EM_SHAPE(24, 20)), *y = em_randint(0, 6, EM_SHAPE(24));
+  for (int k = 0; k < 2; k++) {
+    em_manual_seed(18);
+    t[k].loss_fn = drop_mlp_loss;
+    drop_mlp_init(&t[k].m);
+    t[k].opt = em_sgd_new(4, t[k].m.params, ((em_sgd_opts){0.1, 0.9, 0, 0, false}));
+  }
+  em_compiled *c = em_compile(train_step, &(em_compile_options){.name = "dropout_step"});
+  for (int step = 0; step < 5; step++) {
+    em_scope_begin();
+    double l[2];
+    for (int k = 0; k < 2; k++) {
+      em_manual_seed(900 + step);
+      em_tensor *o = k ? em_call(c, &t[k], x, y).t[0] : train_step(&t[k], (em_tensor *[]){x, y}, 2).t[0];
+      cr_assert_not_null(o, "%s", em_last_error());
+      l[k] = em_item(o);
+    }
+    cr_assert(fabs(l[1] - l[0]) <= 1e-5 * fabs(l[0]), "step %d: loss %.9g, eager %.9g", step, l[1], l[0]);
+    em_scope_end();
+  }
+  for (int i = 0; i < 4; i++) expect_close(t[1].m.params[i], t[0].m.params[i], 1e-5, "parameter", i);
+  em_compile_stats st = em_compiled_stats(c);
+  cr_assert(st.kernel_runs > 5 && st.inductor_fallbacks == 0, "compiled: %lld kernel runs", (long long)st.kernel_runs);
+  em_compiled_free(c);
+  for (int k = 0; k < 2; k++) em_optimizer_free(t[k].opt);
+}
+
+/* A draw nothing reads, then dropout: no kernel computes the unused values, but their counters
+ * are still taken, so the dropout's mask and the generator's offset are eager's. */
+static em_outputs unused_draw(void *ctx, em_tensor *const *in, int n) {
+  em_rand(EM_F32, EM_SHAPE(100));
+  return EM_OUTPUTS(em_dropout(in[0], 0.5, true));
+}
+
+ETEST(inductor, unused_random_values_still_take_their_counters) {
+  em_tensor *x = em_ones(EM_F32, EM_SHAPE(40));
+  em_compiled *c = em_compile(unused_draw, NULL);
+  for (int i = 0; i < 3; i++) {
+    em_scope_begin();
+    uint64_t s0, o0, s1, o1;
+    em_manual_seed(60 + i);
+    em_tensor *want = unused_draw(NULL, &x, 1).t[0];
+    em_rng_get_state(&s0, &o0);
+    em_manual_seed(60 + i);
+    em_tensor *got = em_call(c, NULL, x).t[0];
+    em_rng_get_state(&s1, &o1);
+    cr_assert_not_null(got, "%s", em_last_error());
+    EXPECT_SAME_BITS(got, want, "dropout after an unused draw");
+    cr_assert_eq(o1, o0, "the generator advanced by %llu, eager by %llu", (unsigned long long)o1, (unsigned long long)o0);
+    em_scope_end();
+  }
+  em_compile_stats st = em_compiled_stats(c);
+  cr_assert(st.kernel_runs > 0 && st.inductor_fallbacks == 0, "compiled");
+  em_compiled_free(c);
+}
+
+/* Fuzz program 2065, reached once graphs with dropout compiled: add(mm, mm) where the product
+ * is a row ([1, 1, N]) took the product as its own epilogue bias, before it existed. */
+static em_outputs product_twice(void *ctx, em_tensor *const *in, int n) {
+  em_tensor *v = em_sigmoid(in[0]);
+  em_tensor *mm = em_matmul(em_transpose(v, 1, 2), v);
+  return EM_OUTPUTS(em_add(mm, mm));
+}
+
+ETEST(inductor, a_product_added_to_itself_is_no_bias_epilogue) {
+  em_manual_seed(1);
+  em_tensor *x = em_randn(EM_F32, EM_SHAPE(1, 4, 1));
+  em_compiled *c = em_compile(product_twice, NULL);
+  em_tensor *got = em_call(c, NULL, x).t[0];
+  cr_assert_not_null(got, "%s", em_last_error());
+  EXPECT_SAME_BITS(got, product_twice(NULL, &x, 1).t[0], "2 (a b)");
+  em_compiled_free(c);
+}
