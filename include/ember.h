@@ -1598,8 +1598,9 @@ void em_compiled_free(em_compiled *c);
  * the calling thread instead, in the third call. Kernels are cached in memory and on disk.
  * Arguments are checked before fusion, so errors are the
  * composite's own. Gradients come from one autograd node whose backward is the compiled
- * backward; as in torch.compile, differentiating that backward again (double backward through a
- * fused composite) is not supported: run with fusion off. Results agree with op by op within
+ * backward, partitioned by "recompute" (only the composite's inputs saved, the rest recomputed
+ * in the backward's kernels), so double backward through a fused composite is exact, as op by
+ * op (under create_graph the backward graph runs recorded). Results agree with op by op within
  * the inductor's rounding (1e-5 relative in f32, 1e-12 in f64; see "inductor" above). A fused
  * call that fails inside the compiler runs op by op, then and from then on for its signature,
  * with a line under EMBER_LOGS=fusion. EMBER_EAGER_FUSION=0 turns it off (op by op, as before);
