@@ -346,7 +346,11 @@ void em_eager_fusion_wait(void) {
   }
 }
 
-__attribute__((constructor)) static void install(void) { rt_fuse_hook = fuse; }
+/* The hook is defined here, initialized, not set by a constructor: the runtime's composites
+ * reference it, so a static link (libember.a) always takes this file; an object nothing
+ * referenced was dropped with its constructor, and programs linked statically (bench/peers_ember,
+ * bench/compiled) ran every composite op by op. */
+rt_fuse_fn rt_fuse_hook = fuse;
 /* A compile still running at exit finishes first (LLVM's own destructors run after this). */
 __attribute__((destructor)) static void finish(void) { em_eager_fusion_wait(); }
 

@@ -36,8 +36,6 @@
       return fused_;                                                                              \
   } while (0)
 
-rt_fuse_fn rt_fuse_hook;
-
 bool rt_fused(rt_fuse_op op, const double *args, int n_args, em_tensor *const *in, int n_in, em_tensor **out,
               em_site site) {
   /* inside a trace (em_compile's, or the fused kernel's own) the composite is its prims */
