@@ -100,6 +100,11 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: alloc_fail_step eager|compiled|first ember|malloc N\n");
     return done(2);
   }
+  /* eager fusion off: a fused call's first calls start a background compile that holds copies of
+   * its inputs, which this program's count of live tensors would take for leaks; the eager step
+   * here is the op-by-op one (eager fusion's own failures are the compiler's, tested through
+   * em_compile's steps below) */
+  em_eager_fusion_config(0, -1);
   const char *mode = argv[1];
   bool use_malloc = !strcmp(argv[2], "malloc");
   long long n = atoll(argv[3]);
