@@ -24,8 +24,8 @@
  * and one compiled function's calls serialized by its lock (the caller never calls a compiled
  * function while its background compile runs: the state says COMPILING). What stays global:
  * the fault injector's allocation count (em_debug_fail_alloc) and the live-tensor counters,
- * which see the copies: em_eager_fusion_wait waits for them. EMBER_EAGER_FUSION_ASYNC=0
- * compiles on the calling thread, in the third call.
+ * which see the copies: em_eager_fusion_wait waits for them. That is EMBER_EAGER_FUSION_ASYNC=1;
+ * by default the third call compiles on the calling thread (async_compile says why).
  *
  * Only contiguous CPU inputs whose sizes fit the symbols' range, at least min_numel elements,
  * are offered to the kernel; anything else, or a call that fails inside the compiled path,
@@ -215,11 +215,16 @@ static fuse_slot *slot_for(const fuse_key *k, em_site site) {
 
 static bool is_update(rt_fuse_op op) { return op == RT_FUSE_SGD || op == RT_FUSE_ADAMW; }
 
-/* Whether a signature compiles on a background thread (EMBER_EAGER_FUSION_ASYNC, default 1) or
- * on the calling thread, in the call after its warm-up. */
+/* Whether a signature compiles on a background thread (EMBER_EAGER_FUSION_ASYNC=1) or on the
+ * calling thread, in the call after its warm-up (the default). Not in the background by
+ * default: a program that exits while a compile runs has exit() destroy LLVM's C++ statics
+ * (their __cxa_atexit handlers run before this file's destructor that waits for the compile), and
+ * the compile thread crashed in them (bench/peers_ember under a loaded test suite, exit status
+ * nonzero with nothing on stderr). The calling thread's compile costs its third call tens of ms;
+ * the first call stays op by op. */
 static bool async_compile(void) {
   const char *env = getenv("EMBER_EAGER_FUSION_ASYNC");
-  return !(env && !strcmp(env, "0"));
+  return env && !strcmp(env, "1");
 }
 
 /* A background compile: the compiled function called on copies of a call's inputs (the caller

@@ -1588,14 +1588,14 @@ void em_compiled_free(em_compiled *c);
  * before), its inputs are contiguous CPU tensors with every dim <= 65536, the first has at least
  * EMBER_EAGER_FUSION_MIN elements (default 4096), and its signature (composite, non-tensor
  * arguments, input dtypes and ranks, absent inputs, requires_grad of each, grad mode) has been
- * called twice before: the first two calls of a signature run op by op, and the third starts its
- * compile on a background thread (on copies of its inputs: the caller may go on writing them)
- * and runs op by op too, as every call does until the compile is done; then one compiled
+ * called twice before: the first two calls of a signature run op by op, and the third compiles
+ * it on the calling thread and runs it (EMBER_EAGER_FUSION_ASYNC=1: on a background thread, on
+ * copies of its inputs, calls running op by op until it is done; a program that exits while
+ * such a compile runs can crash in LLVM's static destructors, so it is not the default); then one compiled
  * function per signature (em_compile with EM_DYNAMIC_ALWAYS, so one kernel module serves every
  * size) takes over, with its tiering at a size it has not seen: that size's first
  * EMBER_DYNAMIC_COMPILE_AFTER - 1 calls run the graph op by op, then it is specialized on the
- * calling thread (the kernel module is shared: no LLVM). EMBER_EAGER_FUSION_ASYNC=0 compiles on
- * the calling thread instead, in the third call. Kernels are cached in memory and on disk.
+ * calling thread (the kernel module is shared: no LLVM). Kernels are cached in memory and on disk.
  * Arguments are checked before fusion, so errors are the
  * composite's own. Gradients come from one autograd node whose backward is the compiled
  * backward, partitioned by "recompute" (only the composite's inputs saved, the rest recomputed

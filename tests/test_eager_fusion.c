@@ -352,6 +352,7 @@ ETEST(eager_fusion, optimizers) {
  * by op itself; calls while it compiles run op by op; once it is done, calls run its kernels at
  * once. With EMBER_EAGER_FUSION_ASYNC=0 the third call compiles and runs the kernel itself. */
 ETEST(eager_fusion, background_compile) {
+  setenv("EMBER_EAGER_FUSION_ASYNC", "1", 1); /* the default compiles on the calling thread */
   fusion_on();
   em_tensor *x = randn(EM_F32, 16, 40);
   fusion_off();
@@ -374,6 +375,9 @@ ETEST(eager_fusion, background_compile) {
   for (int i = 0; i < 3; i++) cr_assert_not_null(em_softmax(y, 0));
   cr_assert_eq(em_eager_fusion_info().fused_calls, 2, "with EMBER_EAGER_FUSION_ASYNC=0 the third call is fused");
   unsetenv("EMBER_EAGER_FUSION_ASYNC");
+  em_tensor *z = randn(EM_F32, 10, 44);
+  for (int i = 0; i < 3; i++) cr_assert_not_null(em_log_softmax(z, 0));
+  cr_assert_eq(em_eager_fusion_info().fused_calls, 3, "by default the third call compiles and is fused");
 }
 
 /* Threads: callers of one signature share its compiled function (one starts the compile, the
