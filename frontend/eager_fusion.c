@@ -24,8 +24,9 @@
  * and one compiled function's calls serialized by its lock (the caller never calls a compiled
  * function while its background compile runs: the state says COMPILING). What stays global:
  * the fault injector's allocation count (em_debug_fail_alloc) and the live-tensor counters,
- * which see the copies: em_eager_fusion_wait waits for them. That is EMBER_EAGER_FUSION_ASYNC=1;
- * by default the third call compiles on the calling thread (async_compile says why).
+ * which see the copies: em_eager_fusion_wait waits for them. The process's exit waits for them
+ * too, before LLVM's static destructors run ("the end of the process" below says how).
+ * EMBER_EAGER_FUSION_ASYNC=0 compiles on the calling thread instead, in the third call.
  *
  * Only contiguous CPU inputs whose sizes fit the symbols' range, at least min_numel elements,
  * are offered to the kernel; anything else, or a call that fails inside the compiled path,
@@ -33,6 +34,9 @@
  * fused again). */
 /* _GNU_SOURCE comes with the build's flags (LLVM's): syscall(SYS_gettid), a thread's own nice value */
 #include "frontend.h"
+#ifdef EMBER_HAVE_LLVM
+#include "../inductor/llvm_guard.h"
+#endif
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -215,16 +219,60 @@ static fuse_slot *slot_for(const fuse_key *k, em_site site) {
 
 static bool is_update(rt_fuse_op op) { return op == RT_FUSE_SGD || op == RT_FUSE_ADAMW; }
 
-/* Whether a signature compiles on a background thread (EMBER_EAGER_FUSION_ASYNC=1) or on the
- * calling thread, in the call after its warm-up (the default). Not in the background by
- * default: a program that exits while a compile runs has exit() destroy LLVM's C++ statics
- * (their __cxa_atexit handlers run before this file's destructor that waits for the compile), and
- * the compile thread crashed in them (bench/peers_ember under a loaded test suite, exit status
- * nonzero with nothing on stderr). The calling thread's compile costs its third call tens of ms;
- * the first call stays op by op. */
+/* Whether a signature compiles on a background thread (the default) or, with
+ * EMBER_EAGER_FUSION_ASYNC=0, on the calling thread in the call after its warm-up. */
 static bool async_compile(void) {
   const char *env = getenv("EMBER_EAGER_FUSION_ASYNC");
-  return env && !strcmp(env, "1");
+  return !(env && !strcmp(env, "0"));
+}
+
+/* ---- the end of the process ----
+ *
+ * A compile thread runs LLVM, and exit() destroys LLVM's C++ statics: a compile still running
+ * then crashes in them (bench/peers_ember died, status nonzero, nothing on stderr, under a
+ * loaded test suite; tests/exit_probe reproduced it, 1 run in 10 segfaulting in LLVM's
+ * SelectionDAG type tables). So exit waits for the compiles before any LLVM destructor runs.
+ * The difficulty is "before": exit() runs the atexit handlers newest first, then the ELF
+ * destructors (this file's `finish`, too late: the first version waited there), and LLVM
+ * registers some destructors lazily, at the first use of a function-local static, which may
+ * be inside the very compile being waited for (measured: SDNode::getValueTypeList's type
+ * tables, isPassInPrintList's, TargetLibraryInfo's, two in X86 passes, in a process's first
+ * codegen; which ones depends on the kernel, so no warm-up can make them all in advance).
+ * An atexit handler registered before such a compile runs after its destructors.
+ *
+ * What runs before every static destructor, however late it was registered, is the exiting
+ * thread's thread_local destructors: C++ destroys them first ([basic.start.term]p1; glibc's
+ * exit() calls __call_tls_dtors before the atexit handlers). So each thread that offers a
+ * fusable call, and the thread that loads Ember (the main thread, whose return from main is
+ * the usual exit), carries a thread-end hook (ind_llvm_at_thread_end) that waits for the
+ * compiles running: when that thread exits the process, nothing of LLVM has been destroyed
+ * yet. When it merely ends, the wait costs it at most the compiles then running. A thread
+ * that never offered a fusable call and calls exit() while a compile runs (a watchdog, say)
+ * is covered by an atexit handler registered anew on the calling thread just before each
+ * compile thread starts: newer than every LLVM destructor registered before that compile,
+ * older only than one the compile itself registers in the moment; it stops new compiles
+ * (`exiting`: calls stay op by op, none compiles on the calling thread during exit) and waits
+ * for the running ones, which stop at their next call. quick_exit and _exit run no
+ * destructors: nothing to wait for. Another thread inside a fused call while the process
+ * exits runs kernels already made (its signature READY) or op by op; it compiles only a new
+ * size of a ready signature (em_call's dynamic tiers), as any em_compile caller racing exit.
+ * A fork's child has none of the parent's compile threads: their signatures run op by op. */
+static bool exiting;
+static _Thread_local bool compile_thread; /* this thread runs a background compile */
+
+static void at_exit(void) {
+  __atomic_store_n(&exiting, true, __ATOMIC_RELEASE);
+  em_eager_fusion_wait();
+}
+
+static void at_thread_end(void) { em_eager_fusion_wait(); }
+
+/* Gives the calling thread its thread-end hook, once. */
+static void hook_thread(void) {
+#ifdef EMBER_HAVE_LLVM
+  static _Thread_local bool hooked;
+  if (!hooked && !compile_thread) hooked = true, ind_llvm_at_thread_end(at_thread_end);
+#endif
 }
 
 /* A background compile: the compiled function called on copies of a call's inputs (the caller
@@ -239,6 +287,7 @@ typedef struct compile_job {
 static void *compile_job_run(void *arg) {
   compile_job *j = arg;
   fuse_slot *s = j->s;
+  compile_thread = true;
   /* below the caller's threads: on a busy machine the compile yields to the op-by-op calls */
   if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10)) { /* best effort */
   }
@@ -246,14 +295,15 @@ static void *compile_job_run(void *arg) {
   if (!s->key.grad_mode) em_no_grad_begin(); /* grad mode is per thread: the signature's */
   /* a size's first calls run op by op, the EMBER_DYNAMIC_COMPILE_AFTER-th (3) compiles: one
    * more call than that leaves nothing to compile for the caller at this size */
-  for (int i = 0; ok && i < 4; i++) {
+  bool stopped = false; /* by the process's exit: the signature runs op by op */
+  for (int i = 0; ok && i < 4 && !(stopped = __atomic_load_n(&exiting, __ATOMIC_ACQUIRE)); i++) {
     em_scope_begin_at(j->site);
     em_outputs r = em_call_at(s->c, &s->key, j->in, j->n, j->site);
     ok = update ? r.n == 0 && !em_last_error() : r.n == 1 && r.t[0];
     em_scope_end_at(j->site);
   }
   if (!s->key.grad_mode) em_no_grad_end();
-  if (!ok) {
+  if (!ok && !stopped) {
     fe_log(FE_LOG_FUSION, "em_%s at %s:%d: the background compile failed (%s); running op by op from now on",
            op_names[s->key.op], j->site.file, j->site.line, em_last_error() ? em_last_error() : "no message");
     __atomic_add_fetch(&table.fallbacks, 1, __ATOMIC_RELAXED);
@@ -261,17 +311,24 @@ static void *compile_job_run(void *arg) {
   em_clear_error();
   for (int i = 0; i < j->n; i++) em_release(j->in[i]);
   em_thread_cleanup();
-  __atomic_store_n(&s->state, ok ? READY : BROKEN, __ATOMIC_RELEASE);
+  __atomic_store_n(&s->state, ok && !stopped ? READY : BROKEN, __ATOMIC_RELEASE);
   free(j);
   return NULL;
 }
 
+enum { STARTED, REFUSED, SYNC }; /* start_compile: a thread runs it; none (exiting); compile on this call */
+
 /* Starts s's background compile on copies of in (made here: one pass over the inputs, less than
- * the op-by-op call this one also runs). False when it cannot (then the caller compiles). */
-static bool start_compile(fuse_slot *s, em_tensor *const *in, int n, bool had_error, em_site site) {
-  if (!async_compile()) return false;
+ * the op-by-op call this one also runs). SYNC when it cannot (then the caller compiles), REFUSED
+ * when the process is exiting (the caller runs op by op). */
+static int start_compile(fuse_slot *s, em_tensor *const *in, int n, bool had_error, em_site site) {
+  if (!async_compile()) return SYNC;
+  /* the atexit handler, registered anew: newer than LLVM's destructors registered so far (see
+   * "the end of the process"); it also refuses compiles once it ran */
+  if (__atomic_load_n(&exiting, __ATOMIC_ACQUIRE)) return REFUSED;
+  hook_thread();
   compile_job *j = calloc(1, sizeof *j);
-  if (!j || !em_scope_begin_at(site)) return free(j), false;
+  if (!j || atexit(at_exit) || !em_scope_begin_at(site)) return free(j), SYNC;
   j->s = s, j->n = n, j->site = site;
   bool ok = true;
   em_no_grad_begin(); /* detached copies: the background thread shares no autograd graph */
@@ -284,16 +341,17 @@ static bool start_compile(fuse_slot *s, em_tensor *const *in, int n, bool had_er
     if (!had_error) em_clear_error(); /* out of memory for the copies: not the caller's error */
     for (int i = 0; i < n; i++) em_release(j->in[i]);
     free(j);
-    return false;
+    return SYNC;
   }
   __atomic_store_n(&s->joinable, 1, __ATOMIC_RELEASE);
-  return true;
+  return STARTED;
 }
 
 static bool fuse(rt_fuse_op op, const double *args, int n_args, em_tensor *const *in, int n_in, em_tensor **out,
                  em_site site) {
   fuse_key k;
   if (inside || !fusion_on() || !signature(op, args, n_args, in, n_in, &k)) return false;
+  hook_thread();
   fuse_slot *s = slot_for(&k, site);
   if (!s) return false;
   int state = __atomic_load_n(&s->state, __ATOMIC_ACQUIRE);
@@ -305,13 +363,12 @@ static bool fuse(rt_fuse_op op, const double *args, int n_args, em_tensor *const
   bool had_error = em_last_error() != NULL, update = is_update(op);
   if (update && had_error) return false; /* an update's failure shows only as a new error */
   if (state != READY) {
-    int cold = COLD;
-    bool started = false; /* this call started the background compile: it runs op by op */
+    int cold = COLD, how = REFUSED; /* STARTED: this call started the background compile, runs op by op */
     if (s->calls > fuse_after() && state == COLD &&
         __atomic_compare_exchange_n(&s->state, &cold, COMPILING, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) &&
-        !(started = start_compile(s, ins, n, had_error, site)))
-      __atomic_store_n(&s->state, READY, __ATOMIC_RELEASE); /* no thread: compile on this call */
-    if (started || __atomic_load_n(&s->state, __ATOMIC_ACQUIRE) != READY) {
+        (how = start_compile(s, ins, n, had_error, site)) != STARTED)
+      __atomic_store_n(&s->state, how == SYNC ? READY : COLD, __ATOMIC_RELEASE); /* SYNC: compile on this call */
+    if (how == STARTED || __atomic_load_n(&s->state, __ATOMIC_ACQUIRE) != READY) {
       __atomic_add_fetch(&table.warmup_calls, 1, __ATOMIC_RELAXED);
       return false;
     }
@@ -340,6 +397,7 @@ static bool fuse(rt_fuse_op op, const double *args, int n_args, em_tensor *const
 }
 
 void em_eager_fusion_wait(void) {
+  if (compile_thread) return; /* a compile thread ending (its thread-end hook) waits for no one */
   for (int i = 0;; i++) {
     pthread_mutex_lock(&table.lock);
     fuse_slot *s = i < table.n ? table.slots[i] : NULL;
@@ -356,7 +414,29 @@ void em_eager_fusion_wait(void) {
  * referenced was dropped with its constructor, and programs linked statically (bench/peers_ember,
  * bench/compiled) ran every composite op by op. */
 rt_fuse_fn rt_fuse_hook = fuse;
-/* A compile still running at exit finishes first (LLVM's own destructors run after this). */
+
+/* A fork's child: the parent's compile threads are not in it; their signatures run op by op
+ * (their compiled functions may be locked by those threads). The table's lock is held across
+ * the fork so that the child finds the table whole. */
+static void fork_prepare(void) { pthread_mutex_lock(&table.lock); }
+static void fork_parent(void) { pthread_mutex_unlock(&table.lock); }
+static void fork_child(void) {
+  for (int i = 0; i < table.n; i++) {
+    fuse_slot *s = table.slots[i];
+    s->joinable = 0;
+    if (s->state == COMPILING) s->state = BROKEN;
+  }
+  pthread_mutex_unlock(&table.lock);
+}
+
+/* The thread that loads Ember (the main thread) gets its thread-end hook now: returning from
+ * main is how most programs exit. Threads that offer fusable calls get theirs then. */
+__attribute__((constructor)) static void start(void) {
+  hook_thread();
+  if (pthread_atfork(fork_prepare, fork_parent, fork_child)) { /* out of memory: children may wait */
+  }
+}
+/* The last resort (dlclose of the shared library; an atexit handler ran already at exit). */
 __attribute__((destructor)) static void finish(void) { em_eager_fusion_wait(); }
 
 void em_eager_fusion_config(int enabled, int64_t min_numel_) {

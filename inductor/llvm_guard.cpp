@@ -54,7 +54,26 @@ void on_bad_alloc(void *, const char *reason, bool) {
   fatal(reason);
 }
 
+/* A thread's ind_llvm_at_thread_end hook. C++ destroys the thread_local objects of the thread
+ * that calls exit() (or returns from main) before it destroys any object of static storage
+ * duration ([basic.start.term]p1; glibc's exit() calls __call_tls_dtors before the atexit
+ * handlers), whenever the latter were constructed: LLVM makes some of its statics lazily,
+ * inside a compile, so an atexit handler registered before that compile runs after their
+ * destructors. This destructor does not. */
+struct thread_end_hook {
+  void (*fn)(void) = nullptr;
+  ~thread_end_hook() {
+    if (fn) fn();
+  }
+};
+
+thread_local thread_end_hook thread_end;
+
 } // namespace
+
+/* The first use on a thread registers the destructor (__cxa_thread_atexit: out of memory, it
+ * is not registered and fn does not run). */
+extern "C" void ind_llvm_at_thread_end(void (*fn)(void)) { thread_end.fn = fn; }
 
 extern "C" void ind_llvm_install_handlers(void) {
   static bool done;

@@ -22,6 +22,12 @@ void ind_llvm_install_handlers(void);
  * keep what it allocates where its caller can find it: an exception skips the rest of fn. */
 ind_llvm_outcome ind_llvm_guard(void (*fn)(void *), void *arg, char *err, size_t cap);
 
+/* Runs fn() when the calling thread ends: when it returns or calls pthread_exit, and when it
+ * calls exit() or returns from main, then before any static object's destructor, LLVM's
+ * included (a C++ thread_local's destructor: [basic.start.term]). One fn per thread; NULL
+ * clears it. Out of memory registering it, fn does not run. */
+void ind_llvm_at_thread_end(void (*fn)(void));
+
 #ifdef __cplusplus
 }
 #endif
