@@ -3,7 +3,8 @@
  *   - softmax and layer_norm over [4096, 1024] f32 rows (no grad): ms per call fused and op by
  *     op, GB/s (bytes read + written once) against memcpy of the same bytes in the same run;
  *   - their first calls: a new signature's first call (op by op by design) against an op-by-op
- *     call, the third (which copies its inputs and starts the background compile), the slowest
+ *     call (and their ratio), the third (which starts the background compile;
+ *     EMBER_EAGER_FUSION_ASYNC=0: which compiles on the calling thread), the slowest
  *     call until the first fused one, and the number of calls until then (a training step has
  *     several signatures: the steady state below waits for all their compiles);
  *   - eager training steps (forward, backward, SGD momentum 0.9) of the Fashion-MNIST MLP
@@ -55,7 +56,10 @@ static void run(const char *name, em_model_fn fn, void *ctx, em_tensor *const *i
   }
   report(name, "first_call_ms", first, "ms", "a new signature's first call, fusion on (op by op by design)");
   report(name, "op_by_op_call_ms", off1, "ms", "a warm op-by-op call, for comparison");
-  report(name, "third_call_ms", third, "ms", "the call that copies its inputs and starts the background compile");
+  report(name, "first_call_of_op_by_op", first / off1, "x", "first call of a new signature / op-by-op call");
+  report(name, "third_call_ms", third, "ms",
+         "the call that starts the background compile (EMBER_EAGER_FUSION_ASYNC=0: that compiles)");
+  report(name, "third_call_of_op_by_op", third / off1, "x", "third call / op-by-op call");
   report(name, "slowest_warmup_call_ms", slowest, "ms", "the slowest call until the first fused one");
   report(name, "calls_until_fused", calls, "", "calls with fusion on until the first fused call (itself included)");
   em_eager_fusion_wait(); /* steady state: every signature's compile done (a step has several) */

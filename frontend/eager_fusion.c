@@ -15,17 +15,17 @@
  *
  * Tiering: a signature's first two calls run op by op (no trace for one-off calls); the third
  * starts the compile on a background thread and runs op by op as well, as every call does until
- * the compile is done. The background thread calls the compiled function on copies of that
- * call's inputs (made on the caller's thread: the caller may write the originals meanwhile, and
- * an optimizer update must write only the copies) until its kernels exist. That relies on what
+ * the compile is done. The background thread calls the compiled function on inputs like that
+ * call's (shapes, dtypes, requires_grad; made on the compile thread, see compile_job) until its
+ * kernels exist: the third call pays no compile and no copy. That relies on what
  * em_compile already promises to threads (independent compiled functions run in parallel): the
  * tracer, scopes, grad mode and errors are per thread, reference counts and the allocator's
  * counters atomic, the LLVM JIT behind its lock, table setup in pthread_once or constructors,
  * and one compiled function's calls serialized by its lock (the caller never calls a compiled
  * function while its background compile runs: the state says COMPILING). What stays global:
  * the fault injector's allocation count (em_debug_fail_alloc) and the live-tensor counters,
- * which see the copies: em_eager_fusion_wait waits for them. The process's exit waits for them
- * too, before LLVM's static destructors run ("the end of the process" below says how).
+ * which see the compile's inputs: em_eager_fusion_wait waits for them. The process's exit waits
+ * for the compiles too, before LLVM's static destructors run ("the end of the process" below says how).
  * EMBER_EAGER_FUSION_ASYNC=0 compiles on the calling thread instead, in the third call.
  *
  * Only contiguous CPU inputs whose sizes fit the symbols' range, at least min_numel elements,
@@ -275,14 +275,42 @@ static void hook_thread(void) {
 #endif
 }
 
-/* A background compile: the compiled function called on copies of a call's inputs (the caller
- * goes on writing the originals; an update writes only the copies) until its kernels exist. */
+/* A background compile: the compiled function called on inputs of the call's shapes, dtypes and
+ * requires_grad, made on the compile thread (ones, zeros for integer tensors: class 0 is a valid
+ * target), until its kernels exist. Not copies of the call's inputs: what em_compile traces,
+ * guards and compiles depends on those properties, not on the values (a composite reads none
+ * with em_item: an update's step count and lr are tensors in its graph), and a copy cost the
+ * call that started the compile one more pass over its inputs, a third of an op-by-op softmax.
+ * The caller's tensors are not touched: it may write or free them meanwhile, and an update
+ * writes only these. */
+typedef struct compile_input {
+  em_dtype dtype;
+  int ndim;
+  int64_t sizes[EM_MAX_DIMS];
+  bool requires_grad;
+} compile_input;
+
 typedef struct compile_job {
   fuse_slot *s;
-  em_tensor *in[RT_FUSE_MAX_IN]; /* owned copies */
+  compile_input like[RT_FUSE_MAX_IN];
   int n;
   em_site site;
 } compile_job;
+
+/* The job's inputs into in (owned), under the caller's scope; false when out of memory. */
+static bool make_inputs(const compile_job *j, em_tensor **in) {
+  bool ok = true;
+  em_no_grad_begin(); /* leaves: no autograd graph behind them */
+  for (int i = 0; i < j->n; i++) {
+    const compile_input *c = &j->like[i];
+    in[i] = !ok ? NULL
+            : ir_is_float(c->dtype) ? em_retain(em_ones_at(c->dtype, c->ndim, c->sizes, j->site))
+                                    : em_retain(em_zeros_at(c->dtype, c->ndim, c->sizes, j->site));
+    ok = in[i] && (!c->requires_grad || em_requires_grad__at(in[i], true, j->site));
+  }
+  em_no_grad_end();
+  return ok;
+}
 
 static void *compile_job_run(void *arg) {
   compile_job *j = arg;
@@ -291,58 +319,55 @@ static void *compile_job_run(void *arg) {
   /* below the caller's threads: on a busy machine the compile yields to the op-by-op calls */
   if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10)) { /* best effort */
   }
-  bool update = is_update(s->key.op), ok = em_scope_begin_at(j->site);
+  em_set_default_device(EM_CPU); /* fused inputs are CPU tensors */
+  em_tensor *in[RT_FUSE_MAX_IN] = {0};
+  bool update = is_update(s->key.op), scoped = em_scope_begin_at(j->site), made = scoped && make_inputs(j, in);
+  bool ok = made;
   if (!s->key.grad_mode) em_no_grad_begin(); /* grad mode is per thread: the signature's */
   /* a size's first calls run op by op, the EMBER_DYNAMIC_COMPILE_AFTER-th (3) compiles: one
    * more call than that leaves nothing to compile for the caller at this size */
   bool stopped = false; /* by the process's exit: the signature runs op by op */
   for (int i = 0; ok && i < 4 && !(stopped = __atomic_load_n(&exiting, __ATOMIC_ACQUIRE)); i++) {
     em_scope_begin_at(j->site);
-    em_outputs r = em_call_at(s->c, &s->key, j->in, j->n, j->site);
+    em_outputs r = em_call_at(s->c, &s->key, in, j->n, j->site);
     ok = update ? r.n == 0 && !em_last_error() : r.n == 1 && r.t[0];
     em_scope_end_at(j->site);
   }
   if (!s->key.grad_mode) em_no_grad_end();
-  if (!ok && !stopped) {
+  if (scoped) em_scope_end_at(j->site);
+  if (!ok && made && !stopped) {
     fe_log(FE_LOG_FUSION, "em_%s at %s:%d: the background compile failed (%s); running op by op from now on",
            op_names[s->key.op], j->site.file, j->site.line, em_last_error() ? em_last_error() : "no message");
     __atomic_add_fetch(&table.fallbacks, 1, __ATOMIC_RELAXED);
   }
   em_clear_error();
-  for (int i = 0; i < j->n; i++) em_release(j->in[i]);
+  for (int i = 0; i < j->n; i++) em_release(in[i]);
   em_thread_cleanup();
-  __atomic_store_n(&s->state, ok && !stopped ? READY : BROKEN, __ATOMIC_RELEASE);
+  /* out of memory for the inputs: a later call tries again */
+  __atomic_store_n(&s->state, ok && !stopped ? READY : !made && !stopped ? COLD : BROKEN, __ATOMIC_RELEASE);
   free(j);
   return NULL;
 }
 
 enum { STARTED, REFUSED, SYNC }; /* start_compile: a thread runs it; none (exiting); compile on this call */
 
-/* Starts s's background compile on copies of in (made here: one pass over the inputs, less than
- * the op-by-op call this one also runs). SYNC when it cannot (then the caller compiles), REFUSED
- * when the process is exiting (the caller runs op by op). */
-static int start_compile(fuse_slot *s, em_tensor *const *in, int n, bool had_error, em_site site) {
+/* Starts s's background compile for inputs like in. SYNC when it cannot (then the caller
+ * compiles), REFUSED when the process is exiting (the caller runs op by op). */
+static int start_compile(fuse_slot *s, em_tensor *const *in, int n, em_site site) {
   if (!async_compile()) return SYNC;
-  /* the atexit handler, registered anew: newer than LLVM's destructors registered so far (see
-   * "the end of the process"); it also refuses compiles once it ran */
   if (__atomic_load_n(&exiting, __ATOMIC_ACQUIRE)) return REFUSED;
   hook_thread();
   compile_job *j = calloc(1, sizeof *j);
-  if (!j || atexit(at_exit) || !em_scope_begin_at(site)) return free(j), SYNC;
+  /* the atexit handler, registered anew: newer than LLVM's destructors registered so far (see
+   * "the end of the process") */
+  if (!j || atexit(at_exit)) return free(j), SYNC;
   j->s = s, j->n = n, j->site = site;
-  bool ok = true;
-  em_no_grad_begin(); /* detached copies: the background thread shares no autograd graph */
-  for (int i = 0; ok && i < n; i++) ok = (j->in[i] = em_retain(em_clone_at(in[i], site))) != NULL;
-  em_no_grad_end();
-  for (int i = 0; ok && i < n; i++)
-    if (in[i]->requires_grad) ok = em_requires_grad__at(j->in[i], true, site) != NULL;
-  em_scope_end_at(site);
-  if (!ok || pthread_create(&s->thread, NULL, compile_job_run, j)) {
-    if (!had_error) em_clear_error(); /* out of memory for the copies: not the caller's error */
-    for (int i = 0; i < n; i++) em_release(j->in[i]);
-    free(j);
-    return SYNC;
+  for (int i = 0; i < n; i++) {
+    compile_input *c = &j->like[i];
+    c->dtype = in[i]->dtype, c->ndim = in[i]->ndim, c->requires_grad = in[i]->requires_grad;
+    memcpy(c->sizes, in[i]->sizes, sizeof(int64_t) * (size_t)in[i]->ndim);
   }
+  if (pthread_create(&s->thread, NULL, compile_job_run, j)) return free(j), SYNC;
   __atomic_store_n(&s->joinable, 1, __ATOMIC_RELEASE);
   return STARTED;
 }
@@ -366,7 +391,7 @@ static bool fuse(rt_fuse_op op, const double *args, int n_args, em_tensor *const
     int cold = COLD, how = REFUSED; /* STARTED: this call started the background compile, runs op by op */
     if (s->calls > fuse_after() && state == COLD &&
         __atomic_compare_exchange_n(&s->state, &cold, COMPILING, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) &&
-        (how = start_compile(s, ins, n, had_error, site)) != STARTED)
+        (how = start_compile(s, ins, n, site)) != STARTED)
       __atomic_store_n(&s->state, how == SYNC ? READY : COLD, __ATOMIC_RELEASE); /* SYNC: compile on this call */
     if (how == STARTED || __atomic_load_n(&s->state, __ATOMIC_ACQUIRE) != READY) {
       __atomic_add_fetch(&table.warmup_calls, 1, __ATOMIC_RELAXED);

@@ -1588,10 +1588,11 @@ void em_compiled_free(em_compiled *c);
  * before), its inputs are contiguous CPU tensors with every dim <= 65536, the first has at least
  * EMBER_EAGER_FUSION_MIN elements (default 4096), and its signature (composite, non-tensor
  * arguments, input dtypes and ranks, absent inputs, requires_grad of each, grad mode) has been
- * called twice before: the first two calls of a signature run op by op, and the third compiles
- * it on the calling thread and runs it (EMBER_EAGER_FUSION_ASYNC=1: on a background thread, on
- * copies of its inputs, calls running op by op until it is done; a program that exits while
- * such a compile runs can crash in LLVM's static destructors, so it is not the default); then one compiled
+ * called twice before: the first two calls of a signature run op by op, and the third starts
+ * its compile on a background thread (on inputs of the same shapes), calls running op by op until it
+ * is done, so no call waits for LLVM; the process's exit (return from main, exit() from a thread
+ * that made a fusable call) waits for compiles still running. EMBER_EAGER_FUSION_ASYNC=0
+ * compiles on the calling thread instead, in the third call, which runs the kernel. Then one compiled
  * function per signature (em_compile with EM_DYNAMIC_ALWAYS, so one kernel module serves every
  * size) takes over, with its tiering at a size it has not seen: that size's first
  * EMBER_DYNAMIC_COMPILE_AFTER - 1 calls run the graph op by op, then it is specialized on the
@@ -1620,7 +1621,8 @@ typedef struct em_eager_fusion_stats {
 /* The process's counters (all threads). */
 em_eager_fusion_stats em_eager_fusion_info(void);
 /* Waits for the background compiles running now (tests, benchmarks, before reading the live
- * tensor counters: a compile holds copies of the inputs of the call that started it). */
+ * tensor counters: a compile holds inputs shaped as those of the call that started it). The
+ * process's exit waits for them by itself. */
 void em_eager_fusion_wait(void);
 /* Overrides the environment: enabled 1 on, 0 off (op by op), -1 EMBER_EAGER_FUSION again;
  * min_numel the smallest first input fused, -1 EMBER_EAGER_FUSION_MIN (or 4096) again.

@@ -100,8 +100,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: alloc_fail_step eager|compiled|first ember|malloc N\n");
     return done(2);
   }
-  /* eager fusion off: a fused call's first calls start a background compile that holds copies of
-   * its inputs, which this program's count of live tensors would take for leaks; the eager step
+  /* eager fusion off: a fused call's first calls start a background compile that holds tensors of
+   * its own (inputs shaped as the call's), which this program's count of live tensors would take for leaks; the eager step
    * here is the op-by-op one (eager fusion's own failures are the compiler's, tested through
    * em_compile's steps below) */
   em_eager_fusion_config(0, -1);
