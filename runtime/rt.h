@@ -76,6 +76,7 @@ char *rt_fmt(char *buf, size_t cap, const em_tensor *t);
 typedef struct rt_storage {
   int64_t refcount;
   int64_t version;
+  uint64_t serial;     /* creation order on the tensors' counter (rt_serial_now); 0: not Ember's memory */
   size_t bytes;
   em_device device;
   char *data;
