@@ -44,7 +44,7 @@
 
 static const char *const op_names[RT_FUSE_COUNT] = {
     "softmax", "log_softmax", "layer_norm", "rms_norm", "gelu", "silu", "cross_entropy", "relu", "sigmoid", "sgd",
-    "adamw", "mse_loss"};
+    "adamw", "mse_loss", "dropout", "max_pool2d", "avg_pool2d", "batch_norm"};
 
 typedef struct fuse_key {
   rt_fuse_op op;
@@ -139,6 +139,17 @@ static em_outputs fused_fn(void *ctx, em_tensor *const *in, int n) {
     return EM_OUTPUTS(em_cross_entropy_at(t[0], t[1], o, site));
   }
   case RT_FUSE_MSE_LOSS: return EM_OUTPUTS(em_mse_loss_at(t[0], t[1], (em_reduction)a[0], site));
+  /* dropout's mask is a Philox node: the compiled run reserves its counters from the generator as
+   * em_rand does (inductor/run.c: reserve_random), and the backward replays them */
+  case RT_FUSE_DROPOUT: return EM_OUTPUTS(em_dropout_at(t[0], a[0], true, site));
+  case RT_FUSE_MAX_POOL2D:
+  case RT_FUSE_AVG_POOL2D: {
+    em_pool2d_opts o = {{(int64_t)a[0], (int64_t)a[1]}, {(int64_t)a[2], (int64_t)a[3]}, {(int64_t)a[4], (int64_t)a[5]},
+                        {(int64_t)a[6], (int64_t)a[7]}, a[8] != 0, a[9] != 0, (int64_t)a[10]};
+    return EM_OUTPUTS(k->op == RT_FUSE_MAX_POOL2D ? em_max_pool2d_ex_at(t[0], o, site) : em_avg_pool2d_ex_at(t[0], o, site));
+  }
+  /* training: the running statistics' in-place update is a write-back of the compiled function */
+  case RT_FUSE_BATCH_NORM: return EM_OUTPUTS(em_batch_norm_at(t[0], t[1], t[2], t[3], t[4], a[0] != 0, a[1], a[2], site));
   case RT_FUSE_COUNT: break;
   }
   return (em_outputs){0};
@@ -155,6 +166,23 @@ static bool targets_in_range(em_tensor *logits, em_tensor *target, int64_t ignor
                 : target->dtype == EM_I32 ? ((const int32_t *)p)[i]
                                           : -1;
     if (v != ignore && (v < 0 || v >= c)) return false;
+  }
+  return true;
+}
+
+enum { MAX_POOL_ARG = 1 << 30 };
+
+/* Training batch_norm writes running_mean and running_var (in[1], in[2]) in place: the compiled
+ * function writes them back once after its run, which is the op-by-op result only when they
+ * share no storage with each other or with an input the graph reads, and they are buffers (no
+ * grad; a leaf requiring grad written under no-grad would be an input mutation the joint graph
+ * has to differentiate around). */
+static bool running_stats_private(em_tensor *const *in) {
+  for (int i = 1; i < 3; i++) {
+    if (in[i] == EM_NONE) continue;
+    if (in[i]->requires_grad) return false;
+    for (int j = 0; j < 5; j++)
+      if (j != i && in[j] != EM_NONE && in[j]->storage == in[i]->storage) return false;
   }
   return true;
 }
@@ -182,6 +210,12 @@ static bool signature(rt_fuse_op op, const double *args, int n_args, em_tensor *
   if (op == RT_FUSE_MSE_LOSS &&
       (in[0]->ndim != in[1]->ndim || memcmp(in[0]->sizes, in[1]->sizes, sizeof(int64_t) * (size_t)in[0]->ndim)))
     return false;
+  /* pooling's window sizes go through the key as doubles: exact below 2^53, and a window that
+   * large (a stride past any input) is rare enough to run op by op */
+  if (op == RT_FUSE_MAX_POOL2D || op == RT_FUSE_AVG_POOL2D)
+    for (int i = 0; i < n_args; i++)
+      if (!(args[i] >= -MAX_POOL_ARG && args[i] <= MAX_POOL_ARG)) return false;
+  if (op == RT_FUSE_BATCH_NORM && args[0] != 0 && !running_stats_private(in)) return false;
   return true;
 }
 
