@@ -146,10 +146,12 @@ static em_outputs fused_fn(void *ctx, em_tensor *const *in, int n) {
   case RT_FUSE_AVG_POOL2D: {
     em_pool2d_opts o = {{(int64_t)a[0], (int64_t)a[1]}, {(int64_t)a[2], (int64_t)a[3]}, {(int64_t)a[4], (int64_t)a[5]},
                         {(int64_t)a[6], (int64_t)a[7]}, a[8] != 0, a[9] != 0, (int64_t)a[10]};
-    return EM_OUTPUTS(k->op == RT_FUSE_MAX_POOL2D ? em_max_pool2d_ex_at(t[0], o, site) : em_avg_pool2d_ex_at(t[0], o, site));
+    if (k->op == RT_FUSE_MAX_POOL2D) return EM_OUTPUTS(em_max_pool2d_ex_at(t[0], o, site));
+    return EM_OUTPUTS(em_avg_pool2d_ex_at(t[0], o, site));
   }
   /* training: the running statistics' in-place update is a write-back of the compiled function */
-  case RT_FUSE_BATCH_NORM: return EM_OUTPUTS(em_batch_norm_at(t[0], t[1], t[2], t[3], t[4], a[0] != 0, a[1], a[2], site));
+  case RT_FUSE_BATCH_NORM:
+    return EM_OUTPUTS(em_batch_norm_at(t[0], t[1], t[2], t[3], t[4], a[0] != 0, a[1], a[2], site));
   case RT_FUSE_COUNT: break;
   }
   return (em_outputs){0};

@@ -288,7 +288,7 @@ ETEST(eager_fusion, dropout_matches_generator) {
         em_tensor *x = randn(dt, shapes[k][0], shapes[k][1]);
         if (grad) em_requires_grad_(x, true);
         em_tensor *gy = randn(dt, shapes[k][0], shapes[k][1]);
-        for (int call = 0; call < 6; call++) {
+        for (int call = 0; call < 8; call++) { /* p alternates: two signatures, each past its warm-up */
           em_tensor *y[2], *gx[2] = {0}, *after[2];
           uint64_t seed[2], off[2], off_fwd[2];
           for (int on = 0; on < 2; on++) {
