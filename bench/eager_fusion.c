@@ -9,7 +9,8 @@
  *   - dropout (p 0.1, training) over the same rows, max_pool2d 3x3 stride 2 pad 1 and avg_pool2d
  *     2x2 over [16, 64, 56, 56] f32 (a ResNet stem's), batch_norm over that input, training
  *     (batch statistics, running statistics updated in place) and eval: as softmax's rows, GB/s
- *     counting x read and y written once (batch_norm training must read x twice);
+ *     counting x read and y written once (batch_norm training must read x twice); then forward
+ *     and backward (the gradient of x) of max_pool2d, training batch_norm and dropout;
  *   - eager training steps (forward, backward, SGD momentum 0.9) of the Fashion-MNIST MLP
  *     (784-512-512-10, batch 128) and the transformer of bench/compiled (2 layers, d_model 256,
  *     context 128, batch 16): ms per step fused and op by op.
@@ -111,7 +112,22 @@ static em_outputs bn_eval_fn(void *ctx, em_tensor *const *in, int n) {
   return EM_OUTPUTS(em_batch_norm(in[0], p[0], p[1], p[2], p[3], false, 0.1, 1e-5));
 }
 
-/* The issue 23 extension: dropout, pooling and batch_norm, no grad (as models_rows). */
+/* Forward and backward: in[0] requires grad, in[1] is the output's gradient; the result is x's
+ * gradient. ctx: the forward (one of the above) and its ctx. */
+typedef struct fwd_bwd_ctx {
+  em_model_fn fn;
+  void *ctx;
+} fwd_bwd_ctx;
+static em_outputs fwd_bwd_fn(void *ctx, em_tensor *const *in, int n) {
+  (void)n;
+  fwd_bwd_ctx *c = ctx;
+  em_tensor *y = c->fn(c->ctx, in, 1).t[0], *gx = NULL;
+  if (!y || !em_grad(1, &y, &in[1], 1, in, &gx, false, false)) return EM_OUTPUTS(NULL);
+  return EM_OUTPUTS(gx);
+}
+
+/* The issue 23 extension: dropout, pooling and batch_norm, no grad (as models_rows), then
+ * forward and backward of max_pool2d, dropout and training batch_norm. */
 static void more_ops(void) {
   em_no_grad_begin();
   em_tensor *rows = em_randn(EM_F32, EM_SHAPE(4096, 1024));
@@ -126,6 +142,12 @@ static void more_ops(void) {
   run("batch_norm_train", bn_train_fn, stats, &x, 1, 2 * xb);
   run("batch_norm_eval", bn_eval_fn, stats, &x, 1, 2 * xb);
   em_no_grad_end();
+  em_tensor *xg[2] = {em_requires_grad_(em_clone(x), true), em_randn(EM_F32, EM_SHAPE(n, c, h / 2, h / 2))};
+  run("max_pool2d_fwd_bwd", fwd_bwd_fn, &(fwd_bwd_ctx){max_pool_fn, NULL}, xg, 2, 0);
+  xg[1] = em_randn(EM_F32, EM_SHAPE(n, c, h, h));
+  run("batch_norm_train_fwd_bwd", fwd_bwd_fn, &(fwd_bwd_ctx){bn_train_fn, stats}, xg, 2, 0);
+  em_tensor *rg[2] = {em_requires_grad_(em_clone(rows), true), em_randn(EM_F32, EM_SHAPE(4096, 1024))};
+  run("dropout_fwd_bwd", fwd_bwd_fn, &(fwd_bwd_ctx){dropout_fn, NULL}, rg, 2, 0);
 }
 
 static void train(const char *name, em_model_fn loss_fn, net *m, em_tensor *x, em_tensor *y) {
