@@ -251,6 +251,12 @@ static fuse_slot *slot_for(const fuse_key *k, em_site site) {
 
 static bool is_update(rt_fuse_op op) { return op == RT_FUSE_SGD || op == RT_FUSE_ADAMW; }
 
+/* A composite that draws from the generator (dropout's mask): a call reserves its Philox counters
+ * from the global generator, so a background compile, whose calls on copies draw too, would move
+ * the generator past where op by op leaves it, and every later random number would change.
+ * These compile on the calling thread, whose compile call is the call itself (one draw). */
+static bool draws_random(rt_fuse_op op) { return op == RT_FUSE_DROPOUT; }
+
 /* Whether a signature compiles on a background thread (EMBER_EAGER_FUSION_ASYNC=1) or on the
  * calling thread, in the call after its warm-up (the default). Not in the background by
  * default: a program that exits while a compile runs has exit() destroy LLVM's C++ statics
@@ -345,13 +351,15 @@ static bool fuse(rt_fuse_op op, const double *args, int n_args, em_tensor *const
     bool started = false; /* this call started the background compile: it runs op by op */
     if (s->calls > fuse_after() && state == COLD &&
         __atomic_compare_exchange_n(&s->state, &cold, COMPILING, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) &&
-        !(started = start_compile(s, ins, n, had_error, site)))
+        !(started = !draws_random(op) && start_compile(s, ins, n, had_error, site)))
       __atomic_store_n(&s->state, READY, __ATOMIC_RELEASE); /* no thread: compile on this call */
     if (started || __atomic_load_n(&s->state, __ATOMIC_ACQUIRE) != READY) {
       __atomic_add_fetch(&table.warmup_calls, 1, __ATOMIC_RELAXED);
       return false;
     }
   }
+  uint64_t seed, offset;
+  em_rng_get_state(&seed, &offset);
   inside = true;
   em_outputs r = em_call_at(s->c, &s->key, ins, n, site);
   inside = false;
@@ -370,6 +378,8 @@ static bool fuse(rt_fuse_op op, const double *args, int n_args, em_tensor *const
   fe_log(FE_LOG_FUSION, "em_%s at %s:%d: the fused kernel failed (%s); running op by op from now on", op_names[op],
          site.file, site.line, em_last_error() ? em_last_error() : "no message");
   if (!had_error) em_clear_error();
+  /* the op-by-op run draws the mask again: from where this call found the generator */
+  if (draws_random(op)) em_rng_set_state(seed, offset);
   __atomic_store_n(&s->state, BROKEN, __ATOMIC_RELEASE);
   __atomic_add_fetch(&table.fallbacks, 1, __ATOMIC_RELAXED);
   return false;

@@ -278,7 +278,7 @@ ETEST(eager_fusion, batch_norm_aliased_stats_op_by_op) {
  * it replays the forward's), so the random numbers drawn after it are unchanged: at each call,
  * including the warm-up, compile and new-size calls, in f32 and f64, with and without grad, on
  * sizes that are not a multiple of a Philox call's 4 (f32) or 2 (f64) values. */
-ETEST(eager_fusion, dropout_matches_generator) {
+static void dropout_round(double p0, double p1) {
   const int64_t shapes[][2] = {{16, 64}, {17, 63}, {9, 31}};
   for (int d = 0; d < 2; d++)
     for (int grad = 0; grad < 2; grad++) {
@@ -294,7 +294,7 @@ ETEST(eager_fusion, dropout_matches_generator) {
           for (int on = 0; on < 2; on++) {
             em_eager_fusion_config(on, 1);
             em_rng_set_state(11 + (uint64_t)call, 1000 * (uint64_t)call + 3);
-            y[on] = em_dropout(x, call % 2 ? 0.5 : 0.3, true);
+            y[on] = em_dropout(x, call % 2 ? p1 : p0, true);
             cr_assert_not_null(y[on], "%s", em_last_error());
             em_eager_fusion_wait();
             em_rng_get_state(&seed[on], &off_fwd[on]);
@@ -319,6 +319,15 @@ ETEST(eager_fusion, dropout_matches_generator) {
       cr_assert_gt(s1.fused_calls, s0.fused_calls + 3, "dropout %s was not fused", em_dtype_name(dt));
       cr_assert_eq(s1.fallbacks, 0);
     }
+}
+
+ETEST(eager_fusion, dropout_matches_generator) {
+  dropout_round(0.3, 0.5);
+  /* with background compiles on, dropout still compiles on the calling thread: the background
+   * thread's calls on copies would draw from the generator (new signatures: other p) */
+  setenv("EMBER_EAGER_FUSION_ASYNC", "1", 1);
+  dropout_round(0.25, 0.45);
+  unsetenv("EMBER_EAGER_FUSION_ASYNC");
 }
 
 /* Pooling at sizes the first compile did not see: the output size is a floor division of the
