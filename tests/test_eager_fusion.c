@@ -220,7 +220,7 @@ ETEST(eager_fusion, batch_norm) { check_group("batch_norm"); }
  * variance), at sizes the first compile did not see as well (the unbiased factor n / (n - 1)
  * is a number the sizes flow into). Within the suite's tolerance: the batch statistics are
  * sums in another order. */
-ETEST(eager_fusion, batch_norm_running_stats) {
+static void bn_stats_round(double momentum) {
   const int64_t shapes[][4] = {{4, 3, 8, 8}, {6, 3, 10, 10}, {5, 3, 7, 9}, {32, 16, 0, 0}, {48, 16, 0, 0}};
   for (int d = 0; d < 2; d++) {
     em_dtype dt = d ? EM_F64 : EM_F32;
@@ -240,7 +240,7 @@ ETEST(eager_fusion, batch_norm_running_stats) {
         em_tensor *x = em_requires_grad_(em_randn(dt, nd, shapes[k]), true), *y[2];
         for (int on = 0; on < 2; on++) {
           em_eager_fusion_config(on, 1);
-          y[on] = em_batch_norm(x, rm[on], rv[on], c == 3 ? w : w16, c == 3 ? b : b16, true, 0.1, 1e-5);
+          y[on] = em_batch_norm(x, rm[on], rv[on], c == 3 ? w : w16, c == 3 ? b : b16, true, momentum, 1e-5);
           em_eager_fusion_wait();
         }
         char what[128];
@@ -257,6 +257,15 @@ ETEST(eager_fusion, batch_norm_running_stats) {
     cr_assert_gt(s1.fused_calls, s0.fused_calls + 5, "%s: batch_norm was not fused", em_dtype_name(dt));
     cr_assert_eq(s1.fallbacks, 0);
   }
+}
+
+ETEST(eager_fusion, batch_norm_running_stats) {
+  bn_stats_round(0.1);
+  /* a background compile runs on copies of the statistics: the user's are written once per call
+   * still (a new signature: another momentum) */
+  setenv("EMBER_EAGER_FUSION_ASYNC", "1", 1);
+  bn_stats_round(0.2);
+  unsetenv("EMBER_EAGER_FUSION_ASYNC");
 }
 
 /* Running statistics that alias another input, or that require grad, stay op by op (the
@@ -626,11 +635,11 @@ ETEST(eager_fusion, threads) {
 
 /* Double backward through a fused call: its backward graph (the recompute partitioner) reads only
  * the composite's inputs, so under create_graph it runs recorded and the gradient of the gradient
- * is the op-by-op one (f64, softmax, layer_norm and the erf GELU). */
+ * is the op-by-op one (f64, softmax, layer_norm, the erf GELU and training batch_norm). */
 ETEST(eager_fusion, double_backward_matches_op_by_op) {
-  composite_fn fs[] = {softmax_fn, layer_norm_fn, gelu_fn};
-  const char *names[] = {"softmax", "layer_norm", "gelu"};
-  for (int k = 0; k < 3; k++) {
+  composite_fn fs[] = {softmax_fn, layer_norm_fn, gelu_fn, bn_train_fn};
+  const char *names[] = {"softmax", "layer_norm", "gelu", "batch_norm training"};
+  for (int k = 0; k < 4; k++) {
     em_tensor *in[N_INPUTS];
     make_inputs(EM_F64, 8, 32, true, in);
     em_tensor *g = em_randn(EM_F64, 2, (int64_t[]){8, 32}), *v = em_randn(EM_F64, 2, (int64_t[]){8, 32});
