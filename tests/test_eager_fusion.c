@@ -440,7 +440,8 @@ ETEST(eager_fusion, traced_inside_compile) {
 ETEST(eager_fusion, errors_unchanged) {
   em_tensor *x = randn(EM_F32, 16, 40), *w = em_randn(EM_F32, 1, (int64_t[]){39});
   em_tensor *t = em_randint(0, 40, 1, (int64_t[]){16});
-  char msg[2][3][512];
+  enum { N_MSG = 6 };
+  char msg[2][N_MSG][512];
   for (int on = 0; on < 2; on++) {
     em_eager_fusion_config(on, 1);
     for (int i = 0; i < 4; i++) { /* a warm signature */
@@ -465,8 +466,25 @@ ETEST(eager_fusion, errors_unchanged) {
     cr_assert_not_null(em_last_error());
     snprintf(msg[on][2], sizeof msg[on][2], "%s", em_last_error());
     em_clear_error();
+    /* dropout, pooling and batch_norm, warm, then called wrong */
+    em_tensor *x4 = em_reshape(x, 4, (int64_t[]){2, 4, 8, 10}), *s5 = em_ones(EM_F32, 1, (int64_t[]){5});
+    for (int i = 0; i < 4; i++) {
+      cr_assert_not_null(em_dropout(x, 0.5, true));
+      cr_assert_not_null(em_max_pool2d(x4, 2, 2, 0, 0, 0, 0));
+      cr_assert_not_null(em_batch_norm(x4, EM_NONE, EM_NONE, EM_NONE, EM_NONE, true, 0.1, 1e-5));
+      em_eager_fusion_wait();
+    }
+    cr_assert_null(em_dropout(x, 1.5, true));
+    snprintf(msg[on][3], sizeof msg[on][3], "%s", em_last_error());
+    em_clear_error();
+    cr_assert_null(em_max_pool2d(x4, 2, 2, 0, 0, 2, 0));
+    snprintf(msg[on][4], sizeof msg[on][4], "%s", em_last_error());
+    em_clear_error();
+    cr_assert_null(em_batch_norm(x4, s5, EM_NONE, EM_NONE, EM_NONE, true, 0.1, 1e-5));
+    snprintf(msg[on][5], sizeof msg[on][5], "%s", em_last_error());
+    em_clear_error();
   }
-  for (int k = 0; k < 3; k++) cr_assert_str_eq(msg[0][k], msg[1][k]);
+  for (int k = 0; k < N_MSG; k++) cr_assert_str_eq(msg[0][k], msg[1][k]);
   cr_assert_eq(em_eager_fusion_info().fallbacks, 0);
 }
 
