@@ -7,6 +7,11 @@
  *     EMBER_EAGER_FUSION_ASYNC=0: which compiles on the calling thread), the slowest
  *     call until the first fused one, and the number of calls until then (a training step has
  *     several signatures: the steady state below waits for all their compiles);
+ *   - dropout (p 0.1, training) over the same rows, max_pool2d 3x3 stride 2 pad 1 and avg_pool2d
+ *     2x2 over [16, 64, 56, 56] f32 (a ResNet stem's), batch_norm over that input, training
+ *     (batch statistics, running statistics updated in place) and eval: as softmax's rows, GB/s
+ *     counting x read and y written once (batch_norm training must read x twice); then forward
+ *     and backward (the gradient of x) of max_pool2d, training batch_norm and dropout;
  *   - eager training steps (forward, backward, SGD momentum 0.9) of the Fashion-MNIST MLP
  *     (784-512-512-10, batch 128) and the transformer of bench/compiled (2 layers, d_model 256,
  *     context 128, batch 16): ms per step fused and op by op.
@@ -87,6 +92,68 @@ static void run(const char *name, em_model_fn fn, void *ctx, em_tensor *const *i
 }
 
 
+static em_outputs dropout_fn(void *ctx, em_tensor *const *in, int n) {
+  (void)ctx, (void)n;
+  return EM_OUTPUTS(em_dropout(in[0], 0.1, true));
+}
+static em_outputs max_pool_fn(void *ctx, em_tensor *const *in, int n) {
+  (void)ctx, (void)n;
+  return EM_OUTPUTS(em_max_pool2d(in[0], 3, 3, 2, 2, 1, 1));
+}
+static em_outputs avg_pool_fn(void *ctx, em_tensor *const *in, int n) {
+  (void)ctx, (void)n;
+  return EM_OUTPUTS(em_avg_pool2d(in[0], 2, 2, 0, 0, 0, 0));
+}
+/* ctx: running_mean, running_var, weight, bias [C] */
+static em_outputs bn_train_fn(void *ctx, em_tensor *const *in, int n) {
+  (void)n;
+  em_tensor **p = ctx;
+  return EM_OUTPUTS(em_batch_norm(in[0], p[0], p[1], p[2], p[3], true, 0.1, 1e-5));
+}
+static em_outputs bn_eval_fn(void *ctx, em_tensor *const *in, int n) {
+  (void)n;
+  em_tensor **p = ctx;
+  return EM_OUTPUTS(em_batch_norm(in[0], p[0], p[1], p[2], p[3], false, 0.1, 1e-5));
+}
+
+/* Forward and backward: in[0] requires grad, in[1] is the output's gradient; the result is x's
+ * gradient. ctx: the forward (one of the above) and its ctx. */
+typedef struct fwd_bwd_ctx {
+  em_model_fn fn;
+  void *ctx;
+} fwd_bwd_ctx;
+static em_outputs fwd_bwd_fn(void *ctx, em_tensor *const *in, int n) {
+  (void)n;
+  fwd_bwd_ctx *c = ctx;
+  em_tensor *y = c->fn(c->ctx, in, 1).t[0], *gx = NULL;
+  if (!y || !em_grad(1, &y, &in[1], 1, in, &gx, false, false)) return EM_OUTPUTS(NULL);
+  return EM_OUTPUTS(gx);
+}
+
+/* The issue 23 extension: dropout, pooling and batch_norm, no grad (as models_rows), then
+ * forward and backward of max_pool2d, dropout and training batch_norm. */
+static void more_ops(void) {
+  em_no_grad_begin();
+  em_tensor *rows = em_randn(EM_F32, EM_SHAPE(4096, 1024));
+  run("dropout", dropout_fn, NULL, &rows, 1, 2.0 * 4096 * 1024 * 4);
+  int64_t n = 16, c = 64, h = 56;
+  em_tensor *x = em_randn(EM_F32, EM_SHAPE(n, c, h, h));
+  double xb = (double)(n * c * h * h) * 4;
+  run("max_pool2d", max_pool_fn, NULL, &x, 1, xb + xb / 4);
+  run("avg_pool2d", avg_pool_fn, NULL, &x, 1, xb + xb / 4);
+  em_tensor *stats[4] = {em_zeros(EM_F32, EM_SHAPE(c)), em_ones(EM_F32, EM_SHAPE(c)), em_rand(EM_F32, EM_SHAPE(c)),
+                         em_randn(EM_F32, EM_SHAPE(c))};
+  run("batch_norm_train", bn_train_fn, stats, &x, 1, 2 * xb);
+  run("batch_norm_eval", bn_eval_fn, stats, &x, 1, 2 * xb);
+  em_no_grad_end();
+  em_tensor *xg[2] = {em_requires_grad_(em_clone(x), true), em_randn(EM_F32, EM_SHAPE(n, c, h / 2, h / 2))};
+  run("max_pool2d_fwd_bwd", fwd_bwd_fn, &(fwd_bwd_ctx){max_pool_fn, NULL}, xg, 2, 0);
+  xg[1] = em_randn(EM_F32, EM_SHAPE(n, c, h, h));
+  run("batch_norm_train_fwd_bwd", fwd_bwd_fn, &(fwd_bwd_ctx){bn_train_fn, stats}, xg, 2, 0);
+  em_tensor *rg[2] = {em_requires_grad_(em_clone(rows), true), em_randn(EM_F32, EM_SHAPE(4096, 1024))};
+  run("dropout_fwd_bwd", fwd_bwd_fn, &(fwd_bwd_ctx){dropout_fn, NULL}, rg, 2, 0);
+}
+
 static void train(const char *name, em_model_fn loss_fn, net *m, em_tensor *x, em_tensor *y) {
   model_step_ctx s = {loss_fn, m, em_sgd_new(m->n_params, m->params, ((em_sgd_opts){0.01, 0.9, 0, 0, false}))};
   if (!s.opt) fail("optimizer");
@@ -102,6 +169,7 @@ int main(int argc, char **argv) {
   em_scope_begin();
   em_manual_seed(0);
   models_rows(run, 4096);
+  more_ops();
   {
     net m = {0};
     models_mlp(&m, 784, 512, 512, 10);

@@ -48,7 +48,7 @@
 
 static const char *const op_names[RT_FUSE_COUNT] = {
     "softmax", "log_softmax", "layer_norm", "rms_norm", "gelu", "silu", "cross_entropy", "relu", "sigmoid", "sgd",
-    "adamw", "mse_loss"};
+    "adamw", "mse_loss", "dropout", "max_pool2d", "avg_pool2d", "batch_norm"};
 
 typedef struct fuse_key {
   rt_fuse_op op;
@@ -143,6 +143,19 @@ static em_outputs fused_fn(void *ctx, em_tensor *const *in, int n) {
     return EM_OUTPUTS(em_cross_entropy_at(t[0], t[1], o, site));
   }
   case RT_FUSE_MSE_LOSS: return EM_OUTPUTS(em_mse_loss_at(t[0], t[1], (em_reduction)a[0], site));
+  /* dropout's mask is a Philox node: the compiled run reserves its counters from the generator as
+   * em_rand does (inductor/run.c: reserve_random), and the backward replays them */
+  case RT_FUSE_DROPOUT: return EM_OUTPUTS(em_dropout_at(t[0], a[0], true, site));
+  case RT_FUSE_MAX_POOL2D:
+  case RT_FUSE_AVG_POOL2D: {
+    em_pool2d_opts o = {{(int64_t)a[0], (int64_t)a[1]}, {(int64_t)a[2], (int64_t)a[3]}, {(int64_t)a[4], (int64_t)a[5]},
+                        {(int64_t)a[6], (int64_t)a[7]}, a[8] != 0, a[9] != 0, (int64_t)a[10]};
+    if (k->op == RT_FUSE_MAX_POOL2D) return EM_OUTPUTS(em_max_pool2d_ex_at(t[0], o, site));
+    return EM_OUTPUTS(em_avg_pool2d_ex_at(t[0], o, site));
+  }
+  /* training: the running statistics' in-place update is a write-back of the compiled function */
+  case RT_FUSE_BATCH_NORM:
+    return EM_OUTPUTS(em_batch_norm_at(t[0], t[1], t[2], t[3], t[4], a[0] != 0, a[1], a[2], site));
   case RT_FUSE_COUNT: break;
   }
   return (em_outputs){0};
@@ -159,6 +172,23 @@ static bool targets_in_range(em_tensor *logits, em_tensor *target, int64_t ignor
                 : target->dtype == EM_I32 ? ((const int32_t *)p)[i]
                                           : -1;
     if (v != ignore && (v < 0 || v >= c)) return false;
+  }
+  return true;
+}
+
+enum { MAX_POOL_ARG = 1 << 30 };
+
+/* Training batch_norm writes running_mean and running_var (in[1], in[2]) in place: the compiled
+ * function writes them back once after its run, which is the op-by-op result only when they
+ * share no storage with each other or with an input the graph reads, and they are buffers (no
+ * grad; a leaf requiring grad written under no-grad would be an input mutation the joint graph
+ * has to differentiate around). */
+static bool running_stats_private(em_tensor *const *in) {
+  for (int i = 1; i < 3; i++) {
+    if (in[i] == EM_NONE) continue;
+    if (in[i]->requires_grad) return false;
+    for (int j = 0; j < 5; j++)
+      if (j != i && in[j] != EM_NONE && in[j]->storage == in[i]->storage) return false;
   }
   return true;
 }
@@ -186,6 +216,12 @@ static bool signature(rt_fuse_op op, const double *args, int n_args, em_tensor *
   if (op == RT_FUSE_MSE_LOSS &&
       (in[0]->ndim != in[1]->ndim || memcmp(in[0]->sizes, in[1]->sizes, sizeof(int64_t) * (size_t)in[0]->ndim)))
     return false;
+  /* pooling's window sizes go through the key as doubles: exact below 2^53, and a window that
+   * large (a stride past any input) is rare enough to run op by op */
+  if (op == RT_FUSE_MAX_POOL2D || op == RT_FUSE_AVG_POOL2D)
+    for (int i = 0; i < n_args; i++)
+      if (!(args[i] >= -MAX_POOL_ARG && args[i] <= MAX_POOL_ARG)) return false;
+  if (op == RT_FUSE_BATCH_NORM && args[0] != 0 && !running_stats_private(in)) return false;
   return true;
 }
 
@@ -218,6 +254,12 @@ static fuse_slot *slot_for(const fuse_key *k, em_site site) {
 }
 
 static bool is_update(rt_fuse_op op) { return op == RT_FUSE_SGD || op == RT_FUSE_ADAMW; }
+
+/* A composite that draws from the generator (dropout's mask): a call reserves its Philox counters
+ * from the global generator, so a background compile, whose calls draw too, would move the
+ * generator past where op by op leaves it, and every later random number would change. These
+ * compile on the calling thread, whose compile call is the call itself (one draw). */
+static bool draws_random(rt_fuse_op op) { return op == RT_FUSE_DROPOUT; }
 
 /* Whether a signature compiles on a background thread (the default) or, with
  * EMBER_EAGER_FUSION_ASYNC=0, on the calling thread in the call after its warm-up. */
@@ -354,8 +396,8 @@ enum { STARTED, REFUSED, SYNC }; /* start_compile: a thread runs it; none (exiti
 /* Starts s's background compile for inputs like in. SYNC when it cannot (then the caller
  * compiles), REFUSED when the process is exiting (the caller runs op by op). */
 static int start_compile(fuse_slot *s, em_tensor *const *in, int n, em_site site) {
-  if (!async_compile()) return SYNC;
   if (__atomic_load_n(&exiting, __ATOMIC_ACQUIRE)) return REFUSED;
+  if (!async_compile() || draws_random(s->key.op)) return SYNC;
   hook_thread();
   compile_job *j = calloc(1, sizeof *j);
   /* the atexit handler, registered anew: newer than LLVM's destructors registered so far (see
@@ -398,6 +440,8 @@ static bool fuse(rt_fuse_op op, const double *args, int n_args, em_tensor *const
       return false;
     }
   }
+  uint64_t seed, offset;
+  em_rng_get_state(&seed, &offset);
   inside = true;
   em_outputs r = em_call_at(s->c, &s->key, ins, n, site);
   inside = false;
@@ -416,6 +460,8 @@ static bool fuse(rt_fuse_op op, const double *args, int n_args, em_tensor *const
   fe_log(FE_LOG_FUSION, "em_%s at %s:%d: the fused kernel failed (%s); running op by op from now on", op_names[op],
          site.file, site.line, em_last_error() ? em_last_error() : "no message");
   if (!had_error) em_clear_error();
+  /* the op-by-op run draws the mask again: from where this call found the generator */
+  if (draws_random(op)) em_rng_set_state(seed, offset);
   __atomic_store_n(&s->state, BROKEN, __ATOMIC_RELEASE);
   __atomic_add_fetch(&table.fallbacks, 1, __ATOMIC_RELAXED);
   return false;

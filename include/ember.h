@@ -1579,7 +1579,8 @@ void em_compiled_free(em_compiled *c);
 
 /* Eager fusion (frontend/eager_fusion.c; issue 23). Outside em_compile, the hot composites
  * (em_softmax, em_log_softmax, em_layer_norm, em_rms_norm, em_gelu, em_silu, em_sigmoid,
- * em_relu, em_cross_entropy, em_mse_loss) and em_optimizer_step's per-parameter updates (SGD after its first
+ * em_relu, em_cross_entropy, em_mse_loss, em_dropout when training, em_max_pool2d, em_avg_pool2d
+ * and their _ex forms, em_batch_norm) and em_optimizer_step's per-parameter updates (SGD after its first
  * step with momentum, AdamW; the writes into the parameter and the state happen in place, as
  * em_compile's functionalization writes them back)
  * run as kernels the inductor compiles from their own decomposition, instead of one pass over
@@ -1602,7 +1603,12 @@ void em_compiled_free(em_compiled *c);
  * backward, partitioned by "recompute" (only the composite's inputs saved, the rest recomputed
  * in the backward's kernels), so double backward through a fused composite is exact, as op by
  * op (under create_graph the backward graph runs recorded). Results agree with op by op within
- * the inductor's rounding (1e-5 relative in f32, 1e-12 in f64; see "inductor" above). A fused
+ * the inductor's rounding (1e-5 relative in f32, 1e-12 in f64; see "inductor" above). Fused
+ * dropout draws the op-by-op mask bit for bit and moves the generator as op by op does (its
+ * backward replays the forward's Philox counters; it compiles on the calling thread, as a
+ * background compile's calls would draw from the generator). Training batch_norm writes running_mean and
+ * running_var back in place once per call (the batch statistics within the rounding above); it
+ * runs op by op when they share storage with another input or require grad. A fused
  * call that fails inside the compiler runs op by op, then and from then on for its signature,
  * with a line under EMBER_LOGS=fusion. EMBER_EAGER_FUSION=0 turns it off (op by op, as before);
  * CUDA tensors always run op by op. */

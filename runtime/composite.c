@@ -288,6 +288,7 @@ em_tensor *em_batch_norm_at(em_tensor *x, em_tensor *rm, em_tensor *rv, em_tenso
   /* as PyTorch: one value per channel has no batch variance to normalise by */
   if (training && c > 0 && x->numel / c == 1)
     return rt_error(site, name, "expected more than 1 value per channel when training, got %s", rt_fmt(s0, sizeof s0, x));
+  FUSED(RT_FUSE_BATCH_NORM, site, 3, ((double[]){training, momentum, eps}), x, rm, rv, w, b);
   BEGIN(site);
   int64_t shape[EM_MAX_DIMS], axes[EM_MAX_DIMS];
   int na = 0;
@@ -352,6 +353,7 @@ em_tensor *em_dropout_at(em_tensor *x, double p, bool training, em_site site) {
   if (!(p >= 0 && p <= 1)) return rt_error(site, "em_dropout", "p must be in [0, 1], got %g", p);
   if (!training || p == 0) return rt_scope_add(em_retain(x), "em_dropout", site);
   if (!float_arg(x, "em_dropout", site)) return NULL;
+  if (p < 1) FUSED(RT_FUSE_DROPOUT, site, 1, ((double[]){p}), x);
   BEGIN(site);
   if (p == 1) END(em_mul_scalar_at(x, 0, site), site);
   /* keep where u >= p, u uniform from the Philox stream: one mask for forward and backward */
@@ -624,6 +626,11 @@ static em_tensor *pool(bool is_max, em_tensor *x, em_pool2d_opts o, const char *
   /* every window holds kh kw elements of the input or its padding, none past the padding */
   bool full = ax[0].full && ax[1].full;
   bool uniform = is_max || o.divisor_override || (full && (o.count_include_pad || (ax[0].p == 0 && ax[1].p == 0)));
+  FUSED(is_max ? RT_FUSE_MAX_POOL2D : RT_FUSE_AVG_POOL2D, site, 11,
+        ((double[]){(double)o.kernel[0], (double)o.kernel[1], (double)o.stride[0], (double)o.stride[1],
+                    (double)o.padding[0], (double)o.padding[1], (double)o.dilation[0], (double)o.dilation[1],
+                    o.ceil_mode, o.count_include_pad, (double)o.divisor_override}),
+        x);
   if (!rt_scope_begin_op(name, site)) return NULL; /* named for the public op, not this helper */
   if (!is_max && ax[0].s == kh && ax[1].s == kw && ax[0].p == 0 && ax[1].p == 0 && ax[0].d == 1 && ax[1].d == 1 && full) {
     /* Windows tile the input: view it as [N, C, Ho, kh, Wo, kw] (after dropping the rows and

@@ -76,6 +76,7 @@ char *rt_fmt(char *buf, size_t cap, const em_tensor *t);
 typedef struct rt_storage {
   int64_t refcount;
   int64_t version;
+  uint64_t serial;     /* creation order on the tensors' counter (rt_serial_now); 0: not Ember's memory */
   size_t bytes;
   em_device device;
   char *data;
@@ -348,9 +349,15 @@ typedef enum rt_fuse_op {
   RT_FUSE_ADAMW,         /* args: beta1, beta2, eps, weight_decay, amsgrad; in: p, grad, m, v, vmax, step, lr
                           * (an update, as SGD's) */
   RT_FUSE_MSE_LOSS,      /* args: reduction; in: x, y */
+  RT_FUSE_DROPOUT,       /* args: p (training, 0 < p < 1); in: x (draws its mask from the generator) */
+  RT_FUSE_MAX_POOL2D,    /* args: kernel, stride, padding, dilation (pairs), ceil_mode, count_include_pad,
+                          * divisor_override (em_pool2d_opts in order); in: x */
+  RT_FUSE_AVG_POOL2D,    /* args and in: as max_pool2d's */
+  RT_FUSE_BATCH_NORM,    /* args: training, momentum, eps; in: x, running_mean, running_var, weight, bias
+                          * (training writes the running statistics in place, as op by op) */
   RT_FUSE_COUNT
 } rt_fuse_op;
-enum { RT_FUSE_MAX_ARGS = 6, RT_FUSE_MAX_IN = 8 };
+enum { RT_FUSE_MAX_ARGS = 11, RT_FUSE_MAX_IN = 8 };
 typedef bool (*rt_fuse_fn)(rt_fuse_op op, const double *args, int n_args, em_tensor *const *in, int n_in,
                            em_tensor **out, em_site site);
 extern rt_fuse_fn rt_fuse_hook;

@@ -119,7 +119,7 @@ em_tensor *rt_new(em_dtype dt, int ndim, const int64_t *sizes, const char *op, e
     return rt_error(site, op, "out of memory allocating %s (%zu bytes)",
                     ir_fmt_type(b, sizeof b, dt, ndim, sizes), bytes);
   *s = (rt_storage){.refcount = 1, .bytes = bytes, .device = EM_CPU,
-                    .data = (char *)s + STORAGE_HEADER};
+                    .data = (char *)s + STORAGE_HEADER, .serial = __atomic_add_fetch(&serial_counter, 1, __ATOMIC_RELAXED)};
   rt_count_storage((int64_t)bytes);
   return contiguous_over(s, dt, ndim, sizes, op, site);
 }
@@ -134,7 +134,8 @@ em_tensor *rt_new_device(em_dtype dt, int ndim, const int64_t *sizes, em_device 
   if (!s) return rt_error(site, op, "out of memory");
   cu_block *blk = cu_storage_alloc(bytes, op, site);
   if (!blk) return rt_free(s), NULL;
-  *s = (rt_storage){.refcount = 1, .bytes = bytes, .device = EM_CUDA, .data = (char *)(uintptr_t)blk->ptr, .block = blk};
+  *s = (rt_storage){.refcount = 1, .bytes = bytes, .device = EM_CUDA, .data = (char *)(uintptr_t)blk->ptr, .block = blk,
+                    .serial = __atomic_add_fetch(&serial_counter, 1, __ATOMIC_RELAXED)};
   return contiguous_over(s, dt, ndim, sizes, op, site);
 }
 

@@ -103,6 +103,13 @@ static em_tensor *prod_axis_vjp(em_tensor *x, em_tensor *g, em_tensor *prod, int
   return em_where_at(any_zero, safe, em_mul_at(g, em_div_at(prod, x, s), s), s);
 }
 
+/* Whether x is laid out column-major in its last two dims (a transposed row-major matrix). */
+static bool col_major(const em_tensor *x) {
+  int d = x ? x->ndim : 0;
+  return d >= 2 && x->sizes[d - 2] > 1 && x->sizes[d - 1] > 1 && x->strides[d - 2] == 1 &&
+         x->strides[d - 1] == x->sizes[d - 2];
+}
+
 bool rt_vjp(rt_node *n, em_tensor *g, em_tensor **grads) {
   if (n->custom) return n->custom->backward(n, g, grads); /* a compiled backward graph */
   em_site s = n->site;
@@ -308,8 +315,18 @@ bool rt_vjp(rt_node *n, em_tensor *g, em_tensor **grads) {
   case EM_PRIM_CUMSUM: grads[0] = reverse_cumsum(g, (int)at->axes[0], s); break; /* x_i reaches every y_k, k >= i */
   case EM_PRIM_CUMPROD: grads[0] = cumprod_vjp(x[0], g, (int)at->axes[0], s); break;
   case EM_PRIM_MATMUL:
-    if (need[0]) grads[0] = em_matmul_at(g, em_transpose_at(x[1], -1, -2, s), s);
-    if (need[1]) grads[1] = em_matmul_at(em_transpose_at(x[0], -1, -2, s), g, s);
+    /* An operand laid out transposed (column-major in its last two dims: a linear layer's
+     * weight as em_linear passes it) gets its gradient computed transposed too, as the
+     * transpose of the product of the transposes, the layout PyTorch's mm backward also picks:
+     * through the transpose's own rule the weight's gradient is then row-major like the weight
+     * (a GEMM's output, which accumulation takes as it is) instead of a transposed view that
+     * it copies, an extra pass over every weight every step. */
+    if (need[0])
+      grads[0] = col_major(x[0]) ? em_transpose_at(em_matmul_at(x[1], em_transpose_at(g, -1, -2, s), s), -1, -2, s)
+                                 : em_matmul_at(g, em_transpose_at(x[1], -1, -2, s), s);
+    if (need[1])
+      grads[1] = col_major(x[1]) ? em_transpose_at(em_matmul_at(em_transpose_at(g, -1, -2, s), x[0], s), -1, -2, s)
+                                 : em_matmul_at(em_transpose_at(x[0], -1, -2, s), g, s);
     break;
   case EM_PRIM_CONV2D: {
     int64_t hw[2] = {n->in_meta[0].sizes[2], n->in_meta[0].sizes[3]};

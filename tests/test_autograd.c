@@ -190,6 +190,47 @@ ETEST(engine, accumulates_over_backwards) {
   cr_assert_null(em_get_grad(c));
 }
 
+/* A leaf's first gradient, made by the backward pass and held by nothing else, becomes its
+ * .grad as it is (no copy), and no two leaves or a user's tensor end up sharing one. */
+static em_tensor *linear_loss(em_tensor *x, em_tensor *w, em_tensor *b) {
+  return em_sum(em_mul(em_linear(x, w, b), em_linear(x, w, b)), 0, NULL, false);
+}
+ETEST(engine, first_gradient_is_taken_not_copied) {
+  em_manual_seed(3);
+  em_tensor *w = em_requires_grad_(em_randn(EM_F32, EM_SHAPE(4, 3)), true);
+  em_tensor *b = em_requires_grad_(em_randn(EM_F32, EM_SHAPE(4)), true), *x = em_randn(EM_F32, EM_SHAPE(5, 3));
+  em_tensor *l1 = linear_loss(x, w, b), *l2 = linear_loss(x, w, b);
+  int64_t n0 = em_debug_alloc_count();
+  cr_assert(em_backward(l1, NULL));
+  int64_t first = em_debug_alloc_count() - n0; /* the gradients taken: no allocation for .grad */
+  em_tensor *gw = em_clone(em_get_grad(w)), *gb = em_clone(em_get_grad(b));
+  cr_assert(em_is_contiguous(em_get_grad(w)), "a linear weight's gradient is row-major like the weight");
+  n0 = em_debug_alloc_count();
+  cr_assert(em_backward(l2, NULL));
+  int64_t second = em_debug_alloc_count() - n0; /* added in place: none either */
+  cr_assert_leq(first, second, "the first backward allocated %lld times, the second %lld: a gradient was copied",
+                (long long)first, (long long)second);
+  EXPECT_SAME_BITS(em_get_grad(w), em_mul_scalar(gw, 2), "w.grad after two passes");
+  EXPECT_SAME_BITS(em_get_grad(b), em_mul_scalar(gb, 2), "b.grad after two passes");
+
+  /* add's rule hands one tensor to both operands, and each reshape's rule makes its own view of
+   * it: one leaf may take that storage, the other copies it, so accumulating into one leaves the
+   * other alone */
+  em_tensor *p = em_requires_grad_(em_zeros(EM_F32, EM_SHAPE(3)), true), *q = em_requires_grad_(em_zeros(EM_F32, EM_SHAPE(3)), true);
+  em_tensor *c = T(EM_F32, SHAPE(3), 1, 2, 3);
+  em_tensor *pq = em_add(em_reshape(p, EM_SHAPE(1, 3)), em_reshape(q, EM_SHAPE(1, 3)));
+  cr_assert(em_backward(em_sum(em_mul(pq, c), 0, NULL, false), NULL));
+  cr_assert(em_backward(em_sum(em_mul(p, c), 0, NULL, false), NULL));
+  EXPECT(em_get_grad(p), EM_F32, SHAPE(3), 0, 2, 4, 6);
+  EXPECT(em_get_grad(q), EM_F32, SHAPE(3), 0, 1, 2, 3);
+
+  /* a user's seed that reaches a leaf as it is (add's rule passes it through) is copied */
+  em_tensor *r = em_requires_grad_(em_zeros(EM_F32, EM_SHAPE(3)), true), *seed = T(EM_F32, SHAPE(3), 1, 1, 1);
+  cr_assert(em_backward(em_add(r, c), seed));
+  cr_assert(em_add_(seed, c));
+  EXPECT(em_get_grad(r), EM_F32, SHAPE(3), 0, 1, 1, 1);
+}
+
 ETEST(engine, seed_gradient_and_errors) {
   em_tensor *x = em_requires_grad_(T(EM_F32, SHAPE(3), 1, 2, 3), true);
   em_tensor *y = em_mul_scalar(x, 2);

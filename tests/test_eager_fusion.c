@@ -59,24 +59,63 @@ static em_tensor *cross_entropy_ex_fn(em_tensor *const *in) {
   em_cross_entropy_opts o = {.ignore_index = 2, .label_smoothing = 0.1, .reduction = EM_REDUCE_SUM, .weight = in[4]};
   return em_cross_entropy(in[0], in[3], o);
 }
+/* Pooling of a 4-D x (issue 23): the window scans the decomposition makes (a slice and a select
+ * or add per tap) become one kernel. */
+static em_tensor *max_pool_fn(em_tensor *const *in) { return em_max_pool2d(in[0], 2, 2, 0, 0, 0, 0); }
+static em_tensor *max_pool_stem_fn(em_tensor *const *in) { return em_max_pool2d(in[0], 3, 3, 2, 2, 1, 1); }
+static em_tensor *max_pool_dilated_fn(em_tensor *const *in) {
+  em_pool2d_opts o = EM_POOL2D_DEFAULT(3, 2);
+  o.stride[0] = 2, o.dilation[0] = 2, o.padding[1] = 1, o.ceil_mode = true;
+  return em_max_pool2d_ex(in[0], o);
+}
+static em_tensor *avg_pool_fn(em_tensor *const *in) { return em_avg_pool2d(in[0], 2, 2, 0, 0, 0, 0); }
+static em_tensor *avg_pool_exclude_fn(em_tensor *const *in) {
+  em_pool2d_opts o = EM_POOL2D_DEFAULT(3, 3);
+  o.stride[0] = o.stride[1] = 1, o.padding[0] = o.padding[1] = 1, o.count_include_pad = false;
+  return em_avg_pool2d_ex(in[0], o);
+}
+static em_tensor *avg_pool_divisor_fn(em_tensor *const *in) {
+  em_pool2d_opts o = EM_POOL2D_DEFAULT(3, 3);
+  o.stride[0] = o.stride[1] = 2, o.padding[1] = 1, o.ceil_mode = true, o.divisor_override = 5;
+  return em_avg_pool2d_ex(in[0], o);
+}
+/* batch_norm: training updates running_mean in[5] and running_var in[6] in place (the values are
+ * compared by running_stats_match below); eval normalises by them */
+static em_tensor *bn_train_fn(em_tensor *const *in) {
+  return em_batch_norm(in[0], in[5], in[6], in[1], in[2], true, 0.1, 1e-5);
+}
+static em_tensor *bn_train_plain_fn(em_tensor *const *in) {
+  return em_batch_norm(in[0], EM_NONE, EM_NONE, EM_NONE, EM_NONE, true, 0.1, 1e-5);
+}
+static em_tensor *bn_eval_fn(em_tensor *const *in) {
+  return em_batch_norm(in[0], in[5], in[6], in[1], in[2], false, 0.1, 1e-5);
+}
 
-/* Inputs for a [r, c] case: x, weight [c], bias [c], class targets [r] in [0, c), class weights [c]. */
-static void make_inputs(em_dtype dt, int64_t r, int64_t c, bool grad, em_tensor **in) {
-  in[0] = randn(dt, r, c);
+/* Inputs for a [r, c] case (or [r, c, h, h] when h > 0): x, weight [c], bias [c], class targets
+ * [r] in [0, c), class weights [c], running_mean [c], running_var [c] (in [0.5, 1.5)). */
+enum { N_INPUTS = 7 };
+static void make_inputs4(em_dtype dt, int64_t r, int64_t c, int64_t h, bool grad, em_tensor **in) {
+  in[0] = h ? em_randn(dt, 4, (int64_t[]){r, c, h, h}) : randn(dt, r, c);
   in[1] = em_add_scalar(em_randn(dt, 1, (int64_t[]){c}), 1);
   in[2] = em_randn(dt, 1, (int64_t[]){c});
   in[3] = em_randint(0, c, 1, (int64_t[]){r});
   in[4] = em_rand(dt, 1, (int64_t[]){c});
+  in[5] = em_randn(dt, 1, (int64_t[]){c});
+  in[6] = em_add_scalar(em_rand(dt, 1, (int64_t[]){c}), 0.5);
   for (int i = 0; grad && i < 3; i++) em_requires_grad_(in[i], true);
+}
+
+static void make_inputs(em_dtype dt, int64_t r, int64_t c, bool grad, em_tensor **in) {
+  make_inputs4(dt, r, c, 0, grad, in);
 }
 
 /* Runs f fused (enough calls that the kernel runs at this size) and op by op, and compares the
  * values and, with grad, the gradients of sum(f * g) for a random g with respect to x, weight,
  * bias. */
-static void check(composite_fn f, const char *what, em_dtype dt, int64_t r, int64_t c, bool grad) {
+static void check(composite_fn f, const char *what, em_dtype dt, int64_t r, int64_t c, int64_t h, bool grad) {
   double tol = dt == EM_F64 ? 1e-11 : 1e-5;
-  em_tensor *in[5];
-  make_inputs(dt, r, c, grad, in);
+  em_tensor *in[N_INPUTS];
+  make_inputs4(dt, r, c, h, grad, in);
   fusion_off();
   em_tensor *ref = f(in), *ref_g[3] = {0};
   em_tensor *g = em_randn(dt, em_ndim(ref), em_sizes(ref));
@@ -88,7 +127,8 @@ static void check(composite_fn f, const char *what, em_dtype dt, int64_t r, int6
     em_tensor *y = f(in);
     em_eager_fusion_wait(); /* a background compile the call started: later calls use it */
     char w[96];
-    snprintf(w, sizeof w, "%s %s [%lld, %lld] call %d", what, em_dtype_name(dt), (long long)r, (long long)c, call);
+    snprintf(w, sizeof w, "%s %s [%lld, %lld, h %lld] call %d", what, em_dtype_name(dt), (long long)r, (long long)c,
+             (long long)h, call);
     expect_close(y, ref, tol, w);
     if (grad) {
       em_tensor *gr[3];
@@ -113,6 +153,7 @@ typedef struct fused_case {
   em_dtype dt;
   int64_t r, c;
   bool grad;
+  int64_t h; /* > 0: x is [r, c, h, h] */
 } fused_case;
 static const fused_case cases[] = {
     {"softmax", "softmax", softmax_fn, EM_F32, 16, 40, false},
@@ -140,13 +181,29 @@ static const fused_case cases[] = {
     {"loss", "mse_loss", mse_fn, EM_F32, 16, 64, true},
     {"loss", "mse_loss reduction none", mse_none_fn, EM_F32, 16, 64, true},
     {"loss", "mse_loss", mse_fn, EM_F64, 8, 32, true},
+    {"pool", "max_pool2d 2x2", max_pool_fn, EM_F32, 2, 3, false, 16},
+    {"pool", "max_pool2d 2x2", max_pool_fn, EM_F32, 2, 3, true, 16},
+    {"pool", "max_pool2d 3x3 stride 2 pad 1", max_pool_stem_fn, EM_F32, 2, 4, true, 15},
+    {"pool", "max_pool2d dilated, ceil_mode", max_pool_dilated_fn, EM_F32, 2, 3, true, 14},
+    {"pool", "max_pool2d 3x3 stride 2 pad 1", max_pool_stem_fn, EM_F64, 2, 3, true, 11},
+    {"pool", "avg_pool2d 2x2", avg_pool_fn, EM_F32, 2, 3, true, 16},
+    {"pool", "avg_pool2d 3x3 pad 1, count_include_pad off", avg_pool_exclude_fn, EM_F32, 2, 3, true, 13},
+    {"pool", "avg_pool2d ceil_mode, divisor_override", avg_pool_divisor_fn, EM_F32, 2, 3, true, 13},
+    {"pool", "avg_pool2d 3x3 pad 1, count_include_pad off", avg_pool_exclude_fn, EM_F64, 2, 3, true, 9},
+    {"batch_norm", "batch_norm training [N, C, H, W]", bn_train_fn, EM_F32, 4, 3, true, 8},
+    {"batch_norm", "batch_norm training [N, C]", bn_train_fn, EM_F32, 32, 16, true, 0},
+    {"batch_norm", "batch_norm training, no running stats or affine", bn_train_plain_fn, EM_F32, 4, 3, true, 8},
+    {"batch_norm", "batch_norm eval", bn_eval_fn, EM_F32, 4, 3, true, 8},
+    {"batch_norm", "batch_norm eval, no grad", bn_eval_fn, EM_F32, 4, 3, false, 8},
+    {"batch_norm", "batch_norm training", bn_train_fn, EM_F64, 4, 3, true, 6},
+    {"batch_norm", "batch_norm eval", bn_eval_fn, EM_F64, 4, 3, true, 6},
 };
 
 static void check_group(const char *group) {
   int n = 0;
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
     if (!strcmp(cases[i].group, group)) {
-      check(cases[i].f, cases[i].what, cases[i].dt, cases[i].r, cases[i].c, cases[i].grad);
+      check(cases[i].f, cases[i].what, cases[i].dt, cases[i].r, cases[i].c, cases[i].h, cases[i].grad);
       n++;
     }
   cr_assert_gt(n, 0, "no case in group %s", group);
@@ -156,6 +213,157 @@ ETEST(eager_fusion, softmax) { check_group("softmax"); }
 ETEST(eager_fusion, norm) { check_group("norm"); }
 ETEST(eager_fusion, pointwise) { check_group("pointwise"); }
 ETEST(eager_fusion, loss) { check_group("loss"); }
+ETEST(eager_fusion, pool) { check_group("pool"); }
+ETEST(eager_fusion, batch_norm) { check_group("batch_norm"); }
+
+/* Training batch_norm fused writes running_mean and running_var in place as op by op does: the
+ * same tensors, updated once per call from the batch statistics (momentum 0.1, unbiased running
+ * variance), at sizes the first compile did not see as well (the unbiased factor n / (n - 1)
+ * is a number the sizes flow into). Within the suite's tolerance: the batch statistics are
+ * sums in another order. */
+static void bn_stats_round(double momentum) {
+  const int64_t shapes[][4] = {{4, 3, 8, 8}, {6, 3, 10, 10}, {5, 3, 7, 9}, {32, 16, 0, 0}, {48, 16, 0, 0}};
+  for (int d = 0; d < 2; d++) {
+    em_dtype dt = d ? EM_F64 : EM_F32;
+    double tol = d ? 1e-11 : 1e-5;
+    em_tensor *rm[2], *rv[2], *w = em_rand(dt, 1, (int64_t[]){3}), *b = em_randn(dt, 1, (int64_t[]){3});
+    em_tensor *w16 = em_rand(dt, 1, (int64_t[]){16}), *b16 = em_randn(dt, 1, (int64_t[]){16});
+    em_eager_fusion_stats s0 = em_eager_fusion_info();
+    for (int k = 0; k < 5; k++) {
+      int64_t c = shapes[k][1];
+      int nd = shapes[k][2] ? 4 : 2;
+      for (int on = 0; on < 2; on++) {
+        rm[on] = em_randn(dt, 1, (int64_t[]){c});
+        rv[on] = em_add_scalar(em_rand(dt, 1, (int64_t[]){c}), 0.5);
+      }
+      cr_assert(em_copy_(rm[1], rm[0]) && em_copy_(rv[1], rv[0]));
+      for (int call = 0; call < 6; call++) {
+        em_tensor *x = em_requires_grad_(em_randn(dt, nd, shapes[k]), true), *y[2];
+        for (int on = 0; on < 2; on++) {
+          em_eager_fusion_config(on, 1);
+          y[on] = em_batch_norm(x, rm[on], rv[on], c == 3 ? w : w16, c == 3 ? b : b16, true, momentum, 1e-5);
+          em_eager_fusion_wait();
+        }
+        char what[128];
+        snprintf(what, sizeof what, "batch_norm %s shape %d call %d", em_dtype_name(dt), k, call);
+        expect_close(y[1], y[0], tol, what);
+        char wm[160];
+        snprintf(wm, sizeof wm, "%s: running_mean", what);
+        expect_close(rm[1], rm[0], tol, wm);
+        snprintf(wm, sizeof wm, "%s: running_var", what);
+        expect_close(rv[1], rv[0], tol, wm);
+      }
+    }
+    em_eager_fusion_stats s1 = em_eager_fusion_info();
+    cr_assert_gt(s1.fused_calls, s0.fused_calls + 5, "%s: batch_norm was not fused", em_dtype_name(dt));
+    cr_assert_eq(s1.fallbacks, 0);
+  }
+}
+
+ETEST(eager_fusion, batch_norm_running_stats) {
+  /* by default a background compile runs on statistics of its own: the user's are written once
+   * per call still; then compiled on the calling thread (a new signature: another momentum) */
+  bn_stats_round(0.1);
+  setenv("EMBER_EAGER_FUSION_ASYNC", "0", 1);
+  bn_stats_round(0.2);
+  unsetenv("EMBER_EAGER_FUSION_ASYNC");
+}
+
+/* Running statistics that alias another input, or that require grad, stay op by op (the
+ * compiled function's write-back after its run is not the op-by-op sequence of writes then). */
+ETEST(eager_fusion, batch_norm_aliased_stats_op_by_op) {
+  fusion_on();
+  em_tensor *x = em_randn(EM_F32, 4, (int64_t[]){4, 3, 8, 8}), *s = em_ones(EM_F32, 1, (int64_t[]){3});
+  em_tensor *g = em_requires_grad_(em_ones(EM_F32, 1, (int64_t[]){3}), true), *v = em_ones(EM_F32, 1, (int64_t[]){3});
+  for (int i = 0; i < 6; i++) {
+    cr_assert_not_null(em_batch_norm(x, s, s, EM_NONE, EM_NONE, true, 0.1, 1e-5), "%s", em_last_error());
+    cr_assert_not_null(em_batch_norm(x, g, v, EM_NONE, EM_NONE, true, 0.1, 1e-5), "%s", em_last_error());
+  }
+  em_eager_fusion_stats st = em_eager_fusion_info();
+  cr_assert_eq(st.functions + st.fused_calls, 0);
+}
+
+/* Dropout fused draws the op-by-op mask bit for bit from the same generator state, and moves the
+ * generator's offset as op by op does (forward: one block of Philox counters; backward: none,
+ * it replays the forward's), so the random numbers drawn after it are unchanged: at each call,
+ * including the warm-up, compile and new-size calls, in f32 and f64, with and without grad, on
+ * sizes that are not a multiple of a Philox call's 4 (f32) or 2 (f64) values. */
+static void dropout_round(double p0, double p1) {
+  const int64_t shapes[][2] = {{16, 64}, {17, 63}, {9, 31}};
+  for (int d = 0; d < 2; d++)
+    for (int grad = 0; grad < 2; grad++) {
+      em_dtype dt = d ? EM_F64 : EM_F32;
+      em_eager_fusion_stats s0 = em_eager_fusion_info();
+      for (int k = 0; k < 3; k++) {
+        em_tensor *x = randn(dt, shapes[k][0], shapes[k][1]);
+        if (grad) em_requires_grad_(x, true);
+        em_tensor *gy = randn(dt, shapes[k][0], shapes[k][1]);
+        for (int call = 0; call < 8; call++) { /* p alternates: two signatures, each past its warm-up */
+          em_tensor *y[2], *gx[2] = {0}, *after[2];
+          uint64_t seed[2], off[2], off_fwd[2];
+          for (int on = 0; on < 2; on++) {
+            em_eager_fusion_config(on, 1);
+            em_rng_set_state(11 + (uint64_t)call, 1000 * (uint64_t)call + 3);
+            y[on] = em_dropout(x, call % 2 ? p1 : p0, true);
+            cr_assert_not_null(y[on], "%s", em_last_error());
+            em_eager_fusion_wait();
+            em_rng_get_state(&seed[on], &off_fwd[on]);
+            if (grad)
+              cr_assert(em_grad(1, (em_tensor *[]){y[on]}, (em_tensor *[]){gy}, 1, &x, &gx[on], false, false), "%s",
+                        em_last_error());
+            em_rng_get_state(&seed[on], &off[on]);
+            after[on] = em_rand(dt, 1, (int64_t[]){5});
+          }
+          char what[128];
+          snprintf(what, sizeof what, "dropout %s%s shape %d call %d", em_dtype_name(dt), grad ? " grad" : "", k, call);
+          EXPECT_SAME_BITS(y[1], y[0], what);
+          if (grad) EXPECT_SAME_BITS(gx[1], gx[0], what);
+          cr_assert_eq(seed[1], seed[0], "%s: seed", what);
+          cr_assert_eq(off_fwd[1], off_fwd[0], "%s: offset after the forward, fused %llu, op by op %llu", what,
+                       (unsigned long long)off_fwd[1], (unsigned long long)off_fwd[0]);
+          cr_assert_eq(off[1], off[0], "%s: offset after the backward", what);
+          EXPECT_SAME_BITS(after[1], after[0], what);
+        }
+      }
+      em_eager_fusion_stats s1 = em_eager_fusion_info();
+      cr_assert_gt(s1.fused_calls, s0.fused_calls + 3, "dropout %s was not fused", em_dtype_name(dt));
+      cr_assert_eq(s1.fallbacks, 0);
+    }
+}
+
+ETEST(eager_fusion, dropout_matches_generator) {
+  /* with background compiles on (the default), dropout still compiles on the calling thread:
+   * the background thread's calls would draw from the generator; and with them off (new
+   * signatures: other p) */
+  dropout_round(0.3, 0.5);
+  setenv("EMBER_EAGER_FUSION_ASYNC", "0", 1);
+  dropout_round(0.25, 0.45);
+  unsetenv("EMBER_EAGER_FUSION_ASYNC");
+}
+
+/* Pooling at sizes the first compile did not see: the output size is a floor division of the
+ * input's, which the compiled function must get right at each (or specialize). */
+ETEST(eager_fusion, pool_new_sizes) {
+  const int64_t hw[][2] = {{16, 16}, {15, 13}, {20, 11}, {9, 17}, {33, 8}};
+  composite_fn fs[] = {max_pool_stem_fn, avg_pool_exclude_fn, avg_pool_divisor_fn, max_pool_dilated_fn};
+  em_eager_fusion_stats s0 = em_eager_fusion_info();
+  for (int f = 0; f < 4; f++)
+    for (int k = 0; k < 5; k++) {
+      em_tensor *x = em_randn(EM_F32, 4, (int64_t[]){2, 3, hw[k][0], hw[k][1]});
+      fusion_off();
+      em_tensor *ref = fs[f](&x);
+      fusion_on();
+      for (int call = 0; call < 4; call++) {
+        char what[64];
+        snprintf(what, sizeof what, "pool %d at %lldx%lld call %d", f, (long long)hw[k][0], (long long)hw[k][1], call);
+        expect_close(fs[f](&x), ref, 1e-5, what);
+        em_eager_fusion_wait();
+      }
+    }
+  em_eager_fusion_stats s1 = em_eager_fusion_info();
+  cr_assert_gt(s1.fused_calls, s0.fused_calls + 20, "pooling was not fused at new sizes");
+  cr_assert_eq(s1.fallbacks, 0);
+}
 
 /* One compiled function serves every size: once two sizes ran (the first size's graph is
  * compiled with its sizes as constants, the second's with sizes read at run time), new sizes add
@@ -234,7 +442,8 @@ ETEST(eager_fusion, traced_inside_compile) {
 ETEST(eager_fusion, errors_unchanged) {
   em_tensor *x = randn(EM_F32, 16, 40), *w = em_randn(EM_F32, 1, (int64_t[]){39});
   em_tensor *t = em_randint(0, 40, 1, (int64_t[]){16});
-  char msg[2][3][512];
+  enum { N_MSG = 6 };
+  char msg[2][N_MSG][512];
   for (int on = 0; on < 2; on++) {
     em_eager_fusion_config(on, 1);
     for (int i = 0; i < 4; i++) { /* a warm signature */
@@ -259,8 +468,25 @@ ETEST(eager_fusion, errors_unchanged) {
     cr_assert_not_null(em_last_error());
     snprintf(msg[on][2], sizeof msg[on][2], "%s", em_last_error());
     em_clear_error();
+    /* dropout, pooling and batch_norm, warm, then called wrong */
+    em_tensor *x4 = em_reshape(x, 4, (int64_t[]){2, 4, 8, 10}), *s5 = em_ones(EM_F32, 1, (int64_t[]){5});
+    for (int i = 0; i < 4; i++) {
+      cr_assert_not_null(em_dropout(x, 0.5, true));
+      cr_assert_not_null(em_max_pool2d(x4, 2, 2, 0, 0, 0, 0));
+      cr_assert_not_null(em_batch_norm(x4, EM_NONE, EM_NONE, EM_NONE, EM_NONE, true, 0.1, 1e-5));
+      em_eager_fusion_wait();
+    }
+    cr_assert_null(em_dropout(x, 1.5, true));
+    snprintf(msg[on][3], sizeof msg[on][3], "%s", em_last_error());
+    em_clear_error();
+    cr_assert_null(em_max_pool2d(x4, 2, 2, 0, 0, 2, 0));
+    snprintf(msg[on][4], sizeof msg[on][4], "%s", em_last_error());
+    em_clear_error();
+    cr_assert_null(em_batch_norm(x4, s5, EM_NONE, EM_NONE, EM_NONE, true, 0.1, 1e-5));
+    snprintf(msg[on][5], sizeof msg[on][5], "%s", em_last_error());
+    em_clear_error();
   }
-  for (int k = 0; k < 3; k++) cr_assert_str_eq(msg[0][k], msg[1][k]);
+  for (int k = 0; k < N_MSG; k++) cr_assert_str_eq(msg[0][k], msg[1][k]);
   cr_assert_eq(em_eager_fusion_info().fallbacks, 0);
 }
 
@@ -461,12 +687,12 @@ ETEST(eager_fusion, threads) {
 
 /* Double backward through a fused call: its backward graph (the recompute partitioner) reads only
  * the composite's inputs, so under create_graph it runs recorded and the gradient of the gradient
- * is the op-by-op one (f64, softmax, layer_norm and the erf GELU). */
+ * is the op-by-op one (f64, softmax, layer_norm, the erf GELU and training batch_norm). */
 ETEST(eager_fusion, double_backward_matches_op_by_op) {
-  composite_fn fs[] = {softmax_fn, layer_norm_fn, gelu_fn};
-  const char *names[] = {"softmax", "layer_norm", "gelu"};
-  for (int k = 0; k < 3; k++) {
-    em_tensor *in[5];
+  composite_fn fs[] = {softmax_fn, layer_norm_fn, gelu_fn, bn_train_fn};
+  const char *names[] = {"softmax", "layer_norm", "gelu", "batch_norm training"};
+  for (int k = 0; k < 4; k++) {
+    em_tensor *in[N_INPUTS];
     make_inputs(EM_F64, 8, 32, true, in);
     em_tensor *g = em_randn(EM_F64, 2, (int64_t[]){8, 32}), *v = em_randn(EM_F64, 2, (int64_t[]){8, 32});
     em_tensor *want = NULL, *got = NULL;

@@ -73,6 +73,28 @@ ETEST(matmul, library_matches_reference_on_strided_operands) {
   check_against_reference(em_matmul(a, b), a, b, 1e-5);
 }
 
+/* An operand whose rows lie a multiple of 2 KiB apart is copied into padded rows first
+ * (prims/extern.c: aliasing_ld): the product must have the bits of the same operand read
+ * through a view with unaliased rows, and the reference's values, batched and broadcast too. */
+ETEST(matmul, operands_with_aliasing_rows_keep_their_bits) {
+  CPU_ONLY("runs the reference kernel on host pointers into the tensors");
+  em_manual_seed(12);
+  struct { int64_t m, k, n; bool ta; } cases[] = {{128, 64, 1024, false}, {512, 128, 128, true}, {96, 512, 512, false}};
+  for (size_t c = 0; c < 3; c++) {
+    int64_t m = cases[c].m, k = cases[c].k, n = cases[c].n;
+    /* b [k, n] contiguous (rows n floats apart) and the same values with rows n + 16 apart */
+    em_tensor *wide = em_randn(F, EM_SHAPE(k, n + 16)), *bv = em_slice(wide, 1, 0, n, 1), *b = em_contiguous(bv);
+    em_tensor *a = em_randn(F, EM_SHAPE(m, k));
+    if (cases[c].ta) a = em_transpose(em_contiguous(em_transpose(a, 0, 1)), 0, 1); /* column-major: m apart */
+    em_tensor *got = em_matmul(a, b), *unaliased = em_matmul(a, bv);
+    check_against_reference(got, a, b, 1e-5);
+    cr_assert_eq(em_item(em_amax(em_abs(em_sub(got, unaliased)), 0, NULL, false)), 0, "case %zu: bits differ", c);
+  }
+  em_tensor *a = em_randn(F, EM_SHAPE(2, 128, 64));
+  em_tensor *b = em_expand(em_randn(F, EM_SHAPE(1, 64, 1024)), EM_SHAPE(2, 64, 1024)); /* broadcast batch */
+  check_against_reference(em_matmul(a, b), a, b, 1e-5);
+}
+
 static em_tensor *conv_ref(em_prim op, const ir_shape *out_shape, em_tensor *a, em_tensor *b, em_conv2d_params p) {
   em_tensor *ref = em_empty(em_dtype_of(a), out_shape->ndim, out_shape->sizes);
   prim_attrs at = {.conv = p, .shape = *out_shape};
