@@ -272,7 +272,7 @@ static bool async_compile(void) {
  *
  * A compile thread runs LLVM, and exit() destroys LLVM's C++ statics: a compile still running
  * then crashes in them (bench/peers_ember died, status nonzero, nothing on stderr, under a
- * loaded test suite; tests/exit_probe reproduced it, 1 run in 10 segfaulting in LLVM's
+ * loaded test suite; tests/exit_probe reproduced it, 1 to 2 runs in 20 segfaulting in LLVM's
  * SelectionDAG type tables). So exit waits for the compiles before any LLVM destructor runs.
  * The difficulty is "before": exit() runs the atexit handlers newest first, then the ELF
  * destructors (this file's `finish`, too late: the first version waited there), and LLVM

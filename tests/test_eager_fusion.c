@@ -613,7 +613,7 @@ ETEST(eager_fusion, background_compile) {
  * (kernel cache off: each compiles) and returns from main, calls exit, or has another thread
  * call exit while it runs fused calls. While exit waited for the compiles only after LLVM's
  * static destructors, this test failed 3 times in 3 (a probe segfaulting in LLVM's SelectionDAG
- * type tables, about 1 run in 20); runs go two at a time, as under load. */
+ * type tables, 1 to 2 runs in 20); runs go two at a time, as under load. */
 ETEST(eager_fusion, exit_while_compiling) {
   const char *exe = getenv("EMBER_EXIT_PROBE");
   cr_assert(exe, "EMBER_EXIT_PROBE names tests/exit_probe (meson sets it)");
