@@ -206,7 +206,12 @@ int prim_max_threads(void) {
   return n;
 }
 
-int prim_threads(void) { return in_task ? 1 : prim_max_threads(); }
+/* Thread-local: this thread's loops run on it alone (prim_serial_thread). */
+static _Thread_local bool serial_thread;
+
+void prim_serial_thread(void) { serial_thread = true; }
+
+int prim_threads(void) { return in_task || serial_thread ? 1 : prim_max_threads(); }
 
 void prim_parallel(int64_t n, prim_task fn, void *ctx) {
   if (n <= 0) return;

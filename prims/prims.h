@@ -197,6 +197,9 @@ int prim_threads(void);
 int prim_max_threads(void);
 /* n <= 0: the default (OMP_NUM_THREADS, else the CPUs this process may run on). */
 void prim_set_threads(int n);
+/* From now on the calling thread's loops run on it alone and never take the pool, which stays
+ * free for the other threads' loops (a background compile thread: eager fusion's). */
+void prim_serial_thread(void);
 
 /* ---- kernels ----------------------------------------------------------------------------- */
 
