@@ -6,13 +6,16 @@
  *   return: returns from main;
  *   exit: calls exit(0);
  *   thread: a second thread, which has made a fusable call of its own, calls exit(0) while this
- *           one goes on calling fused composites.
+ *           one goes on calling fused composites;
+ *   fork: forks; the child (none of the compile threads in it) calls the composites again and
+ *         exits, the parent waits for it and returns its status.
  * Exit status 0, and no signal, is the test's expectation; 2 for a bad argument or a failed call. */
 #include <ember.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static em_tensor *x, *w, *b;
@@ -37,8 +40,8 @@ static void *exit_soon(void *arg) {
 
 int main(int argc, char **argv) {
   const char *how = argc > 1 ? argv[1] : "";
-  if (strcmp(how, "return") && strcmp(how, "exit") && strcmp(how, "thread")) {
-    fprintf(stderr, "usage: exit_probe return|exit|thread\n");
+  if (strcmp(how, "return") && strcmp(how, "exit") && strcmp(how, "thread") && strcmp(how, "fork")) {
+    fprintf(stderr, "usage: exit_probe return|exit|thread|fork\n");
     return 2;
   }
   em_manual_seed(5);
@@ -50,6 +53,14 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (!strcmp(how, "exit")) exit(0);
+  if (!strcmp(how, "fork")) {
+    pid_t child = fork();
+    if (child < 0) return 2;
+    if (child == 0) exit(start_compiles() ? 0 : 2);
+    int st;
+    if (waitpid(child, &st, 0) != child) return 2;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 3;
+  }
   if (!strcmp(how, "thread")) {
     pthread_t t;
     if (pthread_create(&t, NULL, exit_soon, NULL)) return 2;
