@@ -291,8 +291,9 @@ static bool async_compile(void) {
  * yet. When it merely ends, the wait costs it at most the compiles then running. A thread
  * that never offered a fusable call and calls exit() while a compile runs (a watchdog, say)
  * is covered by an atexit handler registered anew on the calling thread just before each
- * compile thread starts: newer than every LLVM destructor registered before that compile,
- * older only than one the compile itself registers in the moment; it stops new compiles
+ * compile thread starts, and again by that thread after each of its calls: newer than every
+ * LLVM destructor registered before, older only than one the compile registers in the call it
+ * is running (a window this cannot close: such an exit can still crash); it stops new compiles
  * (`exiting`: calls stay op by op, none compiles on the calling thread during exit) and waits
  * for the running ones, which stop at their next call. quick_exit and _exit run no
  * destructors: nothing to wait for. Another thread inside a fused call while the process
@@ -378,6 +379,9 @@ static void *compile_job_run(void *arg) {
     em_outputs r = em_call_at(s->c, &s->key, in, j->n, j->site);
     ok = update ? r.n == 0 && !em_last_error() : r.n == 1 && r.t[0];
     em_scope_end_at(j->site);
+    /* newer than the LLVM destructors this call registered, if any (best effort: see above) */
+    if (atexit(at_exit)) { /* out of memory: the handler registered before the thread stays */
+    }
   }
   if (!s->key.grad_mode) em_no_grad_end();
   if (scoped) em_scope_end_at(j->site);
