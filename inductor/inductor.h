@@ -93,6 +93,8 @@ typedef struct ind_stats {
   int scatter_sums;     /* sums of slice scatters made one cat (rewrite.c) */
   int window_reductions; /* amax / amin over a small non-trailing window made pointwise (rewrite.c) */
   int gemm_epilogues;    /* GEMMs whose bias and activation cuBLASLt (CUDA) or the GEMM's tiles (CPU) apply */
+  int combo_kernels;     /* steps that run several independent pointwise kernels in one parallel region */
+  int combo_parts;       /* the kernels (of `kernels`) inside them */
   double compile_ms;  /* lowering, LLVM optimisation and JIT */
 } ind_stats;
 
@@ -119,6 +121,8 @@ typedef struct ind_renderer {
   bool column_reductions;  /* reductions over leading dims accumulate in its pointwise kernels */
   bool row_f64;            /* its row kernels accumulate f64 as well as f32 */
   bool gemm_epilogues;     /* matmul + bias [+ ReLU | tanh GELU] run as one library call */
+  bool combo_kernels;      /* adjacent independent pointwise kernels may run as one combo kernel (one
+                            * parallel region over their index spaces; schedule.c: combine_kernels) */
   /* renders p's scheduled kernels and makes them callable (p->kernels[k].fn or .cu_fn) */
   bool (*build)(ind_program *p, const prim_meta *meta, char *err, size_t cap);
 } ind_renderer;
@@ -222,6 +226,8 @@ ind_cache_stats ind_cache_counters(void);
 void ind_set_kernel_cache_limit(int modules);
 /* Generated kernels the calling thread has run, for em_compiled_stats, tests and benchmarks. */
 int64_t ind_kernel_runs(void);
+/* Combo kernels the calling thread has run (each also counts once in ind_kernel_runs). */
+int64_t ind_combo_kernel_runs(void);
 /* CUDA pointwise kernels launched as their vector variant (16-byte loads and stores), on the
  * calling thread. */
 int64_t ind_vector_kernel_runs(void);

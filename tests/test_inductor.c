@@ -166,8 +166,10 @@ ETEST(inductor, odd_shapes_and_layouts) {
         snprintf(what, sizeof what, "[%lld,%lld] layout %d", (long long)R, (long long)C, layout);
         ind_stats st;
         check(chain, (em_tensor *[]){x, b}, NULL, &st, what);
-        /* runs of same-shape pointwise nodes fuse: [R,C] ops, then the [C] abs(b)+1, then [R,C] again */
-        cr_assert_eq(st.kernels, 3, "%s: %d kernels", what, st.kernels);
+        /* runs of same-shape pointwise nodes fuse: [R,C] ops, then the [C] abs(b)+1, then [R,C] again;
+         * a [1] abs(b)+1 is scalar work, scheduled first (rewrite.c: hoist_scalars): one [R,C] kernel
+         * (when the [R,C] values have more than one element, else all of it is scalar work) */
+        cr_assert_eq(st.kernels, C == 1 && R > 1 ? 2 : 3, "%s: %d kernels", what, st.kernels);
         cr_assert_geq(st.fused_nodes, 14, "%s", what);
         em_scope_end();
       }
