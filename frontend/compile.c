@@ -1772,7 +1772,7 @@ static void inductor_failed(const char *graph, const char *why) {
 static void inductor_compiled(const char *graph, const ind_program *p) {
   if (fe_log_on(FE_LOG_SCHEDULE)) {
     ind_stats st = ind_program_stats(p);
-    fe_log(FE_LOG_SCHEDULE, "%s: %d kernels holding %d nodes (%d recomputed for later kernels; %d of them in %d combo "
+    fe_log(FE_LOG_SCHEDULE, "%s: %d kernels holding %d nodes (%d recomputed for later kernels; %d of the kernels in %d combo "
            "kernels), %d nodes on the eager kernels (%d sums of slice scatters made one cat), arena %lld bytes, compiled in "
            "%.1f ms\n%s", graph, st.kernels, st.fused_nodes, st.recomputed_nodes, st.combo_parts, st.combo_kernels,
            st.fallback_nodes, st.scatter_sums, (long long)ind_arena_bytes(p), st.compile_ms, ind_schedule(p) ? ind_schedule(p) : "");
