@@ -29,6 +29,17 @@
  *    neighbours); each call reserves the counters in graph order and passes seed and offset to
  *    the kernel (ind_run_rng), so the code never changes. Row kernels and CUDA programs do not
  *    take them (CUDA graphs with random nodes run op by op).
+ * Scalar work first (rewrite.c: hoist_scalars): nodes of at most one element whose operands are
+ * all of at most one element (an optimizer's lr casts and AdamW's bias corrections) move to the
+ * front of the graph, so they no longer split the pointwise chains they sit between
+ * (EMBER_INDUCTOR_SCALAR_HOIST=0: off).
+ * Combo kernels (schedule.c: combine_kernels; issue 20): adjacent pointwise kernels that are
+ * independent (none reads what another computes) run as one step, one parallel region over their
+ * index spaces laid end to end, each part its own code and buffers, large parts split in blocks
+ * (run.c: run_combo): a compiled optimizer step updates every parameter in one kernel, as
+ * PyTorch's foreach/fused optimizers and TorchInductor's combo kernels do. At most 64 parts; not
+ * row kernels or column reductions; CPU only (ind_renderer.combo_kernels). Counted in
+ * ind_stats.combo_kernels and em_compile_stats.combo_kernel_runs; EMBER_INDUCTOR_COMBO=0: off.
  * A node that fits neither closes the kernel. The consumers of a GEMM's output (bias,
  * activation, residual) are the first nodes of the kernel after it: the GEMM's epilogue; but an
  * f32 bias add over the rows and a ReLU or GELU after it (em_linear's pattern) run inside the

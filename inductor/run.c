@@ -444,7 +444,7 @@ static bool kernel_buffers(const ind_program *p, const kernel *k, em_tensor **va
  * The parts' index spaces laid end to end and cut into pieces: a part of n elements makes
  * ceil(n / grain) pieces, blocks of its rows when it has that many, else blocks of its columns
  * (multiples of the vector width), as run_kernel splits a kernel alone; consecutive pieces
- * smaller than the grain are batched into one task. The grain is the eager loops' (or a quarter
+ * smaller than half a grain are batched into one task. The grain is the eager loops' (or a quarter
  * of each thread's share, when larger), so one large part is split across every thread and
  * many small ones do not cost a task each. The threads take tasks in order (prim_parallel).
  * A combo too small to split runs its parts on the calling thread. */
@@ -514,10 +514,10 @@ static bool run_combo(const ind_program *p, const step *st, em_tensor **vals, em
       }
     }
     int64_t acc = 0;
-    for (int i = 0; i < n; i++) { /* a task closes once it holds a grain of elements */
+    for (int i = 0; i < n; i++) { /* a task closes at half a grain: a split part's pieces (each more) stay alone */
       if (!acc) task_at[tasks++] = i;
       acc += (pc[i].r1 - pc[i].r0) * (pc[i].j1 - pc[i].j0);
-      if (acc >= grain) acc = 0;
+      if (2 * acc >= grain) acc = 0;
     }
     task_at[tasks] = n;
     combo_job j = {pc, task_at, scratch};

@@ -2221,3 +2221,29 @@ static void compiled_updates_combine(int opt_kind) {
 
 ETEST(inductor, compiled_sgd_updates_run_as_one_combo_kernel) { compiled_updates_combine(0); }
 ETEST(inductor, compiled_adamw_updates_run_as_one_combo_kernel) { compiled_updates_combine(1); }
+
+/* Parts large enough to split across threads: one long row (split by columns, odd length), a
+ * transposed input (split by rows), and a small part batched with the pieces around it. */
+static int combo_large(em_tensor *const *in, em_tensor **out, void *ctx) {
+  out[0] = em_mul_scalar(em_exp(in[0]), 2);
+  out[1] = em_add_scalar(em_sqrt(em_abs(in[1])), 1);
+  out[2] = em_mul_scalar(em_neg(in[2]), 3);
+  return 3;
+}
+
+ETEST(inductor, combo_kernels_split_large_parts_like_eager) {
+  em_manual_seed(74);
+  em_tensor *in[3] = {em_randn(EM_F32, EM_SHAPE(3, 70001)), em_transpose(em_randn(EM_F32, EM_SHAPE(257, 300)), 0, 1),
+                      em_randn(EM_F32, EM_SHAPE(5, 3))};
+  int threads = em_get_num_threads();
+  for (int nt = 1; nt <= 4; nt *= 2) { /* one thread: the parts in turn; more: pieces across them */
+    em_set_num_threads(nt);
+    ind_stats st;
+    char what[64];
+    snprintf(what, sizeof what, "combo of large parts, %d threads", nt);
+    cr_assert_eq(check(combo_large, in, NULL, &st, what), 3, "%s: bit-identical to eager", what);
+    cr_assert_eq(st.combo_kernels, 1, "%s: %d combo kernels", what, st.combo_kernels);
+    cr_assert_eq(st.combo_parts, 3, "%s: %d parts", what, st.combo_parts);
+  }
+  em_set_num_threads(threads);
+}
