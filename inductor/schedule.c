@@ -75,6 +75,8 @@ typedef struct builder {
   int *epi;   /* [n_nodes] > 0: the node is the result of GEMM epilogue p->epis[epi - 1] */
   group gr;
   int cap_steps, cap_kernels;
+  int *last_use;   /* [n_values] the last node reading the value (n_nodes for a graph output), or -1 */
+  int *seen, stamp; /* [n_values] fits_buffers' marks */
 } builder;
 
 static bool push_step(builder *b, step s) {
@@ -179,6 +181,27 @@ static bool kernel_random(const ind_program *p, kernel *k) {
   return true;
 }
 
+/* The most buffers a generated kernel takes (codegen.c). */
+enum { KERNEL_MAX_BUFFERS = 128 };
+
+/* Whether the open group with node i added still takes at most KERNEL_MAX_BUFFERS buffers: the
+ * values it reads from outside, and those read after i or returned (at most what it stores).
+ * Scalar work scheduled first (rewrite.c) makes one-element chains of any length, which once made
+ * a kernel of 150 buffers that the code generator refused, and the graph ran op by op. */
+static bool fits_buffers(builder *b, int i) {
+  const ir_graph *g = b->p->g;
+  int stamp = ++b->stamp, nb = 0;
+  for (int q = 0; q <= b->gr.n; q++) {
+    const ir_node *x = &g->nodes[q < b->gr.n ? b->gr.nodes[q] : i];
+    for (int a = 0; a < x->n_in; a++) {
+      int v = ir_operands(g, x)[a];
+      if (!b->in_group[v] && b->seen[v] != stamp) b->seen[v] = stamp, nb++;
+    }
+    nb += b->last_use[x->out] > i;
+  }
+  return nb <= KERNEL_MAX_BUFFERS;
+}
+
 /* Adds node i to the open group when it fits its iteration space; false when it does not. */
 static bool try_add(builder *b, int i) {
   const ir_graph *g = b->p->g;
@@ -186,6 +209,7 @@ static bool try_add(builder *b, int i) {
   const ir_type *t = &g->values[n->out].type;
   group *gr = &b->gr;
   signed char *kind = b->p->kind;
+  if (gr->n && !fits_buffers(b, i)) return false;
   for (int a = 0; a < n->n_in; a++) /* a column reduction is complete only when its kernel ends */
     if (b->in_group[ir_operands(g, n)[a]] && kind[ir_operands(g, n)[a]] == K_COL) return false;
   /* column reductions accumulate across the CPU kernel's threads; on the GPU they run eagerly */
@@ -737,7 +761,13 @@ static bool schedule(builder *b) {
   b->skip = calloc((size_t)g->n_nodes + 1, 1);
   b->alias = calloc((size_t)g->n_nodes + 1, 1);
   b->epi = calloc((size_t)g->n_nodes + 1, sizeof(int));
-  bool ok = b->gr.nodes && b->in_group && b->tmat && b->skip && b->alias && b->epi;
+  b->last_use = malloc(sizeof(int) * (size_t)(g->n_values + 1));
+  b->seen = calloc((size_t)g->n_values + 1, sizeof(int));
+  bool ok = b->gr.nodes && b->in_group && b->tmat && b->skip && b->alias && b->epi && b->last_use && b->seen;
+  for (int v = 0; ok && v < g->n_values; v++) b->last_use[v] = -1;
+  for (int i = 0; ok && i < g->n_nodes; i++)
+    for (int a = 0; a < g->nodes[i].n_in; a++) b->last_use[ir_operands(g, &g->nodes[i])[a]] = i;
+  for (int o = 0; ok && o < g->n_outputs; o++) b->last_use[g->outputs[o]] = g->n_nodes;
   for (int i = 0; ok && i < g->n_nodes; i++) b->tmat[i] = -1;
   if (ok) ok = random_table(b);
   if (ok) find_transposed_products(b);
@@ -756,6 +786,7 @@ static bool schedule(builder *b) {
   }
   ok = ok && close_group(b);
   free(b->gr.nodes), free(b->in_group), free(b->tmat), free(b->skip), free(b->alias), free(b->epi);
+  free(b->last_use), free(b->seen);
   return ok;
 }
 

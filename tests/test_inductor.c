@@ -2247,3 +2247,21 @@ ETEST(inductor, combo_kernels_split_large_parts_like_eager) {
   }
   em_set_num_threads(threads);
 }
+
+/* Sixty one-element results of twelve one-element inputs, each with its own constant: one
+ * iteration space, but more buffers than a kernel takes (a compiled AdamW step over the
+ * transformer's 30 parameters, its scalar work scheduled first, made a kernel of 150 buffers
+ * that the code generator refused: the whole step ran op by op). The group closes in time. */
+static int many_scalars(em_tensor *const *in, em_tensor **out, void *ctx) {
+  for (int k = 0; k < 60; k++) out[k] = em_add(em_mul_scalar(in[k % 12], 1.0 + k / 64.0), in[(k + 5) % 12]);
+  return 60;
+}
+
+ETEST(inductor, kernels_stay_within_their_buffers) {
+  em_manual_seed(75);
+  em_tensor *in[12];
+  for (int i = 0; i < 12; i++) in[i] = em_randn(EM_F32, EM_SHAPE(1));
+  ind_stats st;
+  check(many_scalars, in, NULL, &st, "sixty scalar results");
+  cr_assert_geq(st.kernels, 2, "%d kernels", st.kernels);
+}
