@@ -653,8 +653,8 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
       guard_check(arena_end, &p->kernels[st->parts[0]], "arena");
       for (int q = 0; q < st->n_parts; q++) bytes += p->kernels[st->parts[q]].bytes;
       if (ok && t0_) rt_prof_complete("kernel", "combo", t0_, "%d kernels, %lld bytes", st->n_parts, (long long)bytes);
-      kernel_runs++, combo_runs++;
-      if (prof) {
+      if (ok) kernel_runs++, combo_runs++; /* one kernel run: one parallel region */
+      if (prof && ok) {
         double dt = now_ms() - t0;
         profile_add(EM_PRIM_COUNT + 2, dt, bytes);
         int64_t all = 0; /* each part's share of the time, by its elements */

@@ -4,7 +4,6 @@
 #include "internal.h"
 #include "../runtime/cuda.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 
 /* ---- the schedule ---- */
