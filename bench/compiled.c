@@ -26,6 +26,10 @@
  * copy baseline is a device-to-device clone of the same bytes; peaks are the device allocator's).
  * On CUDA the row kernels' GB/s is also given as a fraction of the issue's target, 85% of the
  * device copy's bandwidth (>= 1 meets it).
+ * --combo-ab: each workload compiled twice, with combo kernels (EMBER_INDUCTOR_COMBO=1) and without
+ * (=0; the variable set around each call of that function), alternated in the timed loop, their
+ * figures named <workload>_compiled_combo_on_... and _combo_off_...; combo_kernels_per_step counts
+ * the combo kernels among kernels_per_step (issue 20).
  * --mode M: em_compile's mode (default, reduce-overhead, max-autotune); --modes all: the three in
  * one run, each compiled separately and alternated with eager in the timed loop, their figures
  * named <workload>_compiled_<mode>_... (a mode after the first finds the kernels they share in
@@ -43,6 +47,7 @@ enum { REPS = 15 };
 static const char *only, *self;
 static const char *modes[3] = {NULL}; /* --mode, or --modes all: em_compile's modes, NULL the default */
 static int n_modes = 1;
+static bool combo_ab; /* --combo-ab: slot 0 with combo kernels, slot 1 without (EMBER_INDUCTOR_COMBO) */
 static char child_args[512];           /* the options a warm probe's child needs to build the same workload */
 static bool cuda; /* --device cuda */
 static bool probe; /* --warm-probe: only time the first compiled call (a child run, disk cache warm) */
@@ -61,6 +66,11 @@ static double device_copy_ms(em_tensor *x) {
   double dt = bench_now() - t0;
   em_scope_end();
   return 1e3 * dt;
+}
+
+/* --combo-ab: the combo switch for slot m's calls (their compiles read it). */
+static void combo_slot(int m) {
+  if (combo_ab) setenv("EMBER_INDUCTOR_COMBO", m ? "0" : "1", 1);
 }
 
 /* One call, eager (c NULL) or compiled; returns ms. */
@@ -99,7 +109,8 @@ static double warm_in_child(const char *name, const char *mode) {
 /* A figure's name: workload, then (with several modes) the mode, then what it is. */
 static const char *figure(char *key, size_t cap, const char *name, int m, const char *what) {
   char tag[32] = "";
-  if (n_modes > 1) { /* "reduce-overhead" -> "_reduce_overhead" */
+  if (combo_ab) snprintf(tag, sizeof tag, "_combo_%s", m ? "off" : "on");
+  else if (n_modes > 1) { /* "reduce-overhead" -> "_reduce_overhead" */
     snprintf(tag, sizeof tag, "_%s", modes[m] ? modes[m] : "default");
     for (char *c = tag; *c; c++) *c = *c == '-' ? '_' : *c;
   }
@@ -116,6 +127,7 @@ static void run(const char *name, em_model_fn fn, void *ctx, em_tensor *const *i
   double cold[3], warm[3];
   for (int m = 0; m < n_modes; m++) {
     c[m] = compile(fn, name, modes[m]);
+    combo_slot(m);
     cold[m] = once(c[m], fn, ctx, in, n);
     if (probe) {
       printf("warm %.6f\n", cold[m]);
@@ -123,16 +135,18 @@ static void run(const char *name, em_model_fn fn, void *ctx, em_tensor *const *i
       return;
     }
   }
-  for (int m = 0; m < n_modes; m++) warm[m] = warm_in_child(name, modes[m]);
+  for (int m = 0; m < n_modes; m++) combo_slot(m), warm[m] = warm_in_child(name, modes[m]);
   /* t[0]: eager, t[1 + m]: mode m compiled, t[1 + n_modes]: the copy baseline */
   double t[5][REPS];
   int copy = 1 + n_modes;
-  int64_t k0[3], g0[3];
+  int64_t k0[3], g0[3], x0[3];
   for (int m = 0; m < n_modes; m++)
-    k0[m] = em_compiled_stats(c[m]).kernel_runs, g0[m] = em_compiled_stats(c[m]).cuda_graph_replays;
+    k0[m] = em_compiled_stats(c[m]).kernel_runs, g0[m] = em_compiled_stats(c[m]).cuda_graph_replays,
+    x0[m] = em_compiled_stats(c[m]).combo_kernel_runs;
   for (int r = -1; r < REPS; r++)
     for (int k = 0; k <= copy; k++) {
       if (k == copy && bytes_moved <= 0) continue;
+      if (k > 0 && k < copy) combo_slot(k - 1);
       double ms = k == copy ? (cuda ? device_copy_ms(in[0]) : bench_memcpy_ms((size_t)(bytes_moved / 2)))
                             : once(k ? c[k - 1] : NULL, fn, ctx, in, n);
       if (r >= 0) t[k][r] = ms;
@@ -144,8 +158,10 @@ static void run(const char *name, em_model_fn fn, void *ctx, em_tensor *const *i
   for (int m = 0; m < n_modes; m++) {
     int64_t kernels = (em_compiled_stats(c[m]).kernel_runs - k0[m]) / (REPS + 1);
     int64_t graphs = (em_compiled_stats(c[m]).cuda_graph_replays - g0[m]) / (REPS + 1);
+    int64_t combos = (em_compiled_stats(c[m]).combo_kernel_runs - x0[m]) / (REPS + 1);
     int64_t peak[2];
     for (int k = 0; k < 2; k++) { /* compiled, then eager */
+      combo_slot(m);
       em_debug_reset_peak();
       if (cuda) em_cuda_reset_peak_memory_stats();
       int64_t base = cuda ? em_cuda_memory_stats_get().allocated_bytes : em_debug_live_bytes();
@@ -169,6 +185,8 @@ static void run(const char *name, em_model_fn fn, void *ctx, em_tensor *const *i
     }
     bench_report(figure(key, sizeof key, name, m, "kernels_per_step"), (double)kernels, "",
                  "generated kernels launched one by one (not inside CUDA graphs)");
+    bench_report(figure(key, sizeof key, name, m, "combo_kernels_per_step"), (double)combos, "",
+                 "of those, combo kernels (independent pointwise kernels run as one)");
     if (cuda)
       bench_report(figure(key, sizeof key, name, m, "cuda_graphs_per_step"), (double)graphs, "",
                    "CUDA graph launches inside em_call (--mode reduce-overhead / max-autotune)");
@@ -315,6 +333,7 @@ int main(int argc, char **argv) {
       modes[0] = NULL, modes[1] = "reduce-overhead", modes[2] = "max-autotune", n_modes = 3;
     }
     if (!strcmp(argv[i], "--device") && i + 1 < argc) cuda = !strcmp(argv[i + 1], "cuda");
+    combo_ab = combo_ab || !strcmp(argv[i], "--combo-ab");
     static const char *const g2_flags[] = {"--gpt2-layers", "--gpt2-d", "--gpt2-heads", "--gpt2-ctx", "--gpt2-batch",
                                            "--gpt2-vocab", "--rows"};
     int64_t *g2_vals[] = {&g2.layers, &g2.d, &g2.heads, &g2.ctx, &g2.batch, &g2.vocab, &rows};
@@ -326,6 +345,8 @@ int main(int argc, char **argv) {
         snprintf(child_args + used, sizeof child_args - used, " %s %s", argv[i], argv[i + 1]);
       }
   }
+  if (combo_ab && n_modes > 1) fail("--combo-ab takes one mode");
+  if (combo_ab) modes[1] = modes[0], n_modes = 2;
   if (g2.d % g2.heads) fail("--gpt2-heads must divide --gpt2-d");
   if (cuda) {
     if (!em_cuda_is_available()) fail("--device cuda: no CUDA device (EMBER_CUDA_EMULATE=1 runs the host emulator)");

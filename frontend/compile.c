@@ -1772,9 +1772,10 @@ static void inductor_failed(const char *graph, const char *why) {
 static void inductor_compiled(const char *graph, const ind_program *p) {
   if (fe_log_on(FE_LOG_SCHEDULE)) {
     ind_stats st = ind_program_stats(p);
-    fe_log(FE_LOG_SCHEDULE, "%s: %d kernels holding %d nodes (%d recomputed for later kernels), %d nodes on the eager "
-           "kernels (%d sums of slice scatters made one cat), arena %lld bytes, compiled in %.1f ms\n%s", graph, st.kernels,
-           st.fused_nodes, st.recomputed_nodes, st.fallback_nodes, st.scatter_sums, (long long)ind_arena_bytes(p), st.compile_ms, ind_schedule(p) ? ind_schedule(p) : "");
+    fe_log(FE_LOG_SCHEDULE, "%s: %d kernels holding %d nodes (%d recomputed for later kernels; %d of the kernels in %d combo "
+           "kernels), %d nodes on the eager kernels (%d sums of slice scatters made one cat), arena %lld bytes, compiled in "
+           "%.1f ms\n%s", graph, st.kernels, st.fused_nodes, st.recomputed_nodes, st.combo_parts, st.combo_kernels,
+           st.fallback_nodes, st.scatter_sums, (long long)ind_arena_bytes(p), st.compile_ms, ind_schedule(p) ? ind_schedule(p) : "");
   }
   if (fe_log_on(FE_LOG_OUTPUT_CODE) && ind_kernel_ir(p)) fe_log(FE_LOG_OUTPUT_CODE, "%s", ind_kernel_ir(p));
 }
@@ -1896,14 +1897,14 @@ static bool check_due(const em_compiled *c, const entry *e) {
 em_outputs em_call_at(em_compiled *c, void *ctx, em_tensor *const *in, int n_in, em_site site) {
   uint64_t t0 = RT_PROF_ON() ? rt_prof_now() : 0;
   /* this thread's counters: a call compiles and runs its kernels on the calling thread */
-  int64_t k0 = ind_kernel_runs(), f0 = ind_failures(), g0 = ind_cuda_graph_replays();
+  int64_t k0 = ind_kernel_runs(), f0 = ind_failures(), g0 = ind_cuda_graph_replays(), c0 = ind_combo_kernel_runs();
   /* one call at a time per compiled function: its entries, graph cache, lazily compiled
    * programs and counters are shared (issue 16: two threads recorded 13 entries for 12 shapes) */
   if (c) pthread_mutex_lock(&c->lock);
   em_outputs r = call(c, ctx, in, n_in, site);
   if (c)
     c->stats.kernel_runs += ind_kernel_runs() - k0, c->stats.inductor_fallbacks += ind_failures() - f0,
-        c->stats.cuda_graph_replays += ind_cuda_graph_replays() - g0;
+        c->stats.cuda_graph_replays += ind_cuda_graph_replays() - g0, c->stats.combo_kernel_runs += ind_combo_kernel_runs() - c0;
   if (c) pthread_mutex_unlock(&c->lock);
   if (t0) rt_prof_complete("compiled", c ? c->name : "em_call", t0, "called at %s:%d", site.file, site.line);
   return r;

@@ -1555,6 +1555,8 @@ typedef struct em_compile_stats {
                             * trace's; later entries specialize) */
   int64_t dynamic_op_by_op; /* graphs of a dynamic entry run op by op at a size not yet called
                             * EMBER_DYNAMIC_COMPILE_AFTER times (default 3), not compiled */
+  int64_t combo_kernel_runs; /* of kernel_runs, combo kernels: independent pointwise kernels (an
+                            * optimizer's per-parameter updates) run as one (EMBER_INDUCTOR_COMBO=0: none) */
 } em_compile_stats;
 /* The counters of c (all zero for NULL). */
 em_compile_stats em_compiled_stats(const em_compiled *c);

@@ -19,10 +19,11 @@ void ind_free(ind_program *p) {
   for (int k = 0; k < p->n_kernels; k++)
     free(p->kernels[k].nodes), free(p->kernels[k].in), free(p->kernels[k].out), free(p->kernels[k].loop_ir), free(p->kernels[k].table),
         free(p->kernels[k].rng);
-  for (int s = 0; s < p->n_steps; s++) free(p->steps[s].release);
+  for (int s = 0; s < p->n_steps; s++) free(p->steps[s].release), free(p->steps[s].parts);
   for (int e = 0; e < p->n_epis; e++) free(p->epis[e].nodes), free(p->epis[e].reads);
   free(p->epis), free(p->gemm);
   free(p->kernels), free(p->steps), free(p->in_meta), free(p->in_device), free(p->ir_text), free(p->schedule_text), free(p->kind);
+  free(p->combo_notes);
   free(p->arena_off), free(p->out_step), free(p->in_last_read), free(p->in_view_read), free(p->in_returned);
   free(p->rand), free(p->rand_of);
   ir_graph_free(p->g);

@@ -29,6 +29,17 @@
  *    neighbours); each call reserves the counters in graph order and passes seed and offset to
  *    the kernel (ind_run_rng), so the code never changes. Row kernels and CUDA programs do not
  *    take them (CUDA graphs with random nodes run op by op).
+ * Scalar work first (rewrite.c: hoist_scalars): nodes of at most one element whose operands are
+ * all of at most one element (an optimizer's lr casts and AdamW's bias corrections) move to the
+ * front of the graph, so they no longer split the pointwise chains they sit between
+ * (EMBER_INDUCTOR_SCALAR_HOIST=0: off).
+ * Combo kernels (schedule.c: combine_kernels; issue 20): adjacent pointwise kernels that are
+ * independent (none reads what another computes) run as one step, one parallel region over their
+ * index spaces laid end to end, each part its own code and buffers, large parts split in blocks
+ * (run.c: run_combo): a compiled optimizer step updates every parameter in one kernel, as
+ * PyTorch's foreach/fused optimizers and TorchInductor's combo kernels do. At most 64 parts; not
+ * row kernels or column reductions; CPU only (ind_renderer.combo_kernels). Counted in
+ * ind_stats.combo_kernels and em_compile_stats.combo_kernel_runs; EMBER_INDUCTOR_COMBO=0: off.
  * A node that fits neither closes the kernel. The consumers of a GEMM's output (bias,
  * activation, residual) are the first nodes of the kernel after it: the GEMM's epilogue; but an
  * f32 bias add over the rows and a ReLU or GELU after it (em_linear's pattern) run inside the
@@ -93,6 +104,8 @@ typedef struct ind_stats {
   int scatter_sums;     /* sums of slice scatters made one cat (rewrite.c) */
   int window_reductions; /* amax / amin over a small non-trailing window made pointwise (rewrite.c) */
   int gemm_epilogues;    /* GEMMs whose bias and activation cuBLASLt (CUDA) or the GEMM's tiles (CPU) apply */
+  int combo_kernels;     /* steps that run several independent pointwise kernels in one parallel region */
+  int combo_parts;       /* the kernels (of `kernels`) inside them */
   double compile_ms;  /* lowering, LLVM optimisation and JIT */
 } ind_stats;
 
@@ -119,6 +132,8 @@ typedef struct ind_renderer {
   bool column_reductions;  /* reductions over leading dims accumulate in its pointwise kernels */
   bool row_f64;            /* its row kernels accumulate f64 as well as f32 */
   bool gemm_epilogues;     /* matmul + bias [+ ReLU | tanh GELU] run as one library call */
+  bool combo_kernels;      /* adjacent independent pointwise kernels may run as one combo kernel (one
+                            * parallel region over their index spaces; schedule.c: combine_kernels) */
   /* renders p's scheduled kernels and makes them callable (p->kernels[k].fn or .cu_fn) */
   bool (*build)(ind_program *p, const prim_meta *meta, char *err, size_t cap);
 } ind_renderer;
@@ -222,6 +237,8 @@ ind_cache_stats ind_cache_counters(void);
 void ind_set_kernel_cache_limit(int modules);
 /* Generated kernels the calling thread has run, for em_compiled_stats, tests and benchmarks. */
 int64_t ind_kernel_runs(void);
+/* Combo kernels the calling thread has run (each also counts once in ind_kernel_runs). */
+int64_t ind_combo_kernel_runs(void);
 /* CUDA pointwise kernels launched as their vector variant (16-byte loads and stores), on the
  * calling thread. */
 int64_t ind_vector_kernel_runs(void);

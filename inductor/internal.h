@@ -111,7 +111,23 @@ typedef struct step {
   bool alias; /* node is a clone of a value nothing else reads: the same tensor when contiguous */
   int n_release, *release; /* values whose last reader is this step */
   int epi;    /* > 0: node is the result of p->epis[epi - 1], run as one GEMM with its epilogue */
+  int n_parts, *parts; /* >= 2: a combo kernel (schedule.c: combine_kernels): the independent pointwise
+                        * kernels parts[] (kernel is parts[0]) run in one parallel region over their
+                        * index spaces laid end to end; 0: kernel alone */
 } step;
+
+/* The kernels step st runs: its combo kernel's parts, or its one kernel (none for a node step). */
+static inline const int *step_kernels(const step *st, int *n) {
+  *n = st->n_parts ? st->n_parts : st->kernel >= 0;
+  return st->n_parts ? st->parts : &st->kernel;
+}
+
+/* Why kernel `kernel` did not join the combo of the n kernels before it (schedule.c): why >= 0,
+ * it reads value why, which they compute; -1, they are COMBO_MAX_PARTS; -2, it is a row kernel;
+ * -3, it accumulates column reductions. */
+typedef struct ind_combo_note {
+  int kernel, why, n;
+} ind_combo_note;
 
 struct ind_program {
   ir_graph *g;
@@ -135,6 +151,8 @@ struct ind_program {
   bool *in_returned;       /* [n_inputs] input i or a view of it is a graph output */
   char *ir_text;
   char *schedule_text;
+  struct ind_combo_note *combo_notes; /* why adjacent pointwise kernels were not combined (EMBER_LOGS=schedule) */
+  int n_combo_notes;
   ind_stats stats;
   em_device device;       /* EM_CUDA: inputs on the GPU, kernels in CUDA C (cuda_codegen.c) */
   const ind_renderer *rend; /* the renderer of device's kernels */

@@ -15,6 +15,7 @@ const ind_renderer ind_llvm_renderer = {
   .column_reductions = true, /* accumulated per thread over its rows, then summed in a fixed order */
   .row_f64 = true,
   .gemm_epilogues = true,    /* bias, ReLU, GELU (tanh, erf) on each oneDNN sgemm tile (prim_gemm_epilogue) */
+  .combo_kernels = true,     /* one prim_parallel over the parts' row or column blocks (run.c: run_combo) */
   .build = ind_build_kernels,
 };
 
@@ -26,6 +27,7 @@ const ind_renderer ind_cuda_renderer = {
   .column_reductions = false,/* the eager CUDA reduction kernels run them */
   .row_f64 = false,          /* block reductions accumulate f32 */
   .gemm_epilogues = true,    /* cuBLASLt's bias, bias + ReLU and bias + GELU (tanh) epilogues */
+  .combo_kernels = false,    /* a launch per kernel; a combo launch would need one grid over all parts */
   .build = ind_cuda_build_kernels,
 };
 

@@ -336,6 +336,67 @@ static bool build(rewriter *r) {
   return ok && !r->ng->oom;
 }
 
+/* ---- scalar work first (issue 20: combo kernels) ----
+ *
+ * An optimizer step computes, per parameter, a few one-element values from the step count and
+ * the learning rate (AdamW's bias corrections 1 - beta^t, lr / bc1, the lr cast to the
+ * parameter's dtype) between the parameter's pointwise ops. Each of them closes the open
+ * pointwise kernel (another iteration space), and a pow among them runs eagerly, so one
+ * parameter's update was four kernels and the parameters' kernels were never adjacent. A node
+ * of at most one element whose operands are all of at most one element, each a graph input or
+ * such a node, depends on nothing else: all of them move to the front of the graph, in their
+ * order. Random nodes stay where they are (their counters are drawn in graph order), and so do
+ * the nodes after them in their cone. Values are unchanged; only the order of independent
+ * nodes is. EMBER_INDUCTOR_SCALAR_HOIST=0 turns it off. */
+static bool scalar_hoist_enabled(void) {
+  const char *e = getenv("EMBER_INDUCTOR_SCALAR_HOIST");
+  return !e || strcmp(e, "0") != 0;
+}
+
+/* g with its scalar work first; g itself (unchanged) when there is nothing to move, NULL when
+ * out of memory. */
+static ir_graph *hoist_scalars(ir_graph *g) {
+  size_t nv = (size_t)g->n_values + 1;
+  bool *small = calloc(nv, 1), *first = calloc((size_t)g->n_nodes + 1, 1);
+  int *map = malloc(sizeof(int) * nv);
+  ir_graph *ng = NULL;
+  bool ok = small && first && map, moves = false;
+  for (int i = 0; ok && i < g->n_inputs; i++) small[g->inputs[i]] = numel_of(&g->values[g->inputs[i]].type) <= 1;
+  int n_first = 0;
+  for (int i = 0; ok && i < g->n_nodes; i++) {
+    const ir_node *n = &g->nodes[i];
+    bool s = numel_of(&g->values[n->out].type) <= 1 && !(prim_get(n->op)->flags & P_RANDOM);
+    for (int k = 0; s && k < n->n_in; k++) s = small[ir_operands(g, n)[k]];
+    small[n->out] = first[i] = s;
+    moves = moves || (s && n_first < i); /* a node before it stays behind */
+    n_first += s;
+  }
+  if (ok && !moves) {
+    free(small), free(first), free(map);
+    return g;
+  }
+  if (ok) ok = (ng = ir_graph_new(g->name)) != NULL;
+  for (int i = 0; ok && i < g->n_inputs; i++) ok = (map[g->inputs[i]] = ir_add_input(ng, &g->values[g->inputs[i]].type)) >= 0;
+  for (int pass = 0; ok && pass < 2; pass++)
+    for (int i = 0; ok && i < g->n_nodes; i++) {
+      if (first[i] != (pass == 0)) continue;
+      const ir_node *n = &g->nodes[i];
+      int in8[8], *in = n->n_in <= 8 ? in8 : malloc(sizeof(int) * (size_t)n->n_in);
+      if (!(ok = in != NULL)) break;
+      for (int k = 0; k < n->n_in; k++) in[k] = map[ir_operands(g, n)[k]];
+      int v = ir_add_node(ng, n->op, in, n->n_in, &n->attrs, &g->values[n->out].type, n->site, n->opname);
+      if (v >= 0) ng->nodes[ng->n_nodes - 1].rng_slot = n->rng_slot;
+      ok = (map[n->out] = v) >= 0;
+      if (in != in8) free(in);
+    }
+  for (int o = 0; ok && o < g->n_outputs; o++) ok = ir_add_output(ng, map[g->outputs[o]]);
+  ok = ok && !ng->oom;
+  free(small), free(first), free(map);
+  ir_graph_free(g);
+  if (!ok) ir_graph_free(ng), ng = NULL;
+  return ng;
+}
+
 ir_graph *ind_rewrite(const ir_graph *g, const ind_renderer *rend, bool rematerialize, ind_stats *st) {
   size_t nv = (size_t)g->n_values + 1, nn = (size_t)g->n_nodes + 1;
   rewriter r = {.g = g, .rend = rend, .remat = rematerialize};
@@ -367,6 +428,7 @@ ir_graph *ind_rewrite(const ir_graph *g, const ind_renderer *rend, bool remateri
   ir_graph *out = ok ? ir_graph_new(g->name) : NULL;
   r.ng = out;
   if (out && !(build(&r) && ir_pass_dce(out) >= 0)) ir_graph_free(out), out = NULL;
+  if (out && scalar_hoist_enabled()) out = hoist_scalars(out);
   if (out) st->recomputed_nodes = r.recomputed, st->scatter_sums = r.scatter_sums, st->window_reductions = r.windows;
   free(r.def), free(r.seg), free(r.anchored), free(r.cheap), free(r.map), free(r.rec), free(r.rec_seg);
   free(r.user_at), free(r.users), free(r.seen), free(fill);

@@ -61,14 +61,16 @@ static void run_kernel(const kernel *k, char **bufs, float *scratch, int slots) 
   }
 }
 int64_t ind_kernel_runs(void) { return kernel_runs; }
-static _Thread_local int64_t vector_runs;
+static _Thread_local int64_t vector_runs, combo_runs;
+int64_t ind_combo_kernel_runs(void) { return combo_runs; }
 int64_t ind_vector_kernel_runs(void) { return vector_runs; }
 
 /* EMBER_INDUCTOR_PROFILE=1: time spent per kind of step (each eager prim, pointwise kernels, row
  * kernels) over the process, printed at exit: where a compiled step's time goes. */
 
-static double profile_ms[EM_PRIM_COUNT + 2];
-static int64_t profile_n[EM_PRIM_COUNT + 2], profile_bytes[EM_PRIM_COUNT + 2];
+/* slots: each prim, then pointwise kernels, row kernels, combo kernels */
+static double profile_ms[EM_PRIM_COUNT + 3];
+static int64_t profile_n[EM_PRIM_COUNT + 3], profile_bytes[EM_PRIM_COUNT + 3];
 static pthread_mutex_t profile_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* GEMM time by operand shapes. */
@@ -103,14 +105,17 @@ static void profile_gemm_add(const em_tensor *a, const em_tensor *b, double ms) 
 
 static void profile_print(void) {
   double total = 0;
-  for (int i = 0; i < EM_PRIM_COUNT + 2; i++) total += profile_ms[i];
+  for (int i = 0; i < EM_PRIM_COUNT + 3; i++) total += profile_ms[i];
   fprintf(stderr, "[ember] inductor profile: %.1f ms in compiled graphs\n", total);
   for (;;) {
     int best = -1;
-    for (int i = 0; i < EM_PRIM_COUNT + 2; i++)
+    for (int i = 0; i < EM_PRIM_COUNT + 3; i++)
       if (profile_n[i] && (best < 0 || profile_ms[i] > profile_ms[best])) best = i;
     if (best < 0) break;
-    const char *name = best == EM_PRIM_COUNT ? "pointwise kernels" : best == EM_PRIM_COUNT + 1 ? "row kernels" : prim_get((em_prim)best)->name;
+    const char *name = best == EM_PRIM_COUNT       ? "pointwise kernels"
+                       : best == EM_PRIM_COUNT + 1 ? "row kernels"
+                       : best == EM_PRIM_COUNT + 2 ? "combo kernels"
+                                                   : prim_get((em_prim)best)->name;
     fprintf(stderr, "  %-20s %9.1f ms %5.1f%% %8lld runs", name, profile_ms[best], 100 * profile_ms[best] / (total > 0 ? total : 1),
             (long long)profile_n[best]);
     if (best >= EM_PRIM_COUNT) fprintf(stderr, " %6.1f GB/s", (double)profile_bytes[best] / (profile_ms[best] * 1e6));
@@ -382,6 +387,146 @@ static void reserve_random(const ind_program *p, const rt_interp_opts *rng, uint
   }
 }
 
+/* Kernel k's buffers for this run into bufs (k->n_out + k->n_in + 1 + k->n_rng entries): its
+ * outputs made (stored into an input in place, a view of the arena at the planned offset, or
+ * new; column reductions set to their identity), its inputs (a CPU scalar copied to the device
+ * for a CUDA kernel), its table of sizes (sizes_as_args; codegen.c) and each random node's
+ * {seed, offset} (codegen.c: emit_philox). False with an error recorded. */
+static bool kernel_buffers(const ind_program *p, const kernel *k, em_tensor **vals, em_tensor *const *into,
+                           em_tensor *arena, uint64_t (*ctr)[2], char **bufs, em_site site) {
+  const ir_graph *g = p->g;
+  bool ok = true, cuda = p->device == EM_CUDA;
+  bufs[k->n_out + k->n_in] = (char *)k->table;
+  for (int r = 0; r < k->n_rng; r++) bufs[k->n_out + k->n_in + 1 + r] = (char *)ctr[k->rng[r]];
+  for (int o = 0; ok && o < k->n_out; o++) {
+    int v = k->out[o];
+    const ir_type *t = &g->values[v].type;
+    int64_t sz[EM_MAX_DIMS], st_[EM_MAX_DIMS];
+    for (int d = 0; d < t->ndim; d++) sz[d] = t->sizes[d];
+    if (into && into[v]) {
+      vals[v] = em_retain(into[v]);
+      rt_bump_version(into[v], "em_call", site);
+    } else if (p->arena_off[v] >= 0 && arena) { /* a view of the arena at the planned offset */
+      ir_contiguous_strides(t->ndim, sz, st_);
+      vals[v] = rt_new_view(arena, t->ndim, sz, st_, 0, "em_call", site);
+      if (vals[v]) vals[v]->dtype = t->dtype, vals[v]->offset = p->arena_off[v] / (int64_t)em_dtype_size(t->dtype);
+    } else {
+      vals[v] = rt_new_device(t->dtype, t->ndim, sz, p->device, "em_call", site);
+    }
+    ok = vals[v] != NULL;
+    if (ok) bufs[o] = rt_data(vals[v]);
+  }
+  for (int o = 0; ok && o < k->n_out; o++) /* column reductions accumulate from their identity */
+    if (p->kind[k->out[o]] == K_COL) {
+      double init = 0;
+      for (int i = 0; i < k->n_nodes; i++)
+        if (g->nodes[k->nodes[i]].out == k->out[o]) init = reduce_init(g->nodes[k->nodes[i]].op);
+      int64_t n = vals[k->out[o]]->numel;
+      if (vals[k->out[o]]->dtype == EM_F64)
+        for (int64_t e = 0; e < n; e++) ((double *)bufs[o])[e] = init;
+      else
+        for (int64_t e = 0; e < n; e++) ((float *)bufs[o])[e] = (float)init;
+    }
+  for (int i = 0; ok && i < k->n_in; i++) {
+    em_tensor *x = vals[k->in[i]];
+    if (cuda && x->storage->device != EM_CUDA) { /* a CPU scalar (ir_verify allows them) */
+      em_tensor *d = cu_scalar_to_device(x, "em_call", site);
+      ok = d != NULL;
+      em_release(vals[k->in[i]]);
+      vals[k->in[i]] = x = d;
+    }
+    if (ok) bufs[k->n_out + i] = rt_data(x);
+  }
+  return ok;
+}
+
+/* ---- combo kernels (schedule.c: combine_kernels) ----
+ * The parts' index spaces laid end to end and cut into pieces: a part of n elements makes
+ * ceil(n / grain) pieces, blocks of its rows when it has that many, else blocks of its columns
+ * (multiples of the vector width), as run_kernel splits a kernel alone; consecutive pieces
+ * smaller than half a grain are batched into one task. The grain is the eager loops' (or a quarter
+ * of each thread's share, when larger), so one large part is split across every thread and
+ * many small ones do not cost a task each. The threads take tasks in order (prim_parallel).
+ * A combo too small to split runs its parts on the calling thread. */
+typedef struct combo_piece {
+  const kernel *k;
+  char **bufs;
+  int64_t r0, r1, j0, j1;
+} combo_piece;
+
+typedef struct combo_job {
+  const combo_piece *pc;
+  const int *task_at; /* task t runs pieces [task_at[t], task_at[t + 1]) */
+  float *scratch;
+} combo_job;
+
+static void combo_task(void *ctx, int64_t t) {
+  const combo_job *j = ctx;
+  for (int q = j->task_at[t]; q < j->task_at[t + 1]; q++) {
+    const combo_piece *c = &j->pc[q];
+    c->k->fn(c->bufs, c->r0, c->r1, c->j0, c->j1, j->scratch);
+  }
+}
+
+static bool run_combo(const ind_program *p, const step *st, em_tensor **vals, em_tensor *const *into, em_tensor *arena,
+                      uint64_t (*ctr)[2], float *scratch, int slots, em_site site) {
+  int np = st->n_parts, nbuf = 0;
+  for (int q = 0; q < np; q++) {
+    const kernel *k = &p->kernels[st->parts[q]];
+    nbuf += k->n_out + k->n_in + 1 + k->n_rng;
+  }
+  int nt = prim_threads() < slots ? prim_threads() : slots;
+  int64_t total = 0;
+  for (int q = 0; q < np; q++) total += p->kernels[st->parts[q]].rows * p->kernels[st->parts[q]].cols;
+  int64_t grain = total / (4 * (int64_t)(nt > 0 ? nt : 1));
+  if (grain < PRIM_PARALLEL_GRAIN) grain = PRIM_PARALLEL_GRAIN;
+  int max_pieces = (int)(total / grain) + 2 * np + 1;
+  char **all = rt_alloc(sizeof(char *) * (size_t)(nbuf + 1), 16), ***bufs = rt_alloc(sizeof(char **) * (size_t)np, 16);
+  combo_piece *pc = rt_alloc(sizeof(combo_piece) * (size_t)max_pieces, 16);
+  int *task_at = rt_alloc(sizeof(int) * (size_t)(max_pieces + 1), 16);
+  bool ok = all && bufs && pc && task_at;
+  if (!ok) rt_error(site, "em_call", "out of memory");
+  for (int q = 0, at = 0; ok && q < np; q++) {
+    const kernel *k = &p->kernels[st->parts[q]];
+    bufs[q] = all + at, at += k->n_out + k->n_in + 1 + k->n_rng;
+    ok = kernel_buffers(p, k, vals, into, arena, ctr, bufs[q], site);
+  }
+  if (ok && (nt < 2 || total < 2 * PRIM_PARALLEL_GRAIN)) {
+    for (int q = 0; q < np; q++) {
+      const kernel *k = &p->kernels[st->parts[q]];
+      k->fn(bufs[q], 0, k->rows, 0, k->cols, scratch);
+    }
+  } else if (ok) {
+    int n = 0, tasks = 0;
+    for (int q = 0; q < np; q++) {
+      const kernel *k = &p->kernels[st->parts[q]];
+      int64_t e = k->rows * k->cols, c = (e + grain - 1) / grain;
+      if (e <= 0) continue;
+      if (c <= 1) {
+        pc[n++] = (combo_piece){k, bufs[q], 0, k->rows, 0, k->cols};
+      } else if (k->rows >= c) {
+        for (int64_t i = 0; i < c; i++) pc[n++] = (combo_piece){k, bufs[q], k->rows * i / c, k->rows * (i + 1) / c, 0, k->cols};
+      } else {
+        int64_t block = (k->cols / c + LANES - 1) / LANES * LANES;
+        if (block < LANES) block = LANES;
+        for (int64_t j = 0; j < k->cols; j += block)
+          pc[n++] = (combo_piece){k, bufs[q], 0, k->rows, j, j + block < k->cols ? j + block : k->cols};
+      }
+    }
+    int64_t acc = 0;
+    for (int i = 0; i < n; i++) { /* a task closes at half a grain: a split part's pieces (each more) stay alone */
+      if (!acc) task_at[tasks++] = i;
+      acc += (pc[i].r1 - pc[i].r0) * (pc[i].j1 - pc[i].j0);
+      if (2 * acc >= grain) acc = 0;
+    }
+    task_at[tasks] = n;
+    combo_job j = {pc, task_at, scratch};
+    prim_parallel(tasks, combo_task, &j);
+  }
+  rt_free(all), rt_free(bufs), rt_free(pc), rt_free(task_at);
+  return ok;
+}
+
 bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tensor **out, const int *donate,
                    const rt_interp_opts *rng, em_site site) {
   const ir_graph *g = p->g;
@@ -501,57 +646,36 @@ bool ind_run_steps(const ind_program *p, em_tensor *const *in, int n_in, em_tens
                          (snprintf(b1, sizeof b1, "%s @ %s", rt_fmt(b0, sizeof b0, vals[ir_operands(g, n)[0]]),
                                    ir_fmt_type((char[96]){0}, 96, r->dtype, r->ndim, r->sizes)), b1) : "");
       }
+    } else if (st->n_parts) { /* a combo kernel: its parts in one parallel region */
+      int64_t bytes = 0;
+      ok = run_combo(p, st, vals, into, arena, ctr, scratch, slots, site);
+      guard_check(scratch_end, &p->kernels[st->parts[0]], "kernel scratch");
+      guard_check(arena_end, &p->kernels[st->parts[0]], "arena");
+      for (int q = 0; q < st->n_parts; q++) bytes += p->kernels[st->parts[q]].bytes;
+      if (ok && t0_) rt_prof_complete("kernel", "combo", t0_, "%d kernels, %lld bytes", st->n_parts, (long long)bytes);
+      if (ok) kernel_runs++, combo_runs++; /* one kernel run: one parallel region */
+      if (prof && ok) {
+        double dt = now_ms() - t0;
+        profile_add(EM_PRIM_COUNT + 2, dt, bytes);
+        int64_t all = 0; /* each part's share of the time, by its elements */
+        for (int q = 0; q < st->n_parts; q++) all += p->kernels[st->parts[q]].rows * p->kernels[st->parts[q]].cols;
+        pthread_mutex_lock(&profile_lock);
+        for (int q = 0; q < st->n_parts; q++) {
+          kernel *k = (kernel *)&p->kernels[st->parts[q]];
+          k->prof_ms += all ? dt * (double)(k->rows * k->cols) / (double)all : 0, k->prof_runs++;
+        }
+        pthread_mutex_unlock(&profile_lock);
+      }
     } else {
       const kernel *k = &p->kernels[st->kernel];
-      /* the buffers, then the kernel's table of sizes (sizes_as_args; codegen.c) */
       /* the buffers, the table, then each random node's {seed, offset} (codegen.c: emit_philox) */
       int nbuf = k->n_out + k->n_in + 1 + k->n_rng;
       char *small[33], **bufs = nbuf <= 33 ? small : rt_alloc(sizeof(char *) * (size_t)nbuf, 16);
-      if (bufs) bufs[k->n_out + k->n_in] = (char *)k->table;
-      for (int r = 0; bufs && r < k->n_rng; r++) bufs[k->n_out + k->n_in + 1 + r] = (char *)ctr[k->rng[r]];
       if (!bufs) {
         ok = (rt_error(site, "em_call", "out of memory"), false);
         break;
       }
-      for (int o = 0; ok && o < k->n_out; o++) {
-        int v = k->out[o];
-        const ir_type *t = &g->values[v].type;
-        int64_t sz[EM_MAX_DIMS], st_[EM_MAX_DIMS];
-        for (int d = 0; d < t->ndim; d++) sz[d] = t->sizes[d];
-        if (into && into[v]) {
-          vals[v] = em_retain(into[v]);
-          rt_bump_version(into[v], "em_call", site);
-        } else if (p->arena_off[v] >= 0 && arena) { /* a view of the arena at the planned offset */
-          ir_contiguous_strides(t->ndim, sz, st_);
-          vals[v] = rt_new_view(arena, t->ndim, sz, st_, 0, "em_call", site);
-          if (vals[v]) vals[v]->dtype = t->dtype, vals[v]->offset = p->arena_off[v] / (int64_t)em_dtype_size(t->dtype);
-        } else {
-          vals[v] = rt_new_device(t->dtype, t->ndim, sz, p->device, "em_call", site);
-        }
-        ok = vals[v] != NULL;
-        if (ok) bufs[o] = rt_data(vals[v]);
-      }
-      for (int o = 0; ok && o < k->n_out; o++) /* column reductions accumulate from their identity */
-        if (p->kind[k->out[o]] == K_COL) {
-          double init = 0;
-          for (int i = 0; i < k->n_nodes; i++)
-            if (g->nodes[k->nodes[i]].out == k->out[o]) init = reduce_init(g->nodes[k->nodes[i]].op);
-          int64_t n = vals[k->out[o]]->numel;
-          if (vals[k->out[o]]->dtype == EM_F64)
-            for (int64_t e = 0; e < n; e++) ((double *)bufs[o])[e] = init;
-          else
-            for (int64_t e = 0; e < n; e++) ((float *)bufs[o])[e] = (float)init;
-        }
-      for (int i = 0; ok && i < k->n_in; i++) {
-        em_tensor *x = vals[k->in[i]];
-        if (cuda && x->storage->device != EM_CUDA) { /* a CPU scalar (ir_verify allows them) */
-          em_tensor *d = cu_scalar_to_device(x, "em_call", site);
-          ok = d != NULL;
-          em_release(vals[k->in[i]]);
-          vals[k->in[i]] = x = d;
-        }
-        if (ok) bufs[k->n_out + i] = rt_data(x);
-      }
+      ok = kernel_buffers(p, k, vals, into, arena, ctr, bufs, site);
       if (ok && cuda) {
         uint64_t ptr[130];
         void *params[132];

@@ -74,6 +74,8 @@ typedef struct builder {
   int *epi;   /* [n_nodes] > 0: the node is the result of GEMM epilogue p->epis[epi - 1] */
   group gr;
   int cap_steps, cap_kernels;
+  int *last_use;   /* [n_values] the last node reading the value (n_nodes for a graph output), or -1 */
+  int *seen, stamp; /* [n_values] fits_buffers' marks */
 } builder;
 
 static bool push_step(builder *b, step s) {
@@ -178,6 +180,27 @@ static bool kernel_random(const ind_program *p, kernel *k) {
   return true;
 }
 
+/* The most buffers a generated kernel takes (codegen.c). */
+enum { KERNEL_MAX_BUFFERS = 128 };
+
+/* Whether the open group with node i added still takes at most KERNEL_MAX_BUFFERS buffers: the
+ * values it reads from outside, and those read after i or returned (at most what it stores).
+ * Scalar work scheduled first (rewrite.c) makes one-element chains of any length, which once made
+ * a kernel of 150 buffers that the code generator refused, and the graph ran op by op. */
+static bool fits_buffers(builder *b, int i) {
+  const ir_graph *g = b->p->g;
+  int stamp = ++b->stamp, nb = 0;
+  for (int q = 0; q <= b->gr.n; q++) {
+    const ir_node *x = &g->nodes[q < b->gr.n ? b->gr.nodes[q] : i];
+    for (int a = 0; a < x->n_in; a++) {
+      int v = ir_operands(g, x)[a];
+      if (!b->in_group[v] && b->seen[v] != stamp) b->seen[v] = stamp, nb++;
+    }
+    nb += b->last_use[x->out] > i;
+  }
+  return nb <= KERNEL_MAX_BUFFERS;
+}
+
 /* Adds node i to the open group when it fits its iteration space; false when it does not. */
 static bool try_add(builder *b, int i) {
   const ir_graph *g = b->p->g;
@@ -185,6 +208,7 @@ static bool try_add(builder *b, int i) {
   const ir_type *t = &g->values[n->out].type;
   group *gr = &b->gr;
   signed char *kind = b->p->kind;
+  if (gr->n && !fits_buffers(b, i)) return false;
   for (int a = 0; a < n->n_in; a++) /* a column reduction is complete only when its kernel ends */
     if (b->in_group[ir_operands(g, n)[a]] && kind[ir_operands(g, n)[a]] == K_COL) return false;
   /* column reductions accumulate across the CPU kernel's threads; on the GPU they run eagerly */
@@ -736,7 +760,13 @@ static bool schedule(builder *b) {
   b->skip = calloc((size_t)g->n_nodes + 1, 1);
   b->alias = calloc((size_t)g->n_nodes + 1, 1);
   b->epi = calloc((size_t)g->n_nodes + 1, sizeof(int));
-  bool ok = b->gr.nodes && b->in_group && b->tmat && b->skip && b->alias && b->epi;
+  b->last_use = malloc(sizeof(int) * (size_t)(g->n_values + 1));
+  b->seen = calloc((size_t)g->n_values + 1, sizeof(int));
+  bool ok = b->gr.nodes && b->in_group && b->tmat && b->skip && b->alias && b->epi && b->last_use && b->seen;
+  for (int v = 0; ok && v < g->n_values; v++) b->last_use[v] = -1;
+  for (int i = 0; ok && i < g->n_nodes; i++)
+    for (int a = 0; a < g->nodes[i].n_in; a++) b->last_use[ir_operands(g, &g->nodes[i])[a]] = i;
+  for (int o = 0; ok && o < g->n_outputs; o++) b->last_use[g->outputs[o]] = g->n_nodes;
   for (int i = 0; ok && i < g->n_nodes; i++) b->tmat[i] = -1;
   if (ok) ok = random_table(b);
   if (ok) find_transposed_products(b);
@@ -755,7 +785,140 @@ static bool schedule(builder *b) {
   }
   ok = ok && close_group(b);
   free(b->gr.nodes), free(b->in_group), free(b->tmat), free(b->skip), free(b->alias), free(b->epi);
+  free(b->last_use), free(b->seen);
   return ok;
+}
+
+/* ---- combo kernels (issue 20) ----
+ *
+ * Horizontal fusion, as TorchInductor's combo kernels and PyTorch's foreach/fused optimizers: a
+ * run of pointwise kernels the schedule made one after another, each independent of the others
+ * (none reads a value another computes, directly or through a view made between them), becomes
+ * one step that runs them all in one parallel region over their index spaces laid end to end
+ * (run.c: run_combo). Each part keeps its own code, sizes and buffers; the threads take blocks of
+ * rows or columns of the parts, a large part split as a kernel alone is, small ones batched, so
+ * one big part does not serialize the rest. A compiled optimizer step then runs its updates of
+ * every parameter as one kernel instead of a parallel region per parameter.
+ * Views and scalar constants between two parts run before the combo when they read nothing it
+ * computes, after it otherwise (then no later part may read them). Row kernels and kernels with
+ * column reductions are not parts (their splits keep a row or column on one thread), nor is a
+ * kernel after COMBO_MAX_PARTS. Two parts never share bytes: the memory plan sees them all read
+ * and write at one step, and an output stored into an input in place (ind_donatable) needs that
+ * no other part reads the input. The parts' dtypes may differ: each keeps its vector width.
+ * Values are the kernels' own, bit for bit: pointwise code does not depend on the split.
+ * EMBER_INDUCTOR_COMBO=0 turns it off; EMBER_LOGS=schedule shows each combo and why a kernel
+ * started a new one. */
+enum { COMBO_MAX_PARTS = 64 };
+
+static bool combo_enabled(void) {
+  const char *e = getenv("EMBER_INDUCTOR_COMBO");
+  return !e || strcmp(e, "0") != 0;
+}
+
+/* A node step that may run before or after the kernels around it: a view or a scalar constant. */
+static bool combo_movable(const ir_graph *g, const step *st) {
+  if (st->node < 0 || st->epi || st->tmat >= 0 || st->alias) return false;
+  const ir_node *n = &g->nodes[st->node];
+  return (prim_get(n->op)->flags & P_VIEW) || (n->op == EM_PRIM_FULL && n->n_in == 0 && n->attrs.shape.ndim == 0);
+}
+
+typedef struct combiner {
+  ind_program *p;
+  step *out;
+  int n_out;
+  int *cur, n_cur;       /* the open combo's kernels */
+  int *later, n_later;   /* steps between its parts that read what it computes: run after it */
+  int *mark, stamp;      /* mark[v] == stamp: v is computed by the open combo or a step in later */
+  bool oom;
+} combiner;
+
+/* Records why kernel k did not join the open combo of n kernels (ind_combo_note). */
+static void combo_note(combiner *c, int k, int why, int n) {
+  ind_combo_note *t = realloc(c->p->combo_notes, sizeof *t * (size_t)(c->p->n_combo_notes + 1));
+  if (!t) return; /* a log line, not a result */
+  c->p->combo_notes = t;
+  t[c->p->n_combo_notes++] = (ind_combo_note){k, why, n};
+}
+
+static void combo_close(combiner *c) {
+  const ind_program *p = c->p;
+  if (c->n_cur == 1) c->out[c->n_out++] = (step){-1, c->cur[0], -1, false, 0, NULL, 0, 0, NULL};
+  if (c->n_cur > 1) {
+    int *parts = malloc(sizeof(int) * (size_t)c->n_cur);
+    if (!parts) c->oom = true;
+    else memcpy(parts, c->cur, sizeof(int) * (size_t)c->n_cur);
+    c->out[c->n_out++] = (step){-1, c->cur[0], -1, false, 0, NULL, 0, parts ? c->n_cur : 0, parts};
+  }
+  for (int i = 0; i < c->n_later; i++) c->out[c->n_out++] = p->steps[c->later[i]];
+  c->n_cur = c->n_later = 0;
+  c->stamp++;
+}
+
+/* The value among k's inputs that the open combo computes, or -1. */
+static int combo_reads(const combiner *c, const kernel *k) {
+  for (int i = 0; i < k->n_in; i++)
+    if (c->mark[k->in[i]] == c->stamp) return k->in[i];
+  return -1;
+}
+
+static bool combine_kernels(ind_program *p) {
+  if (!p->rend->combo_kernels || !combo_enabled() || p->n_kernels < 2) return true;
+  const ir_graph *g = p->g;
+  int ns = p->n_steps;
+  combiner c = {.p = p, .stamp = 1};
+  c.out = malloc(sizeof(step) * (size_t)(ns + 1));
+  c.cur = malloc(sizeof(int) * (size_t)(ns + 1)), c.later = malloc(sizeof(int) * (size_t)(ns + 1));
+  c.mark = calloc((size_t)g->n_values + 1, sizeof(int));
+  if (!c.out || !c.cur || !c.later || !c.mark) {
+    free(c.out), free(c.cur), free(c.later), free(c.mark);
+    return false;
+  }
+  for (int s = 0; s < ns; s++) {
+    const step *st = &p->steps[s];
+    if (st->kernel >= 0) {
+      const kernel *k = &p->kernels[st->kernel];
+      bool part = !k->row && !k->has_col;
+      if (c.n_cur > 1 && !part) combo_note(&c, st->kernel, k->row ? -2 : -3, c.n_cur);
+      if (c.n_cur && part) {
+        int v = combo_reads(&c, k);
+        if (v < 0 && c.n_cur < COMBO_MAX_PARTS) {
+          c.cur[c.n_cur++] = st->kernel;
+          for (int o = 0; o < k->n_out; o++) c.mark[k->out[o]] = c.stamp;
+          continue;
+        }
+        combo_note(&c, st->kernel, v, c.n_cur);
+      }
+      combo_close(&c);
+      if (!part) {
+        c.out[c.n_out++] = *st;
+        continue;
+      }
+      c.cur[c.n_cur++] = st->kernel;
+      for (int o = 0; o < k->n_out; o++) c.mark[k->out[o]] = c.stamp;
+      continue;
+    }
+    if (c.n_cur && combo_movable(g, st)) {
+      const ir_node *n = &g->nodes[st->node];
+      bool reads = false;
+      for (int a = 0; a < n->n_in; a++) reads = reads || c.mark[ir_operands(g, n)[a]] == c.stamp;
+      if (reads) {
+        c.later[c.n_later++] = s;
+        c.mark[n->out] = c.stamp;
+      } else {
+        c.out[c.n_out++] = *st;
+      }
+      continue;
+    }
+    combo_close(&c);
+    c.out[c.n_out++] = *st;
+  }
+  combo_close(&c);
+  free(p->steps);
+  p->steps = c.out, p->n_steps = c.n_out;
+  free(c.cur), free(c.later), free(c.mark);
+  for (int s = 0; s < p->n_steps; s++)
+    if (p->steps[s].n_parts) p->stats.combo_kernels++, p->stats.combo_parts += p->steps[s].n_parts;
+  return !c.oom;
 }
 
 /* Memory planning over the schedule. Each value gets the last step that reads it; a view shares
@@ -797,9 +960,13 @@ static bool plan_memory(ind_program *p) {
       }
       if (((prim_get(n->op)->flags & P_VIEW) || st->alias) && st->tmat < 0) root[n->out] = root[ir_operands(g, n)[0]];
     } else {
-      const kernel *k = &p->kernels[st->kernel];
-      for (int i = 0; i < k->n_in; i++) last[k->in[i]] = s;
-      for (int i = 0; i < k->n_out; i++) prod[k->out[i]] = s, stored[k->out[i]] = true;
+      int nk;
+      const int *ks = step_kernels(st, &nk);
+      for (int q = 0; q < nk; q++) {
+        const kernel *k = &p->kernels[ks[q]];
+        for (int i = 0; i < k->n_in; i++) last[k->in[i]] = s;
+        for (int i = 0; i < k->n_out; i++) prod[k->out[i]] = s, stored[k->out[i]] = true;
+      }
     }
   }
   for (int v = 0; ok && v < nv; v++) end[v] = prod[v];
@@ -895,8 +1062,23 @@ static void check_plan(const ind_program *p) {
   for (int v = 0; v < nv; v++) born[v] = dies[v] = freed[v] = -1, base[v] = v;
   for (int s = 0; s < ns; s++) {
     const step *st = &p->steps[s];
-    int n_rd = 0, n_wr = 0;
-    const int *rd = NULL, *wr = NULL;
+    int n_rd = 0, n_wr = 0, nk = 0;
+    const int *rd = NULL, *wr = NULL, *ks = step_kernels(st, &nk);
+    if (st->n_parts) { /* a combo: every part's reads, then every part's writes, at this step */
+      for (int q = 0; q < nk; q++) {
+        const kernel *k = &p->kernels[ks[q]];
+        for (int i = 0; i < k->n_in; i++) {
+          EM_ASSERT(freed[k->in[i]] < 0 || freed[k->in[i]] >= s);
+          if (dies[base[k->in[i]]] < s) dies[base[k->in[i]]] = s;
+        }
+      }
+      for (int q = 0; q < nk; q++) {
+        const kernel *k = &p->kernels[ks[q]];
+        for (int i = 0; i < k->n_out; i++) born[k->out[i]] = s, dies[k->out[i]] = dies[k->out[i]] > s ? dies[k->out[i]] : s;
+      }
+      for (int i = 0; i < st->n_release; i++) freed[st->release[i]] = s;
+      continue;
+    }
     if (st->node >= 0) {
       const ir_node *n = &g->nodes[st->tmat >= 0 ? st->tmat : st->node];
       rd = ir_operands(g, n), n_rd = n->n_in, wr = &g->nodes[st->node].out, n_wr = 1;
@@ -952,6 +1134,15 @@ bool ind_donatable(const ind_program *p, int o, int i) {
     return false;
   for (int q = 0; q < g->n_outputs; q++) /* one value, one buffer */
     if (q != o && g->outputs[q] == g->outputs[o]) return false;
+  /* in a combo, the other parts run at the same time: none of them may read the input */
+  const step *st = &p->steps[s];
+  for (int q = 0; q < st->n_parts; q++) {
+    const kernel *k = &p->kernels[st->parts[q]];
+    bool writes = false;
+    for (int w = 0; w < k->n_out && !writes; w++) writes = k->out[w] == g->outputs[o];
+    for (int r = 0; r < k->n_in && !writes; r++)
+      if (k->in[r] == g->inputs[i]) return false;
+  }
   return true;
 }
 
@@ -964,6 +1155,43 @@ static em_dtype blocking_dtype(const ir_graph *g, const ir_node *n) {
     if (x != EM_F32 && x != EM_F64 && x != EM_BOOL) return x;
   }
   return d;
+}
+
+/* t (len bytes used, cap allocated) with n bytes of s appended and a NUL after; NULL (t freed)
+ * when out of memory. */
+static char *text_append(char *t, size_t *len, size_t *cap, const char *s, int n) {
+  if (n < 0) n = 0;
+  if (*len + (size_t)n + 1 > *cap) {
+    while (*len + (size_t)n + 1 > *cap) *cap *= 2;
+    char *nt = realloc(t, *cap);
+    if (!nt) return free(t), NULL;
+    t = nt;
+  }
+  memcpy(t + *len, s, (size_t)n), *len += (size_t)n;
+  t[*len] = 0;
+  return t;
+}
+
+/* Kernel k's line of the schedule (step s; part q of a combo, or -1), its bytes set. */
+static int kernel_line(const ind_program *p, kernel *k, int s, int q, char *line, size_t cap) {
+  const ir_graph *g = p->g;
+  int64_t bytes = 0;
+  for (int i = 0; i < k->n_in; i++) bytes += numel_of(&g->values[k->in[i]].type) * (int64_t)em_dtype_size(g->values[k->in[i]].type.dtype);
+  for (int i = 0; i < k->n_out; i++) bytes += numel_of(&g->values[k->out[i]].type) * (int64_t)em_dtype_size(g->values[k->out[i]].type.dtype);
+  k->bytes = bytes;
+  int n = q < 0 ? snprintf(line, cap, "  step %d: %s, %s kernel over [", s, k->name,
+                           k->row ? "row" : k->has_col ? "pointwise + column reduction" : "pointwise")
+                : snprintf(line, cap, "    part %d: %s, pointwise kernel over [", q, k->name);
+  for (int d = 0; d < k->shape.ndim && n < 400; d++)
+    n += snprintf(line + n, cap - (size_t)n, "%s%lld%s", d ? "," : "", (long long)k->shape.sizes[d],
+                  k->row && d == k->split - 1 ? " |" : "");
+  n += snprintf(line + n, cap - (size_t)n, "], %d nodes (", k->n_nodes);
+  for (int i = 0; i < k->n_nodes && n < 440; i++)
+    n += snprintf(line + n, cap - (size_t)n, "%s%s", i ? " " : "", prim_get(g->nodes[k->nodes[i]].op)->name);
+  if (n >= 440) n = 440 + snprintf(line + 440, cap - 440, " ...");
+  n += snprintf(line + n, cap - (size_t)n, "), %d in, %d out, %lld bytes\n", k->n_in, k->n_out, (long long)bytes);
+  if (n > (int)cap - 1) n = (int)cap - 1;
+  return n;
 }
 
 /* EMBER_LOGS=schedule: each kernel's nodes, iteration space and bytes moved; then, once for the
@@ -1021,49 +1249,37 @@ void ind_describe_schedule(ind_program *p) {
                      dt ? ": no generated code for " : "", dt ? em_dtype_name(blocking_dtype(g, x)) : "");
       }
     } else {
-      kernel *k = &p->kernels[p->steps[s].kernel];
-      int64_t bytes = 0;
-      for (int i = 0; i < k->n_in; i++) bytes += numel_of(&g->values[k->in[i]].type) * (int64_t)em_dtype_size(g->values[k->in[i]].type.dtype);
-      for (int i = 0; i < k->n_out; i++) bytes += numel_of(&g->values[k->out[i]].type) * (int64_t)em_dtype_size(g->values[k->out[i]].type.dtype);
-      k->bytes = bytes;
-      n = snprintf(line, sizeof line, "  step %d: %s, %s kernel over [", s, k->name,
-                   k->row ? "row" : k->has_col ? "pointwise + column reduction" : "pointwise");
-      for (int d = 0; d < k->shape.ndim && n < 400; d++)
-        n += snprintf(line + n, sizeof line - (size_t)n, "%s%lld%s", d ? "," : "", (long long)k->shape.sizes[d],
-                      k->row && d == k->split - 1 ? " |" : "");
-      n += snprintf(line + n, sizeof line - (size_t)n, "], %d nodes (", k->n_nodes);
-      for (int i = 0; i < k->n_nodes && n < 440; i++)
-        n += snprintf(line + n, sizeof line - (size_t)n, "%s%s", i ? " " : "", prim_get(g->nodes[k->nodes[i]].op)->name);
-      if (n >= 440) n = 440 + snprintf(line + 440, sizeof line - 440, " ...");
-      n += snprintf(line + n, sizeof line - (size_t)n, "), %d in, %d out, %lld bytes\n", k->n_in, k->n_out, (long long)bytes);
-      if (n > (int)sizeof line - 1) n = (int)sizeof line - 1;
-      if (k->loop_ir) { /* the line, then the loop IR after it */
-        size_t extra = strlen(k->loop_ir);
-        if (len + (size_t)n + extra + 1 > cap) {
-          while (len + (size_t)n + extra + 1 > cap) cap *= 2;
-          char *nt = realloc(t, cap);
-          if (!nt) {
-            free(t);
-            t = NULL;
-            break;
-          }
-          t = nt;
-        }
-        memcpy(t + len, line, (size_t)n), len += (size_t)n;
-        memcpy(t + len, k->loop_ir, extra), len += extra;
-        t[len] = 0;
-        continue;
+      int nk;
+      const int *ks = step_kernels(&p->steps[s], &nk);
+      if (p->steps[s].n_parts) {
+        int64_t elems = 0;
+        for (int q = 0; q < nk; q++) elems += numel_of(&p->kernels[ks[q]].shape);
+        n = snprintf(line, sizeof line, "  step %d: combo kernel of %d pointwise kernels, one parallel region over %lld "
+                     "elements:\n", s, nk, (long long)elems);
+        if (!(t = text_append(t, &len, &cap, line, n))) break;
       }
+      for (int q = 0; q < nk && t; q++) {
+        kernel *k = &p->kernels[ks[q]];
+        n = kernel_line(p, k, s, nk > 1 ? q : -1, line, sizeof line);
+        t = text_append(t, &len, &cap, line, n);
+        if (t && k->loop_ir) t = text_append(t, &len, &cap, k->loop_ir, (int)strlen(k->loop_ir));
+      }
+      if (!t) break;
+      continue;
     }
     if (n > (int)sizeof line - 1) n = (int)sizeof line - 1;
-    if (len + (size_t)n + 1 > cap) {
-      while (len + (size_t)n + 1 > cap) cap *= 2;
-      char *nt = realloc(t, cap);
-      if (!nt) { free(t); t = NULL; break; }
-      t = nt;
-    }
-    memcpy(t + len, line, (size_t)n), len += (size_t)n;
-    t[len] = 0;
+    t = text_append(t, &len, &cap, line, n);
+  }
+  for (int i = 0; t && i < p->n_combo_notes; i++) { /* why kernels were not combined */
+    const ind_combo_note *c = &p->combo_notes[i];
+    char line[256];
+    int n = c->why >= 0 ? snprintf(line, sizeof line, "  combo: %s not combined with the %d kernels before it: it reads "
+                                   "%%%d, which they compute\n", p->kernels[c->kernel].name, c->n, c->why)
+            : c->why == -1 ? snprintf(line, sizeof line, "  combo: %s starts a new combo kernel: %d parts is the most\n",
+                                      p->kernels[c->kernel].name, c->n)
+                           : snprintf(line, sizeof line, "  combo: %s ends a run of %d combinable kernels: a %s kernel\n",
+                                      p->kernels[c->kernel].name, c->n, c->why == -2 ? "row" : "column-reduction");
+    t = text_append(t, &len, &cap, line, n < (int)sizeof line ? n : (int)sizeof line - 1);
   }
   if (t && p->stats.dtype_eager_nodes) {
     char line[512];
@@ -1081,7 +1297,7 @@ void ind_describe_schedule(ind_program *p) {
 
 bool ind_schedule_program(ind_program *p, const prim_meta *meta) {
   builder b = {p, meta};
-  if (!schedule(&b) || !plan_memory(p)) return false;
+  if (!schedule(&b) || !combine_kernels(p) || !plan_memory(p)) return false;
   p->stats.gemm_epilogues = p->n_epis;
   if (p->device == EM_CUDA && !(p->gemm = calloc((size_t)p->n_steps + 1, sizeof *p->gemm))) return false;
 #ifndef NDEBUG
