@@ -1032,7 +1032,6 @@ typedef struct rowgen {
   LLVMValueRef *base, *rowoff, *rowval, *vals, scratch, acc_v[64][4], acc_s[64];
   int n_acc, acc_of[64];
   int W; /* vector lanes: LANES, LANES / 2 when the kernel holds an f64 value */
-  int unroll; /* vectors per step of a pass that reduces (at most UNROLL) */
 } rowgen;
 
 /* a op x for the accumulator a: a NaN in x or in a stays (torch.amax propagates NaN); the chain
@@ -1143,7 +1142,6 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
   kind = mine;
   rowgen r = {c, g, k, kind};
   r.W = kernel_lanes(g, k);
-  r.unroll = getenv("XUNROLL") ? atoi(getenv("XUNROLL")) : UNROLL;
   r.avail = calloc((size_t)nv + 1, sizeof(int));
   r.red_pass = malloc(sizeof(int) * ((size_t)nv + 1));
   r.spill = malloc(sizeof(int) * ((size_t)nv + 1));
@@ -1278,7 +1276,7 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
   const int W = r.W;
   for (int a = 0; a < r.n_acc; a++) {
     LLVMTypeRef et = elem_type(c, g->values[r.acc_of[a]].type.dtype);
-    for (int u = 0; u < r.unroll; u++) r.acc_v[a][u] = LLVMBuildAlloca(b, lanes_of(et, W), "accv");
+    for (int u = 0; u < UNROLL; u++) r.acc_v[a][u] = LLVMBuildAlloca(b, lanes_of(et, W), "accv");
     r.acc_s[a] = LLVMBuildAlloca(b, et, "accs");
   }
   LLVMValueRef jslot = LLVMBuildAlloca(b, c->i64, "j");
@@ -1325,7 +1323,7 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
         for (int i = 0; i < k->n_nodes; i++)
           if (g->nodes[k->nodes[i]].out == r.acc_of[a]) op = g->nodes[k->nodes[i]].op;
         em_dtype dt = g->values[r.acc_of[a]].type.dtype;
-        for (int u = 0; u < r.unroll; u++) LLVMBuildStore(b, dconst(c, dt, reduce_init(op), W), r.acc_v[a][u]);
+        for (int u = 0; u < UNROLL; u++) LLVMBuildStore(b, dconst(c, dt, reduce_init(op), W), r.acc_v[a][u]);
         LLVMBuildStore(b, dconst(c, dt, reduce_init(op), 1), r.acc_s[a]);
       }
     bool reduces = false;
@@ -1339,10 +1337,10 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
       LLVMBuildBr(b, uh);
       LLVMPositionBuilderAtEnd(b, uh);
       LLVMValueRef j = LLVMBuildLoad2(b, c->i64, jslot, "");
-      LLVMValueRef ustep = LLVMConstInt(c->i64, (unsigned long long)(r.unroll * W), 0);
+      LLVMValueRef ustep = LLVMConstInt(c->i64, (unsigned long long)(UNROLL * W), 0);
       LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, j, ustep, ""), ncols, ""), ub, vh);
       LLVMPositionBuilderAtEnd(b, ub);
-      for (int u = 0; u < r.unroll; u++)
+      for (int u = 0; u < UNROLL; u++)
         row_body(&r, pass, LLVMBuildAdd(b, j, LLVMConstInt(c->i64, (unsigned long long)(u * W), 0), ""), W, u);
       LLVMBuildStore(b, LLVMBuildAdd(b, j, ustep, ""), jslot);
       LLVMBuildBr(b, uh);
@@ -1379,7 +1377,7 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
         if (g->nodes[k->nodes[i]].out == v) op = g->nodes[k->nodes[i]].op;
       LLVMTypeRef et = elem_type(c, g->values[v].type.dtype), vt = lanes_of(et, W);
       LLVMValueRef av = LLVMBuildLoad2(b, vt, r.acc_v[a][0], ""), x = LLVMConstReal(et, reduce_init(op));
-      for (int u = 1; u < r.unroll; u++) av = combine(c, op, av, LLVMBuildLoad2(b, vt, r.acc_v[a][u], ""));
+      for (int u = 1; u < UNROLL; u++) av = combine(c, op, av, LLVMBuildLoad2(b, vt, r.acc_v[a][u], ""));
       for (int l = 0; l < W; l++)
         x = combine(c, op, x, LLVMBuildExtractElement(b, av, LLVMConstInt(c->i64, (unsigned)l, 0), ""));
       r.rowval[v] = combine(c, op, x, LLVMBuildLoad2(b, et, r.acc_s[a], ""));
