@@ -99,27 +99,27 @@ static bool compact(const prim_buf *src, int keep_from, prim_buf *dst, void **ow
   return true;
 }
 
-/* Leading dimensions that are multiples of 2 KiB. oneDNN's sgemm reads an operand whose rows
- * (or, transposed, whose columns) lie a multiple of 2 KiB apart at a fraction of its speed: the
- * lines it packs together fall into the same L1 sets. Measured one thread, AVX2 kernels (Zen 5
- * held to AVX2), M x K x N: 2048x256x1024 with b's rows 4 KiB apart 71 GFLOP/s, and 127 when the
- * same b is read through a view whose rows are 4160 bytes apart; 1024x2048x256 with a transposed
- * (a's rows 4 KiB apart) 79 against 124; rows 2 KiB apart 108 against 128; with AVX-512 kernels
- * 5-15%. What a padded operand saves, in ms, one thread, AVX2 / AVX-512 kernels:
+/* Leading dimensions that are multiples of 4 KiB. oneDNN's sgemm reads some operands whose rows
+ * (or, transposed, whose columns) lie a multiple of 4 KiB apart at a fraction of its speed: the
+ * lines it packs together fall into the same L1 sets. Measured one thread, CPU time, Zen 5, in ms,
+ * the operand as it is / copied into rows padded by 64 bytes (the copy included), M x K x N:
  *
- *   a [2048,1024] as it is, 2048x1024x256   0.31 / 0.09
- *   a transposed, 1024x2048x256             4.38 / 0.66
- *   b [256,1024] as it is, 2048x256x1024    6.78 / 0.52
- *   b transposed, 2048x1024x256             0.06 / 1.59
+ *                                            AVX2 kernels   AVX-512 kernels
+ *   b [256,1024] as it is, 2048x256x1024     14.6 / 8.4     4.75 / 4.53
+ *   b [2048,1024] as it is, 256x2048x1024    17.1 / 9.5     5.44 / 5.45
+ *   b [256,1024] transposed, 2048x1024x256    9.0 / 10.0    6.68 / 5.32
+ *   a [2048,1024] transposed, 1024x2048x256  13.1 / 9.7     5.07 / 5.09
+ *   b [512,512] (2 KiB rows), 128x512x512     0.61 / 0.64   0.28 / 0.39
+ *   b [512,512] transposed, 128x512x512       0.55 / 0.67   0.35 / 0.43
  *
- * against a copy of b (1 MiB) of about 0.1 ms and of a (8 MiB) of 0.5-0.8. So b is copied
- * whenever its leading dimension aliases and the product has 64 rows or more, and a only when
- * read transposed by the AVX2 kernels. The transformer's GEMMs have 1024-wide operands (its MLP),
- * which cost a quarter of its GEMM time on AVX2. The copy is made once per product (one pass over
- * the operand, parallel), into rows padded by 64 bytes; it has the operand's bits, and the
- * library's blocking depends on m, n and k only, so the product has the bits of the unpadded
- * call. Out of memory for the copy: the product runs unpadded. */
-static bool aliasing_ld(int64_t ld, em_dtype dt) { return (ld * (int64_t)esize(dt)) % 2048 == 0 && ld > 0; }
+ * So an operand whose rows are 4 KiB apart (2 KiB rows lose nothing worth a copy) is copied
+ * first, once per product (one pass over it, parallel), where that paid: b read as it is on
+ * both ISAs and transposed by the AVX-512 kernels, a read transposed by the AVX2 kernels, when
+ * the product's other side has 256 or more rows or columns. The transformer's MLP has such
+ * operands (d_model 256, 1024 wide): they cost a third of its GEMM time on AVX2. The copy has
+ * the operand's bits, and the library's blocking depends on m, n and k only, so the product
+ * has the bits of the unpadded call. Out of memory for the copy: the product runs unpadded. */
+static bool aliasing_ld(int64_t ld, em_dtype dt) { return (ld * (int64_t)esize(dt)) % 4096 == 0 && ld > 0; }
 
 /* A copy of src (a GEMM operand laid out 'N' or 'T' with leading dimension ld) whose leading
  * dimension is padded, batches contiguous (broadcast batch dims stay stride 0, one slice
@@ -722,9 +722,10 @@ static bool gemm(const prim_buf *out, const prim_buf *a_in, const prim_buf *b_in
 #ifdef EMBER_HAVE_DNNL
   if (out->dtype == EM_F32 && (double)g.m * (double)g.n * (double)g.k >= TILE_WORK) {
     dnnl_isa();
-    if (g.ta == 'T' && !dnnl_avx512 && aliasing_ld(g.lda, EM_F32) && g.n >= 64)
+    if (g.ta == 'T' && !dnnl_avx512 && aliasing_ld(g.lda, EM_F32) && g.n >= 256)
       pad_operand(&g.a, g.ta, &g.lda, &g.a, &pa);
-    if (aliasing_ld(g.ldb, EM_F32) && g.m >= 64) pad_operand(&g.b, g.tb, &g.ldb, &g.b, &pb);
+    if ((g.tb == 'N' || dnnl_avx512) && aliasing_ld(g.ldb, EM_F32) && g.m >= 256)
+      pad_operand(&g.b, g.tb, &g.ldb, &g.b, &pb);
   }
 #endif
   bool ok = gemm_lib(&g, err, cap);
