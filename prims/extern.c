@@ -99,8 +99,8 @@ static bool compact(const prim_buf *src, int keep_from, prim_buf *dst, void **ow
   return true;
 }
 
-/* Leading dimensions that are multiples of 4 KiB. oneDNN's sgemm reads some operands whose rows
- * (or, transposed, whose columns) lie a multiple of 4 KiB apart at a fraction of its speed: the
+/* Leading dimensions that are multiples of 2 or 4 KiB. oneDNN's sgemm reads some operands whose
+ * rows (or, transposed, whose columns) lie a multiple of 4 KiB apart at a fraction of its speed: the
  * lines it packs together fall into the same L1 sets. Measured one thread, CPU time, Zen 5, in ms,
  * the operand as it is / copied into rows padded by 64 bytes (the copy included), M x K x N:
  *
@@ -110,16 +110,19 @@ static bool compact(const prim_buf *src, int keep_from, prim_buf *dst, void **ow
  *   b [256,1024] transposed, 2048x1024x256    9.0 / 10.0    6.68 / 5.32
  *   a [2048,1024] transposed, 1024x2048x256  13.1 / 9.7     5.07 / 5.09
  *   b [512,512] (2 KiB rows), 128x512x512     0.61 / 0.64   0.28 / 0.39
+ *   b [128,512] (2 KiB rows), 512x128x512     0.80 / 0.74   0.27 / 0.29
  *   b [512,512] transposed, 128x512x512       0.55 / 0.67   0.35 / 0.43
  *
- * So an operand whose rows are 4 KiB apart (2 KiB rows lose nothing worth a copy) is copied
- * first, once per product (one pass over it, parallel), where that paid: b read as it is on
- * both ISAs and transposed by the AVX-512 kernels, a read transposed by the AVX2 kernels, when
- * the product's other side has 256 or more rows or columns. The transformer's MLP has such
- * operands (d_model 256, 1024 wide): they cost a third of its GEMM time on AVX2. The copy has
+ * So such an operand is copied first, once per product (one pass over it, parallel), where that
+ * paid: with the AVX2 kernels b read as it is and a read transposed, rows a multiple of 2 KiB
+ * apart, when the product's other side has 64 or more rows or columns (the compiled MLP step,
+ * 784-512-512-10 at batch 128, 2.50 against 2.65 ms); with the AVX-512 kernels b either way,
+ * rows a multiple of 4 KiB apart, its product 256 rows or more (copying 2 KiB rows made that
+ * MLP step 1.5 ms against 1.05). The transformer's MLP operands (d_model 256, 1024 wide) cost a
+ * third of its GEMM time on AVX2 unpadded. The copy has
  * the operand's bits, and the library's blocking depends on m, n and k only, so the product
  * has the bits of the unpadded call. Out of memory for the copy: the product runs unpadded. */
-static bool aliasing_ld(int64_t ld, em_dtype dt) { return (ld * (int64_t)esize(dt)) % 4096 == 0 && ld > 0; }
+static bool aliasing_ld(int64_t ld, em_dtype dt, int64_t apart) { return ld > 0 && (ld * (int64_t)esize(dt)) % apart == 0; }
 
 /* A copy of src (a GEMM operand laid out 'N' or 'T' with leading dimension ld) whose leading
  * dimension is padded, batches contiguous (broadcast batch dims stay stride 0, one slice
@@ -127,7 +130,7 @@ static bool aliasing_ld(int64_t ld, em_dtype dt) { return (ld * (int64_t)esize(d
 static bool pad_operand(const prim_buf *src, char layout, int64_t *ld, prim_buf *dst, void **owned) {
   int nd = src->ndim, inner = layout == 'N' ? nd - 1 : nd - 2, outer = layout == 'N' ? nd - 2 : nd - 1;
   int64_t width = (src->sizes[inner] + 15) / 16 * 16 + 16; /* a multiple of 64 bytes, not of 2 KiB */
-  if (aliasing_ld(width, src->dtype)) width += 16;
+  if (aliasing_ld(width, src->dtype, 2048)) width += 16;
   prim_buf from = *src, to = *src;
   to.strides[inner] = 1;
   to.strides[outer] = width;
@@ -722,10 +725,11 @@ static bool gemm(const prim_buf *out, const prim_buf *a_in, const prim_buf *b_in
 #ifdef EMBER_HAVE_DNNL
   if (out->dtype == EM_F32 && (double)g.m * (double)g.n * (double)g.k >= TILE_WORK) {
     dnnl_isa();
-    if (g.ta == 'T' && !dnnl_avx512 && aliasing_ld(g.lda, EM_F32) && g.n >= 256)
-      pad_operand(&g.a, g.ta, &g.lda, &g.a, &pa);
-    if ((g.tb == 'N' || dnnl_avx512) && aliasing_ld(g.ldb, EM_F32) && g.m >= 256)
+    if (dnnl_avx512 ? aliasing_ld(g.ldb, EM_F32, 4096) && g.m >= 256
+                    : g.tb == 'N' && aliasing_ld(g.ldb, EM_F32, 2048) && g.m >= 64)
       pad_operand(&g.b, g.tb, &g.ldb, &g.b, &pb);
+    if (!dnnl_avx512 && g.ta == 'T' && aliasing_ld(g.lda, EM_F32, 2048) && g.n >= 64)
+      pad_operand(&g.a, g.ta, &g.lda, &g.a, &pa);
   }
 #endif
   bool ok = gemm_lib(&g, err, cap);

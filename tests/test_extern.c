@@ -73,7 +73,7 @@ ETEST(matmul, library_matches_reference_on_strided_operands) {
   check_against_reference(em_matmul(a, b), a, b, 1e-5);
 }
 
-/* An operand whose rows lie a multiple of 4 KiB apart is copied into padded rows first
+/* An operand whose rows lie a multiple of 2 or 4 KiB apart is copied into padded rows first
  * (prims/extern.c: aliasing_ld), depending on the ISA: the product must have the bits of the
  * same operands read through views whose rows are 64 bytes further apart, and the reference's
  * values, batched and broadcast too. Each case has one operand with 1024-float rows, read as it
@@ -91,7 +91,7 @@ ETEST(matmul, operands_with_aliasing_rows_keep_their_bits) {
       {256, 64, 1024, false, false},  /* b's rows 4 KiB apart */
       {1024, 128, 256, true, false},  /* a transposed, its columns 4 KiB apart */
       {256, 1024, 64, false, true},   /* b transposed */
-      {96, 512, 512, false, false}};  /* 2 KiB rows, a small product: never copied */
+      {96, 512, 512, false, false}};  /* b's rows 2 KiB apart: copied for the AVX2 kernels only */
   for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
     int64_t m = cases[c].m, k = cases[c].k, n = cases[c].n;
     for (int p = 0; p < 2; p++) { /* the same values: aliasing rows, then rows 64 bytes further apart */
