@@ -299,9 +299,38 @@ static bool async_compile(void) {
  * destructors: nothing to wait for. Another thread inside a fused call while the process
  * exits runs kernels already made (its signature READY) or op by op; it compiles only a new
  * size of a ready signature (em_call's dynamic tiers), as any em_compile caller racing exit.
- * A fork's child has none of the parent's compile threads: their signatures run op by op. */
+ * A fork waits for the compile threads (see `gate`). */
 static bool exiting;
 static _Thread_local bool compile_thread; /* this thread runs a background compile */
+
+/* Fork. A compile thread works inside LLVM, whose global state (pass registry, lazily made
+ * statics) a fork's child inherits as it stood: half updated when the fork fell in the middle
+ * of a compile, and the child's exit then ran LLVM's static destructors over it ("free():
+ * invalid pointer", 1 run in 32 of tests/exit_probe's fork mode). So a fork waits until no
+ * compile thread runs, and no compile thread starts while a fork is under way, as glibc holds
+ * malloc's locks across a fork: `gate.running` counts the compile threads. A fork while one
+ * runs takes as long as the rest of that compile (tens of ms). Not covered: a thread compiling
+ * on its own (EMBER_EAGER_FUSION_ASYNC=0, dropout, em_compile) while another forks, the hazard
+ * of any library a thread is inside when another forks. */
+static struct {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int running;  /* compile threads started and not yet ended */
+  bool forking; /* a fork is under way: no compile thread starts */
+} gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, false};
+
+static void gate_enter(void) {
+  pthread_mutex_lock(&gate.mu);
+  while (gate.forking) pthread_cond_wait(&gate.cv, &gate.mu);
+  gate.running++;
+  pthread_mutex_unlock(&gate.mu);
+}
+static void gate_leave(void) {
+  pthread_mutex_lock(&gate.mu);
+  gate.running--;
+  pthread_cond_broadcast(&gate.cv);
+  pthread_mutex_unlock(&gate.mu);
+}
 
 static void at_exit(void) {
   __atomic_store_n(&exiting, true, __ATOMIC_RELEASE);
@@ -396,6 +425,7 @@ static void *compile_job_run(void *arg) {
   /* out of memory for the inputs: a later call tries again */
   __atomic_store_n(&s->state, ok && !stopped ? READY : !made && !stopped ? COLD : BROKEN, __ATOMIC_RELEASE);
   free(j);
+  gate_leave(); /* the last thing: nothing of LLVM runs on this thread after it */
   return NULL;
 }
 
@@ -417,7 +447,8 @@ static int start_compile(fuse_slot *s, em_tensor *const *in, int n, em_site site
     c->dtype = in[i]->dtype, c->ndim = in[i]->ndim, c->requires_grad = in[i]->requires_grad;
     memcpy(c->sizes, in[i]->sizes, sizeof(int64_t) * (size_t)in[i]->ndim);
   }
-  if (pthread_create(&s->thread, NULL, compile_job_run, j)) return free(j), SYNC;
+  gate_enter();
+  if (pthread_create(&s->thread, NULL, compile_job_run, j)) return gate_leave(), free(j), SYNC;
   __atomic_store_n(&s->joinable, 1, __ATOMIC_RELEASE);
   return STARTED;
 }
@@ -494,11 +525,23 @@ void em_eager_fusion_wait(void) {
  * bench/compiled) ran every composite op by op. */
 rt_fuse_fn rt_fuse_hook = fuse;
 
-/* A fork's child: the parent's compile threads are not in it; their signatures run op by op
- * (their compiled functions may be locked by those threads). The table's lock is held across
- * the fork so that the child finds the table whole. */
-static void fork_prepare(void) { pthread_mutex_lock(&table.lock); }
-static void fork_parent(void) { pthread_mutex_unlock(&table.lock); }
+/* A fork waits for the running compile threads and holds off new ones (see `gate`), and holds
+ * the table's lock so that the child finds the table whole. A compile thread ends after it
+ * marks its slot, so none is COMPILING then but one whose thread was not created yet (its
+ * caller between the slot's mark and gate_enter): in the child, whose thread that would never
+ * be, such a signature runs op by op. */
+static void fork_prepare(void) {
+  pthread_mutex_lock(&gate.mu);
+  gate.forking = true;
+  while (gate.running) pthread_cond_wait(&gate.cv, &gate.mu);
+  pthread_mutex_lock(&table.lock);
+}
+static void fork_parent(void) {
+  pthread_mutex_unlock(&table.lock);
+  gate.forking = false;
+  pthread_cond_broadcast(&gate.cv);
+  pthread_mutex_unlock(&gate.mu);
+}
 static void fork_child(void) {
   for (int i = 0; i < table.n; i++) {
     fuse_slot *s = table.slots[i];
@@ -506,6 +549,8 @@ static void fork_child(void) {
     if (s->state == COMPILING) s->state = BROKEN;
   }
   pthread_mutex_unlock(&table.lock);
+  gate.forking = false, gate.running = 0;
+  pthread_mutex_unlock(&gate.mu);
 }
 
 /* The thread that loads Ember (the main thread) gets its thread-end hook now: returning from
