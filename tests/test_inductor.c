@@ -45,6 +45,26 @@ static bool refuse_break(rt_trace *tr, const char *op, const char *reason, em_si
 
 typedef int (*builder_fn)(em_tensor *const *in, em_tensor **out, void *ctx);
 
+/* build(in, ctx) traced into a compacted graph (the caller frees it) whose outputs are build's;
+ * the graph's inputs (the tracer's lifted tensors, at most 16) in gin, their count in *n_in. */
+static ir_graph *trace_graph(builder_fn build, em_tensor *const *in, void *ctx, em_tensor **gin, int *n_in) {
+  rt_trace tr;
+  cr_assert(rt_trace_begin(&tr, "t", refuse_break, NULL, EM_HERE));
+  em_scope_begin();
+  em_tensor *o[64];
+  int n = build(in, o, ctx);
+  cr_assert_gt(n, 0, "%s", em_last_error() ? em_last_error() : "no outputs");
+  for (int i = 0; i < n; i++) cr_assert(ir_add_output(tr.g, rt_trace_value_of(&tr, o[i])));
+  ir_graph *g = ir_graph_clone(tr.g);
+  cr_assert_leq(tr.n_lifted, 16);
+  *n_in = tr.n_lifted;
+  for (int i = 0; i < tr.n_lifted; i++) gin[i] = tr.lifted[i];
+  em_scope_end();
+  rt_trace_end(&tr);
+  cr_assert(ir_graph_compact(g, NULL, NULL));
+  return g;
+}
+
 /* Traces build on in, compiles the graph with the inductor, runs it; compares every output with
  * the eager run of build. Returns the number of outputs that were bit-identical. */
 static int check_against(builder_fn build, em_tensor *const *in, void *ctx, ind_stats *st, const char *what, bool f64_truth);
@@ -78,18 +98,9 @@ static int check_within(builder_fn build, em_tensor *const *in, void *ctx, ind_s
     cr_assert_eq(build(in64, truth, ctx), n);
   }
   cr_assert_gt(n, 0, "%s: %s", what, em_last_error() ? em_last_error() : "");
-  rt_trace tr;
-  cr_assert(rt_trace_begin(&tr, "t", refuse_break, NULL, EM_HERE));
-  em_scope_begin();
-  em_tensor *outs[64];
-  cr_assert_eq(build(in, outs, ctx), n);
-  for (int i = 0; i < n; i++) cr_assert(ir_add_output(tr.g, rt_trace_value_of(&tr, outs[i])));
-  ir_graph *g = ir_graph_clone(tr.g);
-  for (int i = 0; i < tr.n_lifted; i++) gin[i] = tr.lifted[i];
-  int n_in = tr.n_lifted;
-  em_scope_end();
-  rt_trace_end(&tr);
-  cr_assert(ir_graph_compact(g, NULL, NULL));
+  int n_in;
+  ir_graph *g = trace_graph(build, in, ctx, gin, &n_in);
+  cr_assert_eq((int)g->n_outputs, n);
   char err[512];
   ind_program *p = ind_compile_opts(g, gin, check_opts, st, err, sizeof err);
   cr_assert_not_null(p, "%s: %s", what, err);
@@ -514,16 +525,9 @@ ETEST(inductor, the_arena_reuses_dead_intermediates) {
   ind_stats st;
   check(chain_of_products, (em_tensor *[]){x, w}, NULL, &st, "chain of products");
   /* trace again to look at the plan itself */
-  rt_trace tr;
-  cr_assert(rt_trace_begin(&tr, "t", refuse_break, NULL, EM_HERE));
-  em_scope_begin();
-  em_tensor *o;
-  chain_of_products((em_tensor *[]){x, w}, &o, NULL);
-  cr_assert(ir_add_output(tr.g, rt_trace_value_of(&tr, o)));
-  ir_graph *g = ir_graph_clone(tr.g);
-  em_tensor *gin[2] = {tr.lifted[0], tr.lifted[1]};
-  em_scope_end();
-  rt_trace_end(&tr);
+  em_tensor *gin[16];
+  int n_in;
+  ir_graph *g = trace_graph(chain_of_products, (em_tensor *[]){x, w}, NULL, gin, &n_in);
   char err[256];
   ind_program *p = ind_compile(g, gin, &st, err, sizeof err);
   cr_assert_not_null(p, "%s", err);
@@ -548,18 +552,10 @@ static int read_after_gemm(em_tensor *const *in, em_tensor **out, void *ctx) {
 }
 
 static ind_program *compile_traced(builder_fn build, em_tensor *const *in, int n_in, void *ctx, ind_stats *st, ir_graph **g) {
-  rt_trace tr;
-  cr_assert(rt_trace_begin(&tr, "t", refuse_break, NULL, EM_HERE));
-  em_scope_begin();
-  em_tensor *o[8];
-  int n = build(in, o, ctx);
-  for (int i = 0; i < n; i++) cr_assert(ir_add_output(tr.g, rt_trace_value_of(&tr, o[i])));
-  *g = ir_graph_clone(tr.g);
-  em_tensor *gin[8];
-  cr_assert_eq(tr.n_lifted, n_in);
-  for (int i = 0; i < n_in; i++) gin[i] = tr.lifted[i];
-  em_scope_end();
-  rt_trace_end(&tr);
+  em_tensor *gin[16];
+  int lifted;
+  *g = trace_graph(build, in, ctx, gin, &lifted);
+  cr_assert_eq(lifted, n_in);
   char err[256];
   ind_program *p = ind_compile(*g, gin, st, err, sizeof err);
   cr_assert_not_null(p, "%s", err);
@@ -1236,19 +1232,11 @@ static int chain_of(em_tensor *const *in, em_tensor **out, void *ctx) {
 }
 
 static ind_program *compile_chain(em_tensor *x, int n) {
-  rt_trace tr;
-  cr_assert(rt_trace_begin(&tr, "t", refuse_break, NULL, EM_HERE));
-  em_scope_begin();
-  em_tensor *o[1];
-  chain_of(&x, o, &n);
-  cr_assert(ir_add_output(tr.g, rt_trace_value_of(&tr, o[0])));
-  em_scope_end();
-  ir_graph *g = ir_graph_clone(tr.g);
-  em_tensor *gin = tr.lifted[0];
-  rt_trace_end(&tr);
-  cr_assert(ir_graph_compact(g, NULL, NULL));
+  em_tensor *gin[16];
+  int n_in;
+  ir_graph *g = trace_graph(chain_of, &x, &n, gin, &n_in);
   char err[256];
-  ind_program *p = ind_compile(g, &gin, NULL, err, sizeof err);
+  ind_program *p = ind_compile(g, gin, NULL, err, sizeof err);
   cr_assert_not_null(p, "%s", err);
   ir_graph_free(g);
   return p;
@@ -1454,17 +1442,9 @@ ETEST(inductor, dtypes_without_kernels_are_counted) {
   cr_assert_eq(st.dtype_eager_nodes, 3, "%d nodes op by op for their dtype", st.dtype_eager_nodes);
   cr_assert_eq(st.kernels, 2, "the i64 arithmetic, the f64 exp and sum compile: %d kernels", st.kernels);
   /* the schedule's reason line */
-  rt_trace tr;
-  cr_assert(rt_trace_begin(&tr, "t", refuse_break, NULL, EM_HERE));
-  em_scope_begin();
-  em_tensor *o[3];
-  int_and_sum(in, o, NULL);
-  for (int i = 0; i < 3; i++) cr_assert(ir_add_output(tr.g, rt_trace_value_of(&tr, o[i])));
-  em_scope_end();
-  ir_graph *g = ir_graph_clone(tr.g);
-  em_tensor *gin[2] = {tr.lifted[0], tr.lifted[1]};
-  rt_trace_end(&tr);
-  cr_assert(ir_graph_compact(g, NULL, NULL));
+  em_tensor *gin[16];
+  int n_in;
+  ir_graph *g = trace_graph(int_and_sum, in, NULL, gin, &n_in);
   char err[256];
   ind_program *p = ind_compile(g, gin, NULL, err, sizeof err);
   cr_assert_not_null(p, "%s", err);
@@ -1501,18 +1481,7 @@ static int linear_act(em_tensor *const *in, em_tensor **out, void *ctx) {
  * epilogues); its graph in *g, its inputs in gin. */
 static ind_program *traced_program(builder_fn build, em_tensor *const *in, void *ctx, bool epilogues, ir_graph **g,
                                    em_tensor **gin, int *n_in) {
-  rt_trace tr;
-  cr_assert(rt_trace_begin(&tr, "t", refuse_break, NULL, EM_HERE));
-  em_scope_begin();
-  em_tensor *o[8];
-  int n = build(in, o, ctx);
-  for (int i = 0; i < n; i++) cr_assert(ir_add_output(tr.g, rt_trace_value_of(&tr, o[i])));
-  *g = ir_graph_clone(tr.g);
-  *n_in = tr.n_lifted;
-  for (int i = 0; i < *n_in; i++) gin[i] = tr.lifted[i];
-  em_scope_end();
-  rt_trace_end(&tr);
-  cr_assert(ir_graph_compact(*g, NULL, NULL));
+  *g = trace_graph(build, in, ctx, gin, n_in);
   char err[256];
   ind_stats st;
   if (!epilogues) setenv("EMBER_INDUCTOR_EPILOGUE", "0", 1);
@@ -1525,7 +1494,7 @@ static ind_program *traced_program(builder_fn build, em_tensor *const *in, void 
 /* The schedule line of the GEMM epilogue step in build's program ("" when there is none), in buf. */
 static const char *epilogue_line(builder_fn build, em_tensor *const *in, void *ctx, char *buf, size_t cap) {
   ir_graph *g;
-  em_tensor *gin[8];
+  em_tensor *gin[16];
   int n_in;
   ind_program *p = traced_program(build, in, ctx, true, &g, gin, &n_in);
   const char *s = ind_schedule(p), *at = s ? strstr(s, "GEMM tile epilogue") : NULL;
@@ -1546,7 +1515,7 @@ static bool same_bits_unfused(builder_fn build, em_tensor *const *in, void *ctx,
   int n = 0;
   for (int pass = 0; pass < 2; pass++) {
     ir_graph *g;
-    em_tensor *gin[8];
+    em_tensor *gin[16];
     int n_in;
     ind_program *p = traced_program(build, in, ctx, pass == 0, &g, gin, &n_in);
     n = g->n_outputs;
@@ -1881,18 +1850,9 @@ static int random_chain(em_tensor *const *in, em_tensor **out, void *ctx) {
 
 /* Traces random_chain on in (x, b) into a graph compiled by the inductor. */
 static ind_program *compile_random_chain(em_tensor **in, rand_case *rc, ir_graph **gp, em_tensor **gin) {
-  rt_trace tr;
-  cr_assert(rt_trace_begin(&tr, "t", refuse_break, NULL, EM_HERE));
-  em_scope_begin();
-  em_tensor *o[2];
-  random_chain(in, o, rc);
-  for (int i = 0; i < 2; i++) cr_assert(ir_add_output(tr.g, rt_trace_value_of(&tr, o[i])));
-  em_scope_end();
-  ir_graph *g = ir_graph_clone(tr.g);
-  cr_assert_eq(tr.n_lifted, 2);
-  gin[0] = tr.lifted[0], gin[1] = tr.lifted[1];
-  rt_trace_end(&tr);
-  cr_assert(ir_graph_compact(g, NULL, NULL));
+  int n_in;
+  ir_graph *g = trace_graph(random_chain, in, rc, gin, &n_in);
+  cr_assert_eq(n_in, 2);
   char err[256];
   ind_program *p = ind_compile(g, gin, NULL, err, sizeof err);
   cr_assert_not_null(p, "%s", err);
@@ -1918,7 +1878,7 @@ ETEST(inductor, random_values_inside_kernels_are_eagers_bits) {
       em_tensor *x = transposed ? em_randn(rc.dt, nd, rev) : em_randn(rc.dt, nd, rc.sizes);
       if (transposed && nd == 3) x = em_permute(x, 3, (int64_t[]){2, 1, 0});
       else if (transposed && nd == 2) x = em_transpose(x, 0, 1);
-      em_tensor *in[2] = {x, em_randn(rc.dt, 1, &rc.sizes[nd - 1])}, *gin[2];
+      em_tensor *in[2] = {x, em_randn(rc.dt, 1, &rc.sizes[nd - 1])}, *gin[16];
       ir_graph *g;
       ind_program *p = compile_random_chain(in, &rc, &g, gin);
       const char *text = ind_schedule(p);
