@@ -14,7 +14,6 @@
  * opened for the backward. */
 #include "rt.h"
 
-#include <stdlib.h>
 #include <string.h>
 
 static _Thread_local bool grad_disabled; /* stored inverted so the default (zero) means on */
@@ -271,49 +270,33 @@ static int capture_index(const capture *c, const em_tensor *leaf, const rt_node 
  * AccumulateGrad steals a gradient no user-visible tensor references:
  *  - g's storage was allocated by this backward pass (its serial is after `fresh_after`), so every
  *    tensor over it is one of the pass's temporaries, held by its scope and gone when it ends
- *    (the pass records no graph: create_graph copies or adds instead; no hook sees gradients),
- *    and no other leaf took that storage in this pass (`taken`: add's rule hands one tensor to
- *    both operands);
+ *    (the pass records no graph: create_graph copies or adds instead; no hook sees gradients).
+ *    A storage taken gets serial 0, so no other leaf takes it too (add's rule hands one tensor
+ *    to both operands, and each reshape's rule makes its own view of it);
  *  - g itself has one reference (the scope's: no node's pending gradient, no capture);
  *  - g has the leaf's shape, dtype and device, contiguous from offset 0, filling its storage (no
  *    larger buffer kept alive), and no history;
  *  - not while tracing: a traced gradient is a proxy the trace must see made.
  * Copying cost 0.46 ms of a 3.9 ms eager MLP step (six parameters, every step), more than its
  * GEMMs' share of a pass over memory: weight gradients came transposed (see the matmul rule). */
-typedef struct {
-  uint64_t fresh_after;
-  const rt_storage **taken;
-  int n, cap;
-} steal_state;
-
-static bool can_steal(const em_tensor *leaf, const em_tensor *g, const steal_state *st) {
-  if (!st || g->refcount != 1 || !g->storage->serial || g->storage->serial <= st->fresh_after) return false;
+static bool can_steal(const em_tensor *leaf, const em_tensor *g, uint64_t fresh_after) {
+  if (!fresh_after || g->refcount != 1 || g->storage->serial <= fresh_after) return false;
   if (g->grad_fn || g->requires_grad || g->proxy || g->watched || g->marks || g->offset || rt_tracing()) return false;
-  if (g->dtype != leaf->dtype || g->ndim != leaf->ndim || g->storage->device != leaf->storage->device ||
-      !ir_is_contiguous(g->ndim, g->sizes, g->strides) || g->storage->bytes != (size_t)g->numel * em_dtype_size(g->dtype) ||
-      memcmp(g->sizes, leaf->sizes, sizeof(int64_t) * (size_t)g->ndim))
-    return false;
-  for (int i = 0; i < st->n; i++)
-    if (st->taken[i] == g->storage) return false;
-  return true;
+  return g->dtype == leaf->dtype && g->ndim == leaf->ndim && g->storage->device == leaf->storage->device &&
+         ir_is_contiguous(g->ndim, g->sizes, g->strides) && g->storage->bytes == (size_t)g->numel * em_dtype_size(g->dtype) &&
+         !memcmp(g->sizes, leaf->sizes, sizeof(int64_t) * (size_t)g->ndim);
 }
 
 /* Leaf gradient accumulation: the first gradient is copied (it may alias a user tensor or
- * another leaf's gradient) unless can_steal (st NULL: never); later ones are added in place,
- * or out of place under create_graph so the sum stays differentiable. */
-static bool accumulate_leaf(em_tensor *leaf, em_tensor *g, bool create_graph, steal_state *st, em_site site) {
+ * another leaf's gradient) unless can_steal (fresh_after 0: never); later ones are added in
+ * place, or out of place under create_graph so the sum stays differentiable. */
+static bool accumulate_leaf(em_tensor *leaf, em_tensor *g, bool create_graph, uint64_t fresh_after, em_site site) {
   em_tensor *ng;
   if (!leaf->grad) {
     if (create_graph) {
       ng = em_retain(g);
-    } else if (can_steal(leaf, g, st)) {
-      if (st->n == st->cap) {
-        int cap = st->cap ? 2 * st->cap : 16;
-        const rt_storage **t = realloc(st->taken, sizeof *t * (size_t)cap);
-        if (!t) return rt_error(site, "em_backward", "out of memory accumulating a gradient"), false;
-        st->taken = t, st->cap = cap;
-      }
-      st->taken[st->n++] = g->storage;
+    } else if (can_steal(leaf, g, fresh_after)) {
+      g->storage->serial = 0; /* taken: by no other leaf */
       ng = em_retain(g);
     } else {
       ng = em_retain(em_detach_at(em_clone_at(g, site), site));
@@ -378,8 +361,7 @@ static bool run_backward(const char *name, int n_roots, em_tensor *const *roots,
     return false;
   }
   node_list all = {0}, ready = {0};
-  uint64_t epoch = __atomic_add_fetch(&epoch_counter, 1, __ATOMIC_RELAXED);
-  steal_state steal = {.fresh_after = rt_serial_now()};
+  uint64_t epoch = __atomic_add_fetch(&epoch_counter, 1, __ATOMIC_RELAXED), fresh_after = rt_serial_now();
 
   /* 1. Reachable nodes and their dependency counts. */
   node_list stack = {0};
@@ -423,7 +405,7 @@ static bool run_backward(const char *name, int n_roots, em_tensor *const *roots,
       int j = cap ? capture_index(cap, r, NULL) : -1;
       if (j >= 0) {
         if (!(cap->found[j] = accumulate(cap->found[j], s, site))) goto out;
-      } else if (!cap && !accumulate_leaf(r, s, create, NULL, site)) {
+      } else if (!cap && !accumulate_leaf(r, s, create, 0, site)) {
         goto out;
       }
     }
@@ -460,7 +442,7 @@ static bool run_backward(const char *name, int n_roots, em_tensor *const *roots,
         } else if (x->leaf[i]) {
           int k = cap ? capture_index(cap, x->leaf[i], NULL) : -1;
           if (k >= 0) vok = (cap->found[k] = accumulate(cap->found[k], grads[i], site)) != NULL;
-          else if (!cap) vok = accumulate_leaf(x->leaf[i], grads[i], create, &steal, site);
+          else if (!cap) vok = accumulate_leaf(x->leaf[i], grads[i], create, fresh_after, site);
         }
       }
       if (grads != small) rt_free(grads);
@@ -485,7 +467,6 @@ out:
     all.items[i]->acc = NULL;
   }
   rt_free(all.items), rt_free(ready.items), rt_free(stack.items);
-  free(steal.taken);
   em_scope_end_at(site);
   em_set_grad_enabled(prev_mode);
   rt_autocast_resume();

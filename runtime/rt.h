@@ -76,7 +76,8 @@ char *rt_fmt(char *buf, size_t cap, const em_tensor *t);
 typedef struct rt_storage {
   int64_t refcount;
   int64_t version;
-  uint64_t serial;     /* creation order on the tensors' counter (rt_serial_now); 0: not Ember's memory */
+  uint64_t serial;     /* creation order on the tensors' counter (rt_serial_now); 0: not Ember's memory,
+                        * or taken as a leaf's gradient (autograd.c: can_steal) */
   size_t bytes;
   em_device device;
   char *data;
