@@ -1030,6 +1030,8 @@ typedef struct rowgen {
   bool *is_full_buf;    /* [buffers] */
   int64_t *inner;       /* [buffers] FULL buffers: stride of the coalesced columns */
   LLVMValueRef *base, *rowoff, *rowval, *vals, scratch, acc_v[64][4], acc_s[64];
+  LLVMValueRef *rcp;    /* [n_values] a division's per-row reciprocal of its divisor, or NULL */
+  bool use_rcp;         /* the pass being emitted multiplies by rcp instead of dividing */
   int n_acc, acc_of[64];
   int W; /* vector lanes: LANES, LANES / 2 when the kernel holds an f64 value */
 } rowgen;
@@ -1108,7 +1110,9 @@ static void row_body(rowgen *r, int pass, LLVMValueRef j, int w, int u) {
       continue;
     }
     for (int a = 0; a < n->n_in; a++) row_get(r, ir_operands(g, n)[a], pass, j, w);
-    r->vals[n->out] = emit_node(c, g, n, r->vals, w);
+    if (r->use_rcp && r->rcp[n->out])
+      r->vals[n->out] = LLVMBuildFMul(c->b, r->vals[ir_operands(g, n)[0]], splat(c, r->rcp[n->out], w), "");
+    else r->vals[n->out] = emit_node(c, g, n, r->vals, w);
   }
   for (int i = 0; i < k->n_nodes; i++) {
     int v = g->nodes[k->nodes[i]].out;
@@ -1128,6 +1132,114 @@ static void row_scalars(rowgen *r, int pass) {
     if (prim_get(n->op)->flags & P_VIEW) r->rowval[n->out] = r->rowval[ir_operands(g, n)[0]];
     else r->rowval[n->out] = emit_node(r->c, g, n, r->rowval, 1);
   }
+}
+
+/* The per-row value (its rowval) that value u equals at every column of a row, or -1: a per-row
+ * value of the kernel, a per-row input, or an in-kernel expand (through detaches) of one. */
+static int row_invariant(const rowgen *r, int u) {
+  int bi = r->buf[u];
+  if (r->kind[u] == K_ROW || (bi >= 0 && !r->is_full_buf[bi] && !r->kind[u])) return u;
+  if (r->kind[u] != K_FULL) return -1;
+  for (int i = 0; i < r->k->n_nodes; i++) {
+    const ir_node *n = &r->g->nodes[r->k->nodes[i]];
+    if (n->out != u) continue;
+    if (n->op == EM_PRIM_EXPAND) return ir_operands(r->g, n)[0];
+    if (n->op == EM_PRIM_DETACH) return row_invariant(r, ir_operands(r->g, n)[0]);
+    return -1;
+  }
+  return -1;
+}
+
+/* The divisor's per-row value when node n is a float division by a row-invariant divisor, else -1. */
+static int divides_per_row(const rowgen *r, const ir_node *n) {
+  if (n->op != EM_PRIM_DIV || r->kind[n->out] != K_FULL) return -1;
+  em_dtype dt = r->g->values[n->out].type.dtype;
+  const int *o = ir_operands(r->g, n);
+  if (!is_float(dt) || r->g->values[o[0]].type.dtype != dt || r->g->values[o[1]].type.dtype != dt) return -1;
+  return row_invariant(r, o[1]);
+}
+
+/* Divisions in pass `pass` whose divisor is the same at every column of a row (softmax's
+ * exp / sum, a normalization's x / norm) multiply by the divisor's reciprocal, computed once a
+ * row, as PyTorch's softmax kernels do: a division costs 4-10 times a multiply and was a fifth of
+ * the softmax row kernel's cycles (llvm-mca, Zen 4). x * (1/s) rounds twice, so it is within 1.5
+ * ulp of x / s, not always the correctly rounded quotient; it is that close only where 1/s is a
+ * normal number. Returns the per-row condition for it (every such divisor's magnitude in
+ * [2^-126, 2^126], f64 [2^-1022, 2^1022]), on which the caller branches between the pass that
+ * multiplies and the pass that divides (rows with subnormal, huge, zero, infinite or NaN divisors
+ * divide); NULL when the pass has no such division. */
+static LLVMValueRef pass_reciprocals(rowgen *r, int pass) {
+  cg *c = r->c;
+  const ir_graph *g = r->g;
+  LLVMBuilderRef b = c->b;
+  LLVMValueRef safe = NULL;
+  for (int i = 0; i < r->k->n_nodes; i++) {
+    const ir_node *n = &g->nodes[r->k->nodes[i]];
+    r->rcp[n->out] = NULL;
+    int d = r->avail[n->out] == pass ? divides_per_row(r, n) : -1;
+    LLVMValueRef s = d >= 0 ? r->rowval[d] : NULL;
+    if (!s) continue;
+    em_dtype dt = g->values[n->out].type.dtype;
+    double lim = dt == EM_F64 ? 0x1p1022 : 0x1p126;
+    LLVMValueRef mag = intrinsic(c, "llvm.fabs", s);
+    LLVMValueRef ok = LLVMBuildAnd(b, LLVMBuildFCmp(b, LLVMRealOGE, mag, dconst(c, dt, 1 / lim, 1), ""),
+                                   LLVMBuildFCmp(b, LLVMRealOLE, mag, dconst(c, dt, lim, 1), ""), "");
+    r->rcp[n->out] = LLVMBuildFDiv(b, dconst(c, dt, 1, 1), s, "");
+    safe = safe ? LLVMBuildAnd(b, safe, ok, "") : ok;
+  }
+  return safe;
+}
+
+/* The column loops of pass `pass` (the unrolled vector loop where it reduces, the vector loop, the
+ * scalar tail), from the builder's block; leaves the builder after them. */
+static void pass_loops(rowgen *r, int pass, LLVMValueRef fn, LLVMValueRef jslot, LLVMValueRef ncols, bool vec,
+                       bool reduces) {
+  cg *c = r->c;
+  LLVMBuilderRef b = c->b;
+  const int W = r->W;
+  LLVMValueRef lanes = LLVMConstInt(c->i64, (unsigned long long)W, 0);
+  LLVMValueRef zero = LLVMConstInt(c->i64, 0, 0), one = LLVMConstInt(c->i64, 1, 0);
+    LLVMBasicBlockRef vh = LLVMAppendBasicBlockInContext(c->ctx, fn, "vhdr"), vb = LLVMAppendBasicBlockInContext(c->ctx, fn, "vbody"),
+                      th = LLVMAppendBasicBlockInContext(c->ctx, fn, "thdr"), tb = LLVMAppendBasicBlockInContext(c->ctx, fn, "tbody"),
+                      done_bb = LLVMAppendBasicBlockInContext(c->ctx, fn, "pass_end");
+    LLVMBuildStore(b, zero, jslot);
+    if (vec && reduces) { /* UNROLL vectors a step, each into its own accumulators */
+      LLVMBasicBlockRef uh = LLVMAppendBasicBlockInContext(c->ctx, fn, "uhdr"), ub = LLVMAppendBasicBlockInContext(c->ctx, fn, "ubody");
+      LLVMBuildBr(b, uh);
+      LLVMPositionBuilderAtEnd(b, uh);
+      LLVMValueRef j = LLVMBuildLoad2(b, c->i64, jslot, "");
+      LLVMValueRef ustep = LLVMConstInt(c->i64, (unsigned long long)(UNROLL * W), 0);
+      LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, j, ustep, ""), ncols, ""), ub, vh);
+      LLVMPositionBuilderAtEnd(b, ub);
+      for (int u = 0; u < UNROLL; u++)
+        row_body(r, pass, LLVMBuildAdd(b, j, LLVMConstInt(c->i64, (unsigned long long)(u * W), 0), ""), W, u);
+      LLVMBuildStore(b, LLVMBuildAdd(b, j, ustep, ""), jslot);
+      LLVMBuildBr(b, uh);
+    } else {
+      LLVMBuildBr(b, vec ? vh : th);
+    }
+    if (vec) {
+      LLVMPositionBuilderAtEnd(b, vh);
+      LLVMValueRef j = LLVMBuildLoad2(b, c->i64, jslot, "");
+      LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, j, lanes, ""), ncols, ""), vb, th);
+      LLVMPositionBuilderAtEnd(b, vb);
+      row_body(r, pass, j, W, 0);
+      LLVMBuildStore(b, LLVMBuildAdd(b, j, lanes, ""), jslot);
+      LLVMBuildBr(b, vh);
+    } else {
+      LLVMPositionBuilderAtEnd(b, vh);
+      LLVMBuildUnreachable(b);
+      LLVMPositionBuilderAtEnd(b, vb);
+      LLVMBuildUnreachable(b);
+    }
+    LLVMPositionBuilderAtEnd(b, th);
+    LLVMValueRef t = LLVMBuildLoad2(b, c->i64, jslot, "");
+    LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, t, ncols, ""), tb, done_bb);
+    LLVMPositionBuilderAtEnd(b, tb);
+    row_body(r, pass, t, 1, 0);
+    LLVMBuildStore(b, LLVMBuildAdd(b, t, one, ""), jslot);
+    LLVMBuildBr(b, th);
+    LLVMPositionBuilderAtEnd(b, done_bb);
 }
 
 bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const signed char *kind, kernel *k,
@@ -1153,7 +1265,8 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
   r.rowoff = calloc((size_t)nb + 1, sizeof(LLVMValueRef));
   r.rowval = calloc((size_t)nv + 1, sizeof(LLVMValueRef));
   r.vals = calloc((size_t)nv + 1, sizeof(LLVMValueRef));
-  bool ok = mine && r.avail && r.red_pass && r.spill && r.buf && r.is_full_buf && r.inner && outer && r.base &&
+  r.rcp = calloc((size_t)nv + 1, sizeof(LLVMValueRef));
+  bool ok = r.rcp && mine && r.avail && r.red_pass && r.spill && r.buf && r.is_full_buf && r.inner && outer && r.base &&
             r.rowoff && r.rowval && r.vals;
   if (!ok) ir_fail(err, cap, "out of memory");
   int passes = 0;
@@ -1251,6 +1364,7 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
         sappend(&t, &len, "        ");
         node_text(&t, &len, g, n);
         if (r.red_pass[n->out] >= 0) sappend(&t, &len, " (accumulated over j)");
+        if (divides_per_row(&r, n) >= 0) sappend(&t, &len, " (times 1/%%%d where normal)", divides_per_row(&r, n));
         if (r.spill[n->out] >= 0) sappend(&t, &len, " -> scratch%d[j]", r.spill[n->out]);
         if (r.buf[n->out] >= 0 && r.buf[n->out] < k->n_out && kind[n->out] == K_FULL) sappend(&t, &len, " -> out%d", r.buf[n->out]);
         sappend(&t, &len, "\n");
@@ -1280,8 +1394,7 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
     r.acc_s[a] = LLVMBuildAlloca(b, et, "accs");
   }
   LLVMValueRef jslot = LLVMBuildAlloca(b, c->i64, "j");
-  /* in the entry block */
-  LLVMValueRef ncols = kint(c, k->cols), lanes = LLVMConstInt(c->i64, (unsigned long long)W, 0);
+  LLVMValueRef ncols = kint(c, k->cols); /* in the entry block */
   LLVMBuildBr(b, ohdr);
   LLVMValueRef zero = LLVMConstInt(c->i64, 0, 0), one = LLVMConstInt(c->i64, 1, 0);
   LLVMPositionBuilderAtEnd(b, ohdr);
@@ -1328,47 +1441,24 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
       }
     bool reduces = false;
     for (int a = 0; a < r.n_acc; a++) reduces |= r.red_pass[r.acc_of[a]] == pass;
-    LLVMBasicBlockRef vh = LLVMAppendBasicBlockInContext(c->ctx, fn, "vhdr"), vb = LLVMAppendBasicBlockInContext(c->ctx, fn, "vbody"),
-                      th = LLVMAppendBasicBlockInContext(c->ctx, fn, "thdr"), tb = LLVMAppendBasicBlockInContext(c->ctx, fn, "tbody"),
-                      done_bb = LLVMAppendBasicBlockInContext(c->ctx, fn, "pass_end");
-    LLVMBuildStore(b, zero, jslot);
-    if (vec && reduces) { /* UNROLL vectors a step, each into its own accumulators */
-      LLVMBasicBlockRef uh = LLVMAppendBasicBlockInContext(c->ctx, fn, "uhdr"), ub = LLVMAppendBasicBlockInContext(c->ctx, fn, "ubody");
-      LLVMBuildBr(b, uh);
-      LLVMPositionBuilderAtEnd(b, uh);
-      LLVMValueRef j = LLVMBuildLoad2(b, c->i64, jslot, "");
-      LLVMValueRef ustep = LLVMConstInt(c->i64, (unsigned long long)(UNROLL * W), 0);
-      LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, j, ustep, ""), ncols, ""), ub, vh);
-      LLVMPositionBuilderAtEnd(b, ub);
-      for (int u = 0; u < UNROLL; u++)
-        row_body(&r, pass, LLVMBuildAdd(b, j, LLVMConstInt(c->i64, (unsigned long long)(u * W), 0), ""), W, u);
-      LLVMBuildStore(b, LLVMBuildAdd(b, j, ustep, ""), jslot);
-      LLVMBuildBr(b, uh);
+    LLVMValueRef safe = pass_reciprocals(&r, pass);
+    if (safe) { /* rows whose divisors have normal reciprocals multiply; the others divide */
+      LLVMBasicBlockRef mulb = LLVMAppendBasicBlockInContext(c->ctx, fn, "by_reciprocal"),
+                        divb = LLVMAppendBasicBlockInContext(c->ctx, fn, "by_division"),
+                        join = LLVMAppendBasicBlockInContext(c->ctx, fn, "pass_join");
+      LLVMBuildCondBr(b, safe, mulb, divb);
+      LLVMPositionBuilderAtEnd(b, mulb);
+      r.use_rcp = true;
+      pass_loops(&r, pass, fn, jslot, ncols, vec, reduces);
+      LLVMBuildBr(b, join);
+      LLVMPositionBuilderAtEnd(b, divb);
+      r.use_rcp = false;
+      pass_loops(&r, pass, fn, jslot, ncols, vec, reduces);
+      LLVMBuildBr(b, join);
+      LLVMPositionBuilderAtEnd(b, join);
     } else {
-      LLVMBuildBr(b, vec ? vh : th);
+      pass_loops(&r, pass, fn, jslot, ncols, vec, reduces);
     }
-    if (vec) {
-      LLVMPositionBuilderAtEnd(b, vh);
-      LLVMValueRef j = LLVMBuildLoad2(b, c->i64, jslot, "");
-      LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildAdd(b, j, lanes, ""), ncols, ""), vb, th);
-      LLVMPositionBuilderAtEnd(b, vb);
-      row_body(&r, pass, j, W, 0);
-      LLVMBuildStore(b, LLVMBuildAdd(b, j, lanes, ""), jslot);
-      LLVMBuildBr(b, vh);
-    } else {
-      LLVMPositionBuilderAtEnd(b, vh);
-      LLVMBuildUnreachable(b);
-      LLVMPositionBuilderAtEnd(b, vb);
-      LLVMBuildUnreachable(b);
-    }
-    LLVMPositionBuilderAtEnd(b, th);
-    LLVMValueRef t = LLVMBuildLoad2(b, c->i64, jslot, "");
-    LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, t, ncols, ""), tb, done_bb);
-    LLVMPositionBuilderAtEnd(b, tb);
-    row_body(&r, pass, t, 1, 0);
-    LLVMBuildStore(b, LLVMBuildAdd(b, t, one, ""), jslot);
-    LLVMBuildBr(b, th);
-    LLVMPositionBuilderAtEnd(b, done_bb);
     for (int a = 0; a < r.n_acc; a++) { /* finished reductions: lanes in order, then the tail */
       int v = r.acc_of[a];
       if (r.red_pass[v] != pass) continue;
@@ -1397,6 +1487,6 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
   ok = table_end(c, k, err, cap);
 done:
   free(r.avail), free(r.red_pass), free(r.spill), free(r.buf), free(r.is_full_buf), free(r.inner), free(outer);
-  free(r.base), free(r.rowoff), free(r.rowval), free(r.vals), free(mine);
+  free(r.base), free(r.rowoff), free(r.rowval), free(r.vals), free(r.rcp), free(mine);
   return ok;
 }

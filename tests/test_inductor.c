@@ -692,6 +692,43 @@ ETEST(inductor, a_sum_of_everything_joins_the_row_kernel) {
   free(sched);
 }
 
+/* x / x.sum(1) per row: a row kernel whose division has the same divisor at every column. */
+static int over_row_sum(em_tensor *const *in, em_tensor **out, void *ctx) {
+  out[0] = em_div(in[0], em_sum(in[0], 1, (int64_t[]){1}, true));
+  return 1;
+}
+
+/* The row kernel multiplies by the divisor's reciprocal only in rows where that is a normal
+ * number; rows whose sums are subnormal (1/s overflows to inf), huge (1/s is subnormal and loses
+ * bits), zero, infinite or NaN divide as eager does, bit for bit. Without the per-row branch the
+ * subnormal row gives inf and the huge rows differ from eager in their last bits. 37 columns:
+ * vector body and scalar tail. */
+ETEST(inductor, division_by_a_row_sum_multiplies_only_where_the_reciprocal_is_normal) {
+  enum { C = 37 };
+  char *sched = traced_schedule(over_row_sum, (em_tensor *[]){em_ones(EM_F32, EM_SHAPE(2, C))}, 1);
+  cr_assert(strstr(sched, "where normal)"), "the division multiplies by a per-row reciprocal:\n%s", sched);
+  free(sched);
+  ind_stats st;
+  em_manual_seed(31);
+  check(over_row_sum, (em_tensor *[]){em_add_scalar(em_rand(EM_F32, EM_SHAPE(64, C)), 0.5)}, NULL, &st, "normal sums");
+  for (int dt = 0; dt < 2; dt++) {
+    bool f64 = dt == 1;
+    /* per row: element scale, and whether one element is replaced by z */
+    /* powers of two times small integers: every sum is exact in any order, so eager's divisor is
+     * the kernel's; the sums: 143 tiny (subnormal), 143 huge (past 2^126, 2^1022), 286 huge (inf) */
+    const double tiny = f64 ? 0x1p-1070 : 0x1p-145, huge = f64 ? 0x1p1016 : 0x1p120;
+    const double scale[] = {tiny, tiny * 3, huge, huge * 2, 0, 1, 1, 1};
+    const double z[] = {0, 0, 0, 0, 0, INFINITY, -INFINITY, NAN};
+    enum { R = sizeof scale / sizeof *scale };
+    double v[R][C];
+    for (int r = 0; r < R; r++)
+      for (int c = 0; c < C; c++) v[r][c] = r >= 5 && c == 3 ? z[r] : scale[r] * (1 + c % 7);
+    em_tensor *x = em_cast(em_from_data(v, EM_F64, 2, (int64_t[]){R, C}), f64 ? EM_F64 : EM_F32);
+    cr_assert_eq(check(over_row_sum, (em_tensor *[]){x}, NULL, &st, f64 ? "f64 rows that divide" : "f32 rows that divide"), 1,
+                 "%s: rows whose reciprocal is not normal divide, bit for bit", f64 ? "f64" : "f32");
+  }
+}
+
 static em_outputs scaled_softmax(void *ctx, em_tensor *const *in, int n) {
   return EM_OUTPUTS(em_softmax(em_mul_scalar(in[0], 0.5), 1));
 }
