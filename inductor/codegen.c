@@ -1162,9 +1162,11 @@ static int divides_per_row(const rowgen *r, const ir_node *n) {
 /* Divisions in pass `pass` whose divisor is the same at every column of a row (softmax's
  * exp / sum, a normalization's x / norm) multiply by the divisor's reciprocal, computed once a
  * row, as PyTorch's softmax kernels do: a division costs 4-10 times a multiply and was a fifth of
- * the softmax row kernel's cycles (llvm-mca, Zen 4). x * (1/s) rounds twice, so it is within 1.5
- * ulp of x / s, not always the correctly rounded quotient; it is that close only where 1/s is a
- * normal number. Returns the per-row condition for it (every such divisor's magnitude in
+ * the softmax row kernel's cycles (llvm-mca, Zen 4). x * (1/s) rounds twice: its relative error
+ * is at most 2u + u^2 (u = 2^-24 for f32, 2^-53 for f64; 1.2e-7 in f32) where the quotient's is
+ * u, so it is not always eager's bits, but within the f32 tolerance by three orders of magnitude;
+ * that holds only where 1/s is a normal number (no overflow, no subnormal precision loss).
+ * Returns the per-row condition for it (every such divisor's magnitude in
  * [2^-126, 2^126], f64 [2^-1022, 2^1022]), on which the caller branches between the pass that
  * multiplies and the pass that divides (rows with subnormal, huge, zero, infinite or NaN divisors
  * divide); NULL when the pass has no such division. */

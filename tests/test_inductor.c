@@ -618,6 +618,18 @@ static int sliced_weight_grad(em_tensor *const *in, em_tensor **out, void *ctx) 
   return 1;
 }
 
+static int twice_sliced_weight_grad(em_tensor *const *in, em_tensor **out, void *ctx) {
+  em_tensor *w = in[1], *loss = NULL;
+  const int64_t from[] = {0, 3, 0}, to[] = {3, 9, 3};
+  for (int k = 0; k < 3; k++) {
+    em_tensor *y = em_tanh(em_matmul(in[0], em_transpose(em_slice(w, 0, from[k], to[k], 1), 0, 1)));
+    em_tensor *s = em_sum(em_mul_scalar(y, k + 1.5), 0, NULL, false);
+    loss = loss ? em_add(loss, s) : s;
+  }
+  em_grad(1, &loss, NULL, 1, &w, &out[0], false, false);
+  return 1;
+}
+
 ETEST(inductor, sums_of_slice_scatters_become_one_cat) {
   em_manual_seed(19);
   em_tensor *x = em_randn(EM_F32, EM_SHAPE(16, 8)), *w = em_requires_grad_(em_randn(EM_F32, EM_SHAPE(9, 8)), true);
@@ -629,6 +641,10 @@ ETEST(inductor, sums_of_slice_scatters_become_one_cat) {
   free(sched);
   check(sliced_weight_grad, (em_tensor *[]){x, w}, "gap", &st, "slices leaving the last row out");
   cr_assert_eq(st.scatter_sums, 0, "a gap keeps the sum");
+  /* rows [0, 3) used through two slices, [3, 9) through one: the two terms of the same rows add
+   * (in the sum's association) and the groups concatenate */
+  check(twice_sliced_weight_grad, (em_tensor *[]){x, w}, NULL, &st, "two slices of the same rows");
+  cr_assert_eq(st.scatter_sums, 1, "one sum of slice scatters made a cat (%d)", st.scatter_sums);
 }
 
 /* Max-pooling and its gradient: max_pool2d is a select chain over strided slices (torch's
@@ -660,10 +676,17 @@ ETEST(inductor, max_pooling_becomes_pointwise_and_its_gradient_gathers) {
   em_tensor *w = em_randn(EM_F32, EM_SHAPE(5, 3, 7, 9));
   ind_stats st;
   int exact = check(pool_and_grad, (em_tensor *[]){x, w}, NULL, &st, "max_pool2d and its gradient");
-  cr_assert_geq(exact, 1, "the pooled values are exact maxima");
+  cr_assert_geq(exact, 2, "the pooled values are exact maxima, the gradient exact sums");
+  /* the gradient's four strided slice scatters (one per window element) interleave as cats */
+  cr_assert_geq(st.scatter_sums, 1, "the window's slice scatters became cats (%d)", st.scatter_sums);
   char *sched = traced_schedule(pool_and_grad, (em_tensor *[]){x, w}, 2);
   cr_assert(strstr(sched, "where") && !strstr(sched, "= amax"), "%s", sched);
+  cr_assert(!strstr(sched, "slice_scatter") && strstr(sched, "= cat"), "%s", sched);
   free(sched);
+  /* odd sizes: the strided slices leave the last row and column out, so they do not tile */
+  em_tensor *xo = em_requires_grad_(em_floor(em_mul_scalar(em_randn(EM_F32, EM_SHAPE(2, 3, 15, 9)), 2)), true);
+  check(pool_and_grad, (em_tensor *[]){xo, em_randn(EM_F32, EM_SHAPE(2, 3, 7, 4))}, NULL, &st, "odd-sized max_pool2d");
+  cr_assert_eq(st.scatter_sums, 0, "strided slices that leave elements out stay slice scatters");
   exact = check(window_amax_and_grad, (em_tensor *[]){x, w}, NULL, &st, "a window amax and its gradient");
   cr_assert_geq(exact, 1, "the window maxima are exact");
   cr_assert_geq(st.window_reductions, 1, "the window amax became pointwise (%d)", st.window_reductions);
