@@ -1056,26 +1056,40 @@ static LLVMValueRef scratch_row(rowgen *r, int v) {
   return LLVMBuildGEP2(r->c->b, r->c->f32, r->scratch, &off, 1, "");
 }
 
+/* The node of kernel k that computes value v, or NULL (an input of the kernel). */
+static const ir_node *kernel_node(const ir_graph *g, const kernel *k, int v) {
+  for (int i = 0; i < k->n_nodes; i++)
+    if (g->nodes[k->nodes[i]].out == v) return &g->nodes[k->nodes[i]];
+  return NULL;
+}
+
+/* The per-row value (its rowval) that value u equals at every column of a row, or -1: a per-row
+ * value of the kernel, a per-row input, or an in-kernel expand (through detaches) of one. */
+static int row_invariant(const rowgen *r, int u) {
+  int bi = r->buf[u];
+  if (r->kind[u] == K_ROW || (bi >= 0 && !r->is_full_buf[bi] && !r->kind[u])) return u;
+  const ir_node *n = r->kind[u] == K_FULL ? kernel_node(r->g, r->k, u) : NULL;
+  if (n && n->op == EM_PRIM_EXPAND) return ir_operands(r->g, n)[0];
+  if (n && n->op == EM_PRIM_DETACH) return row_invariant(r, ir_operands(r->g, n)[0]);
+  return -1;
+}
+
 /* The value of v at column j of the current row in pass `pass`, w lanes. */
 static LLVMValueRef row_get(rowgen *r, int v, int pass, LLVMValueRef j, int w) {
   if (r->vals[v]) return r->vals[v];
   cg *c = r->c;
   const ir_graph *g = r->g;
   LLVMValueRef x;
-  int bi = r->buf[v];
-  if (r->kind[v] == K_ROW || (bi >= 0 && !r->is_full_buf[bi] && !r->kind[v])) {
-    x = splat(c, r->rowval[v], w);
+  int bi = r->buf[v], ri = row_invariant(r, v);
+  if (ri >= 0) { /* a per-row value, or an expand of one */
+    x = splat(c, r->rowval[ri], w);
   } else if (!r->kind[v]) { /* an external FULL input */
     LLVMValueRef off = r->inner[bi] ? LLVMBuildAdd(c->b, r->rowoff[bi], LLVMBuildMul(c->b, j, kint(c, r->inner[bi]), ""), "")
                                     : r->rowoff[bi];
     x = load_elem(c, r->base[bi], off, g->values[v].type.dtype, w, r->inner[bi] == 1);
   } else {
-    const ir_node *n = NULL;
-    for (int i = 0; i < r->k->n_nodes && !n; i++)
-      if (g->nodes[r->k->nodes[i]].out == v) n = &g->nodes[r->k->nodes[i]];
-    if (n->op == EM_PRIM_EXPAND) {
-      x = splat(c, r->rowval[ir_operands(g, n)[0]], w);
-    } else if (n->op == EM_PRIM_DETACH) {
+    const ir_node *n = kernel_node(g, r->k, v);
+    if (n->op == EM_PRIM_DETACH) {
       x = row_get(r, ir_operands(g, n)[0], pass, j, w);
     } else if (bi >= 0) { /* made in an earlier pass and stored: read it back */
       LLVMValueRef off = LLVMBuildAdd(c->b, r->rowoff[bi], j, "");
@@ -1132,22 +1146,6 @@ static void row_scalars(rowgen *r, int pass) {
     if (prim_get(n->op)->flags & P_VIEW) r->rowval[n->out] = r->rowval[ir_operands(g, n)[0]];
     else r->rowval[n->out] = emit_node(r->c, g, n, r->rowval, 1);
   }
-}
-
-/* The per-row value (its rowval) that value u equals at every column of a row, or -1: a per-row
- * value of the kernel, a per-row input, or an in-kernel expand (through detaches) of one. */
-static int row_invariant(const rowgen *r, int u) {
-  int bi = r->buf[u];
-  if (r->kind[u] == K_ROW || (bi >= 0 && !r->is_full_buf[bi] && !r->kind[u])) return u;
-  if (r->kind[u] != K_FULL) return -1;
-  for (int i = 0; i < r->k->n_nodes; i++) {
-    const ir_node *n = &r->g->nodes[r->k->nodes[i]];
-    if (n->out != u) continue;
-    if (n->op == EM_PRIM_EXPAND) return ir_operands(r->g, n)[0];
-    if (n->op == EM_PRIM_DETACH) return row_invariant(r, ir_operands(r->g, n)[0]);
-    return -1;
-  }
-  return -1;
 }
 
 /* The divisor's per-row value when node n is a float division by a row-invariant divisor, else -1. */
@@ -1308,9 +1306,7 @@ bool ind_emit_row_kernel(cg *c, const ir_graph *g, const prim_meta *meta, const 
       if (use_pass <= r.avail[u]) continue;
       int w = u;
       for (;;) { /* through in-kernel detaches to the value that is computed */
-        const ir_node *pn = NULL;
-        for (int q = 0; q < k->n_nodes && !pn; q++)
-          if (g->nodes[k->nodes[q]].out == w) pn = &g->nodes[k->nodes[q]];
+        const ir_node *pn = kernel_node(g, k, w);
         if (pn->op == EM_PRIM_EXPAND) { w = -1; break; }
         if (pn->op != EM_PRIM_DETACH) break;
         w = ir_operands(g, pn)[0];
