@@ -519,20 +519,31 @@ static int *alias_roots(const ir_graph *traced) {
   return out;
 }
 
+/* Whether eager's values with roots a and b (fe_graph.out_root) share storage: one root, or two
+ * inputs that share it (a view of x, called with x and a slice of x, shares the slice's storage
+ * in eager too). */
+static bool roots_share(em_tensor *const *in, int n_in, int a, int b) {
+  return a == b || (a < n_in && b < n_in && in[a]->storage == in[b]->storage);
+}
+
 /* Outputs of a compiled graph share storage only where eager's would. Optimisation can make two
  * outputs one value (CSE: two em_scalar(0) + 1 folded to one constant) or an output an input (x * 1
  * -> x); handing out one tensor for both made them aliases that eager's are not, so a later
  * in-place write to one changed the other (issue 16: AdamW's per-parameter step counts). Such an
- * output is replaced by a copy. donate[k] >= 0: output k was written into that input on purpose. */
+ * output is replaced by a copy. donate[k] >= 0: output k was written into that input on purpose.
+ * Sharing that eager has stays: a view of input x when another input is a view of x's storage
+ * (a copy there broke the view: a write to it no longer reached x, and its gradient went
+ * through a clone node, which changed the order eager's backward adds x's gradients in: 1 ulp
+ * apart, found by the fuzzer). */
 static bool unalias_outputs(const fe_graph *fg, em_tensor *const *in, int n_in, em_tensor **out, const int *donate,
                             em_site site) {
   const ir_graph *g = fg->g;
   for (int k = 0; k < g->n_outputs; k++) {
     bool shared = false;
     for (int j = 0; j < k && !shared; j++)
-      shared = out[j]->storage == out[k]->storage && fg->out_root[j] != fg->out_root[k];
+      shared = out[j]->storage == out[k]->storage && !roots_share(in, n_in, fg->out_root[j], fg->out_root[k]);
     for (int i = 0; i < n_in && !shared && !(donate && donate[k] == i); i++)
-      shared = in[i]->storage == out[k]->storage && fg->out_root[k] != i;
+      shared = in[i]->storage == out[k]->storage && !roots_share(in, n_in, fg->out_root[k], i);
     if (!shared) continue;
     rt_trace_suspend(); /* run_graph_so_far runs graphs while its trace is open */
     em_tensor *copy = rt_dispatch("em_call", EM_PRIM_CLONE, &out[k], 1, NULL, site);
