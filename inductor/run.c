@@ -18,26 +18,24 @@ typedef struct {
   const kernel *k;
   char **bufs;
   float *scratch;
-  int64_t per, block; /* scratch floats per task; columns per task (column split) */
+  int64_t per, block; /* scratch floats per thread; columns per task (column split) */
   int nt;
-  int64_t chunks;        /* row split: pieces of rows the tasks claim */
-  _Atomic int64_t next;  /* row split: the next piece to claim */
+  int64_t chunks; /* row split: pieces of rows */
 } kernel_job;
 
-/* Pieces of rows per thread in a row split. A task claims pieces until none is left, so a thread
- * that runs slower (its core shared with another process, or with a neighbouring VM's) does fewer
- * of them and the others take the rest, instead of the whole kernel waiting for its half. */
+/* Pieces of rows per thread in a row split. The pool runs each thread's own pieces first (the
+ * same rows on the same core as in the kernels before and after), then lets it take what the
+ * others have not started, so a thread that runs slower (its core shared with another process,
+ * or with a neighbouring VM's) does fewer of them instead of the whole kernel waiting for its
+ * share. */
 enum { ROW_PIECES = 8 };
 
-/* Task t of a row split (one per thread): claims pieces of rows [rows*c/chunks,
- * rows*(c+1)/chunks) and runs them with scratch slot t. Which thread runs a row never changes
- * its result. */
-static void kernel_rows(void *ctx, int64_t t) {
-  kernel_job *j = ctx;
-  for (int64_t c; (c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < j->chunks;) {
-    int64_t a = j->k->rows * c / j->chunks, z = j->k->rows * (c + 1) / j->chunks;
-    if (a < z) j->k->fn(j->bufs, a, z, 0, j->k->cols, j->scratch + j->per * t);
-  }
+/* Piece c of a row split: rows [rows*c/chunks, rows*(c+1)/chunks), with the scratch slot of the
+ * thread running it. Which thread runs a row never changes its result. */
+static void kernel_rows(void *ctx, int64_t c) {
+  const kernel_job *j = ctx;
+  int64_t a = j->k->rows * c / j->chunks, z = j->k->rows * (c + 1) / j->chunks;
+  if (a < z) j->k->fn(j->bufs, a, z, 0, j->k->cols, j->scratch + j->per * prim_rank());
 }
 
 /* Task t of a column split: a block of columns, a multiple of the vector width. */
@@ -56,7 +54,7 @@ static void kernel_cols(void *ctx, int64_t t) {
  * stays on one thread. */
 static void run_kernel(const kernel *k, char **bufs, float *scratch, int slots) {
   int64_t n = k->rows * k->cols;
-  kernel_job j = {k, bufs, scratch, k->n_spill * k->cols, 0, prim_threads(), 0, 0};
+  kernel_job j = {k, bufs, scratch, k->n_spill * k->cols, 0, prim_threads(), 0};
   if (j.nt > slots) j.nt = slots;
   if (j.nt < 2 || n < 2 * PRIM_PARALLEL_GRAIN || (k->row && k->rows < 2)) {
     k->fn(bufs, 0, k->rows, 0, k->cols, scratch);
@@ -67,8 +65,7 @@ static void run_kernel(const kernel *k, char **bufs, float *scratch, int slots) 
   } else if (!k->has_col && (k->rows >= j.nt || k->row)) {
     if (j.nt > k->rows) j.nt = (int)k->rows;
     j.chunks = k->rows < (int64_t)j.nt * ROW_PIECES ? k->rows : (int64_t)j.nt * ROW_PIECES;
-    atomic_init(&j.next, 0);
-    prim_parallel(j.nt, kernel_rows, &j);
+    prim_parallel_upto(j.chunks, j.nt, kernel_rows, &j); /* ranks below j.nt <= slots */
   } else {
     j.block = (k->cols / j.nt + LANES - 1) / LANES * LANES;
     prim_parallel(j.nt, kernel_cols, &j);

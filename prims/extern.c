@@ -1105,7 +1105,7 @@ static bool conv_dnnl(em_prim op, const prim_attrs *at, const prim_buf *out, con
   j.wnumel = ir_numel(4, c.w);
   atomic_init(&j.turn, 0);
   atomic_init(&j.bad, dnnl_success);
-  prim_parallel(chunks, conv_chunk, &j);
+  prim_parallel_ordered(chunks, conv_chunk, &j); /* the weight gradient's chunks take turns */
   free(ca);
   free(cb);
   int bad = atomic_load(&j.bad);

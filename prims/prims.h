@@ -176,18 +176,34 @@ void prim_foreach_serial(int nops, const prim_buf *bufs, prim_loop1d fn, const v
 typedef void (*prim_task)(void *ctx, int64_t i);
 typedef void (*prim_range_task)(void *ctx, int64_t begin, int64_t end);
 
-/* Runs fn(ctx, i) for every i in [0, n) on the calling thread and the pool's workers, in any
- * order, each i once; returns when all have run. Inside a task, or while another thread's loop
- * has the pool, every i runs on the calling thread. */
+/* Runs fn(ctx, i) for every i in [0, n) on the calling thread and the pool's workers, each i
+ * once; returns when all have run. With P threads, the thread of rank p runs the p-th contiguous
+ * P-th of [0, n) first, in order (so successive loops over the same data keep each part on one
+ * core), then takes what the others have not started. Inside a task, or while another thread's
+ * loop has the pool, every i runs on the calling thread, in order. */
 void prim_parallel(int64_t n, prim_task fn, void *ctx);
+
+/* The same on at most threads threads (ranks below threads): for per-thread scratch sized
+ * before the loop. */
+void prim_parallel_upto(int64_t n, int threads, prim_task fn, void *ctx);
+
+/* The same, but every thread claims the lowest index not yet claimed: for tasks that wait on
+ * the one before them (prim_turn_wait). */
+void prim_parallel_ordered(int64_t n, prim_task fn, void *ctx);
+
+/* Inside a task: the rank of the thread running it, in [0, P) where P <= prim_threads() at the
+ * loop's start (0 is the thread that started the loop); no two tasks running at once share one.
+ * 0 outside tasks. For per-thread scratch. */
+int prim_rank(void);
 
 /* fn over [0, n) in contiguous ranges, one per thread, when par (and n > 1 and there are
  * threads); else fn(ctx, 0, n) on the calling thread (nothing when n <= 0). */
 void prim_parallel_for(bool par, int64_t n, prim_range_task fn, void *ctx);
 
-/* An ordered section inside tasks: task c waits until *turn is c (the tasks before it passed
- * theirs), does its part, then passes the turn to c + 1. Tasks are claimed in index order, so
- * every task waited for is running; results come out in the order of a serial run. */
+/* An ordered section inside the tasks of prim_parallel_ordered: task c waits until *turn is c
+ * (the tasks before it passed theirs), does its part, then passes the turn to c + 1. Tasks are
+ * claimed in index order, so every task waited for is running; results come out in the order
+ * of a serial run. */
 void prim_turn_wait(_Atomic int64_t *turn, int64_t c);
 void prim_turn_pass(_Atomic int64_t *turn, int64_t c);
 

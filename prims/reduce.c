@@ -503,13 +503,12 @@ static void row_range(const plan *pl, const char *base, int64_t j0, int64_t j1, 
 }
 
 /* Row mode's tasks. Unsplit: group g of outputs, each reduced whole. Split: chunk c of one
- * output's reduction, folded into the total in chunk order (prim_turn_wait), which keeps the
- * result that of a serial run. */
+ * output's reduction into part[c], folded into the total in chunk order after the loop, which
+ * keeps the result that of a serial run. */
 typedef struct {
   const plan *pl;
   int64_t group, len, nch, ioff;
-  acc *total;
-  _Atomic int64_t turn;
+  acc *part;
 } rows_job;
 
 static void rows_group(void *ctx, int64_t g0, int64_t g1) {
@@ -528,13 +527,10 @@ static void rows_group(void *ctx, int64_t g0, int64_t g1) {
 }
 
 static void rows_chunk(void *ctx, int64_t c) {
-  rows_job *j = ctx;
+  const rows_job *j = ctx;
   const plan *pl = j->pl;
-  acc part = acc_init(pl->op, pl->flt);
-  row_range(pl, pl->in + j->ioff, c * j->len, c + 1 == j->nch ? pl->nred : (c + 1) * j->len, &part);
-  prim_turn_wait(&j->turn, c);
-  combine(pl->op, pl->flt, j->total, &part);
-  prim_turn_pass(&j->turn, c);
+  j->part[c] = acc_init(pl->op, pl->flt);
+  row_range(pl, pl->in + j->ioff, c * j->len, c + 1 == j->nch ? pl->nred : (c + 1) * j->len, &j->part[c]);
 }
 
 static void run_rows(const plan *pl) {
@@ -553,13 +549,14 @@ static void run_rows(const plan *pl) {
   /* Chunks are whole f32 blocks, so chunking never changes how a block is summed. */
   j.len = ((nred + nch - 1) / nch + BLOCK - 1) / BLOCK * BLOCK;
   j.nch = (nred + j.len - 1) / j.len;
+  acc part[MAX_CHUNKS];
+  j.part = part;
   for (int64_t o = 0; o < nout; o++) {
     int64_t idx[EM_MAX_DIMS], ooff;
     seek(&pl->k, o, idx, &j.ioff, &ooff);
     acc total = acc_init(pl->op, pl->flt);
-    j.total = &total;
-    atomic_init(&j.turn, 0);
     prim_parallel(j.nch, rows_chunk, &j);
+    for (int64_t c = 0; c < j.nch; c++) combine(pl->op, pl->flt, &total, &part[c]);
     finish(pl, pl->out + ooff, &total);
   }
 }
@@ -760,7 +757,7 @@ static void run_cols(const plan *pl, int v) {
     for (int64_t t = 0; t < j.w; t++) total[t] = acc_init(pl->op, pl->flt);
     j.total = total;
     atomic_init(&j.turn, 0);
-    prim_parallel(j.nch, cols_chunk, &j);
+    prim_parallel_ordered(j.nch, cols_chunk, &j);
     for (int64_t t = 0; t < j.w; t++) finish(pl, pl->out + ooff + (t0 + t) * j.ostep, &total[t]);
   }
 }

@@ -2,7 +2,11 @@
  * random generator, printing and the pluggable allocator. */
 #include "common.h"
 
+#include "../prims/prims.h"
+
+#include <stdatomic.h>
 #include <stdio.h>
+#include <time.h>
 
 #define F EM_F32
 #define D EM_F64
@@ -327,6 +331,64 @@ static int same_bits_results(em_tensor **r) {
 #undef KEEP
   cr_assert_leq(n, SAME_BITS_MAX);
   return n;
+}
+
+/* Which index each thread of a loop runs first. A thread's first task waits until every thread
+ * has run one (at most 10 s), so no thread can take another's share before that one starts:
+ * the first indices show where each thread starts claiming. */
+enum { HOME_N = 24, HOME_THREADS = 3 };
+typedef struct {
+  int threads;
+  _Atomic int started;                 /* threads that have run a task */
+  _Atomic int64_t first[HOME_THREADS]; /* by rank: the first index run, -1 before */
+  _Atomic int ranks_bad;
+} home_job;
+
+static void home_task(void *ctx, int64_t i) {
+  home_job *h = ctx;
+  int r = prim_rank();
+  if (r < 0 || r >= h->threads) {
+    atomic_store(&h->ranks_bad, 1);
+    return;
+  }
+  int64_t none = -1;
+  if (!atomic_compare_exchange_strong(&h->first[r], &none, i)) return;
+  atomic_fetch_add(&h->started, 1);
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  do clock_gettime(CLOCK_MONOTONIC, &t);
+  while (atomic_load(&h->started) < h->threads && t.tv_sec - t0.tv_sec < 10);
+}
+
+static home_job home_run(int threads, bool ordered) {
+  home_job h = {.threads = threads};
+  for (int r = 0; r < HOME_THREADS; r++) atomic_init(&h.first[r], -1);
+  em_set_num_threads(threads);
+  (ordered ? prim_parallel_ordered : prim_parallel)(HOME_N, home_task, &h);
+  em_set_num_threads(0);
+  cr_assert_eq(atomic_load(&h.ranks_bad), 0, "prim_rank() outside [0, %d) in a task", threads);
+  cr_assert_eq(atomic_load(&h.started), threads, "with %d threads, only %d ran a task in 10 s", threads,
+               atomic_load(&h.started));
+  return h;
+}
+
+/* Each thread of a loop starts on its own contiguous share (the caller, rank 0, on the first),
+ * so successive loops over the same tensor keep each part on one core's cache; with one shared
+ * counter (the pool's first design) the threads started at indices 0, 1, 2. Tasks that take
+ * turns (prim_parallel_ordered) still claim the lowest indices first. */
+ETEST(threads, each_thread_starts_on_its_own_share) {
+  CPU_ONLY("the CPU's thread pool");
+  for (int threads = 2; threads <= HOME_THREADS; threads++) {
+    home_job h = home_run(threads, false);
+    for (int r = 0; r < threads; r++)
+      cr_assert_eq(atomic_load(&h.first[r]), (int64_t)HOME_N * r / threads,
+                   "with %d threads, rank %d started at index %lld, not its share's first (%d)", threads, r,
+                   (long long)atomic_load(&h.first[r]), HOME_N * r / threads);
+  }
+  home_job h = home_run(HOME_THREADS, true);
+  int64_t seen = 0;
+  for (int r = 0; r < HOME_THREADS; r++) seen |= (int64_t)1 << atomic_load(&h.first[r]);
+  cr_assert_eq(seen, (1 << HOME_THREADS) - 1, "an ordered loop's threads start at the lowest indices");
 }
 
 ETEST(threads, same_bits_for_any_thread_count) {
