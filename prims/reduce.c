@@ -197,6 +197,79 @@ static double sum_f64(const char *p, int64_t s, int64_t n) {
   return (t[0] + t[1]) + (t[2] + t[3]);
 }
 
+/* The block loops of the contiguous float extremes and arg extremes, in vector registers: lane k
+ * takes elements k, k + ARG_LANES, ... of the run. Each fills the lanes (lv; li the indices) up
+ * to the returned position, and the row kernel does the tail and the lane merge. The updates
+ * ("take x if it is NaN or strictly beyond m"; the arg one keeps its first NaN) are associative
+ * on a lane's sequence (the result is its last NaN, or first NaN, else its first extreme), so
+ * four blocks are folded together before they meet the running lanes: one dependent update per
+ * four blocks, with the same bits as one block at a time. The generic loop below holds the lanes
+ * in arrays whose stores each update waits on: amax over 16 MiB took 0.67 ms there, against
+ * the sum's 0.19 (0.26 ms here; argmax 0.98 -> 0.76). */
+#define EXTREME_LANES(SUF, T, IT)                                                           \
+  typedef T SUF##_lanes __attribute__((vector_size(sizeof(T) * ARG_LANES)));               \
+  typedef IT SUF##_mask __attribute__((vector_size(sizeof(T) * ARG_LANES)));               \
+  static inline SUF##_lanes SUF##_pick(SUF##_mask t, SUF##_lanes x, SUF##_lanes m) {       \
+    return (SUF##_lanes)(((SUF##_mask)x & t) | ((SUF##_mask)m & ~t));                       \
+  }                                                                                        \
+  static inline SUF##_lanes SUF##_upd(SUF##_lanes m, SUF##_lanes x, bool mx) {             \
+    return SUF##_pick((mx ? x > m : x < m) | (x != x), x, m);                              \
+  }                                                                                        \
+  static inline int64_t ext_##SUF(const char *p, int64_t n, bool mx, T *lv) {             \
+    const T *x = (const T *)p;                                                             \
+    SUF##_lanes m, v0, v1, v2, v3;                                                         \
+    memcpy(&m, x, sizeof m);                                                               \
+    int64_t i = ARG_LANES;                                                                 \
+    for (; i + 4 * ARG_LANES <= n; i += 4 * ARG_LANES) {                                   \
+      memcpy(&v0, x + i, sizeof v0), memcpy(&v1, x + i + ARG_LANES, sizeof v1);            \
+      memcpy(&v2, x + i + 2 * ARG_LANES, sizeof v2), memcpy(&v3, x + i + 3 * ARG_LANES, sizeof v3); \
+      m = SUF##_upd(m, SUF##_upd(SUF##_upd(v0, v1, mx), SUF##_upd(v2, v3, mx), mx), mx);   \
+    }                                                                                      \
+    for (; i + ARG_LANES <= n; i += ARG_LANES) {                                           \
+      memcpy(&v0, x + i, sizeof v0);                                                       \
+      m = SUF##_upd(m, v0, mx);                                                            \
+    }                                                                                      \
+    memcpy(lv, &m, sizeof m);                                                              \
+    return i;                                                                              \
+  }                                                                                        \
+  /* (m, mi) takes (x, xi) where x is beyond m, or NaN while m is not */                   \
+  static inline void SUF##_arg_upd(SUF##_lanes *m, i64_lanes *mi, SUF##_lanes x, i64_lanes xi, bool mx) { \
+    SUF##_mask t = ((mx ? x > *m : x < *m) | (x != x)) & (*m == *m);                       \
+    *m = SUF##_pick(t, x, *m);                                                             \
+    i64_lanes t64 = __builtin_convertvector(t, i64_lanes);                                 \
+    *mi = (xi & t64) | (*mi & ~t64);                                                       \
+  }                                                                                        \
+  static inline int64_t arg_ext_##SUF(const char *p, int64_t n, bool mx, T *lv, int64_t *li) { \
+    const T *x = (const T *)p;                                                             \
+    SUF##_lanes m, v0, v1, v2, v3;                                                         \
+    i64_lanes mi, i0, i1, i2, i3, lane;                                                    \
+    for (int k = 0; k < ARG_LANES; k++) lane[k] = k;                                       \
+    memcpy(&m, x, sizeof m);                                                               \
+    mi = lane;                                                                             \
+    int64_t i = ARG_LANES;                                                                 \
+    for (; i + 4 * ARG_LANES <= n; i += 4 * ARG_LANES) {                                   \
+      memcpy(&v0, x + i, sizeof v0), memcpy(&v1, x + i + ARG_LANES, sizeof v1);            \
+      memcpy(&v2, x + i + 2 * ARG_LANES, sizeof v2), memcpy(&v3, x + i + 3 * ARG_LANES, sizeof v3); \
+      i0 = lane + i, i1 = i0 + ARG_LANES, i2 = i1 + ARG_LANES, i3 = i2 + ARG_LANES;         \
+      SUF##_arg_upd(&v0, &i0, v1, i1, mx);                                                 \
+      SUF##_arg_upd(&v2, &i2, v3, i3, mx);                                                 \
+      SUF##_arg_upd(&v0, &i0, v2, i2, mx);                                                 \
+      SUF##_arg_upd(&m, &mi, v0, i0, mx);                                                  \
+    }                                                                                      \
+    for (; i + ARG_LANES <= n; i += ARG_LANES) {                                           \
+      memcpy(&v0, x + i, sizeof v0);                                                       \
+      SUF##_arg_upd(&m, &mi, v0, lane + i, mx);                                            \
+    }                                                                                      \
+    memcpy(lv, &m, sizeof m), memcpy(li, &mi, sizeof mi);                                   \
+    return i;                                                                              \
+  }
+typedef int64_t i64_lanes __attribute__((vector_size(sizeof(int64_t) * ARG_LANES)));
+EXTREME_LANES(f32, float, int32_t)
+EXTREME_LANES(f64, double, int64_t)
+/* The other dtypes: the generic loops (0: nothing done). */
+#define ext_none(p, n, mx, lv) 0
+#define arg_ext_none(p, n, mx, lv, li) 0
+
 #define ISUM(SUF, T)                                                 \
   static uint64_t isum_##SUF(const char *p, int64_t s, int64_t n) {  \
     uint64_t t = 0;                                                  \
@@ -214,9 +287,10 @@ ISUM(i64, int64_t)
 ISUM(u8, uint8_t)
 
 /* One row kernel per dtype. T: element type; F: the acc field (f or i); A: the type products
- * accumulate in (double, or uint64 for wrapping integers); SUMFN: the run's sum. For integer T
+ * accumulate in (double, or uint64 for wrapping integers); SUMFN: the run's sum; EXT, AEXT: the
+ * vector block loops of the extremes and arg extremes (ext_f32 ...), or ext_none. For integer T
  * the NaN tests (v != v) are constant false and compile away. */
-#define ROW_KERNEL(SUF, T, F, A, SUMFN)                                                    \
+#define ROW_KERNEL(SUF, T, F, A, SUMFN, EXT, AEXT)                                         \
   static void row_##SUF(em_prim op, const char *p, int64_t s, int64_t n, int64_t j0, acc *a) { \
     bool flt = (T)0.5 != 0;                                                                \
     switch (op) {                                                                          \
@@ -236,15 +310,17 @@ ISUM(u8, uint8_t)
          * an associative max the compilers would vectorise as a reduction. */             \
         const T *x = (const T *)p;                                                         \
         T lv[ARG_LANES];                                                                   \
-        int64_t i = ARG_LANES;                                                             \
-        for (int k = 0; k < ARG_LANES; k++) lv[k] = x[k];                                  \
-        for (; i + ARG_LANES <= n; i += ARG_LANES) {                                       \
-          if (mx) {                                                                        \
-            _Pragma("omp simd")                                                            \
-            for (int k = 0; k < ARG_LANES; k++) lv[k] = MAX_UPD(lv[k], x[i + k]);          \
-          } else {                                                                         \
-            _Pragma("omp simd")                                                            \
-            for (int k = 0; k < ARG_LANES; k++) lv[k] = MIN_UPD(lv[k], x[i + k]);          \
+        int64_t i = EXT(p, n, mx, lv); /* the float dtypes' vector loops, else 0 */        \
+        if (!i) {                                                                          \
+          for (int k = 0; k < ARG_LANES; k++) lv[k] = x[k];                                \
+          for (i = ARG_LANES; i + ARG_LANES <= n; i += ARG_LANES) {                        \
+            if (mx) {                                                                      \
+              _Pragma("omp simd")                                                          \
+              for (int k = 0; k < ARG_LANES; k++) lv[k] = MAX_UPD(lv[k], x[i + k]);        \
+            } else {                                                                       \
+              _Pragma("omp simd")                                                          \
+              for (int k = 0; k < ARG_LANES; k++) lv[k] = MIN_UPD(lv[k], x[i + k]);        \
+            }                                                                              \
           }                                                                                \
         }                                                                                  \
         for (int k = 0; i < n; i++, k++) lv[k] = mx ? MAX_UPD(lv[k], x[i]) : MIN_UPD(lv[k], x[i]); \
@@ -271,15 +347,17 @@ ISUM(u8, uint8_t)
          * are then merged preferring the smaller index, which restores "first wins". */   \
         const T *x = (const T *)p;                                                         \
         T lv[ARG_LANES];                                                                   \
-        int64_t li[ARG_LANES], i = ARG_LANES;                                              \
-        for (int k = 0; k < ARG_LANES; k++) lv[k] = x[k], li[k] = k;                       \
-        for (; i + ARG_LANES <= n; i += ARG_LANES) {                                       \
-          if (mx) {                                                                        \
-            _Pragma("omp simd")                                                            \
-            for (int k = 0; k < ARG_LANES; k++) ARG_UPD(lv[k], li[k], x[i + k], i + k, <=); \
-          } else {                                                                         \
-            _Pragma("omp simd")                                                            \
-            for (int k = 0; k < ARG_LANES; k++) ARG_UPD(lv[k], li[k], x[i + k], i + k, >=); \
+        int64_t li[ARG_LANES], i = AEXT(p, n, mx, lv, li); /* as EXT above */             \
+        if (!i) {                                                                          \
+          for (int k = 0; k < ARG_LANES; k++) lv[k] = x[k], li[k] = k;                     \
+          for (i = ARG_LANES; i + ARG_LANES <= n; i += ARG_LANES) {                        \
+            if (mx) {                                                                      \
+              _Pragma("omp simd")                                                          \
+              for (int k = 0; k < ARG_LANES; k++) ARG_UPD(lv[k], li[k], x[i + k], i + k, <=); \
+            } else {                                                                       \
+              _Pragma("omp simd")                                                          \
+              for (int k = 0; k < ARG_LANES; k++) ARG_UPD(lv[k], li[k], x[i + k], i + k, >=); \
+            }                                                                              \
           }                                                                                \
         }                                                                                  \
         for (int k = 0; i < n; i++, k++) {                                                 \
@@ -307,11 +385,11 @@ ISUM(u8, uint8_t)
     default: return;                                                                       \
     }                                                                                      \
   }
-ROW_KERNEL(f32, float, f, double, sum_f32)
-ROW_KERNEL(f64, double, f, double, sum_f64)
-ROW_KERNEL(i32, int32_t, i, uint64_t, isum_i32)
-ROW_KERNEL(i64, int64_t, i, uint64_t, isum_i64)
-ROW_KERNEL(u8, uint8_t, i, uint64_t, isum_u8)
+ROW_KERNEL(f32, float, f, double, sum_f32, ext_f32, arg_ext_f32)
+ROW_KERNEL(f64, double, f, double, sum_f64, ext_f64, arg_ext_f64)
+ROW_KERNEL(i32, int32_t, i, uint64_t, isum_i32, ext_none, arg_ext_none)
+ROW_KERNEL(i64, int64_t, i, uint64_t, isum_i64, ext_none, arg_ext_none)
+ROW_KERNEL(u8, uint8_t, i, uint64_t, isum_u8, ext_none, arg_ext_none)
 
 /* ---- the plan --------------------------------------------------------------------------- */
 

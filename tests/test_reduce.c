@@ -46,6 +46,47 @@ ETEST(reduce, nan_propagates) {
   EXPECT(em_sum(T(F, SHAPE(2), 1, NAN), 0, NULL, false), F, SCALAR_SHAPE, 0, NAN);
 }
 
+/* Contiguous f32 and f64 rows long enough for the vector lanes of the extremes and arg extremes
+ * (prims/reduce.c, ext_f32, arg_ext_f32: four blocks of 16 folded at a time, single blocks, a
+ * tail): the extreme of distinct values and its index, a NaN at every third position,
+ * infinities, a tie with the maximum (the first index wins). */
+ETEST(reduce, extremes_of_long_rows) {
+  for (int dt = 0; dt < 2; dt++) {
+    em_dtype d = dt ? D : F;
+    for (int64_t n = 32; n <= 200; n += 7) {
+      em_scope_begin();
+      em_tensor *x = em_contiguous(em_cast(em_randn(F, EM_SHAPE(n)), d));
+      double hi = -INFINITY, lo = INFINITY;
+      int64_t ihi = 0, ilo = 0;
+      for (int64_t i = 0; i < n; i++) {
+        double v = etest_at(x, i);
+        if (v > hi) hi = v, ihi = i;
+        if (v < lo) lo = v, ilo = i;
+      }
+      EXPECT(em_amax(x, 0, NULL, false), d, SCALAR_SHAPE, 0, hi);
+      EXPECT(em_amin(x, 0, NULL, false), d, SCALAR_SHAPE, 0, lo);
+      EXPECT(em_argmax(x, 0, false), EM_I64, SCALAR_SHAPE, 0, ihi);
+      EXPECT(em_argmin(x, 0, false), EM_I64, SCALAR_SHAPE, 0, ilo);
+      for (int64_t p = 0; p < n; p += 3) {
+        em_tensor *y = em_clone(x);
+        em_tensor *at = em_slice(y, 0, p, p + 1, 1);
+        cr_assert(em_fill_(at, NAN));
+        cr_assert(isnan(etest_at(em_amax(y, 0, NULL, false), 0)), "n %lld: NaN at %lld dropped by amax", (long long)n, (long long)p);
+        cr_assert(isnan(etest_at(em_amin(y, 0, NULL, false), 0)), "n %lld: NaN at %lld dropped by amin", (long long)n, (long long)p);
+        EXPECT(em_argmax(y, 0, false), EM_I64, SCALAR_SHAPE, 0, p); /* a NaN is the extreme */
+        EXPECT(em_argmin(y, 0, false), EM_I64, SCALAR_SHAPE, 0, p);
+        cr_assert(em_fill_(at, INFINITY));
+        EXPECT(em_amax(y, 0, NULL, false), d, SCALAR_SHAPE, 0, INFINITY);
+        cr_assert(em_fill_(at, hi)); /* a tie with the maximum: the first index wins */
+        EXPECT(em_argmax(y, 0, false), EM_I64, SCALAR_SHAPE, 0, p < ihi ? p : ihi);
+        cr_assert(em_fill_(at, -INFINITY));
+        EXPECT(em_amin(y, 0, NULL, false), d, SCALAR_SHAPE, 0, -INFINITY);
+      }
+      em_scope_end();
+    }
+  }
+}
+
 ETEST(reduce, strided_and_expanded) {
   em_tensor *m = em_reshape(em_arange(D, 0, 6, 1), EM_SHAPE(2, 3));
   em_tensor *t = em_transpose(m, 0, 1); /* [[0,3],[1,4],[2,5]] */
