@@ -19,11 +19,10 @@
  *    range, the p-th contiguous P-th of [0, n), and claim its indices in order first: the same
  *    thread touches the same part of a tensor in every loop over it, as under OpenMP's static
  *    schedule. One claim counter for all (this pool's first design) gave each index to whichever
- *    thread came first, so a kernel read, on average, half its input from the other core's
- *    cache. Where that costs as much as memory (in some periods, on this project's 2-vCPU Zen 5
- *    VM, most likely when the host ran the two vCPUs on cores without a shared L3), eager
- *    layer_norm over 16 MiB followed by a sum of its output took 1.0 ms a call; with home
- *    ranges, 0.35 ms in the same period.
+ *    thread came first, and the race could settle so that a kernel read what the one before
+ *    it had written from the other core's cache. In some processes and periods on this
+ *    project's 2-vCPU Zen 5 VM that cost as much as memory: eager layer_norm over 16 MiB
+ *    followed by a sum of its output took 1.06 ms a call, 0.35 with home ranges (same minute).
  *  - Graceful degradation. Indices are claimed, not assigned: a thread done with its home range
  *    takes the rest of the others' (stealing), so a worker the scheduler has not run yet, its
  *    core busy with another process, delays nothing; the caller takes its share.
