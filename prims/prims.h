@@ -192,8 +192,9 @@ void prim_parallel_upto(int64_t n, int threads, prim_task fn, void *ctx);
 void prim_parallel_ordered(int64_t n, prim_task fn, void *ctx);
 
 /* Inside a task: the rank of the thread running it, in [0, P) where P <= prim_threads() at the
- * loop's start (0 is the thread that started the loop); no two tasks running at once share one.
- * 0 outside tasks. For per-thread scratch. */
+ * loop's start (0 is the thread that started the loop); no two threads running tasks of one loop
+ * share one. A loop nested in a task runs on the task's thread with the task's rank; 0 outside
+ * tasks. For per-thread scratch. */
 int prim_rank(void);
 
 /* fn over [0, n) in contiguous ranges, one per thread, when par (and n > 1 and there are
