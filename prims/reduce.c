@@ -265,7 +265,7 @@ static double sum_f64(const char *p, int64_t s, int64_t n) {
   }
 /* The other dtypes, and builds without AVX-512: the generic loops (0: nothing done). 16 lanes
  * are one AVX-512 register; GCC splits such vectors for AVX2 badly (amax over 16 MiB 2.3 ms,
- * seven times the generic loop), so an AVX2 build keeps the generic loops. */
+ * the generic loop 0.2), so an AVX2 build keeps the generic loops. */
 #define ext_none(p, n, mx, lv) 0
 #define arg_ext_none(p, n, mx, lv, li) 0
 #if defined(__AVX512F__)
