@@ -250,7 +250,8 @@ int prim_threads(void) { return in_task || serial_thread ? 1 : prim_max_threads(
 
 static void parallel(int64_t n, int threads, prim_task fn, void *ctx, bool ordered) {
   if (n <= 0) return;
-  int nt = prim_threads() < threads ? prim_threads() : threads;
+  int nt = prim_threads();
+  if (nt > threads) nt = threads;
   int want = (int64_t)(nt - 1) < n - 1 ? nt - 1 : (int)(n - 1);
   pthread_once(&once, init);
   int w = want > 0 && !atomic_flag_test_and_set_explicit(&busy, memory_order_acquire) ? start_workers(want) : -1;
